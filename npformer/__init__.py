@@ -1,0 +1,24 @@
+"""npformer: an encoder-decoder Transformer in NumPy with hand-derived backward passes.
+
+    import numpy as np, npformer as nf
+    model = nf.Transformer(src_vocab_size=100, tgt_vocab_size=100, d_model=64, n_heads=4, d_ff=128,
+                           n_encoder_layers=2, n_decoder_layers=2)
+    logits = model.forward(src, tgt_in)                          # (B, T, V)
+    loss, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
+    model.zero_grad(); model.backward(dlogits)
+    opt = nf.Adam(model, lr=1e-3); opt.step()
+"""
+from . import functional, interop, nn, optim
+from .gradcheck import GradcheckResult, gradcheck
+from .loss import cross_entropy
+from .nn import Transformer
+from .optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
+                    clip_grad_norm)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adam", "AdamW", "GradcheckResult", "NoamSchedule", "Transformer", "WarmupCosineSchedule",
+    "WarmupInverseSqrtSchedule", "clip_grad_norm", "cross_entropy", "functional", "gradcheck",
+    "interop", "nn", "optim",
+]

@@ -1,0 +1,28 @@
+"""The functional core: pure forward/backward pairs, caches passed explicitly.
+
+Every layer follows the CS231n convention::
+
+    out, cache = f_forward(x, params...)
+    dx, dparams... = f_backward(dout, cache)
+
+This is the NumPy reference path: written to be read next to docs/backprop.md. The modules in
+``npformer.nn`` own the parameters and call these functions (or their Numba twins).
+"""
+from .activations import ACTIVATIONS, gelu_backward, gelu_forward, relu_backward, relu_forward
+from .attention import attention_backward, attention_forward, merge_heads, split_heads
+from .dropout import dropout_backward, dropout_forward
+from .embedding import embedding_backward, embedding_forward, sinusoidal_positions
+from .layernorm import layernorm_backward, layernorm_forward
+from .linear import linear_backward, linear_forward
+from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax
+from .masks import causal_mask, decoder_self_mask, padding_mask
+from .softmax import softmax_backward, softmax_forward
+
+__all__ = [
+    "ACTIVATIONS", "attention_backward", "attention_forward", "causal_mask",
+    "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_backward",
+    "dropout_forward", "embedding_backward", "embedding_forward", "gelu_backward", "gelu_forward",
+    "layernorm_backward", "layernorm_forward", "linear_backward", "linear_forward", "log_softmax",
+    "merge_heads", "padding_mask", "relu_backward", "relu_forward", "sinusoidal_positions",
+    "softmax_backward", "softmax_forward", "split_heads",
+]

@@ -1,0 +1,57 @@
+"""Scaled dot-product attention (one call covers all heads) and the head split/merge reshapes.
+
+Derivation: docs/backprop.md#attention.
+"""
+import math
+
+import numpy as np
+
+from .dropout import dropout_backward, dropout_forward
+from .softmax import softmax_backward, softmax_forward
+
+
+def split_heads(x, n_heads):
+    """(B, T, H*d) -> (B, H, T, d), a view."""
+    b, t, hd = x.shape
+    return x.reshape(b, t, n_heads, hd // n_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x):
+    """(B, H, T, d) -> (B, T, H*d), a copy in row-major order."""
+    b, h, t, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+
+
+def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
+    """out = dropout(softmax(q k^T / sqrt(d_k), mask)) v.
+
+    Shape: q (B, H, Tq, dk), k (B, H, Tk, dk), v (B, H, Tk, dv),
+           mask bool broadcastable to (B, H, Tq, Tk), True = may attend
+           -> out (B, H, Tq, dv). ``cache`` also holds the attention weights ``probs``.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.swapaxes(-1, -2)) * scale                # (B, H, Tq, Tk)
+    probs = softmax_forward(scores, mask)                     # (B, H, Tq, Tk)
+    probs_d, drop_cache = dropout_forward(probs, dropout_p, rng, training)
+    out = probs_d @ v                                         # (B, H, Tq, dv)
+    return out, (q, k, v, probs, probs_d, drop_cache, scale)
+
+
+def attention_backward(dout, cache):
+    """Backward of out = P' v, P' = dropout(P), P = softmax(S), S = q k^T * scale:
+
+      dv = P'^T dout                 dP' = dout v^T
+      dP = dropout_backward(dP')     dS  = P * (dP - rowsum(dP * P))
+      dq = scale * dS k              dk  = scale * dS^T q
+
+    Masked scores have P = 0, hence dS = 0: no gradient reaches masked keys.
+    Returns dq, dk, dv with the shapes of q, k, v.
+    """
+    q, k, v, probs, probs_d, drop_cache, scale = cache
+    dv = probs_d.swapaxes(-1, -2) @ dout                      # (B, H, Tk, dv)
+    dprobs = dropout_backward(dout @ v.swapaxes(-1, -2), drop_cache)   # (B, H, Tq, Tk)
+    dscores = softmax_backward(dprobs, probs)
+    dscores *= scale
+    dq = dscores @ k                                          # (B, H, Tq, dk)
+    dk = dscores.swapaxes(-1, -2) @ q                         # (B, H, Tk, dk)
+    return dq, dk, dv

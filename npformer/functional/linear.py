@@ -1,0 +1,34 @@
+"""Affine map ``y = x W^T + b`` (PyTorch layout: ``W`` is ``(out_features, in_features)``).
+
+Derivation: docs/backprop.md#linear.
+"""
+import numpy as np
+
+
+def linear_forward(x, w, b=None):
+    """y = x @ w.T + b.
+
+    Shape: x (..., D_in), w (D_out, D_in), b (D_out,) or None -> y (..., D_out).
+    """
+    x2 = x.reshape(-1, x.shape[-1])                  # (N, D_in), N = prod(leading dims)
+    y = x2 @ w.T                                     # (N, D_out)
+    if b is not None:
+        y += b
+    return y.reshape(*x.shape[:-1], w.shape[0]), (x2, x.shape, w)
+
+
+def linear_backward(dy, cache):
+    """Gradients of y = x W^T + b.
+
+    With N rows stacked in X (N, D_in) and dY (N, D_out):
+      dX = dY W          (each input feeds every output through W)
+      dW = dY^T X        (sum over rows of outer products dy_n x_n^T)
+      db = sum_n dY_n
+    Returns dx (..., D_in), dw (D_out, D_in), db (D_out,).
+    """
+    x2, x_shape, w = cache
+    dy2 = dy.reshape(-1, dy.shape[-1])               # (N, D_out)
+    dx = (dy2 @ w).reshape(x_shape)
+    dw = dy2.T @ x2
+    db = dy2.sum(axis=0)
+    return dx, dw, db

@@ -1,0 +1,49 @@
+"""Softmax cross-entropy with ``ignore_index`` and ``label_smoothing``, defined exactly as
+``torch.nn.functional.cross_entropy(..., reduction="mean")``.
+
+Derivation: docs/backprop.md#cross-entropy.
+"""
+import numpy as np
+
+
+def log_softmax(logits):
+    """log p = z - max z - log sum exp(z - max z), over the last axis."""
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.0):
+    """Mean over non-ignored positions of
+
+        (1 - eps) * (-log p[target]) + eps * mean_k(-log p[k])
+
+    (the smoothed target puts 1 - eps + eps/V on the true class and eps/V on every class).
+    Shape: logits (N, V), targets (N,) int -> scalar loss. If every target is ignored the loss
+    is 0 and so is the gradient (PyTorch returns NaN there).
+    """
+    n, vocab = logits.shape
+    logp = log_softmax(logits)                                # (N, V)
+    valid = targets != ignore_index                           # (N,)
+    count = int(valid.sum())
+    safe_targets = np.where(valid, targets, 0)
+    nll = -logp[np.arange(n), safe_targets]                   # (N,)
+    per_token = (1.0 - label_smoothing) * nll
+    if label_smoothing:
+        per_token = per_token - label_smoothing * logp.mean(axis=-1)
+    loss = float((per_token * valid).sum() / count) if count else 0.0
+    return loss, (logp, safe_targets, valid, count, label_smoothing)
+
+
+def cross_entropy_backward(cache, dloss=1.0):
+    """dL/dz = (softmax(z) - q) / count on non-ignored rows, 0 on ignored rows,
+    with q = (1 - eps) * onehot(target) + eps / V."""
+    logp, safe_targets, valid, count, eps = cache
+    n, vocab = logp.shape
+    if count == 0:
+        return np.zeros_like(logp)
+    grad = np.exp(logp)                                       # softmax, (N, V)
+    if eps:
+        grad -= eps / vocab
+    grad[np.arange(n), safe_targets] -= 1.0 - eps
+    grad *= (valid * (dloss / count))[:, None].astype(grad.dtype)
+    return grad

@@ -1,0 +1,21 @@
+"""Boolean attention masks. Convention throughout npformer: True means "may attend".
+
+Masks are built small and broadcast: (B, 1, 1, S) for key padding, (1, 1, T, T) for causality,
+so that ``scores`` of shape (B, H, T_q, T_k) can be masked without copying a mask per head.
+"""
+import numpy as np
+
+
+def padding_mask(ids, pad_id):
+    """Keys that are real tokens. ids (B, S) -> (B, 1, 1, S) bool."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def causal_mask(t):
+    """Query i may see keys 0..i. -> (1, 1, T, T) bool, lower triangular."""
+    return np.tril(np.ones((t, t), dtype=bool))[None, None]
+
+
+def decoder_self_mask(tgt_ids, pad_id):
+    """Causal AND key not padding. tgt_ids (B, T) -> (B, 1, T, T) bool."""
+    return causal_mask(tgt_ids.shape[1]) & padding_mask(tgt_ids, pad_id)

@@ -1,0 +1,74 @@
+"""Exchange weights with the reference PyTorch module — without importing torch.
+
+The reference (built in the tests when torch is installed)::
+
+    src_embed   = nn.Embedding(V_src, d, padding_idx=pad_id)
+    tgt_embed   = nn.Embedding(V_tgt, d, padding_idx=pad_id)
+    transformer = nn.Transformer(d, h, n_enc, n_dec, d_ff, dropout, batch_first=True,
+                                 norm_first=...)
+    generator   = nn.Linear(d, V_tgt)
+
+Names differ in two ways only: torch's encoder and decoder live under ``transformer.``, and torch
+keeps the feed-forward linears on the layer itself (``linear1``) where npformer groups them in a
+``ffn`` module (``ffn.linear1``). Arrays are copied as NumPy arrays; torch tensors are accepted on
+loading (anything ``np.asarray`` takes).
+"""
+import re
+
+import numpy as np
+
+_FFN = re.compile(r"\.ffn\.(linear[12])\.")
+
+
+def to_torch_name(name):
+    """npformer parameter name -> reference torch name."""
+    if name.startswith(("encoder.", "decoder.")):
+        name = "transformer." + name
+    return _FFN.sub(r".\1.", name)
+
+
+def from_torch_name(name):
+    """reference torch name -> npformer parameter name."""
+    if name.startswith("transformer."):
+        name = name[len("transformer."):]
+    return re.sub(r"\.layers\.(\d+)\.(linear[12])\.", r".layers.\1.ffn.\2.", name)
+
+
+def _check_torch_layout(model):
+    qk_dim = model.config.get("qk_dim")
+    if qk_dim is not None and qk_dim != model.config["d_model"]:
+        raise ValueError(f"interop: qk_dim={qk_dim} differs from d_model={model.config['d_model']}; "
+                         f"torch.nn.Transformer has no such layout")
+
+
+def to_torch_state_dict(model, grads=False):
+    """{torch name: ndarray copy} of the parameters (or, with ``grads=True``, their gradients).
+
+    With tied embeddings the shared matrix appears under both ``tgt_embed.weight`` and
+    ``generator.weight``, as in a torch state dict.
+    """
+    _check_torch_layout(model)
+    out = {}
+    for name, p in model.named_parameters():
+        out[to_torch_name(name)] = (p.grad if grads else p.data).copy()
+    if model.config.get("tie_embeddings"):
+        out["generator.weight"] = out["tgt_embed.weight"].copy()
+    return out
+
+
+def load_torch_state_dict(model, state_dict):
+    """Load a {torch name: array} mapping (the inverse of :func:`to_torch_state_dict`).
+
+    Raises ValueError for missing, unexpected or mis-shaped entries (via ``load_state_dict``), and
+    for tied models whose ``generator.weight`` differs from ``tgt_embed.weight``.
+    """
+    _check_torch_layout(model)
+    ours = {from_torch_name(k): v for k, v in state_dict.items()}
+    if model.config.get("tie_embeddings") and "generator.weight" in ours:
+        gen = np.asarray(ours.pop("generator.weight"))
+        emb = ours.get("tgt_embed.weight")
+        if emb is not None and (np.shape(gen) != np.shape(emb) or not np.array_equal(gen, np.asarray(emb))):
+            raise ValueError("load_torch_state_dict: the model ties embeddings, but "
+                             "generator.weight differs from tgt_embed.weight")
+    model.load_state_dict(ours)
+    return model

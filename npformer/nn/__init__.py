@@ -1,0 +1,15 @@
+"""Modules: own parameters and gradients, call the functional core."""
+from .attention import MultiHeadAttention
+from .decoder import Decoder, DecoderLayer
+from .dropout import Dropout
+from .embedding import Embedding
+from .encoder import Encoder, EncoderLayer
+from .feedforward import FeedForward
+from .layernorm import LayerNorm
+from .linear import Linear
+from .module import Module, ModuleList, Parameter
+from .transformer import Transformer
+
+__all__ = ["Decoder", "DecoderLayer", "Dropout", "Embedding", "Encoder", "EncoderLayer",
+           "FeedForward", "LayerNorm", "Linear", "Module", "ModuleList", "MultiHeadAttention",
+           "Parameter", "Transformer"]

@@ -1,0 +1,79 @@
+"""Multi-head attention with a fused input projection, as torch.nn.MultiheadAttention.
+
+Derivation: docs/backprop.md#multi-head-attention.
+"""
+import numpy as np
+
+from .. import functional as F
+from .init import xavier_uniform
+from .linear import Linear
+from .module import Module, Parameter
+
+
+class MultiHeadAttention(Module):
+    """Self-attention (``memory is None``) or cross-attention (queries from ``x``, keys and
+    values from ``memory``).
+
+    ``in_proj_weight`` stacks W_q (qk_dim, D), W_k (qk_dim, D) and W_v (D, D) into one
+    (2*qk_dim + D, D) matrix, so self-attention projects Q, K and V in a single matrix product.
+    ``qk_dim`` defaults to ``d_model`` (PyTorch's layout); a smaller value makes attention scores
+    cheaper without changing the value path.
+
+    Shape: x (B, T, D), memory (B, S, D) or None, mask bool broadcastable to (B, H, T, S),
+    True = may attend -> (B, T, D).
+    """
+
+    def __init__(self, d_model, n_heads, dropout=0.0, qk_dim=None, *, rng, dtype=np.float32):
+        super().__init__()
+        qk_dim = d_model if qk_dim is None else qk_dim
+        if d_model % n_heads or qk_dim % n_heads:
+            raise ValueError(f"n_heads: expected a divisor of d_model={d_model} and qk_dim={qk_dim}, "
+                             f"got {n_heads}")
+        self.d_model, self.n_heads, self.qk_dim, self.dropout = d_model, n_heads, qk_dim, dropout
+        self.rng = rng
+        self.in_proj_weight = Parameter(xavier_uniform(rng, (2 * qk_dim + d_model, d_model), dtype))
+        self.in_proj_bias = Parameter(np.zeros(2 * qk_dim + d_model, dtype=dtype))
+        self.out_proj = Linear(d_model, d_model, rng=rng, dtype=dtype)
+        self._cache = None
+        self.attn_weights = None          # (B, H, T, S) after each forward, for inspection/plots
+
+    def forward(self, x, memory=None, mask=None):
+        qk, h = self.qk_dim, self.n_heads
+        w, b = self.in_proj_weight.data, self.in_proj_bias.data
+        if memory is None:                                        # self-attention
+            qkv, proj_cache = F.linear_forward(x, w, b)           # (B, T, 2*qk + D)
+            q, k, v = qkv[..., :qk], qkv[..., qk:2 * qk], qkv[..., 2 * qk:]
+        else:                                                     # cross-attention
+            q, q_cache = F.linear_forward(x, w[:qk], b[:qk])      # (B, T, qk)
+            kv, kv_cache = F.linear_forward(memory, w[qk:], b[qk:])   # (B, S, qk + D)
+            k, v = kv[..., :qk], kv[..., qk:]
+            proj_cache = (q_cache, kv_cache)
+        ctx, attn_cache = F.attention_forward(
+            F.split_heads(q, h), F.split_heads(k, h), F.split_heads(v, h),   # (B, H, T|S, d)
+            mask, self.dropout, self.rng, self.training)
+        self.attn_weights = attn_cache[3]
+        out = self.out_proj.forward(F.merge_heads(ctx))           # (B, T, D)
+        self._cache = (memory is None, proj_cache, attn_cache)
+        return out
+
+    def backward(self, dout):
+        """Returns dx, or (dx, dmemory) for cross-attention."""
+        is_self, proj_cache, attn_cache = self._cache
+        qk, h = self.qk_dim, self.n_heads
+        dctx = F.split_heads(self.out_proj.backward(dout), h)    # (B, H, T, d)
+        dq, dk, dv = F.attention_backward(dctx, attn_cache)
+        dq, dk, dv = F.merge_heads(dq), F.merge_heads(dk), F.merge_heads(dv)   # (B, T|S, .)
+        if is_self:
+            dqkv = np.concatenate([dq, dk, dv], axis=-1)          # (B, T, 2*qk + D)
+            dx, dw, db = F.linear_backward(dqkv, proj_cache)
+            self.in_proj_weight.grad += dw
+            self.in_proj_bias.grad += db
+            return dx
+        q_cache, kv_cache = proj_cache
+        dx, dwq, dbq = F.linear_backward(dq, q_cache)
+        dmem, dwkv, dbkv = F.linear_backward(np.concatenate([dk, dv], axis=-1), kv_cache)
+        self.in_proj_weight.grad[:qk] += dwq
+        self.in_proj_weight.grad[qk:] += dwkv
+        self.in_proj_bias.grad[:qk] += dbq
+        self.in_proj_bias.grad[qk:] += dbkv
+        return dx, dmem

@@ -1,0 +1,80 @@
+"""Decoder layer and decoder stack (names as torch.nn.TransformerDecoderLayer)."""
+import numpy as np
+
+from .attention import MultiHeadAttention
+from .dropout import Dropout
+from .feedforward import FeedForward
+from .layernorm import LayerNorm
+from .module import Module, ModuleList
+from .residual import residual_backward, residual_forward
+
+
+class DecoderLayer(Module):
+    """Masked self-attention, cross-attention over the encoder memory, feed-forward; each in a
+    residual connection.
+
+    Shape: x (B, T, D), memory (B, S, D), self_mask (B, 1, T, T), cross_mask (B, 1, 1, S)
+    -> (B, T, D).
+    """
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False,
+                 layer_norm_eps=1e-5, qk_dim=None, *, rng, dtype=np.float32):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, qk_dim, rng=rng, dtype=dtype)
+        self.multihead_attn = MultiHeadAttention(d_model, n_heads, dropout, qk_dim, rng=rng,
+                                                 dtype=dtype)
+        self.ffn = FeedForward(d_model, d_ff, dropout, activation, rng=rng, dtype=dtype)
+        self.norm1 = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
+        self.norm3 = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
+        self.dropout1 = Dropout(dropout, rng=rng)
+        self.dropout2 = Dropout(dropout, rng=rng)
+        self.dropout3 = Dropout(dropout, rng=rng)
+        self._dmemory = None
+
+    def forward(self, x, memory, self_mask=None, cross_mask=None):
+        x = residual_forward(x, lambda h: self.self_attn.forward(h, mask=self_mask),
+                             self.norm1, self.dropout1, self.norm_first)
+        x = residual_forward(x, lambda h: self.multihead_attn.forward(h, memory, cross_mask),
+                             self.norm2, self.dropout2, self.norm_first)
+        return residual_forward(x, self.ffn.forward, self.norm3, self.dropout3, self.norm_first)
+
+    def _cross_backward(self, dout):
+        dx, self._dmemory = self.multihead_attn.backward(dout)
+        return dx
+
+    def backward(self, dy):
+        """Returns (dx, dmemory)."""
+        dx = residual_backward(dy, self.ffn.backward, self.norm3, self.dropout3, self.norm_first)
+        dx = residual_backward(dx, self._cross_backward, self.norm2, self.dropout2, self.norm_first)
+        dx = residual_backward(dx, self.self_attn.backward, self.norm1, self.dropout1,
+                               self.norm_first)
+        return dx, self._dmemory
+
+
+class Decoder(Module):
+    """A stack of decoder layers followed by a final LayerNorm (as torch.nn.Transformer)."""
+
+    def __init__(self, n_layers, d_model, layer_norm_eps=1e-5, *, rng, dtype=np.float32,
+                 **layer_kwargs):
+        """``layer_kwargs`` (n_heads, d_ff, dropout, activation, norm_first, qk_dim) go to each layer."""
+        super().__init__()
+        self.layers = ModuleList([
+            DecoderLayer(d_model, layer_norm_eps=layer_norm_eps, rng=rng, dtype=dtype,
+                         **layer_kwargs) for _ in range(n_layers)])
+        self.norm = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
+
+    def forward(self, x, memory, self_mask=None, cross_mask=None):
+        for layer in self.layers:
+            x = layer.forward(x, memory, self_mask, cross_mask)
+        return self.norm.forward(x)
+
+    def backward(self, dy):
+        """Returns (dx, dmemory); the memory feeds every layer, so its gradients add up."""
+        dx = self.norm.backward(dy)
+        dmemory = 0.0
+        for layer in reversed(self.layers):
+            dx, dmem = layer.backward(dx)
+            dmemory = dmemory + dmem
+        return dx, dmemory

@@ -1,0 +1,35 @@
+"""Token embedding module (math in npformer.functional.embedding)."""
+import math
+
+import numpy as np
+
+from .. import functional as F
+from .init import normal
+from .module import Module, Parameter
+
+
+class Embedding(Module):
+    """out = scale * weight[ids]; ``scale`` is sqrt(d_model) in the Transformer.
+
+    The row ``padding_idx`` starts at zero and never receives a gradient.
+    Shape: ids (B, T) int -> (B, T, D). Parameter: weight (num_embeddings, D).
+    """
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, scale=1.0, *, rng,
+                 dtype=np.float32):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx, self.scale = padding_idx, scale
+        # std d^-1/2, so that the scaled vectors (scale = sqrt(d)) have unit variance per entry
+        w = normal(rng, (num_embeddings, embedding_dim), 1.0 / math.sqrt(embedding_dim), dtype)
+        if padding_idx is not None:
+            w[padding_idx] = 0
+        self.weight = Parameter(w)
+        self._cache = None
+
+    def forward(self, ids):
+        out, self._cache = F.embedding_forward(ids, self.weight.data, self.scale)
+        return out
+
+    def backward(self, dout):
+        self.weight.grad += F.embedding_backward(dout, self._cache, self.padding_idx)

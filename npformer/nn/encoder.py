@@ -1,0 +1,61 @@
+"""Encoder layer and encoder stack (names as torch.nn.TransformerEncoderLayer)."""
+import numpy as np
+
+from .attention import MultiHeadAttention
+from .dropout import Dropout
+from .feedforward import FeedForward
+from .layernorm import LayerNorm
+from .module import Module, ModuleList
+from .residual import residual_backward, residual_forward
+
+
+class EncoderLayer(Module):
+    """Self-attention then feed-forward, each wrapped in a residual connection.
+
+    Shape: x (B, S, D), mask bool (B, 1, 1, S) -> (B, S, D).
+    """
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False,
+                 layer_norm_eps=1e-5, qk_dim=None, *, rng, dtype=np.float32):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, qk_dim, rng=rng, dtype=dtype)
+        self.ffn = FeedForward(d_model, d_ff, dropout, activation, rng=rng, dtype=dtype)
+        self.norm1 = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
+        self.dropout1 = Dropout(dropout, rng=rng)
+        self.dropout2 = Dropout(dropout, rng=rng)
+
+    def forward(self, x, mask=None):
+        x = residual_forward(x, lambda h: self.self_attn.forward(h, mask=mask),
+                             self.norm1, self.dropout1, self.norm_first)
+        return residual_forward(x, self.ffn.forward, self.norm2, self.dropout2, self.norm_first)
+
+    def backward(self, dy):
+        dx = residual_backward(dy, self.ffn.backward, self.norm2, self.dropout2, self.norm_first)
+        return residual_backward(dx, self.self_attn.backward, self.norm1, self.dropout1,
+                                 self.norm_first)
+
+
+class Encoder(Module):
+    """A stack of encoder layers followed by a final LayerNorm (as torch.nn.Transformer)."""
+
+    def __init__(self, n_layers, d_model, layer_norm_eps=1e-5, *, rng, dtype=np.float32,
+                 **layer_kwargs):
+        """``layer_kwargs`` (n_heads, d_ff, dropout, activation, norm_first, qk_dim) go to each layer."""
+        super().__init__()
+        self.layers = ModuleList([
+            EncoderLayer(d_model, layer_norm_eps=layer_norm_eps, rng=rng, dtype=dtype,
+                         **layer_kwargs) for _ in range(n_layers)])
+        self.norm = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
+
+    def forward(self, x, mask=None):
+        for layer in self.layers:
+            x = layer.forward(x, mask)
+        return self.norm.forward(x)
+
+    def backward(self, dy):
+        dx = self.norm.backward(dy)
+        for layer in reversed(self.layers):
+            dx = layer.backward(dx)
+        return dx

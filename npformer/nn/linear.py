@@ -1,0 +1,33 @@
+"""Linear layer module (owns weight and bias; math in npformer.functional.linear)."""
+import numpy as np
+
+from .. import functional as F
+from .init import xavier_uniform
+from .module import Module, Parameter
+
+
+class Linear(Module):
+    """y = x W^T + b.
+
+    Shape: input (..., in_features) -> output (..., out_features).
+    Parameters: weight (out_features, in_features), bias (out_features,).
+    """
+
+    def __init__(self, in_features, out_features, bias=True, *, rng, dtype=np.float32):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(xavier_uniform(rng, (out_features, in_features), dtype))
+        self.bias = Parameter(np.zeros(out_features, dtype=dtype)) if bias else None
+        self._cache = None
+
+    def forward(self, x):
+        y, self._cache = F.linear_forward(x, self.weight.data,
+                                          None if self.bias is None else self.bias.data)
+        return y
+
+    def backward(self, dy):
+        dx, dw, db = F.linear_backward(dy, self._cache)
+        self.weight.grad += dw
+        if self.bias is not None:
+            self.bias.grad += db
+        return dx

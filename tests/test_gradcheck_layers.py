@@ -1,0 +1,202 @@
+"""Central-difference gradient checks in float64 for every layer of the functional core and every
+module, max relative error <= 1e-6 (see docs/backprop.md#gradient-checking)."""
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer import functional as F
+from npformer.nn import (DecoderLayer, Embedding, EncoderLayer, FeedForward, LayerNorm, Linear,
+                         MultiHeadAttention)
+
+TOL = 1e-6
+
+
+def rnd(rng, *shape):
+    return rng.standard_normal(shape)
+
+
+def check(fn, inputs, **kw):
+    result = nf.gradcheck(fn, inputs, tol=TOL, **kw)
+    assert result.ok, str(result)
+    return result
+
+
+# -- the functional core ----------------------------------------------------------------------
+
+def test_linear():
+    rng = np.random.default_rng(0)
+
+    def f(x, w, b):
+        out, cache = F.linear_forward(x, w, b)
+        return out, lambda d: F.linear_backward(d, cache)
+    check(f, [rnd(rng, 2, 3, 5), rnd(rng, 4, 5), rnd(rng, 4)])
+
+
+def test_embedding_with_repeated_ids_and_padding_row():
+    rng = np.random.default_rng(1)
+    ids = np.array([[1, 2, 2, 0], [3, 1, 0, 0]])               # repeated ids and padding
+
+    def f(w):
+        out, cache = F.embedding_forward(ids, w, scale=np.sqrt(6))
+        return out, lambda d: F.embedding_backward(d, cache)
+    check(f, [rnd(rng, 5, 6)])
+
+    out, cache = F.embedding_forward(ids, rnd(rng, 5, 6))
+    dw = F.embedding_backward(np.ones_like(out), cache, padding_idx=0)
+    assert np.all(dw[0] == 0) and np.all(dw[2] == 2)            # pad row frozen, repeats summed
+
+
+def test_layernorm():
+    rng = np.random.default_rng(2)
+
+    def f(x, g, b):
+        out, cache = F.layernorm_forward(x, g, b)
+        return out, lambda d: F.layernorm_backward(d, cache)
+    check(f, [rnd(rng, 3, 4, 7), 1 + 0.1 * rnd(rng, 7), rnd(rng, 7)])
+
+
+@pytest.mark.parametrize("name", ["relu", "gelu"])
+def test_activations(name):
+    forward, backward = F.ACTIVATIONS[name]
+    x = np.random.default_rng(3).standard_normal((4, 9))
+    x[np.abs(x) < 1e-3] = 0.5                                   # keep ReLU away from its kink
+
+    def f(x):
+        out, cache = forward(x)
+        return out, lambda d: backward(d, cache)
+    check(f, [x])
+
+
+def test_gelu_matches_erf_definition():
+    from math import erf, sqrt
+    x = np.linspace(-5, 5, 41)
+    expected = np.array([v * 0.5 * (1 + erf(v / sqrt(2))) for v in x])
+    np.testing.assert_allclose(F.gelu_forward(x)[0], expected, rtol=1e-15, atol=1e-15)
+
+
+def test_dropout_with_fixed_mask():
+    x = np.random.default_rng(4).standard_normal((3, 8))
+
+    def f(x):
+        out, cache = F.dropout_forward(x, 0.3, np.random.default_rng(7), training=True)
+        return out, lambda d: F.dropout_backward(d, cache)
+    check(f, [x])
+
+
+def test_masked_softmax():
+    rng = np.random.default_rng(5)
+    mask = rng.random((3, 6)) > 0.4
+    mask[1] = False                                             # a fully masked row
+
+    def f(s):
+        p = F.softmax_forward(s, mask)
+        return p, lambda d: F.softmax_backward(d, p)
+    check(f, [rnd(rng, 3, 6)])
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_attention_with_padding_and_causal_masks(dropout_p):
+    rng = np.random.default_rng(6)
+    ids = np.array([[4, 5, 6, 0, 0], [7, 8, 9, 3, 2]])
+    mask = F.decoder_self_mask(ids, 0)                          # (B, 1, T, T)
+
+    def f(q, k, v):
+        out, cache = F.attention_forward(q, k, v, mask, dropout_p, np.random.default_rng(1),
+                                         training=True)
+        return out, lambda d: F.attention_backward(d, cache)
+    check(f, [rnd(rng, 2, 3, 5, 4), rnd(rng, 2, 3, 5, 4), rnd(rng, 2, 3, 5, 6)])
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_with_ignore_index(smoothing):
+    rng = np.random.default_rng(7)
+    targets = np.array([3, 0, 5, 1, 0, 2])                      # 0 is ignored
+
+    def f(z):
+        loss, cache = F.cross_entropy_forward(z, targets, 0, smoothing)
+        return np.array(loss), lambda d: F.cross_entropy_backward(cache, float(d))
+    check(f, [rnd(rng, 6, 7)])
+
+
+# -- modules: the inputs are the module's own parameter arrays, perturbed in place ------------
+
+def module_check(module, forward, backward, x_inputs, max_entries=None):
+    """gradcheck over the activations ``x_inputs`` and every parameter of ``module``."""
+    params = module.parameters()
+
+    def f(*arrays):
+        out = forward(*arrays[:len(x_inputs)])
+
+        def back(dout):
+            module.zero_grad()
+            dxs = backward(dout)                # None for modules without an input gradient
+            dxs = () if dxs is None else dxs if isinstance(dxs, tuple) else (dxs,)
+            return (*dxs, *[p.grad.copy() for p in params])
+        return out, back
+    return check(f, [*x_inputs, *[p.data for p in params]], max_entries=max_entries)
+
+
+def f64_rng(seed):
+    return dict(rng=np.random.default_rng(seed), dtype=np.float64)
+
+
+def test_linear_and_layernorm_modules():
+    lin = Linear(5, 3, **f64_rng(0))
+    module_check(lin, lin.forward, lin.backward, [np.random.default_rng(1).standard_normal((2, 4, 5))])
+    ln = LayerNorm(6, dtype=np.float64)
+    ln.weight.data[:] = np.linspace(0.5, 1.5, 6)
+    module_check(ln, ln.forward, ln.backward, [np.random.default_rng(2).standard_normal((3, 6))])
+
+
+def test_embedding_module_padding_row_gets_no_gradient():
+    ids = np.array([[1, 2, 0], [2, 2, 3]])
+    emb = Embedding(7, 4, padding_idx=None, scale=2.0, **f64_rng(0))
+    module_check(emb, lambda: emb.forward(ids), emb.backward, [])
+    # with padding_idx the pad row is deliberately frozen (its true gradient is not zero)
+    emb = Embedding(7, 4, padding_idx=0, scale=2.0, **f64_rng(0))
+    emb.forward(ids)
+    emb.backward(np.ones((2, 3, 4)))
+    assert np.all(emb.weight.grad[0] == 0)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_feedforward(activation):
+    ffn = FeedForward(6, 10, activation=activation, **f64_rng(0))
+    module_check(ffn, ffn.forward, ffn.backward, [np.random.default_rng(3).standard_normal((2, 3, 6))])
+
+
+@pytest.mark.parametrize("qk_dim", [None, 4])
+def test_self_attention_module(qk_dim):
+    mha = MultiHeadAttention(8, 2, qk_dim=qk_dim, **f64_rng(0))
+    mask = F.decoder_self_mask(np.array([[1, 2, 3, 0], [1, 1, 1, 1]]), 0)
+    module_check(mha, lambda x: mha.forward(x, mask=mask), mha.backward,
+                 [np.random.default_rng(4).standard_normal((2, 4, 8))])
+
+
+@pytest.mark.parametrize("qk_dim", [None, 4])
+def test_cross_attention_module(qk_dim):
+    mha = MultiHeadAttention(8, 2, qk_dim=qk_dim, **f64_rng(0))
+    mask = F.padding_mask(np.array([[1, 2, 0, 0, 0], [1, 1, 1, 1, 2]]), 0)
+    rng = np.random.default_rng(5)
+    module_check(mha, lambda x, m: mha.forward(x, m, mask), mha.backward,
+                 [rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 5, 8))])
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer(norm_first):
+    layer = EncoderLayer(8, 2, 12, dropout=0.0, norm_first=norm_first, **f64_rng(0))
+    mask = F.padding_mask(np.array([[1, 2, 3, 0], [1, 1, 1, 1]]), 0)
+    module_check(layer, lambda x: layer.forward(x, mask), layer.backward,
+                 [np.random.default_rng(6).standard_normal((2, 4, 8))], max_entries=40)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer(norm_first):
+    layer = DecoderLayer(8, 2, 12, dropout=0.0, norm_first=norm_first, **f64_rng(0))
+    tgt = np.array([[1, 2, 3, 0], [1, 1, 1, 1]])
+    src = np.array([[1, 2, 0], [1, 1, 1]])
+    rng = np.random.default_rng(7)
+    module_check(layer,
+                 lambda x, m: layer.forward(x, m, F.decoder_self_mask(tgt, 0), F.padding_mask(src, 0)),
+                 layer.backward, [rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 3, 8))],
+                 max_entries=40)

@@ -1,0 +1,71 @@
+"""Gradient check of the whole Transformer in float64: every parameter tensor, through masks,
+padding, cross-attention, label smoothing, tied weights, dropout, pre- and post-norm."""
+import numpy as np
+import pytest
+
+import npformer as nf
+
+PAD = 0
+
+
+def tiny_model(**kw):
+    cfg = dict(src_vocab_size=9, tgt_vocab_size=8, d_model=8, n_heads=2, d_ff=12,
+               n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=16, pad_id=PAD,
+               dtype=np.float64, seed=1)
+    cfg.update(kw)
+    return nf.Transformer(**cfg)
+
+
+def batch():
+    src = np.array([[3, 4, 5, 6, 2], [7, 8, 2, PAD, PAD]])
+    tgt_in = np.array([[1, 4, 5, 3], [1, 6, PAD, PAD]])
+    tgt_out = np.array([[4, 5, 3, 2], [6, 2, PAD, PAD]])
+    return src, tgt_in, tgt_out
+
+
+def model_gradcheck(model, smoothing, max_entries=12):
+    """Check d(loss)/d(every parameter). Embedding rows of <pad> are left out: they are frozen on
+    purpose (no gradient), although the loss does depend on them."""
+    src, tgt_in, tgt_out = batch()
+    names, arrays = [], []
+    for name, p in model.named_parameters():
+        rows = slice(1, None) if name.endswith("embed.weight") else slice(None)
+        names.append(name)
+        arrays.append((p, rows))
+    rng_state = model.rng.bit_generator.state
+
+    def f(*_):
+        model.rng.bit_generator.state = rng_state        # the same dropout masks every call
+        logits = model.forward(src, tgt_in)
+        loss, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=PAD,
+                                         label_smoothing=smoothing)
+
+        def backward(dloss):
+            model.zero_grad()
+            model.backward(dlogits * dloss)
+            return tuple(p.grad[rows].copy() for p, rows in arrays)
+        return np.array(loss), backward
+
+    result = nf.gradcheck(f, [p.data[rows] for p, rows in arrays], tol=1e-6,
+                          max_entries=max_entries, names=names)
+    assert result.ok, str(result)
+    return result
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_whole_model(norm_first, tie, smoothing):
+    model_gradcheck(tiny_model(norm_first=norm_first, tie_embeddings=tie), smoothing)
+
+
+def test_whole_model_with_dropout_gelu_and_qk_dim():
+    model = tiny_model(dropout=0.2, activation="gelu", qk_dim=4).train()
+    model_gradcheck(model, 0.1)
+
+
+def test_every_parameter_is_checked():
+    model = tiny_model()
+    result = model_gradcheck(model, 0.1, max_entries=2)
+    assert len(result.errors) == len(model.parameters())
+    assert all(e is not None for e in result.errors)

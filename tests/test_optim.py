@@ -1,0 +1,94 @@
+"""Schedules, clipping and gradient accumulation."""
+import math
+
+import numpy as np
+import pytest
+
+import npformer as nf
+
+
+def small_model():
+    return nf.Transformer(src_vocab_size=11, tgt_vocab_size=9, d_model=8, n_heads=2, d_ff=16,
+                          n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, dtype=np.float64)
+
+
+def data(seed, b=4):
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 11, (b, 5)), rng.integers(1, 9, (b, 4)), rng.integers(1, 9, (b, 4))
+
+
+def test_noam_schedule_peaks_at_warmup():
+    s = nf.NoamSchedule(d_model=512, warmup_steps=4000)
+    assert math.isclose(s(4000), 512 ** -0.5 * 4000 ** -0.5)
+    assert s(100) < s(4000) > s(20000)
+    assert math.isclose(s(1000), 1000 * 4000 ** -1.5 * 512 ** -0.5)
+
+
+def test_warmup_schedules():
+    inv = nf.WarmupInverseSqrtSchedule(peak_lr=1e-3, warmup_steps=100)
+    assert inv(50) == pytest.approx(5e-4) and inv(100) == pytest.approx(1e-3)
+    assert inv(400) == pytest.approx(5e-4)
+    cos = nf.WarmupCosineSchedule(peak_lr=1e-3, warmup_steps=10, total_steps=110, min_lr=1e-5)
+    assert cos(10) == pytest.approx(1e-3) and cos(60) == pytest.approx((1e-3 + 1e-5) / 2)
+    assert cos(110) == pytest.approx(1e-5) and cos(500) == pytest.approx(1e-5)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        nf.WarmupCosineSchedule(1e-3, 200, 100)
+
+
+def test_clip_grad_norm_scales_to_max_norm():
+    model = small_model()
+    src, tgt_in, tgt_out = data(0)
+    _, d = nf.cross_entropy(model.forward(src, tgt_in), tgt_out)
+    model.backward(d * 100)
+    before = nf.clip_grad_norm(model, 1.0)
+    assert before > 1.0
+    assert np.linalg.norm(model.flat_grads) == pytest.approx(1.0, rel=1e-5)
+    assert nf.clip_grad_norm(model, 10.0) == pytest.approx(1.0, rel=1e-5)   # no change below max
+
+
+def test_gradient_accumulation_equals_the_full_batch():
+    """Two half batches, each loss weighted by its share of tokens, sum to the full gradient."""
+    model = small_model()
+    src, tgt_in, tgt_out = data(1, b=6)
+    _, d = nf.cross_entropy(model.forward(src, tgt_in), tgt_out)
+    model.zero_grad()
+    model.backward(d)
+    full = model.flat_grads.copy()
+    model.zero_grad()
+    for half in (slice(0, 2), slice(2, 6)):
+        share = tgt_out[half].size / tgt_out.size
+        _, d = nf.cross_entropy(model.forward(src[half], tgt_in[half]), tgt_out[half])
+        model.backward(d * share)
+    np.testing.assert_allclose(model.flat_grads, full, rtol=1e-10, atol=1e-13)
+
+
+def test_optimizer_state_round_trip_and_errors():
+    model = small_model()
+    opt = nf.AdamW(model, lr=1e-2)
+    src, tgt_in, tgt_out = data(2)
+    _, d = nf.cross_entropy(model.forward(src, tgt_in), tgt_out)
+    model.backward(d)
+    opt.step()
+    state = opt.state_dict()
+    opt2 = nf.AdamW(small_model(), lr=1e-2)
+    opt2.load_state_dict(state)
+    assert opt2.step_count == 1
+    np.testing.assert_array_equal(opt2.exp_avg, opt.exp_avg)
+    with pytest.raises(ValueError, match="exp_avg_sq"):
+        opt2.load_state_dict({"step_count": 1, "exp_avg": opt.exp_avg})
+    with pytest.raises(ValueError, match="lr: expected a non-negative"):
+        nf.Adam(model, lr=-1)
+
+
+def test_training_reduces_the_loss():
+    model = small_model()
+    opt = nf.Adam(model, lr=1e-2)
+    src, tgt_in, tgt_out = data(3, b=8)
+    losses = []
+    for _ in range(100):
+        loss, d = nf.cross_entropy(model.forward(src, tgt_in), tgt_out)
+        model.zero_grad()
+        model.backward(d)
+        opt.step()
+        losses.append(loss)
+    assert losses[-1] < 0.25 * losses[0]

@@ -1,31 +1,46 @@
 """Checkpoint files: atomic, pickle-free, verified on load.
 
-A checkpoint is two files side by side::
+A checkpoint is ONE file, ``ckpt.npz``; a readable copy of its metadata sits beside it::
 
-    run/ckpt.npz    every array (model weights, optimizer moments, RNG state), one .npy per name
-    run/ckpt.json   format version, sha256 + size of the npz, an index of the arrays, your metadata
+    run/ckpt.npz    the checkpoint: one .npy member per array (model weights, optimizer moments,
+                    RNG state), a member "__meta__.json" (format version, an index of the arrays,
+                    your metadata) and, at the very end, a sha256 trailer
+    run/ckpt.json   a human-readable copy of that metadata plus the npz's sha256 and size;
+                    loading never needs it
 
-``save_checkpoint("run/ckpt", arrays, meta)`` writes them and ``load_checkpoint("run/ckpt")``
-reads them back (``"run/ckpt.npz"`` or ``"run/ckpt.json"`` name the same checkpoint).
+``save_checkpoint("run/ckpt", arrays, meta)`` writes both and ``load_checkpoint("run/ckpt")``
+reads the npz back (``"run/ckpt.npz"`` or ``"run/ckpt.json"`` name the same checkpoint).
 
 Why temp file + fsync + rename?
     Writing straight over ``ckpt.npz`` destroys the old checkpoint the moment the file is
     opened; if the process is killed (OOM killer, Ctrl-C, a pre-empted cloud machine) half way
-    through, you are left with neither the old nor the new one. Instead each file is written to
+    through, you are left with neither the old nor the new one. Instead the file is written to
     a temporary file in the *same directory*, flushed and ``os.fsync``-ed (so its bytes are on
     disk, not just in the OS page cache), and only then ``os.replace``-d over the real name.
     A rename inside one file system is atomic: anyone opening ``ckpt.npz`` sees either the
     complete old file or the complete new one, never a mix. Finally the directory itself is
-    fsync-ed, so the rename (a change to the directory) survives a power cut too.
+    fsync-ed, so the rename (a change to the directory) survives a power cut too. Temporary
+    files left by a killed process are named ``.ckpt.npz.<random>.tmp``; the loader only opens
+    the real name, so they are never mistaken for the checkpoint.
 
-Why a digest in the JSON?
-    Two files cannot be renamed in one atomic step. The npz is renamed first and the JSON last,
-    and the JSON records the sha256 of the npz it belongs to. If a save dies between the two
-    renames, the stale JSON no longer matches the new npz and loading fails with a clear
-    ``CheckpointError`` instead of silently pairing old metadata with new weights. The same
-    check catches a truncated or bit-flipped npz and files copied from two different runs.
-    Temporary files left behind by a killed process are named ``.ckpt.npz.<random>.tmp``; the
-    loader only ever opens the two real names, so they are never mistaken for the checkpoint.
+Why is the metadata inside the npz?
+    Two files cannot be renamed in one atomic step: a save killed between two renames would
+    leave a new npz beside an old json. So the npz alone is the checkpoint. Its metadata travels
+    inside it as the uint8 array ``__meta__.json`` (UTF-8 JSON), and exactly one ``os.replace``
+    switches from the old checkpoint to the new one: whenever the process dies, ``ckpt.npz`` is
+    the complete old or the complete new checkpoint. ``ckpt.json`` is written afterwards (same
+    temp + fsync + rename) for people and scripts to read. If it does not describe the npz (a
+    kill between the two renames, a hand edit), ``load_checkpoint`` warns and ignores it; if it
+    is missing, nothing is lost. The name ``__meta__.json`` is reserved for this member.
+
+Why a sha256 trailer?
+    A file cannot contain its own hash, but it can end with the hash of everything before it.
+    The npz's zip comment (the last bytes of a zip file) is ``npformer-sha256:<64 hex digits>``,
+    the sha256 of all bytes before those 64 digits. Zip tools ignore comments, so the file stays
+    a standard npz; the loader recomputes the hash before reading anything, so a truncated,
+    bit-flipped or appended-to file fails with a clear ``CheckpointError``. The zip's CRC-32 of
+    each member and the index (names, dtypes, shapes) are checked as well. ``ckpt.json`` records
+    the sha256 of the whole npz, the same as ``sha256sum run/ckpt.npz`` prints.
 
 Why no pickle?
     ``pickle`` (used by ``torch.save`` and by ``np.load(..., allow_pickle=True)`` for object
@@ -33,10 +48,12 @@ Why no pickle?
     like running their program. Here arrays are plain ``.npy`` data read with
     ``allow_pickle=False`` (object arrays are refused), metadata is plain JSON, and the RNG state
     is stored as integer arrays (see ``rng_state_to_arrays``). The npz is a standard, uncompressed
-    npz: ``np.load("run/ckpt.npz")`` opens it too.
+    npz: ``np.load("run/ckpt.npz")`` opens it too, and
+    ``np.load("run/ckpt.npz")["__meta__.json"].tobytes().decode()`` is the metadata JSON.
 
-One writer per checkpoint path: two processes saving to the same path at once, or loading
-while a save is renaming, can produce a mismatched pair (which the digest check reports).
+One writer per checkpoint path: two processes saving to the same path at once each leave a
+complete npz (the last rename wins), but ``ckpt.json`` may then describe the other save (a
+warning on load, never a wrong result).
 """
 
 from __future__ import annotations
@@ -45,6 +62,7 @@ import hashlib
 import json
 import os
 import secrets
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,7 +81,10 @@ __all__ = [
 ]
 
 FORMAT_NAME = "npformer-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: metadata only in the .json beside the npz; 2: metadata inside the npz
+META_NAME = "__meta__.json"  # reserved array name: the npz member holding the metadata
+_TRAILER = b"npformer-sha256:"  # the npz's zip comment: this, then 64 hex digits
+_DIGEST_LEN = 64  # hex digits of a sha256
 _CHUNK = 1 << 20  # bytes read at a time when hashing
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed timestamp: same arrays -> same npz bytes -> same digest
 
@@ -103,40 +124,41 @@ def checkpoint_paths(path) -> tuple[Path, Path]:
 
 
 def save_checkpoint(path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> tuple[Path, Path]:
-    """Atomically write ``arrays`` to ``<path>.npz`` and ``meta`` to ``<path>.json``.
+    """Atomically write ``arrays`` and ``meta`` to ``<path>.npz`` (plus a readable ``<path>.json``).
 
     ``arrays`` is a flat ``{name: ndarray}`` dict; names may contain dots and slashes
-    (``"model/encoder.layers.0.linear1.weight"``). ``meta`` must be JSON-serialisable with
-    ``str`` keys (tuples come back as lists). Missing parent directories are created.
-    Returns ``(npz_path, json_path)``.
+    (``"model/encoder.layers.0.linear1.weight"``); ``"__meta__.json"`` is reserved. ``meta``
+    must be JSON-serialisable with ``str`` keys (tuples come back as lists). Missing parent
+    directories are created. Returns ``(npz_path, json_path)``.
+
+    The single rename of the npz is the moment the new checkpoint replaces the old one. If
+    writing the json copy fails after it, the error is raised (the npz is already the new one).
     """
     npz_path, json_path = checkpoint_paths(path)
     _check_arrays(arrays)
     if not isinstance(meta, Mapping):
         raise CheckpointError(f"meta: expected a mapping (dict), got {type(meta).__name__}")
-    plain_meta = _plain_json(meta, "meta", set())
-    index = {name: {"dtype": str(a.dtype), "shape": list(a.shape)} for name, a in arrays.items()}
+    doc = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "arrays": {name: {"dtype": str(a.dtype), "shape": list(a.shape)} for name, a in arrays.items()},
+        "meta": _plain_json(meta, "meta", set()),
+    }
+    meta_member = np.frombuffer(_format_json(doc).encode("utf-8"), dtype=np.uint8)  # (n_bytes,)
 
     npz_path.parent.mkdir(parents=True, exist_ok=True)
     temps: list[Path] = []  # temporary files not yet renamed into place
     try:
-        npz_tmp = _write_temp(npz_path, lambda f: _write_npz(f, arrays), temps)
-        digest, nbytes = _sha256_of(npz_tmp)
-        doc = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "npz_sha256": digest,
-            "npz_bytes": nbytes,
-            "arrays": index,
-            "meta": plain_meta,
-        }
-        text = _format_json(doc)
-        json_tmp = _write_temp(json_path, lambda f: f.write(text.encode("utf-8")), temps)
-        # npz first, JSON last: between the two renames the old JSON's digest does not match the
-        # new npz, so a crash there gives a CheckpointError on load, never a mixed checkpoint.
-        os.replace(npz_tmp, npz_path)
+        npz_tmp, (digest, nbytes) = _write_temp(
+            npz_path, lambda f: _write_npz(f, {META_NAME: meta_member, **arrays}), temps
+        )
+        copy = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+                "npz_sha256": digest, "npz_bytes": nbytes, "arrays": doc["arrays"], "meta": doc["meta"]}
+        text = _format_json(copy)
+        json_tmp, _ = _write_temp(json_path, lambda f: f.write(text.encode("utf-8")), temps)
+        os.replace(npz_tmp, npz_path)  # <- the new checkpoint becomes visible, all at once
         temps.remove(npz_tmp)
-        os.replace(json_tmp, json_path)
+        os.replace(json_tmp, json_path)  # the readable copy follows; loading never relies on it
         temps.remove(json_tmp)
         _fsync_dir(npz_path.parent)
     finally:
@@ -154,6 +176,11 @@ def _check_arrays(arrays) -> None:
     for name, value in arrays.items():
         if not isinstance(name, str) or name == "":
             raise CheckpointError(f"arrays: expected non-empty str names, got {name!r}")
+        if name == META_NAME:
+            raise CheckpointError(
+                f"arrays: the name {META_NAME!r} is reserved for the checkpoint's own metadata; "
+                f"rename that array"
+            )
         if "\x00" in name or "\\" in name:
             raise CheckpointError(f"arrays: name {name!r} contains a NUL byte or a backslash")
         _check_utf8(name, f"arrays: name {name!r}")
@@ -220,19 +247,43 @@ def _format_json(doc: dict) -> str:
     return "{\n" + "\n".join(lines) + "\n}\n"
 
 
-def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write a standard uncompressed npz: one ``<name>.npy`` member per array."""
+def _write_npz(f, members: Mapping[str, np.ndarray]) -> tuple[str, int]:
+    """Write a standard uncompressed npz (one ``<name>.npy`` member per array) ending in the
+    sha256 trailer; return ``(sha256 of the whole file, its size in bytes)``."""
     with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, value in arrays.items():
+        for name, value in members.items():
             info = zipfile.ZipInfo(name + ".npy", date_time=_ZIP_DATE)
             info.external_attr = 0o644 << 16
             with zf.open(info, mode="w", force_zip64=True) as member:
                 np.lib.format.write_array(member, value, allow_pickle=False)
+        zf.comment = _TRAILER + b"0" * _DIGEST_LEN  # placeholder digits, patched below
+    # The zip comment is the last thing in a zip file: replace its 64 digits by the sha256 of
+    # every byte before them.
+    size = f.seek(0, os.SEEK_END)
+    h = _sha256_head(f, size - _DIGEST_LEN)
+    digest = h.hexdigest().encode("ascii")
+    f.seek(size - _DIGEST_LEN)
+    f.write(digest)
+    h.update(digest)  # now the hash of the whole file, as `sha256sum` computes it
+    return h.hexdigest(), size
 
 
-def _write_temp(final: Path, write, temps: list[Path]) -> Path:
-    """Create a fresh temp file next to ``final``, fill it with ``write(f)``, flush and fsync it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+def _sha256_head(f, n: int):
+    """Return a ``hashlib.sha256`` object fed with the first ``n`` bytes of the binary file ``f``."""
+    h = hashlib.sha256()
+    f.seek(0)
+    while n > 0 and (chunk := f.read(min(_CHUNK, n))):
+        h.update(chunk)
+        n -= len(chunk)
+    return h
+
+
+def _write_temp(final: Path, write, temps: list[Path]) -> tuple[Path, Any]:
+    """Create a fresh temp file next to ``final``, fill it with ``write(f)``, flush and fsync it.
+
+    Returns ``(temp_path, whatever write returned)``.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     for _ in range(16):
         tmp = final.with_name(f".{final.name}.{secrets.token_hex(8)}.tmp")
         try:
@@ -243,11 +294,11 @@ def _write_temp(final: Path, write, temps: list[Path]) -> Path:
     else:  # pragma: no cover - 16 collisions of 64 random bits
         raise FileExistsError(f"could not create a temporary file next to {final}")
     temps.append(tmp)
-    with os.fdopen(fd, "wb") as f:
-        write(f)
+    with os.fdopen(fd, "w+b") as f:
+        result = write(f)
         f.flush()
         os.fsync(f.fileno())
-    return tmp
+    return tmp, result
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -261,46 +312,108 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _sha256_of(path_or_file) -> tuple[str, int]:
-    """Return ``(hex sha256, size in bytes)`` of a path or of an open binary file (from its start)."""
-    if isinstance(path_or_file, (str, os.PathLike)):
-        with open(path_or_file, "rb") as f:
-            return _sha256_of(f)
-    h, n = hashlib.sha256(), 0
-    path_or_file.seek(0)
-    while chunk := path_or_file.read(_CHUNK):
-        h.update(chunk)
-        n += len(chunk)
-    return h.hexdigest(), n
-
-
 # ----------------------------------------------------------------------------------------------
 # load
 # ----------------------------------------------------------------------------------------------
 
 
 def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
-    """Read ``(arrays, meta)`` saved by ``save_checkpoint``; raise ``CheckpointError`` if anything is off."""
+    """Read ``(arrays, meta)`` saved by ``save_checkpoint``; raise ``CheckpointError`` if anything is off.
+
+    Everything comes from ``<path>.npz``. The readable ``<path>.json`` may be missing; if it does
+    not describe the npz, a ``UserWarning`` says so and it is ignored.
+    """
     npz_path, json_path = checkpoint_paths(path)
-    if not npz_path.exists() and not json_path.exists():
-        raise CheckpointError(f"no checkpoint at {npz_path.with_suffix('')}: neither {npz_path} nor {json_path} exists")
-    if not json_path.exists():
-        raise CheckpointError(f"checkpoint metadata {json_path} is missing (its npz {npz_path} exists)")
-    if not npz_path.exists():
-        raise CheckpointError(f"checkpoint arrays {npz_path} are missing (its metadata {json_path} exists)")
-    doc = _read_json(json_path)
-    arrays = _read_npz(npz_path, json_path, doc)
-    return arrays, doc["meta"]
-
-
-def _read_json(json_path: Path) -> dict:
-    def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint metadata {json_path}: {what}")
-
     try:
-        doc = json.loads(json_path.read_bytes().decode("utf-8"))
+        f = open(npz_path, "rb")
     except FileNotFoundError:
-        raise bad("file is missing") from None
+        if json_path.exists():
+            raise CheckpointError(
+                f"checkpoint {npz_path} is missing; {json_path} beside it is only a readable copy "
+                f"of the metadata, the arrays live in the npz"
+            ) from None
+        raise CheckpointError(f"no checkpoint at {npz_path.with_suffix('')}: {npz_path} does not exist") from None
+    with f:  # one open file for hashing and reading: a concurrent rename cannot swap it under us
+        digest, nbytes = _check_trailer(f, npz_path)
+        f.seek(0)
+        members = _read_members(f, npz_path)
+    doc = _parse_meta(members.pop(META_NAME, None), npz_path)
+    _check_index(members, doc["arrays"], npz_path)
+    _check_json_copy(json_path, npz_path, {"npz_sha256": digest, "npz_bytes": nbytes, **doc})
+    return members, doc["meta"]
+
+
+def _check_trailer(f, npz_path: Path) -> tuple[str, int]:
+    """Verify the sha256 trailer; return ``(sha256 of the whole file, size in bytes)``."""
+    size = f.seek(0, os.SEEK_END)
+    tail_len = len(_TRAILER) + _DIGEST_LEN
+    if size < tail_len:
+        raise CheckpointError(
+            f"checkpoint {npz_path}: only {size} bytes, too short to be a checkpoint "
+            f"(truncated, or not written by save_checkpoint)"
+        )
+    f.seek(size - tail_len)
+    tail = f.read(tail_len)
+    recorded = tail[len(_TRAILER):]
+    if not (tail.startswith(_TRAILER) and all(c in b"0123456789abcdef" for c in recorded)):
+        raise CheckpointError(
+            f"checkpoint {npz_path}: does not end with its sha256 trailer ({_TRAILER.decode()}<64 hex "
+            f"digits>), got {tail[-24:]!r}: the file is truncated or has bytes appended, or it is not "
+            f"an npformer checkpoint of format_version {FORMAT_VERSION} (np.savez files have no trailer)"
+        )
+    h = _sha256_head(f, size - _DIGEST_LEN)
+    if h.hexdigest().encode("ascii") != recorded:
+        raise CheckpointError(
+            f"checkpoint {npz_path}: sha256 mismatch (the trailer records {recorded[:16].decode()}..., "
+            f"the {size} bytes hash to {h.hexdigest()[:16]}...): the file is corrupt"
+        )
+    h.update(recorded)
+    return h.hexdigest(), size
+
+
+def _read_members(f, npz_path: Path) -> dict[str, np.ndarray]:
+    """Read every ``<name>.npy`` member with ``allow_pickle=False``."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {npz_path}: {what}")
+
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with zipfile.ZipFile(f) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise bad(f"unexpected member {info.filename!r} (expected <name>.npy)")
+                name = info.filename[: -len(".npy")]
+                if name in arrays:
+                    raise bad(f"duplicate member {info.filename!r}")
+                with zf.open(info) as member:
+                    try:
+                        arrays[name] = np.lib.format.read_array(member, allow_pickle=False)
+                    except ValueError as exc:
+                        if "allow_pickle" in str(exc):
+                            raise bad(f"array {name!r} is an object array; refusing to unpickle it ({exc})") from None
+                        raise
+    except CheckpointError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError,
+            ValueError, KeyError) as exc:
+        raise bad(f"corrupt npz ({type(exc).__name__}: {exc})") from None
+    return arrays
+
+
+def _parse_meta(member, npz_path: Path) -> dict:
+    """Decode and check the ``__meta__.json`` member (a 1-D uint8 array of UTF-8 JSON)."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {npz_path}: member {META_NAME!r}: {what}")
+
+    if member is None:
+        raise bad(
+            f"missing: not an npformer checkpoint of format_version {FORMAT_VERSION} "
+            f"(format 1 kept its metadata only in the .json file; re-save it with this version)"
+        )
+    if not (member.dtype == np.uint8 and member.ndim == 1):
+        raise bad(f"expected a 1-D uint8 array of UTF-8 JSON, got {member.dtype} {list(member.shape)}")
+    try:
+        doc = json.loads(member.tobytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise bad(f"corrupt JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
@@ -309,11 +422,6 @@ def _read_json(json_path: Path) -> dict:
     version = doc.get("format_version")
     if type(version) is not int or version != FORMAT_VERSION:
         raise bad(f"expected format_version {FORMAT_VERSION}, got {version!r}")
-    digest = doc.get("npz_sha256")
-    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-        raise bad(f"expected npz_sha256 to be 64 lowercase hex digits, got {digest!r:.80}")
-    if type(doc.get("npz_bytes")) is not int or doc["npz_bytes"] < 0:
-        raise bad(f"expected npz_bytes to be a non-negative int, got {doc.get('npz_bytes')!r}")
     index = doc.get("arrays")
     if not isinstance(index, dict) or not all(
         isinstance(v, dict) and isinstance(v.get("dtype"), str) and isinstance(v.get("shape"), list)
@@ -325,59 +433,46 @@ def _read_json(json_path: Path) -> dict:
     return doc
 
 
-def _read_npz(npz_path: Path, json_path: Path, doc: dict) -> dict[str, np.ndarray]:
-    def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint arrays {npz_path}: {what}")
-
-    try:
-        f = open(npz_path, "rb")
-    except FileNotFoundError:
-        raise bad("file is missing") from None
-    with f:  # one open file for hashing and reading: a concurrent rename cannot swap it under us
-        digest, nbytes = _sha256_of(f)
-        if digest != doc["npz_sha256"] or nbytes != doc["npz_bytes"]:
-            raise bad(
-                f"does not match {json_path} (npz: {nbytes} bytes, sha256 {digest[:16]}...; "
-                f"json records {doc['npz_bytes']} bytes, sha256 {doc['npz_sha256'][:16]}...). "
-                f"The npz is truncated/corrupted, or the two files come from different saves "
-                f"(e.g. a save killed between its two renames)"
-            )
-        f.seek(0)
-        arrays: dict[str, np.ndarray] = {}
-        try:
-            with zipfile.ZipFile(f) as zf:
-                for info in zf.infolist():
-                    if not info.filename.endswith(".npy"):
-                        raise bad(f"unexpected member {info.filename!r} (expected <name>.npy)")
-                    name = info.filename[: -len(".npy")]
-                    if name in arrays:
-                        raise bad(f"duplicate member {info.filename!r}")
-                    with zf.open(info) as member:
-                        try:
-                            arrays[name] = np.lib.format.read_array(member, allow_pickle=False)
-                        except ValueError as exc:
-                            if "allow_pickle" in str(exc):
-                                raise bad(
-                                    f"array {name!r} is an object array; refusing to unpickle it ({exc})"
-                                ) from None
-                            raise
-        except CheckpointError:
-            raise
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError,
-                ValueError, KeyError) as exc:
-            raise bad(f"corrupt npz ({type(exc).__name__}: {exc})") from None
-
-    index = doc["arrays"]
+def _check_index(arrays: dict[str, np.ndarray], index: dict, npz_path: Path) -> None:
+    """The arrays read must be exactly those the metadata lists, with the same dtypes and shapes."""
     if set(arrays) != set(index):
         missing, extra = sorted(set(index) - set(arrays)), sorted(set(arrays) - set(index))
-        raise bad(f"names do not match the index in {json_path}: missing {missing[:5]}, unexpected {extra[:5]}")
+        raise CheckpointError(
+            f"checkpoint {npz_path}: arrays do not match the index in {META_NAME!r}: "
+            f"missing {missing[:5]}, unexpected {extra[:5]}"
+        )
     for name, a in arrays.items():
         if str(a.dtype) != index[name]["dtype"] or list(a.shape) != index[name]["shape"]:
-            raise bad(
-                f"array {name!r} is {a.dtype} {list(a.shape)} but {json_path} records "
-                f"{index[name]['dtype']} {index[name]['shape']}"
+            raise CheckpointError(
+                f"checkpoint {npz_path}: array {name!r} is {a.dtype} {list(a.shape)} but {META_NAME!r} "
+                f"records {index[name]['dtype']} {index[name]['shape']}"
             )
-    return arrays
+
+
+def _check_json_copy(json_path: Path, npz_path: Path, expected: dict) -> None:
+    """Warn (never fail) if the readable copy beside the npz exists but does not describe it."""
+    try:
+        copy = json.loads(json_path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return  # a missing copy is fine: the npz holds everything
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = f"it cannot be read ({type(exc).__name__}: {exc})"
+    else:
+        def canonical(doc) -> str:  # compares NaN equal to NaN, ignores key order
+            return json.dumps(doc, sort_keys=True)
+
+        if canonical(copy) == canonical(expected):
+            return
+        if not isinstance(copy, dict) or copy.get("npz_sha256") != expected["npz_sha256"]:
+            reason = "it belongs to another save (e.g. one killed between writing the two files)"
+        else:
+            reason = "it was edited"
+    warnings.warn(
+        f"{json_path} does not describe {npz_path}: {reason}. Ignoring it: the npz alone is the "
+        f"checkpoint, and the next save rewrites the json.",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
     opt = nf.Adam(model, lr=1e-3); opt.step()
 """
 from . import functional, interop, nn, optim
+from .backend import get_backend, set_backend
 from .gradcheck import GradcheckResult, gradcheck
 from .loss import cross_entropy
 from .nn import Transformer

@@ -1,7 +1,7 @@
 """The public loss: ``loss, dlogits = nf.cross_entropy(logits, targets, ...)``."""
 import numpy as np
 
-from . import functional as F
+from .backend import ops
 
 
 def cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.0):
@@ -28,6 +28,7 @@ def cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.0):
         raise ValueError(f"targets: expected class ids in [0, {vocab}) or ignore_index="
                          f"{ignore_index}, found {bad}")
     flat_logits = logits.reshape(-1, vocab)                       # (N, V)
-    loss, cache = F.cross_entropy_forward(flat_logits, targets.reshape(-1), ignore_index,
+    f = ops()                                                     # NumPy reference or Numba kernel
+    loss, cache = f.cross_entropy_forward(flat_logits, targets.reshape(-1), ignore_index,
                                           label_smoothing)
-    return loss, F.cross_entropy_backward(cache).reshape(logits.shape)
+    return loss, f.cross_entropy_backward(cache).reshape(logits.shape)

@@ -5,6 +5,7 @@ Derivation: docs/backprop.md#multi-head-attention.
 import numpy as np
 
 from .. import functional as F
+from ..backend import ops
 from .init import xavier_uniform
 from .linear import Linear
 from .module import Module, Parameter
@@ -35,20 +36,22 @@ class MultiHeadAttention(Module):
         self.in_proj_bias = Parameter(np.zeros(2 * qk_dim + d_model, dtype=dtype))
         self.out_proj = Linear(d_model, d_model, rng=rng, dtype=dtype)
         self._cache = None
+        self._ops = None                  # the backend that ran forward: only its backward fits the cache
         self.attn_weights = None          # (B, H, T, S) after each forward, for inspection/plots
 
     def forward(self, x, memory=None, mask=None):
         qk, h = self.qk_dim, self.n_heads
         w, b = self.in_proj_weight.data, self.in_proj_bias.data
+        self._ops = f = ops()                 # NumPy reference or Numba kernels (npformer.backend)
         if memory is None:                                        # self-attention
-            qkv, proj_cache = F.linear_forward(x, w, b)           # (B, T, 2*qk + D)
+            qkv, proj_cache = f.linear_forward(x, w, b)               # (B, T, 2*qk + D)
             q, k, v = qkv[..., :qk], qkv[..., qk:2 * qk], qkv[..., 2 * qk:]
         else:                                                     # cross-attention
-            q, q_cache = F.linear_forward(x, w[:qk], b[:qk])      # (B, T, qk)
-            kv, kv_cache = F.linear_forward(memory, w[qk:], b[qk:])   # (B, S, qk + D)
+            q, q_cache = f.linear_forward(x, w[:qk], b[:qk])          # (B, T, qk)
+            kv, kv_cache = f.linear_forward(memory, w[qk:], b[qk:])       # (B, S, qk + D)
             k, v = kv[..., :qk], kv[..., qk:]
             proj_cache = (q_cache, kv_cache)
-        ctx, attn_cache = F.attention_forward(
+        ctx, attn_cache = f.attention_forward(
             F.split_heads(q, h), F.split_heads(k, h), F.split_heads(v, h),   # (B, H, T|S, d)
             mask, self.dropout, self.rng, self.training)
         self.attn_weights = attn_cache[3]
@@ -60,18 +63,19 @@ class MultiHeadAttention(Module):
         """Returns dx, or (dx, dmemory) for cross-attention."""
         is_self, proj_cache, attn_cache = self._cache
         qk, h = self.qk_dim, self.n_heads
+        f = self._ops
         dctx = F.split_heads(self.out_proj.backward(dout), h)    # (B, H, T, d)
-        dq, dk, dv = F.attention_backward(dctx, attn_cache)
+        dq, dk, dv = f.attention_backward(dctx, attn_cache)
         dq, dk, dv = F.merge_heads(dq), F.merge_heads(dk), F.merge_heads(dv)   # (B, T|S, .)
         if is_self:
             dqkv = np.concatenate([dq, dk, dv], axis=-1)          # (B, T, 2*qk + D)
-            dx, dw, db = F.linear_backward(dqkv, proj_cache)
+            dx, dw, db = f.linear_backward(dqkv, proj_cache)
             self.in_proj_weight.grad += dw
             self.in_proj_bias.grad += db
             return dx
         q_cache, kv_cache = proj_cache
-        dx, dwq, dbq = F.linear_backward(dq, q_cache)
-        dmem, dwkv, dbkv = F.linear_backward(np.concatenate([dk, dv], axis=-1), kv_cache)
+        dx, dwq, dbq = f.linear_backward(dq, q_cache)
+        dmem, dwkv, dbkv = f.linear_backward(np.concatenate([dk, dv], axis=-1), kv_cache)
         self.in_proj_weight.grad[:qk] += dwq
         self.in_proj_weight.grad[qk:] += dwkv
         self.in_proj_bias.grad[:qk] += dbq

@@ -1,5 +1,5 @@
 """Dropout module: active in train mode, identity in eval mode."""
-from .. import functional as F
+from ..backend import ops
 from .module import Module
 
 
@@ -12,10 +12,12 @@ class Dropout(Module):
             raise ValueError(f"dropout: expected a probability in [0, 1), got {p}")
         self.p, self.rng = p, rng
         self._cache = None
+        self._ops = None          # the backend that ran forward: only its backward fits the cache
 
     def forward(self, x):
-        out, self._cache = F.dropout_forward(x, self.p, self.rng, self.training)
+        self._ops = ops()
+        out, self._cache = self._ops.dropout_forward(x, self.p, self.rng, self.training)
         return out
 
     def backward(self, dout):
-        return F.dropout_backward(dout, self._cache)
+        return self._ops.dropout_backward(dout, self._cache)

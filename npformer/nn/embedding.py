@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from .. import functional as F
+from ..backend import ops
 from .init import normal
 from .module import Module, Parameter
 
@@ -26,10 +26,12 @@ class Embedding(Module):
             w[padding_idx] = 0
         self.weight = Parameter(w)
         self._cache = None
+        self._ops = None          # the backend that ran forward: only its backward fits the cache
 
     def forward(self, ids):
-        out, self._cache = F.embedding_forward(ids, self.weight.data, self.scale)
+        self._ops = ops()
+        out, self._cache = self._ops.embedding_forward(ids, self.weight.data, self.scale)
         return out
 
     def backward(self, dout):
-        self.weight.grad += F.embedding_backward(dout, self._cache, self.padding_idx)
+        self.weight.grad += self._ops.embedding_backward(dout, self._cache, self.padding_idx)

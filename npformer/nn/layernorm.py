@@ -1,7 +1,7 @@
 """LayerNorm module (math in npformer.functional.layernorm)."""
 import numpy as np
 
-from .. import functional as F
+from ..backend import ops
 from .module import Module, Parameter
 
 
@@ -14,13 +14,15 @@ class LayerNorm(Module):
         self.weight = Parameter(np.ones(d_model, dtype=dtype))
         self.bias = Parameter(np.zeros(d_model, dtype=dtype))
         self._cache = None
+        self._ops = None          # the backend that ran forward: only its backward fits the cache
 
     def forward(self, x):
-        y, self._cache = F.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+        self._ops = ops()
+        y, self._cache = self._ops.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
         return y
 
     def backward(self, dy):
-        dx, dgamma, dbeta = F.layernorm_backward(dy, self._cache)
+        dx, dgamma, dbeta = self._ops.layernorm_backward(dy, self._cache)
         self.weight.grad += dgamma
         self.bias.grad += dbeta
         return dx

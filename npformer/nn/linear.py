@@ -1,7 +1,7 @@
 """Linear layer module (owns weight and bias; math in npformer.functional.linear)."""
 import numpy as np
 
-from .. import functional as F
+from ..backend import ops
 from .init import xavier_uniform
 from .module import Module, Parameter
 
@@ -19,14 +19,16 @@ class Linear(Module):
         self.weight = Parameter(xavier_uniform(rng, (out_features, in_features), dtype))
         self.bias = Parameter(np.zeros(out_features, dtype=dtype)) if bias else None
         self._cache = None
+        self._ops = None          # the backend that ran forward: only its backward fits the cache
 
     def forward(self, x):
-        y, self._cache = F.linear_forward(x, self.weight.data,
+        self._ops = ops()
+        y, self._cache = self._ops.linear_forward(x, self.weight.data,
                                           None if self.bias is None else self.bias.data)
         return y
 
     def backward(self, dy):
-        dx, dw, db = F.linear_backward(dy, self._cache)
+        dx, dw, db = self._ops.linear_backward(dy, self._cache)
         self.weight.grad += dw
         if self.bias is not None:
             self.bias.grad += db

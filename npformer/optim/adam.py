@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from .. import backend
+
 
 class Adam:
     """Adam (Kingma & Ba). ``weight_decay`` here is L2 regularisation: it adds wd * p to the
@@ -45,6 +47,9 @@ class Adam:
         p, g, m, v = self.params, self.grads, self.exp_avg, self.exp_avg_sq
         self.step_count += 1
         t = self.step_count
+        if backend.get_backend() == "numba":             # the same update fused into one pass
+            backend.ops().adam_step(p, g, m, v, t, lr, beta1, beta2, self.eps, wd, self.decoupled)
+            return
         if wd != 0:
             if self.decoupled:
                 p *= 1.0 - lr * wd                       # AdamW: shrink the weights directly

@@ -1,0 +1,33 @@
+"""The one place that decides how kernels are compiled.
+
+``cache=True``: compiled machine code is stored next to the source (or, when that directory is
+read-only, in a per-user cache; ``NUMBA_CACHE_DIR`` overrides both), so a second process loads it
+instead of recompiling. Kernels compile lazily, once per dtype, on their first call.
+
+Threads: ``NUMBA_NUM_THREADS`` / ``numba.set_num_threads`` (the benchmark sets both it and BLAS).
+
+``FASTMATH`` lets LLVM reassociate sums and fuse multiply-adds (so reductions vectorise). It
+leaves out the "no NaN / no inf" assumptions: masked attention relies on exact zeros and the
+float64 kernels must agree with the reference to ~1e-12, which reassociation keeps.
+"""
+import os
+
+import numba
+
+# Numba's own "workqueue" thread pool sleeps between parallel regions. The OpenMP layer spins
+# instead, and on a 2-core machine its spinning threads take the cores from the BLAS threads of
+# the matrix products that run between kernels (measured: a step ~2x slower). An explicit
+# NUMBA_THREADING_LAYER still wins.
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "workqueue"
+
+FASTMATH = {"nsz", "contract", "reassoc"}
+
+
+def kernel(fn=None, *, parallel=False, fastmath=True):
+    """``numba.njit`` with this package's defaults: cache=True, nogil, the FASTMATH subset."""
+    opts = dict(cache=True, nogil=True, parallel=parallel,
+                fastmath=FASTMATH if fastmath else False)
+    if fn is None:
+        return lambda f: numba.njit(**opts)(f)
+    return numba.njit(**opts)(fn)

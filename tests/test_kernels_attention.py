@@ -1,0 +1,100 @@
+"""The fused Numba attention kernel against the NumPy reference, forward and backward."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import npformer as nf
+from npformer import backend
+from npformer import functional as F
+
+K = backend.load("numba")
+
+DTYPES = {np.float32: 2e-5, np.float64: 1e-12}
+
+
+def make_mask(rng, kind, b, tq, tk):
+    if kind == "none":
+        return None
+    if kind == "padding":                                    # (B, 1, 1, S), every row one key
+        lengths = rng.integers(1, tk + 1, size=b)
+        return (np.arange(tk)[None, :] < lengths[:, None])[:, None, None, :]
+    mask = F.causal_mask(tq)[..., :tk] if tq == tk else rng.random((b, 1, tq, tk)) > 0.4
+    mask = np.broadcast_to(mask, (b, 1, tq, tk)).copy()     # (B, 1, Tq, Tk)
+    mask[0, 0, 0, :] = False                                 # one query that may see nothing
+    return mask
+
+
+def close(a, b, tol):
+    scale = max(1.0, float(np.abs(b).max(initial=0.0)))
+    np.testing.assert_allclose(a, b, rtol=0, atol=tol * scale)
+
+
+@settings(deadline=None, max_examples=25)
+@given(b=st.integers(1, 3), h=st.integers(1, 3), tq=st.integers(1, 9), tk=st.integers(1, 9),
+       d=st.integers(1, 12), kind=st.sampled_from(["none", "padding", "causal_or_random"]),
+       dtype=st.sampled_from(list(DTYPES)), dropout=st.sampled_from([0.0, 0.3]),
+       seed=st.integers(0, 2**16))
+def test_kernel_matches_reference(b, h, tq, tk, d, kind, dtype, dropout, seed):
+    rng = np.random.default_rng(seed)
+    tol = DTYPES[dtype]
+    qkv = rng.standard_normal((b, tq, 3 * h * d)).astype(dtype)
+    q = F.split_heads(qkv[..., : h * d], h)                 # a strided view, as in the model
+    k = rng.standard_normal((b, h, tk, d)).astype(dtype)
+    v = rng.standard_normal((b, h, tk, d + 1)).astype(dtype)
+    mask = make_mask(rng, kind, b, tq, tk)
+    out_ref, cache_ref = F.attention_forward(q, k, v, mask, dropout, np.random.default_rng(seed), True)
+    out, cache = K.attention_forward(q, k, v, mask, dropout, np.random.default_rng(seed), True)
+    assert out.shape == out_ref.shape and out.dtype == dtype
+    assert np.isfinite(out).all() and np.isfinite(cache[3]).all()
+    close(out, out_ref, tol)
+    close(cache[3], cache_ref[3], tol)                       # the attention weights
+    dout = rng.standard_normal(out.shape).astype(dtype)
+    for g, g_ref in zip(K.attention_backward(dout, cache), F.attention_backward(dout, cache_ref)):
+        assert g.shape == g_ref.shape and np.isfinite(g).all()
+        close(g, g_ref, tol)
+
+
+def test_all_masked_row_gives_zeros_not_nan():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 2, 3, 4)) for _ in range(3))
+    mask = np.ones((2, 1, 3, 3), dtype=bool)
+    mask[1, 0, 2, :] = False
+    out, cache = K.attention_forward(q, k, v, mask)
+    assert np.all(out[1, :, 2] == 0) and np.all(cache[3][1, :, 2] == 0)
+    dq, dk, dv = K.attention_backward(np.ones_like(out), cache)
+    assert np.all(dq[1, :, 2] == 0)
+    assert np.isfinite(dk).all() and np.isfinite(dv).all()
+
+
+def test_gradcheck_on_the_kernel():
+    rng = np.random.default_rng(1)
+    q, k, v = rng.standard_normal((2, 2, 4, 3)), rng.standard_normal((2, 2, 5, 3)), \
+        rng.standard_normal((2, 2, 5, 3))
+    mask = np.arange(5)[None, None, None, :] < np.array([5, 3])[:, None, None, None]
+
+    def f(q, k, v):
+        out, cache = K.attention_forward(q, k, v, mask)
+        return out, lambda dout: K.attention_backward(dout, cache)
+    result = nf.gradcheck(f, [q, k, v], names=["q", "k", "v"])
+    assert result.ok, result
+
+
+@pytest.mark.parametrize("bad_mask", [np.ones((2, 1, 1, 4), bool), np.ones((3, 1, 1, 5), bool)])
+def test_mask_of_wrong_shape_is_rejected(bad_mask):
+    q = np.zeros((2, 1, 3, 4))
+    k = v = np.zeros((2, 1, 5, 4))
+    with pytest.raises(ValueError, match="mask"):
+        K.attention_forward(q, k, v, bad_mask)
+
+
+def test_inconsistent_shapes_and_dtypes_are_rejected():
+    with pytest.raises(ValueError, match="do not agree"):
+        K.attention_forward(np.zeros((1, 1, 2, 3)), np.zeros((1, 1, 2, 4)), np.zeros((1, 1, 2, 4)))
+    with pytest.raises(ValueError, match="float32 or all float64"):
+        K.attention_forward(np.zeros((1, 1, 2, 3), np.float32), np.zeros((1, 1, 2, 3)),
+                            np.zeros((1, 1, 2, 3)))
+    out, cache = K.attention_forward(np.zeros((1, 1, 2, 3)), np.zeros((1, 1, 2, 3)),
+                                     np.zeros((1, 1, 2, 3)))
+    with pytest.raises(ValueError, match="dout"):
+        K.attention_backward(np.zeros((1, 1, 3, 3)), cache)

@@ -1,0 +1,53 @@
+"""Embedding gather/scatter-add and dropout kernels against the NumPy reference."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npformer import backend
+from npformer import functional as F
+
+K = backend.load("numba")
+DTYPES = [np.float32, np.float64]
+
+
+@settings(deadline=None, max_examples=30)
+@given(b=st.integers(1, 6), t=st.integers(1, 8), vocab=st.integers(1, 12), d=st.integers(1, 20),
+       scale=st.sampled_from([1.0, 4.0]), pad=st.sampled_from([None, 0]),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_embedding_matches_reference(b, t, vocab, d, scale, pad, dtype, seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, size=(b, t))                # repeated ids are likely
+    w = rng.standard_normal((vocab, d)).astype(dtype)
+    out_ref, c_ref = F.embedding_forward(ids, w, scale)
+    out, c = K.embedding_forward(ids, w, scale)
+    np.testing.assert_allclose(out, out_ref, rtol=1e-6, atol=0)
+    dout = rng.standard_normal(out.shape).astype(dtype)
+    dw, dw_ref = K.embedding_backward(dout, c, pad), F.embedding_backward(dout, c_ref, pad)
+    assert dw.shape == w.shape and dw.dtype == dtype
+    np.testing.assert_allclose(dw, dw_ref, rtol=0, atol=1e-5 if dtype == np.float32 else 1e-12)
+    if pad is not None:
+        assert np.all(dw[pad] == 0)
+
+
+def test_embedding_rejects_out_of_range_ids():
+    with pytest.raises(ValueError, match="ids"):
+        K.embedding_forward(np.array([[0, 5]]), np.zeros((5, 2)))
+
+
+@settings(deadline=None, max_examples=20)
+@given(shape=st.lists(st.integers(1, 7), min_size=1, max_size=3), p=st.sampled_from([0.0, 0.1, 0.5]),
+       training=st.booleans(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_dropout_matches_reference_with_the_same_draws(shape, p, training, dtype, seed):
+    x = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    out_ref, c_ref = F.dropout_forward(x, p, np.random.default_rng(seed), training)
+    out, c = K.dropout_forward(x, p, np.random.default_rng(seed), training)
+    np.testing.assert_array_equal(out, out_ref)
+    dout = np.random.default_rng(seed + 1).standard_normal(shape).astype(dtype)
+    np.testing.assert_array_equal(K.dropout_backward(dout, c), F.dropout_backward(dout, c_ref))
+
+
+def test_dropout_backward_rejects_a_wrong_shape():
+    _, cache = K.dropout_forward(np.ones((3, 4)), 0.5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="dout"):
+        K.dropout_backward(np.ones((4, 3)), cache)

@@ -1,0 +1,66 @@
+"""The fused softmax cross-entropy kernel against the NumPy reference."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import npformer as nf
+from npformer import backend
+from npformer import functional as F
+
+K = backend.load("numba")
+TOL = {np.float32: 1e-5, np.float64: 1e-12}
+
+
+@settings(deadline=None, max_examples=30)
+@given(n=st.integers(1, 40), vocab=st.integers(2, 300), dtype=st.sampled_from(list(TOL)),
+       smoothing=st.sampled_from([0.0, 0.1, 1.0]), ignored=st.floats(0.0, 1.0),
+       seed=st.integers(0, 2**16))
+def test_loss_and_gradient_match_reference(n, vocab, dtype, smoothing, ignored, seed):
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((n, vocab)) * 4).astype(dtype)
+    targets = rng.integers(0, vocab, size=n)
+    targets[rng.random(n) < ignored] = -100                  # ignored rows (maybe all of them)
+    loss_ref, c_ref = F.cross_entropy_forward(logits, targets, -100, smoothing)
+    loss, c = K.cross_entropy_forward(logits, targets, -100, smoothing)
+    tol = TOL[dtype]
+    assert abs(loss - loss_ref) <= tol * max(1.0, abs(loss_ref))
+    for dloss in (1.0, 0.5):
+        grad, grad_ref = K.cross_entropy_backward(c, dloss), F.cross_entropy_backward(c_ref, dloss)
+        assert grad.shape == logits.shape and grad.dtype == dtype
+        np.testing.assert_allclose(grad, grad_ref, rtol=0, atol=tol)
+
+
+def test_blocks_cover_large_vocabularies():
+    """Rows are processed in cache-sized blocks; check a shape with several blocks and a remainder."""
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((97, 5000))
+    targets = rng.integers(0, 5000, size=97)
+    loss_ref, c_ref = F.cross_entropy_forward(logits, targets, 0, 0.1)
+    loss, c = K.cross_entropy_forward(logits, targets, 0, 0.1)
+    assert abs(loss - loss_ref) < 1e-12
+    np.testing.assert_allclose(K.cross_entropy_backward(c), F.cross_entropy_backward(c_ref),
+                               rtol=0, atol=1e-15)
+
+
+def test_gradcheck_through_the_public_loss_on_numba():
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((5, 7))
+    targets = np.array([1, 0, 6, 0, 3])
+    previous = backend.get_backend()
+    backend.set_backend("numba")
+    try:
+        def f(z):
+            loss, dz = nf.cross_entropy(z, targets, ignore_index=0, label_smoothing=0.2)
+            return np.array(loss), lambda dout: dz * float(dout)
+        result = nf.gradcheck(f, [logits], names=["logits"])
+    finally:
+        backend.set_backend(previous)
+    assert result.ok, result
+
+
+def test_out_of_range_target_is_rejected():
+    with pytest.raises(ValueError, match="targets"):
+        K.cross_entropy_forward(np.zeros((2, 3)), np.array([0, 3]))
+    with pytest.raises(ValueError, match="logits, targets"):
+        K.cross_entropy_forward(np.zeros((2, 3)), np.array([0, 1, 2]))

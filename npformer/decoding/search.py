@@ -1,0 +1,247 @@
+"""Search strategies over a Transformer's next-token distribution: greedy, sampling, beam.
+
+Each takes a padded source batch ``src`` (B, S) and returns one ``Hypothesis`` per sentence:
+the generated ids (without ``<bos>``/``<eos>``), the probability of every chosen token
+(``<eos>`` included, when it was produced) and the total log-probability.
+
+    hyps = greedy_decode(model, src)                  # KV-cached, batched
+    hyps = beam_search(model, src, beam_size=4, length_penalty=0.6)
+    hyps = sample_decode(model, src, temperature=0.8, top_k=5, rng=np.random.default_rng(0))
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import functional as F
+from ..validation import check_token_ids
+from .cache import IncrementalDecoder
+
+BOS_ID, EOS_ID = 1, 2
+
+
+@dataclass
+class Hypothesis:
+    ids: list                                   # generated ids, no <bos>/<eos>
+    probs: list = field(default_factory=list)   # probability of each chosen token (+ <eos>)
+    score: float = 0.0                          # sum of log-probabilities (beam: length-normalised)
+    finished: bool = True                       # False if max_new_tokens ran out before <eos>
+
+
+def _check_src(model, src):
+    return check_token_ids("src", src, model.config["src_vocab_size"], model.max_len)
+
+
+def default_max_new_tokens(model, src):
+    """Room for 2 * S + 10 tokens, capped by the model's positional table."""
+    return int(min(model.max_len, 2 * src.shape[1] + 10))
+
+
+def _check_max_new(model, src, max_new_tokens):
+    if max_new_tokens is None:
+        return default_max_new_tokens(model, src)
+    if not isinstance(max_new_tokens, (int, np.integer)) or not 1 <= max_new_tokens <= model.max_len:
+        raise ValueError(f"max_new_tokens: expected an integer in [1, max_len={model.max_len}], "
+                         f"got {max_new_tokens!r}")
+    return int(max_new_tokens)
+
+
+def _log_softmax(logits, banned):
+    """(B, V) -> (B, V) float64 log-probabilities; ``banned`` ids (<pad>, <bos>) get -inf:
+    they are never a valid next token (and a generated <pad> would be masked out as a key)."""
+    logits = logits.astype(np.float64)                 # a copy, even if already float64
+    logits[:, banned] = -np.inf
+    return F.log_softmax(logits)
+
+
+def _finish(out_ids, out_probs, done, eos_id):
+    hyps = []
+    for ids, probs, d in zip(out_ids, out_probs, done):
+        score = float(np.sum(np.log(np.maximum(probs, 1e-300)))) if probs else 0.0
+        hyps.append(Hypothesis(ids=ids, probs=probs, score=score, finished=bool(d)))
+    return hyps
+
+
+def _generate(model, src, choose, max_new_tokens, bos_id, eos_id):
+    """Shared loop of greedy and sampling: ``choose(logp (B, V)) -> ids (B,)``."""
+    src = _check_src(model, src)
+    max_new = _check_max_new(model, src, max_new_tokens)
+    b = src.shape[0]
+    state = IncrementalDecoder(model).start(src)
+    prev = np.full(b, bos_id, dtype=np.int64)
+    done = np.zeros(b, dtype=bool)
+    out_ids = [[] for _ in range(b)]
+    out_probs = [[] for _ in range(b)]
+    rows = np.arange(b)                           # sentences still running, in state order
+    for _ in range(max_new):
+        logp = _log_softmax(state.step(prev), [model.pad_id, bos_id])    # (B_running, V)
+        nxt = choose(logp)
+        p = np.exp(logp[np.arange(len(nxt)), nxt])
+        for r, tok, prob in zip(rows, nxt, p):
+            out_probs[r].append(float(prob))
+            if tok == eos_id:
+                done[r] = True
+            else:
+                out_ids[r].append(int(tok))
+        keep = ~done[rows]
+        if not keep.any():
+            break
+        if not keep.all():                        # drop finished sentences from the batch
+            state.reorder(np.flatnonzero(keep))
+            rows, nxt = rows[keep], nxt[keep]
+        prev = nxt
+    return _finish(out_ids, out_probs, done, eos_id)
+
+
+def greedy_decode(model, src, max_new_tokens=None, bos_id=BOS_ID, eos_id=EOS_ID):
+    """Most probable token at every step, with the key/value cache. src (B, S) -> B hypotheses."""
+    return _generate(model, src, lambda logp: logp.argmax(axis=-1), max_new_tokens, bos_id, eos_id)
+
+
+def greedy_decode_uncached(model, src, max_new_tokens=None, bos_id=BOS_ID, eos_id=EOS_ID):
+    """Reference greedy: re-run ``model.decode`` on the whole growing prefix at every step.
+
+    Slow (quadratic), for tests and teaching: ``greedy_decode`` must give the same tokens.
+    """
+    src = _check_src(model, src)
+    max_new = _check_max_new(model, src, max_new_tokens)
+    was_training = model.training
+    model.eval()
+    try:
+        memory, src_mask = model.encode(src)
+        ys = np.full((src.shape[0], 1), bos_id, dtype=np.int64)       # (B, t)
+        probs = []
+        for _ in range(max_new):
+            logp = _log_softmax(model.decode(ys, memory, src_mask)[:, -1],
+                                [model.pad_id, bos_id])   # (B, V)
+            nxt = logp.argmax(axis=-1)
+            probs.append(np.exp(logp[np.arange(len(nxt)), nxt]))
+            ys = np.concatenate([ys, nxt[:, None]], axis=1)           # (B, t+1)
+            if (ys[:, 1:] == eos_id).any(axis=1).all():
+                break
+    finally:
+        model.train(was_training)
+    out_ids, out_probs, done = [], [], []
+    for r in range(src.shape[0]):
+        seq = ys[r, 1:].tolist()
+        n = seq.index(eos_id) + 1 if eos_id in seq else len(seq)
+        out_ids.append(seq[:n] if eos_id not in seq else seq[:n - 1])
+        out_probs.append([float(p[r]) for p in probs[:n]])
+        done.append(eos_id in seq)
+    return _finish(out_ids, out_probs, done, eos_id)
+
+
+def sample_decode(model, src, temperature=1.0, top_k=None, rng=None, max_new_tokens=None,
+                  bos_id=BOS_ID, eos_id=EOS_ID):
+    """Draw each token from softmax(logits / temperature), optionally among the ``top_k`` best.
+
+    ``probs`` of the hypotheses are those of the model (temperature 1), not of the sampler.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature: expected a positive number, got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ValueError(f"top_k: expected a positive integer or None, got {top_k!r}")
+    if rng is None:
+        rng = np.random.default_rng()
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
+
+    def choose(logp):                                    # (B, V) -> (B,)
+        z = logp / temperature
+        if top_k is not None and top_k < z.shape[1]:
+            kth = np.partition(z, -top_k, axis=1)[:, -top_k][:, None]
+            z = np.where(z >= kth, z, -np.inf)
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        u = rng.random((p.shape[0], 1))
+        return np.minimum((np.cumsum(p, axis=1) < u).sum(axis=1), p.shape[1] - 1)
+
+    return _generate(model, src, choose, max_new_tokens, bos_id, eos_id)
+
+
+def length_penalty_gnmt(length, alpha):
+    """GNMT's ((5 + length) / 6) ** alpha; scores are divided by it (alpha 0: no penalty)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def beam_search(model, src, beam_size=4, length_penalty=0.6, max_new_tokens=None,
+                bos_id=BOS_ID, eos_id=EOS_ID):
+    """Keep the ``beam_size`` best prefixes per sentence; return the best finished one.
+
+    Finished hypotheses are ranked by log-probability / ``length_penalty_gnmt(len, alpha)``
+    (length counts the ``<eos>``). All B * beam_size prefixes run as one batch through the cache.
+    """
+    if not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
+        raise ValueError(f"beam_size: expected a positive integer, got {beam_size!r}")
+    if not length_penalty >= 0:
+        raise ValueError(f"length_penalty: expected a non-negative number, got {length_penalty!r}")
+    src = _check_src(model, src)
+    max_new = _check_max_new(model, src, max_new_tokens)
+    b, k = src.shape[0], int(beam_size)
+    state = IncrementalDecoder(model).start(np.repeat(src, k, axis=0))   # rows (B*K,)
+    # only the first beam of each sentence is live at the start (the others are copies)
+    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], b)             # (B*K,)
+    seqs = [[] for _ in range(b * k)]
+    probs = [[] for _ in range(b * k)]
+    prev = np.full(b * k, bos_id, dtype=np.int64)
+    finished = [[] for _ in range(b)]                                    # (norm score, ids, probs)
+
+    for t in range(max_new):
+        logp = _log_softmax(state.step(prev), [model.pad_id, bos_id])       # (B*K, V)
+        v = logp.shape[1]
+        cand = (scores[:, None] + logp).reshape(b, k * v)                # (B, K*V)
+        top = np.argsort(-cand, axis=1, kind="stable")[:, :2 * k]        # (B, 2K) best first
+        new_rows, new_tok, new_scores = [], [], []
+        for s in range(b):
+            kept = 0
+            best_open = -np.inf
+            for c in top[s]:
+                score = cand[s, c]
+                if score == -np.inf:
+                    break
+                row, tok = s * k + c // v, int(c % v)
+                if tok == eos_id:
+                    norm = score / length_penalty_gnmt(t + 1, length_penalty)
+                    finished[s].append((norm, list(seqs[row]),
+                                        probs[row] + [float(np.exp(logp[row, tok]))]))
+                    continue
+                new_rows.append(row)
+                new_tok.append(tok)
+                new_scores.append(score)
+                best_open = max(best_open, score)
+                kept += 1
+                if kept == k:
+                    break
+            while kept < k:                                              # pad with dead beams
+                new_rows.append(s * k)
+                new_tok.append(eos_id)
+                new_scores.append(-np.inf)
+                kept += 1
+        new_rows = np.array(new_rows)
+        probs = [probs[r] + [float(np.exp(logp[r, tok]))] for r, tok in zip(new_rows, new_tok)]
+        seqs = [seqs[r] + [tok] for r, tok in zip(new_rows, new_tok)]
+        scores = np.array(new_scores)
+        # stop a sentence when K hypotheses are finished and no open beam can beat the best:
+        # log-probabilities only fall, and with alpha >= 0 the best possible normaliser is the
+        # largest length still reachable
+        best_norm_bound = scores.reshape(b, k).max(axis=1) / length_penalty_gnmt(max_new, length_penalty)
+        all_done = True
+        for s in range(b):
+            if len(finished[s]) >= k and max(f[0] for f in finished[s]) >= best_norm_bound[s]:
+                scores[s * k:(s + 1) * k] = -np.inf
+            if np.isfinite(scores[s * k:(s + 1) * k]).any():
+                all_done = False
+        if all_done:
+            break
+        state.reorder(new_rows)
+        prev = np.array(new_tok, dtype=np.int64)
+
+    hyps = []
+    for s in range(b):
+        if finished[s]:
+            norm, ids, p = max(finished[s], key=lambda f: f[0])
+            hyps.append(Hypothesis(ids=ids, probs=p, score=float(norm), finished=True))
+        else:                                                            # ran out of room
+            row = s * k + int(np.argmax(scores[s * k:(s + 1) * k]))
+            hyps.append(Hypothesis(ids=seqs[row], probs=probs[row], score=float(scores[row]),
+                                   finished=False))
+    return hyps

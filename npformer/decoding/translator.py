@@ -1,0 +1,121 @@
+"""Sentences in, sentences out: vocabulary lookup, batching by length, a search strategy.
+
+    translator = Translator(model, src_vocab, tgt_vocab)
+    results = translator.translate(["我 有 一个 苹果"])          # greedy
+    results[0].text                                               # 'i have an apple'
+    results = translator.translate(lines, method="beam", beam_size=4)
+
+Bad input is handled as the CLI promises: unknown words become ``<unk>`` with a warning naming
+them, an empty line gives an empty translation, a sentence longer than the model's ``max_len``
+raises ``ValueError`` (or is cut, with a warning, under ``truncate=True``).
+"""
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .search import beam_search, greedy_decode, sample_decode
+
+METHODS = ("greedy", "beam", "sample")
+
+
+@dataclass
+class Translation:
+    source: str
+    text: str                                    # detokenised output ('' for an empty line)
+    tokens: list = field(default_factory=list)   # output tokens
+    probs: list = field(default_factory=list)    # probability of each chosen token (+ <eos>)
+    unknown: list = field(default_factory=list)  # source words mapped to <unk>
+    truncated: bool = False
+    finished: bool = True
+
+
+def whitespace_tokenize(text):
+    return text.split()
+
+
+class Translator:
+    """Wraps a trained model and its two vocabularies (``npformer.data.vocab.Vocab``)."""
+
+    def __init__(self, model, src_vocab, tgt_vocab, tokenize=whitespace_tokenize,
+                 detokenize=" ".join, batch_size=500):
+        cfg = model.config
+        if len(src_vocab) != cfg["src_vocab_size"]:
+            raise ValueError(f"src_vocab: expected {cfg['src_vocab_size']} tokens (the model's "
+                             f"src_vocab_size), got {len(src_vocab)}")
+        if len(tgt_vocab) != cfg["tgt_vocab_size"]:
+            raise ValueError(f"tgt_vocab: expected {cfg['tgt_vocab_size']} tokens (the model's "
+                             f"tgt_vocab_size), got {len(tgt_vocab)}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+        self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
+        self.tokenize, self.detokenize, self.batch_size = tokenize, detokenize, batch_size
+
+    def encode_sources(self, sentences, truncate=False):
+        """Token ids per sentence, plus the unknown words and a truncation flag of each."""
+        max_len = self.model.max_len
+        encoded = []
+        for n, sentence in enumerate(sentences):
+            if not isinstance(sentence, str):
+                raise ValueError(f"sentences[{n}]: expected a str, got {type(sentence).__name__}")
+            tokens = self.tokenize(sentence)
+            cut = len(tokens) > max_len
+            if cut:
+                if not truncate:
+                    raise ValueError(f"sentences[{n}]: {len(tokens)} tokens exceed the model's "
+                                     f"max_len={max_len}; shorten it or pass truncate=True "
+                                     f"(--truncate): {sentence[:60]!r}")
+                warnings.warn(f"sentence {n + 1}: {len(tokens)} tokens cut to max_len={max_len}",
+                              stacklevel=3)
+                tokens = tokens[:max_len]
+            ids, unknown = self.src_vocab.encode_with_unknowns(tokens)
+            if unknown:
+                warnings.warn(f"sentence {n + 1}: unknown words mapped to <unk>: "
+                              + ", ".join(repr(u) for u in unknown), stacklevel=3)
+            encoded.append((ids, unknown, cut))
+        return encoded
+
+    def translate(self, sentences, method="greedy", beam_size=4, length_penalty=0.6,
+                  temperature=1.0, top_k=None, rng=None, truncate=False, max_new_tokens=None):
+        """Translate a list of source strings; returns one ``Translation`` each, in order."""
+        if isinstance(sentences, str):
+            raise ValueError("sentences: expected a list of strings, got one str; wrap it in a list")
+        if method not in METHODS:
+            raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+        sentences = list(sentences)
+        encoded = self.encode_sources(sentences, truncate)
+        results = [Translation(source=s, text="", unknown=u, truncated=c)
+                   for s, (_, u, c) in zip(sentences, encoded)]
+        todo = [i for i, (ids, _, _) in enumerate(encoded) if ids]     # empty line -> empty text
+        todo.sort(key=lambda i: len(encoded[i][0]))                     # similar lengths together
+        if method == "sample" and rng is None:
+            rng = np.random.default_rng()
+        pad = self.src_vocab.pad_id
+        for start in range(0, len(todo), self.batch_size):
+            chunk = todo[start:start + self.batch_size]
+            width = max(len(encoded[i][0]) for i in chunk)
+            src = np.full((len(chunk), width), pad, dtype=np.int64)    # (B, S)
+            for row, i in enumerate(chunk):
+                src[row, :len(encoded[i][0])] = encoded[i][0]
+            if method == "greedy":
+                hyps = greedy_decode(self.model, src, max_new_tokens)
+            elif method == "beam":
+                hyps = beam_search(self.model, src, beam_size, length_penalty, max_new_tokens)
+            else:
+                hyps = sample_decode(self.model, src, temperature, top_k, rng, max_new_tokens)
+            for i, hyp in zip(chunk, hyps):
+                r = results[i]
+                r.tokens = [self.tgt_vocab.id_to_token(t) for t in hyp.ids]   # as chosen
+                r.probs, r.finished = hyp.probs, hyp.finished
+                r.text = self.detokenize(self.tgt_vocab.decode(hyp.ids))      # <pad>/<bos> dropped
+        return results
+
+
+def format_trace(translation):
+    """One line per chosen token with its probability (the ``--trace`` view)."""
+    lines = [f"source: {translation.source}"]
+    tokens = list(translation.tokens) + (["<eos>"] if translation.finished else [])
+    for t, (tok, p) in enumerate(zip(tokens, translation.probs)):
+        lines.append(f"  {t:3d}  {tok:<16s} p={p:.4f}")
+    lines.append(f"=> {translation.text}")
+    return "\n".join(lines)

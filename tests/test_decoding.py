@@ -1,0 +1,151 @@
+"""Decoding: the KV-cached greedy search equals re-running the decoder on the growing prefix,
+beam search and sampling behave, and the Translator handles bad input as documented."""
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import npformer as nf
+from npformer.data.vocab import Vocab
+from npformer.decoding.cache import IncrementalDecoder
+from npformer.decoding.search import (beam_search, greedy_decode, greedy_decode_uncached,
+                                      length_penalty_gnmt, sample_decode)
+from npformer.decoding.translator import Translator, format_trace
+
+V_SRC, V_TGT = 13, 11
+
+
+def make_model(norm_first=False, seed=0, dtype=np.float64, **kw):
+    return nf.Transformer(V_SRC, V_TGT, d_model=16, n_heads=4, d_ff=24, n_encoder_layers=2,
+                          n_decoder_layers=2, dropout=0.1, max_len=24, norm_first=norm_first,
+                          dtype=dtype, seed=seed, **kw).eval()
+
+
+def random_src(rng, b, s):
+    src = rng.integers(4, V_SRC, size=(b, s))
+    lengths = rng.integers(1, s + 1, size=b)
+    for row, n in zip(src, lengths):
+        row[n:] = 0                                   # right padding
+    return src
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), norm_first=st.booleans(), qk_dim=st.sampled_from([None, 8]))
+def test_cached_greedy_equals_uncached_greedy_float64(seed, norm_first, qk_dim):
+    model = make_model(norm_first, seed=seed, qk_dim=qk_dim)
+    # sharpen the generator so sentences end at different lengths, <eos> included
+    model.generator.bias.data[2] += np.random.default_rng(seed).normal(0, 2)
+    src = random_src(np.random.default_rng(seed), 5, 6)
+    cached = greedy_decode(model, src, max_new_tokens=12)
+    plain = greedy_decode_uncached(model, src, max_new_tokens=12)
+    assert [h.ids for h in cached] == [h.ids for h in plain]
+    assert [h.finished for h in cached] == [h.finished for h in plain]
+    for a, b in zip(cached, plain):
+        np.testing.assert_allclose(a.probs, b.probs, rtol=1e-10, atol=1e-12)
+
+
+def test_incremental_step_logits_match_full_decode():
+    model = make_model()
+    rng = np.random.default_rng(1)
+    src = random_src(rng, 3, 5)
+    tgt_in = np.concatenate([np.ones((3, 1), int), rng.integers(3, V_TGT, size=(3, 6))], axis=1)
+    memory, src_mask = model.encode(src)
+    full = model.decode(tgt_in, memory, src_mask)                  # (B, T, V)
+    state = IncrementalDecoder(model).start(src)
+    steps = np.stack([state.step(tgt_in[:, t]) for t in range(tgt_in.shape[1])], axis=1)
+    np.testing.assert_allclose(steps, full, rtol=1e-10, atol=1e-10)
+    assert state.self_k[0].shape == (3, 4, 7, 4)                   # (B, H, t, d): one per step
+    assert state.cross_k[0].shape == (3, 4, 5, 4)                  # computed once
+
+
+def test_decoding_leaves_training_mode_and_dropout_rng_alone():
+    model = make_model().train()
+    before = model.rng.bit_generator.state
+    greedy_decode(model, random_src(np.random.default_rng(2), 2, 4), max_new_tokens=5)
+    assert model.training
+    assert model.rng.bit_generator.state == before
+
+
+def test_beam_size_one_equals_greedy_and_beam_is_at_least_as_likely():
+    model = make_model(seed=3)
+    model.generator.bias.data[2] += 1.5
+    src = random_src(np.random.default_rng(3), 4, 5)
+    greedy = greedy_decode(model, src, max_new_tokens=10)
+    beam1 = beam_search(model, src, beam_size=1, length_penalty=0.0, max_new_tokens=10)
+    assert [h.ids for h in beam1] == [h.ids for h in greedy]
+    beam4 = beam_search(model, src, beam_size=4, length_penalty=0.0, max_new_tokens=10)
+    for g, b in zip(greedy, beam4):
+        if g.finished:                              # alpha 0: score is the plain log-probability
+            assert b.score >= g.score - 1e-9
+            np.testing.assert_allclose(b.score, np.sum(np.log(b.probs)), rtol=1e-9)
+
+
+def test_length_penalty_formula():
+    assert length_penalty_gnmt(1, 0.0) == 1.0
+    assert length_penalty_gnmt(7, 1.0) == pytest.approx(2.0)
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy():
+    model = make_model(seed=4)
+    src = random_src(np.random.default_rng(4), 3, 5)
+    a = sample_decode(model, src, temperature=1.3, rng=np.random.default_rng(7), max_new_tokens=8)
+    b = sample_decode(model, src, temperature=1.3, rng=np.random.default_rng(7), max_new_tokens=8)
+    assert [h.ids for h in a] == [h.ids for h in b]
+    top1 = sample_decode(model, src, top_k=1, rng=np.random.default_rng(0), max_new_tokens=8)
+    assert [h.ids for h in top1] == [h.ids for h in greedy_decode(model, src, max_new_tokens=8)]
+    with pytest.raises(ValueError, match="temperature"):
+        sample_decode(model, src, temperature=0)
+    with pytest.raises(ValueError, match="top_k"):
+        sample_decode(model, src, top_k=0)
+
+
+def toy_translator(max_len=24):
+    src_vocab = Vocab(list(Vocab.SPECIALS) + [f"s{i}" for i in range(V_SRC - 4)])
+    tgt_vocab = Vocab(list(Vocab.SPECIALS) + [f"t{i}" for i in range(V_TGT - 4)])
+    model = nf.Transformer(V_SRC, V_TGT, d_model=16, n_heads=4, d_ff=24, n_encoder_layers=1,
+                           n_decoder_layers=1, max_len=max_len, seed=0).eval()
+    return Translator(model, src_vocab, tgt_vocab)
+
+
+def test_translator_unknown_words_warn_and_become_unk():
+    tr = toy_translator()
+    with pytest.warns(UserWarning, match=r"unknown words.*'zzz'.*'yyy'"):
+        (r,) = tr.translate(["s1 zzz s2 yyy"])
+    assert r.unknown == ["zzz", "yyy"]
+
+
+def test_translator_empty_line_gives_empty_translation_in_place():
+    tr = toy_translator()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = tr.translate(["s1 s2", "", "   ", "s3"])
+    assert [r.text for r in out][1:3] == ["", ""]
+    assert out[0].source == "s1 s2" and out[3].source == "s3"
+
+
+def test_translator_too_long_errors_or_truncates_with_warning():
+    tr = toy_translator(max_len=4)
+    with pytest.raises(ValueError, match=r"sentences\[1\].*5 tokens exceed.*max_len=4"):
+        tr.translate(["s1", "s1 s2 s3 s4 s5"])
+    with pytest.warns(UserWarning, match="cut to max_len=4"):
+        out = tr.translate(["s1 s2 s3 s4 s5"], truncate=True)
+    assert out[0].truncated
+
+
+def test_translator_rejects_mismatched_vocab_and_method():
+    tr = toy_translator()
+    with pytest.raises(ValueError, match="tgt_vocab: expected 11"):
+        Translator(tr.model, tr.src_vocab, Vocab(list(Vocab.SPECIALS) + ["a"]))
+    with pytest.raises(ValueError, match="method"):
+        tr.translate(["s1"], method="nucleus")
+
+
+def test_trace_lists_every_chosen_token_with_probability():
+    tr = toy_translator()
+    (r,) = tr.translate(["s1 s2"])
+    lines = format_trace(r).splitlines()
+    assert len(r.probs) == len(r.tokens) + int(r.finished)
+    assert len(lines) == len(r.probs) + 2
+    assert all(0.0 < p <= 1.0 for p in r.probs)

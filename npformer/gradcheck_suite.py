@@ -1,0 +1,197 @@
+"""Every layer's gradient check as a library function: ``npformer gradcheck`` prints the table.
+
+Each check compares a hand-written backward with central differences in float64 (see
+``npformer.gradcheck``). For modules, the module's own parameter arrays are the inputs,
+perturbed in place, so every ``.grad`` is checked along with the input gradients.
+
+    for row in run_gradchecks():
+        print(row.name, row.result.max_error, row.result.ok)
+"""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import functional as F
+from .gradcheck import GradcheckResult, gradcheck
+from .nn import (DecoderLayer, Embedding, EncoderLayer, FeedForward, LayerNorm, Linear,
+                 MultiHeadAttention, Transformer)
+
+TOL = 1e-6
+
+
+@dataclass
+class CheckRow:
+    name: str
+    result: GradcheckResult
+    seconds: float
+
+
+def _rnd(rng, *shape):
+    return rng.standard_normal(shape)
+
+
+def _fn_check(forward, backward):
+    """Wrap a functional forward/backward pair for ``gradcheck``."""
+    def f(*xs):
+        out, cache = forward(*xs)
+        return out, lambda d: backward(d, cache)
+    return f
+
+
+def _module_check(module, forward, backward, x_inputs, names, max_entries=None, seed=0):
+    params = module.named_parameters()
+    params = list(params)
+
+    def f(*arrays):
+        out = forward(*arrays[:len(x_inputs)])
+
+        def back(dout):
+            module.zero_grad()
+            dxs = backward(dout)
+            dxs = () if dxs is None else dxs if isinstance(dxs, tuple) else (dxs,)
+            return (*dxs, *[p.grad.copy() for _, p in params])
+        return out, back
+    return gradcheck(f, [*x_inputs, *[p.data for _, p in params]], tol=TOL, seed=seed,
+                     max_entries=max_entries, names=names + [n for n, _ in params])
+
+
+def _f64(seed):
+    return dict(rng=np.random.default_rng(seed), dtype=np.float64)
+
+
+def _checks(max_entries):
+    """(name, thunk) for every check, cheapest first."""
+    rng = np.random.default_rng(0)
+    ids = np.array([[1, 2, 2, 0], [3, 1, 0, 0]])
+    tgt = np.array([[1, 2, 3, 0], [1, 1, 1, 1]])
+    src = np.array([[1, 2, 0], [1, 1, 1]])
+    relu_x = _rnd(rng, 4, 9)
+    relu_x[np.abs(relu_x) < 1e-3] = 0.5                      # away from the kink
+    smask = rng.random((3, 6)) > 0.4
+    targets = np.array([3, 0, 5, 1, 0, 2])
+
+    def ce(z):
+        loss, cache = F.cross_entropy_forward(z, targets, 0, 0.1)
+        return np.array(loss), lambda d: F.cross_entropy_backward(cache, float(d))
+
+    def softmax(s):
+        p = F.softmax_forward(s, smask)
+        return p, lambda d: F.softmax_backward(d, p)
+
+    def embedding(w):
+        out, cache = F.embedding_forward(ids, w, np.sqrt(6))
+        return out, lambda d: F.embedding_backward(d, cache)
+
+    def attention(q, k, v):
+        out, cache = F.attention_forward(q, k, v, F.decoder_self_mask(tgt, 0))
+        return out, lambda d: F.attention_backward(d, cache)
+
+    def model_check():
+        model = Transformer(7, 6, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
+                            n_decoder_layers=1, dropout=0.0, dtype=np.float64, seed=0)
+        s, t = np.array([[4, 5, 6], [3, 4, 5]]), np.array([[1, 4, 5], [1, 2, 3]])   # no <pad>: its row is frozen
+        return _module_check(model, lambda: model.forward(s, t), model.backward, [], [],
+                             max_entries=max_entries)
+
+    def lin():
+        m = Linear(5, 3, **_f64(0))
+        return _module_check(m, m.forward, m.backward, [_rnd(rng, 2, 4, 5)], ["x"])
+
+    def ln():
+        m = LayerNorm(6, dtype=np.float64)
+        m.weight.data[:] = np.linspace(0.5, 1.5, 6)
+        return _module_check(m, m.forward, m.backward, [_rnd(rng, 3, 6)], ["x"])
+
+    def ffn():
+        m = FeedForward(6, 10, activation="gelu", **_f64(0))
+        return _module_check(m, m.forward, m.backward, [_rnd(rng, 2, 3, 6)], ["x"])
+
+    def mha_self():
+        m = MultiHeadAttention(8, 2, **_f64(0))
+        mask = F.decoder_self_mask(tgt, 0)
+        return _module_check(m, lambda x: m.forward(x, mask=mask), m.backward,
+                             [_rnd(rng, 2, 4, 8)], ["x"])
+
+    def mha_cross():
+        m = MultiHeadAttention(8, 2, **_f64(0))
+        mask = F.padding_mask(src, 0)
+        return _module_check(m, lambda x, mem: m.forward(x, mem, mask), m.backward,
+                             [_rnd(rng, 2, 4, 8), _rnd(rng, 2, 3, 8)], ["x", "memory"])
+
+    def enc():
+        m = EncoderLayer(8, 2, 12, dropout=0.0, **_f64(0))
+        mask = F.padding_mask(tgt, 0)
+        return _module_check(m, lambda x: m.forward(x, mask), m.backward, [_rnd(rng, 2, 4, 8)],
+                             ["x"], max_entries=max_entries)
+
+    def dec():
+        m = DecoderLayer(8, 2, 12, dropout=0.0, **_f64(0))
+        return _module_check(
+            m, lambda x, mem: m.forward(x, mem, F.decoder_self_mask(tgt, 0), F.padding_mask(src, 0)),
+            m.backward, [_rnd(rng, 2, 4, 8), _rnd(rng, 2, 3, 8)], ["x", "memory"],
+            max_entries=max_entries)
+
+    return [
+        ("linear", lambda: gradcheck(_fn_check(F.linear_forward, F.linear_backward),
+                                     [_rnd(rng, 2, 3, 5), _rnd(rng, 4, 5), _rnd(rng, 4)], tol=TOL,
+                                     names=["x", "weight", "bias"])),
+        ("embedding", lambda: gradcheck(embedding, [_rnd(rng, 5, 6)], tol=TOL, names=["weight"])),
+        ("layernorm", lambda: gradcheck(_fn_check(F.layernorm_forward, F.layernorm_backward),
+                                        [_rnd(rng, 3, 4, 7), 1 + 0.1 * _rnd(rng, 7), _rnd(rng, 7)],
+                                        tol=TOL, names=["x", "gamma", "beta"])),
+        ("relu", lambda: gradcheck(_fn_check(F.relu_forward, F.relu_backward), [relu_x.copy()],
+                                   tol=TOL, names=["x"])),
+        ("gelu", lambda: gradcheck(_fn_check(F.gelu_forward, F.gelu_backward), [_rnd(rng, 4, 9)],
+                                   tol=TOL, names=["x"])),
+        ("masked softmax", lambda: gradcheck(softmax, [_rnd(rng, 3, 6)], tol=TOL, names=["scores"])),
+        ("attention (causal+padding)", lambda: gradcheck(
+            attention, [_rnd(rng, 2, 3, 4, 4), _rnd(rng, 2, 3, 4, 4), _rnd(rng, 2, 3, 4, 6)],
+            tol=TOL, names=["q", "k", "v"])),
+        ("cross-entropy (smoothing)", lambda: gradcheck(ce, [_rnd(rng, 6, 7)], tol=TOL, names=["logits"])),
+        ("Linear module", lin),
+        ("LayerNorm module", ln),
+        ("FeedForward module (gelu)", ffn),
+        ("MultiHeadAttention self", mha_self),
+        ("MultiHeadAttention cross", mha_cross),
+        ("EncoderLayer", enc),
+        ("DecoderLayer", dec),
+        ("Transformer (whole model)", model_check),
+    ]
+
+
+def check_names():
+    return [name for name, _ in _checks(None)]
+
+
+def run_gradchecks(only=None, max_entries=30):
+    """Run the checks (all, or those whose name contains one of ``only``); list of ``CheckRow``.
+
+    ``max_entries`` bounds the entries checked per array of the larger modules (None: all).
+    """
+    rows = []
+    checks = _checks(max_entries)
+    if only:
+        checks = [(n, f) for n, f in checks if any(o.lower() in n.lower() for o in only)]
+        if not checks:
+            raise ValueError(f"only: no check matches {only}; the checks are {check_names()}")
+    for name, thunk in checks:
+        start = time.perf_counter()
+        result = thunk()
+        rows.append(CheckRow(name, result, time.perf_counter() - start))
+    return rows
+
+
+def format_table(rows):
+    """A plain-text table: check, worst relative error, worst input, verdict, seconds."""
+    lines = [f"{'check':<30s} {'max rel. error':>14s}  {'worst input':<32s} {'ok':<4s} {'s':>5s}"]
+    lines.append("-" * len(lines[0]))
+    for row in rows:
+        r = row.result
+        worst = max(((e, n) for e, n in zip(r.errors, r.names) if e is not None),
+                    default=(0.0, "-"))[1]
+        lines.append(f"{row.name:<30s} {r.max_error:>14.2e}  {worst[:32]:<32s} "
+                     f"{'PASS' if r.ok else 'FAIL':<4s} {row.seconds:5.2f}")
+    ok = sum(row.result.ok for row in rows)
+    lines.append(f"{ok}/{len(rows)} passed (tolerance {TOL:.0e}, float64 central differences)")
+    return "\n".join(lines)

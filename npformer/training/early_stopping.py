@@ -1,0 +1,40 @@
+"""Early stopping on a validation metric."""
+import math
+
+
+class EarlyStopping:
+    """Stop after ``patience`` evaluations without an improvement of more than ``min_delta``.
+
+    ``mode="max"`` for metrics such as exact match or BLEU, ``"min"`` for a loss.
+    ``step(value)`` returns True if ``value`` is a new best (the caller keeps that checkpoint).
+    """
+
+    def __init__(self, patience=None, mode="max", min_delta=0.0):
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode: expected 'max' or 'min', got {mode!r}")
+        if patience is not None and (not isinstance(patience, int) or patience < 1):
+            raise ValueError(f"patience: expected a positive integer or None, got {patience!r}")
+        self.patience, self.mode, self.min_delta = patience, mode, min_delta
+        self.best = -math.inf if mode == "max" else math.inf
+        self.bad_evals = 0
+
+    def step(self, value):
+        better = (value > self.best + self.min_delta if self.mode == "max"
+                  else value < self.best - self.min_delta)
+        if better:
+            self.best, self.bad_evals = value, 0
+        else:
+            self.bad_evals += 1
+        return better
+
+    @property
+    def should_stop(self):
+        return self.patience is not None and self.bad_evals >= self.patience
+
+    def state_dict(self):
+        return {"best": self.best if math.isfinite(self.best) else None, "bad_evals": self.bad_evals}
+
+    def load_state_dict(self, d):
+        best = d.get("best")
+        self.best = (-math.inf if self.mode == "max" else math.inf) if best is None else float(best)
+        self.bad_evals = int(d.get("bad_evals", 0))

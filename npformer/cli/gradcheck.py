@@ -1,0 +1,18 @@
+"""``npformer gradcheck``: run every layer's numerical gradient check and print a table."""
+from ..gradcheck_suite import format_table, run_gradchecks
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="check every backward pass against finite differences",
+                       description="Run the float64 central-difference gradient check of each "
+                                   "layer and module and print a table (a learning tool).")
+    p.add_argument("--only", nargs="*", metavar="NAME", help="run the checks whose name contains NAME")
+    p.add_argument("--max-entries", type=int, default=30,
+                   help="entries checked per parameter of the larger modules (0: all)")
+    p.set_defaults(run=run)
+
+
+def run(args):
+    rows = run_gradchecks(args.only, args.max_entries or None)
+    print(format_table(rows))
+    return 0 if all(r.result.ok for r in rows) else 1

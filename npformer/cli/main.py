@@ -1,0 +1,47 @@
+"""``npformer``: the command line. One sub-command per file in this package.
+
+    npformer toy                                  # train the toy zh->en model, print examples
+    npformer translate --checkpoint runs/toy "我 有 一个 苹果"
+    npformer <command> --help
+"""
+import argparse
+import sys
+import warnings
+
+from . import download, evaluate, gradcheck, plot, toy, train, translate
+
+COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
+            "gradcheck": gradcheck, "plot": plot, "download": download}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="npformer", description="An encoder-decoder Transformer in NumPy: train, translate, inspect.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, module in COMMANDS.items():
+        module.add_parser(sub, name)
+    return parser
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def main(argv=None):
+    """Entry point (setup.cfg: ``npformer = npformer.cli.main:main``). Returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    warnings.showwarning = _show_warning
+    try:
+        return args.run(args) or 0
+    except (ValueError, OSError) as e:           # bad input: a message, not a traceback
+        print(f"npformer {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"npformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

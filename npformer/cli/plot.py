@@ -1,0 +1,117 @@
+"""``npformer plot``: loss curves from a metrics log and per-head attention heatmaps, as PNG."""
+import os
+
+import numpy as np
+
+from ..training.metrics import read_metrics_log
+from .common import resolve_checkpoint
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="loss curves and attention heatmaps as PNG (needs matplotlib)",
+                       description="Draw the training/validation loss of a run's metrics.jsonl "
+                                   "and, with --checkpoint and --sentence, the attention weights "
+                                   "of every head of every layer for one translation.")
+    p.add_argument("--metrics", metavar="JSONL", help="a metrics log (e.g. runs/toy/metrics.jsonl)")
+    p.add_argument("--checkpoint", metavar="CKPT", help="checkpoint for the attention heatmaps")
+    p.add_argument("--sentence", help="source sentence to translate and show attention for")
+    p.add_argument("--out", default="plots", help="output folder (default %(default)s)")
+    p.set_defaults(run=run)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("matplotlib is not installed; `pip install npformer[plot]` "
+                         "(or `pip install matplotlib`) to draw plots") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_losses(plt, metrics_path, out_dir):
+    records = read_metrics_log(metrics_path)
+    train = [(r["step"], r["loss"]) for r in records if r["event"] == "train" and "loss" in r]
+    valid = [(r["step"], r["loss"]) for r in records if r["event"] == "eval" and "loss" in r]
+    if not train and not valid:
+        raise ValueError(f"--metrics {metrics_path}: no 'train' or 'eval' records with a loss")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if train:
+        ax.plot(*zip(*train), label="train (label-smoothed)")
+    if valid:
+        ax.plot(*zip(*valid), "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title(os.path.basename(os.path.dirname(os.path.abspath(metrics_path))) or "loss")
+    path = os.path.join(out_dir, "loss.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
+def attention_maps(model, src_vocab, tgt_vocab, sentence):
+    """Greedy-translate ``sentence``, re-run the model on (source, output) and collect
+    ``attn_weights`` of every MultiHeadAttention: {name: (H, T, S)}, plus the token labels."""
+    from ..decoding.translator import Translator
+    result = Translator(model, src_vocab, tgt_vocab).translate([sentence])[0]
+    src_ids, _ = src_vocab.encode_with_unknowns(sentence.split())
+    if not src_ids:
+        raise ValueError("--sentence: expected at least one word")
+    out_ids = [tgt_vocab.token_to_id(t) for t in result.tokens]
+    model.eval()
+    model.forward(np.array([src_ids]), np.array([[tgt_vocab.bos_id] + out_ids]))
+    maps = {}
+    for i, layer in enumerate(model.encoder.layers):
+        maps[f"encoder.{i}.self_attn"] = layer.self_attn.attn_weights[0]
+    for i, layer in enumerate(model.decoder.layers):
+        maps[f"decoder.{i}.self_attn"] = layer.self_attn.attn_weights[0]
+        maps[f"decoder.{i}.cross_attn"] = layer.multihead_attn.attn_weights[0]
+    src_tokens = sentence.split()
+    tgt_tokens = ["<bos>"] + result.tokens
+    return maps, src_tokens, tgt_tokens, result.text
+
+
+def plot_attention(plt, ckpt, sentence, out_dir):
+    from ..training.checkpointing import load_model_checkpoint
+    loaded = load_model_checkpoint(resolve_checkpoint(ckpt))
+    maps, src_tokens, tgt_tokens, text = attention_maps(loaded.model, loaded.src_vocab,
+                                                        loaded.tgt_vocab, sentence)
+    paths = []
+    for name, weights in maps.items():                     # weights (H, T, S)
+        rows = src_tokens if name.startswith("encoder") else tgt_tokens
+        cols = tgt_tokens if name.endswith("self_attn") and name.startswith("decoder") else src_tokens
+        h = weights.shape[0]
+        fig, axes = plt.subplots(1, h, figsize=(2.6 * h + 1, 2.8), squeeze=False)
+        for k, ax in enumerate(axes[0]):
+            ax.imshow(weights[k], vmin=0, vmax=1, cmap="viridis")
+            ax.set_title(f"head {k}", fontsize=8)
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(rows)), rows if k == 0 else [""] * len(rows), fontsize=7)
+        fig.suptitle(f"{name}: {sentence} -> {text}", fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"attention_{name.replace('.', '_')}.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def run(args):
+    if not args.metrics and not args.checkpoint:
+        raise ValueError("give --metrics JSONL (loss curves) and/or --checkpoint CKPT --sentence TEXT")
+    if bool(args.checkpoint) != bool(args.sentence):
+        raise ValueError("--checkpoint and --sentence: the attention heatmaps need both")
+    plt = _pyplot()
+    os.makedirs(args.out, exist_ok=True)
+    paths = []
+    if args.metrics:
+        paths += plot_losses(plt, args.metrics, args.out)
+    if args.checkpoint:
+        paths += plot_attention(plt, args.checkpoint, args.sentence, args.out)
+    for path in paths:
+        print(path)
+    return 0

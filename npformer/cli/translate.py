@@ -1,0 +1,58 @@
+"""``npformer translate``: translate sentences with a trained checkpoint."""
+import sys
+import time
+
+import numpy as np
+
+from ..decoding.translator import Translator, format_trace
+from ..training.checkpointing import load_model_checkpoint
+from .common import read_lines, resolve_checkpoint
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="translate sentences (arguments, or stdin one per line)",
+                       description="Translate with a checkpoint written by `npformer toy/train`. "
+                                   "Sentences come as arguments or, if none, from stdin (one per "
+                                   "line); translations go to stdout, one per line.")
+    p.add_argument("sentences", nargs="*", help="source sentences (whitespace-tokenised)")
+    p.add_argument("--checkpoint", required=True, metavar="CKPT",
+                   help="checkpoint path (run/best) or a run directory")
+    p.add_argument("--input", metavar="FILE", help="read sentences from FILE instead of stdin")
+    p.add_argument("--beam", type=int, default=None, metavar="N", help="beam search with N beams")
+    p.add_argument("--length-penalty", type=float, default=0.6, help="beam search alpha")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed for --sample")
+    p.add_argument("--trace", action="store_true", help="print every chosen token and its probability")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut sentences longer than the model's max_len (with a warning) instead of failing")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--time", action="store_true", help="report decoding time on stderr")
+    p.set_defaults(run=run)
+
+
+def run(args):
+    if args.beam is not None and args.sample:
+        raise ValueError("--beam and --sample: choose one decoding method")
+    loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
+    if args.sentences and args.input:
+        raise ValueError("--input: give sentences either as arguments or with --input, not both")
+    if args.sentences:
+        lines = args.sentences
+    else:
+        lines = read_lines(args.input or "-")
+    method = "beam" if args.beam is not None else "sample" if args.sample else "greedy"
+    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, batch_size=args.batch_size)
+    start = time.perf_counter()
+    results = translator.translate(lines, method=method, beam_size=args.beam or 4,
+                                   length_penalty=args.length_penalty,
+                                   temperature=args.temperature, top_k=args.top_k,
+                                   rng=np.random.default_rng(args.seed), truncate=args.truncate)
+    seconds = time.perf_counter() - start
+    out = sys.stdout
+    for r in results:
+        out.write((format_trace(r) if args.trace else r.text) + "\n")
+    if args.time:
+        print(f"translated {len(lines)} sentences ({method}) in {seconds:.3f} s", file=sys.stderr)
+    return 0

@@ -1,0 +1,122 @@
+"""Time each Numba kernel against its NumPy reference (same inputs, same thread count).
+
+    python benchmarks/bench_kernels.py [--threads 2] [--repeats 7] [--dtype float32]
+
+Prints one row per kernel: reference ms, kernel ms (medians after a warm-up call, which also
+compiles), and the speed-up. Attention is timed forward+backward at B=128, H=8, d_head=32 and
+T = S in {16, 32, 64}, with a key-padding mask.
+"""
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    args = ap.parse_args()
+    if args.threads < 1 or args.repeats < 1:
+        ap.error("--threads and --repeats must be positive")
+    return args
+
+
+def median_ms(fn, repeats):
+    fn()                                                      # warm-up (and compile)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return 1e3 * times[len(times) // 2]
+
+
+def cases(np, F, K, dtype):
+    rng = np.random.default_rng(0)
+
+    def randn(*shape):
+        return rng.standard_normal(shape).astype(dtype)
+
+    for t in (16, 32, 64):
+        b, h, d = 128, 8, 32
+        q, k, v = randn(b, h, t, d), randn(b, h, t, d), randn(b, h, t, d)
+        lengths = rng.integers(t // 2, t + 1, size=b)
+        mask = (np.arange(t)[None, :] < lengths[:, None])[:, None, None, :]   # (B, 1, 1, S)
+        dout = randn(b, h, t, d)
+
+        def att(ops, q=q, k=k, v=v, mask=mask, dout=dout):
+            return lambda: ops.attention_backward(dout, ops.attention_forward(q, k, v, mask)[1])
+        yield f"attention fwd+bwd B=128 H=8 T=S={t} d=32", att(F), att(K)
+
+    n, dm = 128 * 15, 256
+    x, g, bta, dy = randn(n, dm), randn(dm), randn(dm), randn(n, dm)
+
+    def ln(ops):
+        return lambda: ops.layernorm_backward(dy, ops.layernorm_forward(x, g, bta)[1])
+    yield f"layernorm fwd+bwd ({n}, {dm})", ln(F), ln(K)
+
+    vocab = 5893
+    z = randn(n, vocab)
+    tg = rng.integers(0, vocab, size=n)
+    tg[:100] = 0
+
+    def ce(ops):
+        return lambda: ops.cross_entropy_backward(ops.cross_entropy_forward(z, tg, 0, 0.1)[1])
+    yield f"cross-entropy fwd+bwd ({n}, {vocab}), smoothing 0.1", ce(F), ce(K)
+
+    ids = rng.integers(0, 7853, size=(128, 14))
+    w = randn(7853, dm)
+    de = randn(128, 14, dm)
+
+    def emb(ops):
+        return lambda: ops.embedding_backward(de, ops.embedding_forward(ids, w, 16.0)[1], 0)
+    yield "embedding fwd+bwd (128x14 ids, 7853x256)", emb(F), emb(K)
+
+    xd = randn(n, 512)
+
+    def drop(ops):
+        return lambda: ops.dropout_backward(xd, ops.dropout_forward(xd, 0.1, np.random.default_rng(1))[1])
+    yield f"dropout fwd+bwd ({n}, 512)", drop(F), drop(K)
+
+    size = 9_000_000
+    p, gr = randn(size), randn(size)
+    m, vv = np.zeros(size, dtype), np.zeros(size, dtype)
+
+    def adam_ref():
+        # the reference update of npformer.optim.Adam.step, on the same arrays
+        lr, b1, b2, eps, t = 1e-3, 0.9, 0.98, 1e-9, 1
+        m[...] += (1 - b1) * (gr - m)
+        vv[...] *= b2
+        vv[...] += (1 - b2) * gr * gr
+        denom = np.sqrt(vv)
+        denom /= np.sqrt(1 - b2 ** t)
+        denom += eps
+        p[...] -= lr / (1 - b1 ** t) * (m / denom)
+
+    def adam_kernel():
+        K.adam_step(p, gr, m, vv, 1, 1e-3, 0.9, 0.98, 1e-9, 0.0, False)
+    yield f"Adam step over {size:,} parameters", adam_ref, adam_kernel
+
+
+def main():
+    args = parse_args()
+    os.environ["NUMBA_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+    import numpy as np
+
+    from npformer import backend
+    F, K = backend.load("numpy"), backend.load("numba")
+    print(f"{'kernel':55s} {'numpy ms':>10s} {'numba ms':>10s} {'speed-up':>9s}")
+    for name, ref, ker in cases(np, F, K, np.dtype(args.dtype)):
+        t_ref, t_ker = median_ms(ref, args.repeats), median_ms(ker, args.repeats)
+        print(f"{name:55s} {t_ref:10.2f} {t_ker:10.2f} {t_ref / t_ker:8.1f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

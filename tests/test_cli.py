@@ -170,3 +170,12 @@ def test_download_reports_the_failing_url(tmp_path, capsys):
     assert main(["download", "multi30k", "--dest", str(tmp_path), "--quiet",
                  "--base-url", f"http://127.0.0.1:{port}/"]) == 1
     assert f"127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_blas_threads_option(capsys):
+    from npformer.cli.threads import set_blas_threads
+    with pytest.raises(ValueError, match="--blas-threads"):
+        set_blas_threads(0)
+    assert main(["--blas-threads", "0", "gradcheck", "--only", "relu"]) == 1
+    assert "--blas-threads: expected a positive integer" in capsys.readouterr().err
+    assert main(["--blas-threads", "1", "gradcheck", "--only", "relu"]) == 0

@@ -61,8 +61,12 @@ def add_train_args(p, defaults):
     g.add_argument("--clip-norm", type=float, default=defaults["clip_norm"])
     g.add_argument("--patience", type=int, default=None,
                    help="early stopping after N validations without improvement")
+    g.add_argument("--stop-metric", default=defaults.get("stop_metric", "exact_match"),
+                   choices=["exact_match", "bleu", "loss"],
+                   help="validation metric for the best checkpoint and early stopping "
+                        "(default %(default)s)")
     g.add_argument("--target", type=float, default=defaults.get("target"),
-                   help="stop once the validation exact match reaches this (default %(default)s)")
+                   help="stop once the validation --stop-metric reaches this (default %(default)s)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--resume", metavar="CKPT", help="continue a run from its checkpoint (bit for bit)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -73,7 +77,8 @@ def train_kwargs(args):
                 lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule, min_lr=args.min_lr,
                 label_smoothing=args.label_smoothing,
                 clip_norm=args.clip_norm if args.clip_norm and args.clip_norm > 0 else None,
-                patience=args.patience, target=args.target, seed=args.seed, quiet=args.quiet)
+                patience=args.patience, stop_metric=args.stop_metric, target=args.target,
+                seed=args.seed, quiet=args.quiet)
 
 
 def write_json(path, obj):

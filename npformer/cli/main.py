@@ -5,10 +5,12 @@
     npformer <command> --help
 """
 import argparse
+import os
 import sys
 import warnings
 
 from . import download, evaluate, gradcheck, plot, toy, train, translate
+from .threads import set_blas_threads
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
             "gradcheck": gradcheck, "plot": plot, "download": download}
@@ -17,6 +19,9 @@ COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="npformer", description="An encoder-decoder Transformer in NumPy: train, translate, inspect.")
+    parser.add_argument("--blas-threads", type=int, default=None, metavar="N",
+                        help="threads for NumPy's BLAS (default 1, or $OPENBLAS_NUM_THREADS if "
+                             "set): tiny matrices run fastest on one thread")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module in COMMANDS.items():
@@ -34,6 +39,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     warnings.showwarning = _show_warning
     try:
+        if args.blas_threads is not None or "OPENBLAS_NUM_THREADS" not in os.environ:
+            set_blas_threads(1 if args.blas_threads is None else args.blas_threads)
         return args.run(args) or 0
     except (ValueError, OSError) as e:           # bad input: a message, not a traceback
         print(f"npformer {args.command}: error: {e}", file=sys.stderr)

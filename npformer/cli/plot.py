@@ -1,5 +1,6 @@
 """``npformer plot``: loss curves from a metrics log and per-head attention heatmaps, as PNG."""
 import os
+import warnings
 
 import numpy as np
 
@@ -28,6 +29,27 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC",
+             "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "SimHei", "Microsoft YaHei",
+             "PingFang SC", "Heiti SC", "AR PL UMing CN", "Droid Sans Fallback")
+
+
+def use_cjk_font(plt, tokens):
+    """Pick an installed CJK font if the labels need one; False (and one warning) if none."""
+    if all(ord(c) < 0x2E80 for t in tokens for c in t):
+        return True
+    from matplotlib import font_manager
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    for name in CJK_FONTS:
+        if name in installed:
+            plt.rcParams["font.sans-serif"] = [name] + list(plt.rcParams["font.sans-serif"])
+            plt.rcParams["font.family"] = "sans-serif"
+            return True
+    warnings.warn("no CJK font found, Chinese labels will show as boxes (install one, e.g. "
+                  "the fonts-noto-cjk package)", stacklevel=2)
+    return False
 
 
 def plot_losses(plt, metrics_path, out_dir):
@@ -81,23 +103,31 @@ def plot_attention(plt, ckpt, sentence, out_dir):
     maps, src_tokens, tgt_tokens, text = attention_maps(loaded.model, loaded.src_vocab,
                                                         loaded.tgt_vocab, sentence)
     paths = []
-    for name, weights in maps.items():                     # weights (H, T, S)
-        rows = src_tokens if name.startswith("encoder") else tgt_tokens
-        cols = tgt_tokens if name.endswith("self_attn") and name.startswith("decoder") else src_tokens
-        h = weights.shape[0]
-        fig, axes = plt.subplots(1, h, figsize=(2.6 * h + 1, 2.8), squeeze=False)
-        for k, ax in enumerate(axes[0]):
-            ax.imshow(weights[k], vmin=0, vmax=1, cmap="viridis")
-            ax.set_title(f"head {k}", fontsize=8)
-            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
-            ax.set_yticks(range(len(rows)), rows if k == 0 else [""] * len(rows), fontsize=7)
-        fig.suptitle(f"{name}: {sentence} -> {text}", fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"attention_{name.replace('.', '_')}.png")
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
+    use_cjk_font(plt, src_tokens + tgt_tokens)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")   # warned once above
+        for name, weights in maps.items():
+            paths.append(_heatmap(plt, name, weights, src_tokens, tgt_tokens, sentence, text, out_dir))
     return paths
+
+
+def _heatmap(plt, name, weights, src_tokens, tgt_tokens, sentence, text, out_dir):
+    """One PNG: a row of heads, each a (T, S) grid of attention weights (H, T, S)."""
+    rows = src_tokens if name.startswith("encoder") else tgt_tokens
+    cols = tgt_tokens if name.endswith("self_attn") and name.startswith("decoder") else src_tokens
+    h = weights.shape[0]
+    fig, axes = plt.subplots(1, h, figsize=(2.6 * h + 1, 2.8), squeeze=False)
+    for k, ax in enumerate(axes[0]):
+        ax.imshow(weights[k], vmin=0, vmax=1, cmap="viridis")
+        ax.set_title(f"head {k}", fontsize=8)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(rows)), rows if k == 0 else [""] * len(rows), fontsize=7)
+    fig.suptitle(f"{name}: {sentence} -> {text}", fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"attention_{name.replace('.', '_')}.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def run(args):

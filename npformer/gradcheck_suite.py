@@ -14,7 +14,7 @@ import numpy as np
 
 from . import functional as F
 from .gradcheck import GradcheckResult, gradcheck
-from .nn import (DecoderLayer, Embedding, EncoderLayer, FeedForward, LayerNorm, Linear,
+from .nn import (DecoderLayer, EncoderLayer, FeedForward, LayerNorm, Linear,
                  MultiHeadAttention, Transformer)
 
 TOL = 1e-6
@@ -40,8 +40,7 @@ def _fn_check(forward, backward):
 
 
 def _module_check(module, forward, backward, x_inputs, names, max_entries=None, seed=0):
-    params = module.named_parameters()
-    params = list(params)
+    params = list(module.named_parameters())
 
     def f(*arrays):
         out = forward(*arrays[:len(x_inputs)])

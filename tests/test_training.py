@@ -1,7 +1,4 @@
 """Trainer: bit-exact resume, early stopping, best checkpoints, metrics, checkpoint errors."""
-import json
-import os
-
 import numpy as np
 import pytest
 

@@ -8,11 +8,8 @@ validation, a metrics log, best/last checkpoints, early stopping and bit-exact r
 """
 import math
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass, fields
-
-import numpy as np
+from dataclasses import dataclass, fields
 
 from ..data.batching import BatchSampler, iterate_batches, make_batch
 from ..decoding.translator import Translator, whitespace_tokenize
@@ -81,8 +78,9 @@ def make_schedule(config, total_steps):
     if config.schedule == "cosine":
         return WarmupCosineSchedule(config.lr, min(config.warmup_steps, total_steps), total_steps,
                                     config.min_lr)
-    if config.schedule == "noam":        # lr is the paper's "factor" here
-        return NoamSchedule(1.0, max(1, config.warmup_steps), config.lr * math.sqrt(max(1, config.warmup_steps)))
+    if config.schedule == "noam":        # the paper's shape, scaled so that the peak (at warm-up) is lr
+        warmup = max(1, config.warmup_steps)
+        return NoamSchedule(1.0, warmup, config.lr * math.sqrt(warmup))
     return lambda step: config.lr
 
 

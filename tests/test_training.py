@@ -164,3 +164,31 @@ def test_mismatched_config_or_vocabulary_is_a_clear_error(tmp_path, data):
     save_model_checkpoint(tmp_path / "infer", trainer.model, data.src_vocab, data.tgt_vocab)
     with pytest.raises(CheckpointError, match="no optimizer state"):
         make_trainer(data).resume(tmp_path / "infer")
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "cosine", "noam", "constant"])
+def test_every_schedule_peaks_at_lr(schedule):
+    from npformer.training.trainer import make_schedule
+    lrs = [make_schedule(TrainConfig(schedule=schedule, lr=2e-3, warmup_steps=10), 100)(s)
+           for s in range(1, 101)]
+    assert max(lrs) == pytest.approx(2e-3)
+    if schedule != "constant":
+        assert lrs[0] < lrs[9] and lrs[-1] < lrs[9]             # warm-up, then decay
+
+
+def test_progress_bar_is_off_without_a_tty_or_when_quiet():
+    import io
+    from npformer.training.progress import progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    assert progress_bar(total=3, file=io.StringIO()).disable
+    assert progress_bar(total=3, file=Terminal(), quiet=True).disable
+    term = Terminal()
+    bar = progress_bar(total=3, file=term)
+    assert not bar.disable
+    bar.set_postfix(loss="1.000", tok_s="99", lr="1e-03")
+    bar.update(1)
+    bar.close()
+    assert "loss=1.000" in term.getvalue()

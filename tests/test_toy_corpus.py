@@ -65,6 +65,12 @@ def test_different_seed_different_sample(corpus):
     assert set(other.heldout) != set(corpus.heldout)
 
 
+def test_more_heldout_pairs_extend_the_same_list(corpus):
+    bigger = generate_toy_corpus(seed=0, n_heldout=500)
+    assert bigger.train == corpus.train
+    assert bigger.heldout[:300] == corpus.heldout and len(bigger.heldout) == 500
+
+
 def test_no_duplicates_and_no_heldout_pair_in_train(corpus):
     train_zh = [zh for zh, _ in corpus.train]
     held_zh = [zh for zh, _ in corpus.heldout]
@@ -226,7 +232,8 @@ def test_render_rejects_unknown_structures():
 
 @pytest.mark.parametrize("kwargs, name", [
     ({"n_train": 0}, "n_train"), ({"n_train": 2.5}, "n_train"), ({"n_heldout": -1}, "n_heldout"),
-    ({"seed": "0"}, "seed"), ({"seed": True}, "seed"), ({"n_train": 10 ** 6}, "n_train"),
+    ({"seed": "0"}, "seed"), ({"seed": True}, "seed"), ({"seed": -1}, "seed must be an integer >= 0"),
+    ({"n_train": 10 ** 6}, "n_train"),
 ])
 def test_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):

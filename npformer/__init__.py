@@ -20,6 +20,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Adam", "AdamW", "GradcheckResult", "NoamSchedule", "Transformer", "WarmupCosineSchedule",
-    "WarmupInverseSqrtSchedule", "clip_grad_norm", "cross_entropy", "functional", "gradcheck",
-    "interop", "nn", "optim",
+    "WarmupInverseSqrtSchedule", "clip_grad_norm", "cross_entropy", "functional", "get_backend",
+    "gradcheck", "interop", "nn", "optim", "set_backend",
 ]

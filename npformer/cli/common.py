@@ -52,7 +52,7 @@ def add_train_args(p, defaults):
     g.add_argument("--max-steps", type=int, default=None)
     g.add_argument("--batch-size", type=int, default=defaults["batch_size"])
     g.add_argument("--lr", type=float, default=defaults["lr"], help="peak learning rate")
-    g.add_argument("--warmup-steps", type=int, default=defaults["warmup_steps"])
+    g.add_argument("--warmup-steps", "--warmup", type=int, default=defaults["warmup_steps"])
     g.add_argument("--schedule", default=defaults["schedule"],
                    choices=["inverse_sqrt", "cosine", "noam", "constant"])
     g.add_argument("--min-lr", type=float, default=defaults.get("min_lr", 0.0),

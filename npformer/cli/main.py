@@ -9,11 +9,11 @@ import os
 import sys
 import warnings
 
-from . import download, evaluate, gradcheck, plot, toy, train, translate
+from . import average, download, evaluate, gradcheck, plot, toy, train, translate
 from .threads import set_blas_threads
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
-            "gradcheck": gradcheck, "plot": plot, "download": download}
+            "gradcheck": gradcheck, "plot": plot, "download": download, "average": average}
 
 
 def build_parser():

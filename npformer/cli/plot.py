@@ -11,6 +11,7 @@ from .common import resolve_checkpoint
 def add_parser(sub, name):
     p = sub.add_parser(name, help="loss curves and attention heatmaps as PNG (needs matplotlib)",
                        description="Draw the training/validation loss of a run's metrics.jsonl "
+                                   "(and validation BLEU against wall time when it has them) "
                                    "and, with --checkpoint and --sentence, the attention weights "
                                    "of every head of every layer for one translation.")
     p.add_argument("--metrics", metavar="JSONL", help="a metrics log (e.g. runs/toy/metrics.jsonl)")
@@ -69,6 +70,25 @@ def plot_losses(plt, metrics_path, out_dir):
     ax.legend()
     ax.set_title(os.path.basename(os.path.dirname(os.path.abspath(metrics_path))) or "loss")
     path = os.path.join(out_dir, "loss.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path] + plot_bleu_vs_time(plt, records, metrics_path, out_dir)
+
+
+def plot_bleu_vs_time(plt, records, metrics_path, out_dir):
+    """Validation BLEU against wall time (minutes), if the log has timed "eval" records."""
+    points = [(r["seconds"] / 60.0, r["bleu"]) for r in records
+              if r["event"] == "eval" and "bleu" in r and "seconds" in r]
+    if not points:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(*zip(*points), "o-")
+    ax.set_xlabel("wall time (minutes, validations included)")
+    ax.set_ylabel("validation BLEU")
+    ax.grid(alpha=0.3)
+    ax.set_title(os.path.basename(os.path.dirname(os.path.abspath(metrics_path))) or "BLEU")
+    path = os.path.join(out_dir, "bleu_vs_time.png")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

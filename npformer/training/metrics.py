@@ -35,6 +35,27 @@ def corpus_bleu(hypotheses, references, tokenize="none"):
     return float(sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize).score)
 
 
+def sacrebleu_scores(hypotheses, references):
+    """Corpus BLEU of detokenised ``hypotheses`` against RAW ``references`` (sacrebleu's own
+    13a tokenisation), the standard way to report MT scores.
+
+    Returns ``{"bleu": lowercased BLEU, "bleu_cased": cased BLEU, "signature": ...,
+    "signature_cased": ...}``; the signature (e.g. ``nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|
+    version:2.6.0``) says exactly how the number was computed.
+    """
+    from sacrebleu.metrics import BLEU
+
+    hypotheses, references = _check_pair(hypotheses, references)
+    if not references:
+        raise ValueError("references: expected at least one sentence, got none")
+    out = {}
+    for key, lowercase in (("", True), ("_cased", False)):
+        metric = BLEU(lowercase=lowercase)
+        out["bleu" + key] = float(metric.corpus_score(hypotheses, [references]).score)
+        out["signature" + key] = str(metric.get_signature())
+    return out
+
+
 class MetricsLog:
     """Appends one JSON object per line: ``{"time": ..., "event": "train", "step": 10, ...}``.
 

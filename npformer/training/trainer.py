@@ -5,10 +5,18 @@ validation, a metrics log, best/last checkpoints, early stopping and bit-exact r
     summary = trainer.fit()                      # {'step': ..., 'best_exact_match': ..., ...}
 
 ``train_pairs``/``valid_pairs`` are (source text, target text) pairs, tokenised by ``tokenize``.
+
+For real data (``npformer.training.multi30k``): ``max_tokens`` batches by a padded-token budget,
+``accum_steps`` sums the gradients of several batches before one update, ``eval_every_steps``
+validates inside an epoch, ``time_budget`` caps the wall time, and ``keep_last`` keeps the last N
+validation checkpoints (``step_<N>``) for checkpoint averaging (``npformer.training.averaging``).
 """
+import glob
 import math
 import os
+import re
 import time
+import warnings
 from dataclasses import dataclass, fields
 
 from ..data.batching import BatchSampler, iterate_batches, make_batch
@@ -48,14 +56,27 @@ class TrainConfig:
     log_every: int = 10              # steps between "train" records of the metrics log
     out_dir: str = None              # best/last checkpoints and metrics.jsonl go here
     quiet: bool = False
+    max_tokens: int = None           # batch by padded tokens (src + tgt) instead of batch_size
+    accum_steps: int = 1             # batches whose gradients are summed before one update
+    eval_every_steps: int = None     # also validate every N optimizer steps (inside epochs)
+    time_budget: float = None        # seconds: stop training (then validate once) after this
+    keep_last: int = None            # keep the last N validation checkpoints step_<N> (averaging)
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "warmup_steps", "eval_every", "log_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "warmup_steps" else 1):
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
-            raise ValueError(f"max_steps: expected a positive integer or None, got {self.max_steps!r}")
+        for name in ("max_steps", "max_tokens", "eval_every_steps", "keep_last"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}: expected a positive integer or None, got {value!r}")
+        if not isinstance(self.accum_steps, int) or isinstance(self.accum_steps, bool) or self.accum_steps < 1:
+            raise ValueError(f"accum_steps: expected a positive integer, got {self.accum_steps!r}")
+        if self.time_budget is not None and not (isinstance(self.time_budget, (int, float))
+                                                 and self.time_budget > 0):
+            raise ValueError(f"time_budget: expected a positive number of seconds or None, "
+                             f"got {self.time_budget!r}")
         if not self.lr > 0:
             raise ValueError(f"lr: expected a positive number, got {self.lr!r}")
         if self.schedule not in SCHEDULES:
@@ -88,26 +109,35 @@ class Trainer:
     """Trains ``model`` on text pairs. See ``TrainConfig`` for every knob."""
 
     def __init__(self, model, src_vocab, tgt_vocab, train_pairs, valid_pairs=None, config=None,
-                 tokenize=whitespace_tokenize, detokenize=" ".join):
+                 tokenize=whitespace_tokenize, detokenize=" ".join, bleu=None, extra=None):
+        """``bleu(hypotheses, target_texts) -> float`` scores validation translations (default:
+        sacrebleu on the re-tokenised targets); ``extra`` is saved in every checkpoint's metadata
+        (e.g. the languages and tokenizer of the run)."""
         self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
         self.config = config = config or TrainConfig()
         self.tokenize, self.detokenize = tokenize, detokenize
+        self.bleu, self.extra = bleu, extra
         self.train_pairs, self.valid_pairs = list(train_pairs), list(valid_pairs or [])
         if not self.train_pairs:
             raise ValueError("train_pairs: expected at least one (source, target) pair, got none")
         self.train_ids = self.encode_pairs(self.train_pairs, "train_pairs")
         self.valid_ids = self.encode_pairs(self.valid_pairs, "valid_pairs") if self.valid_pairs else []
         self.pad, self.bos, self.eos = tgt_vocab.pad_id, tgt_vocab.bos_id, tgt_vocab.eos_id
-        self.sampler = BatchSampler.from_pairs(self.train_ids, batch_size=config.batch_size,
-                                               seed=config.seed)
+        if config.max_tokens is not None:
+            self.sampler = BatchSampler.from_pairs(self.train_ids, max_tokens=config.max_tokens,
+                                                   seed=config.seed)
+        else:
+            self.sampler = BatchSampler.from_pairs(self.train_ids, batch_size=config.batch_size,
+                                                   seed=config.seed)
         opt_cls = AdamW if config.optimizer == "adamw" else Adam
         self.optimizer = opt_cls(model, lr=config.lr, betas=config.betas, eps=1e-9,
                                  weight_decay=config.weight_decay)
-        total = config.max_steps or config.epochs * len(self.sampler)
+        total = config.max_steps or config.epochs * math.ceil(len(self.sampler) / config.accum_steps)
         self.total_steps = total
         self.schedule = make_schedule(config, total)
         self.stopper = EarlyStopping(config.patience, "min" if config.stop_metric == "loss" else "max")
         self.step, self.epoch = 0, 0
+        self.seconds_before = 0.0               # wall time of earlier sessions (resumed runs)
         self.history = []                       # validation records
         self.log = None
 
@@ -129,13 +159,26 @@ class Trainer:
 
     # -- one step --------------------------------------------------------------------------------
     def train_step(self, batch):
-        """Forward, loss, backward, clip, schedule, update. Returns the (smoothed) loss."""
+        """Forward, loss, backward, clip, schedule, update. Returns the (smoothed) loss.
+
+        ``batch`` may be a list of batches (gradient accumulation): their gradients are summed,
+        each weighted by its share of the target tokens, so the update equals one step on the
+        concatenated batch (up to dropout masks and float rounding).
+        """
         model, cfg = self.model, self.config
-        logits = model.forward(batch.src, batch.tgt_in)                  # (B, T, V)
-        loss, dlogits = cross_entropy(logits, batch.tgt_out, ignore_index=self.pad,
-                                      label_smoothing=cfg.label_smoothing)
+        batches = batch if isinstance(batch, (list, tuple)) else [batch]
+        n_total = sum(b.n_tgt_tokens for b in batches)
         model.zero_grad()
-        model.backward(dlogits)
+        loss = 0.0
+        for b in batches:
+            logits = model.forward(b.src, b.tgt_in)                      # (B, T, V)
+            part, dlogits = cross_entropy(logits, b.tgt_out, ignore_index=self.pad,
+                                          label_smoothing=cfg.label_smoothing)
+            weight = b.n_tgt_tokens / n_total    # the loss is a mean over the batch's tokens
+            if len(batches) > 1:
+                dlogits *= weight
+            model.backward(dlogits)              # adds into every .grad
+            loss += float(part) * weight
         if cfg.clip_norm is not None:
             clip_grad_norm(model, cfg.clip_norm)
         self.step += 1
@@ -147,7 +190,7 @@ class Trainer:
     def translator(self):
         return Translator(self.model, self.src_vocab, self.tgt_vocab, self.tokenize, self.detokenize)
 
-    def evaluate(self, pairs, ids=None, batch_size=256):
+    def evaluate(self, pairs, ids=None, batch_size=64):
         """{'loss', 'exact_match', 'bleu'} on (source, target) text pairs, greedy decoding."""
         ids = ids if ids is not None else self.encode_pairs(pairs, "pairs")
         was_training = self.model.training
@@ -161,21 +204,30 @@ class Trainer:
                 loss, _ = cross_entropy(logits, b.tgt_out, ignore_index=self.pad)
                 total += float(loss) * b.n_tgt_tokens
                 count += b.n_tgt_tokens
-            hyps = [t.text for t in self.translator().translate([s for s, _ in pairs])]
+            with warnings.catch_warnings():      # real data: many sentences hold unknown words
+                warnings.filterwarnings("ignore", message=".*unknown words mapped to <unk>")
+                hyps = [t.text for t in self.translator().translate([s for s, _ in pairs])]
         finally:
             self.model.train(was_training)
         refs = [self.detokenize(self.tokenize(t)) for _, t in pairs]
+        bleu = self.bleu(hyps, [t for _, t in pairs]) if self.bleu else corpus_bleu(hyps, refs)
         return {"loss": total / count, "exact_match": exact_match(hyps, refs),
-                "bleu": corpus_bleu(hyps, refs), "hypotheses": hyps}
+                "bleu": bleu, "hypotheses": hyps}
 
     # -- checkpoints -----------------------------------------------------------------------------
     def training_state(self):
         return {"step": self.step, "epoch": self.epoch, "sampler": self.sampler.state_dict(),
-                "early_stopping": self.stopper.state_dict(), "config": self.config.to_dict()}
+                "early_stopping": self.stopper.state_dict(), "config": self.config.to_dict(),
+                "seconds": self.elapsed()}
+
+    def elapsed(self):
+        """Wall time of this run so far, earlier sessions of a resumed run included."""
+        start = getattr(self, "_start", None)
+        return self.seconds_before + (time.perf_counter() - start if start is not None else 0.0)
 
     def save(self, path):
         return save_model_checkpoint(path, self.model, self.src_vocab, self.tgt_vocab,
-                                     self.optimizer, self.training_state())
+                                     self.optimizer, self.training_state(), extra=self.extra)
 
     def resume(self, path):
         """Continue from a checkpoint saved by ``save``: weights, optimizer, RNG, counters, data position."""
@@ -186,6 +238,7 @@ class Trainer:
             self.step, self.epoch = int(training["step"]), int(training["epoch"])
             self.sampler.load_state_dict(training["sampler"])
             self.stopper.load_state_dict(training.get("early_stopping", {}))
+            self.seconds_before = float(training.get("seconds", 0.0))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"checkpoint {loaded.path}: training state does not fit this run ({e})") from None
         self.optimizer.lr = self.schedule(max(self.step, 1))
@@ -194,9 +247,12 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------------
     def _validate(self):
+        seconds = self.elapsed()                 # wall time at which the model had these weights
+        t0 = time.perf_counter()
         result = self.evaluate(self.valid_pairs, self.valid_ids)
         record = {k: v for k, v in result.items() if k != "hypotheses"}
-        record.update(step=self.step, epoch=self.epoch)
+        record.update(step=self.step, epoch=self.epoch, seconds=round(seconds, 2),
+                      eval_seconds=round(time.perf_counter() - t0, 2))
         self.history.append(record)
         if self.log:
             self.log.log("eval", **record)
@@ -205,7 +261,20 @@ class Trainer:
             self.save(os.path.join(self.config.out_dir, "last"))
             if improved:
                 self.save(os.path.join(self.config.out_dir, "best"))
+            if self.config.keep_last:
+                self.save(os.path.join(self.config.out_dir, f"step_{self.step}"))
+                self._prune_step_checkpoints()
         return record
+
+    def step_checkpoints(self):
+        """Paths (without suffix) of the kept ``step_<N>`` checkpoints, oldest first."""
+        return step_checkpoints(self.config.out_dir)
+
+    def _prune_step_checkpoints(self):
+        for path in self.step_checkpoints()[:-self.config.keep_last]:
+            for suffix in (".npz", ".json"):
+                if os.path.exists(path + suffix):
+                    os.remove(path + suffix)
 
     def _reached_target(self, record):
         target = self.config.target
@@ -214,66 +283,107 @@ class Trainer:
         value = record[self.config.stop_metric]
         return value <= target if self.config.stop_metric == "loss" else value >= target
 
-    def fit(self, on_eval=None):
-        """Train until epochs/max_steps, early stopping or the target; returns a summary dict.
+    def _accumulated(self, batches):
+        """Group the batch stream into lists of ``accum_steps`` (the last of an epoch may be shorter)."""
+        group = []
+        for batch in batches:
+            group.append(batch)
+            if len(group) == self.config.accum_steps:
+                yield group
+                group = []
+        if group:
+            yield group
 
-        ``on_eval(record)`` is called after each validation (the CLI prints it).
+    def _validate_and_report(self, on_eval):
+        """Validate; returns a stop reason ("target", "early_stopping") or None."""
+        record = self._validate()
+        if on_eval:
+            on_eval(record)
+        if self._reached_target(record):
+            return "target"
+        if self.stopper.should_stop:
+            return "early_stopping"
+        return None
+
+    def fit(self, on_eval=None):
+        """Train until epochs/max_steps, the time budget, early stopping or the target; returns
+        a summary dict.
+
+        ``on_eval(record)`` is called after each validation (the CLI prints it). The metrics log
+        gets "train" records every ``log_every`` steps with the loss, the learning rate and the
+        throughput on the real padded batches: ``tokens_per_s`` counts the target tokens the loss
+        sees, ``padded_tokens_per_s`` every cell of the padded source and target arrays.
         """
         cfg, model = self.config, self.model
         if cfg.out_dir:
             os.makedirs(cfg.out_dir, exist_ok=True)
             self.log = MetricsLog(os.path.join(cfg.out_dir, "metrics.jsonl"), append=self.step > 0)
         model.train()
-        start = time.perf_counter()
+        self._start = start = time.perf_counter()
         stop_reason = "epochs"
+        validated_at = None                      # step of the latest validation
         try:
             while self.epoch < cfg.epochs:
                 self.sampler.set_epoch(self.epoch)
                 n_batches = len(self.sampler)
                 bar = progress_bar(total=n_batches, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
                                    quiet=cfg.quiet, initial=self.sampler.state_dict()["batches_done"])
-                run_loss, run_tokens, t_last, n_last = 0.0, 0, time.perf_counter(), 0
-                hit_max = False
-                for batch in iterate_batches(self.train_ids, self.sampler, self.pad, self.bos, self.eos):
-                    loss = self.train_step(batch)
+                run_loss, run_tokens, run_padded, n_last = 0.0, 0, 0, 0
+                t_last = time.perf_counter()
+                stop = None
+                batches = iterate_batches(self.train_ids, self.sampler, self.pad, self.bos, self.eos)
+                for group in self._accumulated(batches):
+                    loss = self.train_step(group)
                     run_loss += loss
-                    run_tokens += batch.n_tgt_tokens
+                    run_tokens += sum(b.n_tgt_tokens for b in group)
+                    run_padded += sum(b.src.size + b.tgt_out.size for b in group)
                     n_last += 1
-                    bar.update(1)
+                    bar.update(len(group))
                     if self.step % cfg.log_every == 0:
                         now = time.perf_counter()
-                        tok_s = run_tokens / max(now - t_last, 1e-9)
+                        dt = max(now - t_last, 1e-9)
                         values = dict(loss=run_loss / n_last, lr=self.optimizer.lr,
-                                      tokens_per_s=tok_s)
-                        bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{tok_s:.0f}",
+                                      tokens_per_s=run_tokens / dt, padded_tokens_per_s=run_padded / dt,
+                                      seconds=self.elapsed())
+                        bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{run_tokens / dt:.0f}",
                                         lr=f"{self.optimizer.lr:.2e}")
                         if self.log:
                             self.log.log("train", step=self.step, epoch=self.epoch, **values)
-                        run_loss, run_tokens, t_last, n_last = 0.0, 0, now, 0
+                        run_loss, run_tokens, run_padded, n_last = 0.0, 0, 0, 0
+                        t_last = now
                     if cfg.max_steps is not None and self.step >= cfg.max_steps:
-                        hit_max = True
+                        stop = "max_steps"
+                    elif cfg.time_budget is not None and self.elapsed() >= cfg.time_budget:
+                        stop = "time_budget"
+                    elif (cfg.eval_every_steps and self.valid_pairs
+                          and self.step % cfg.eval_every_steps == 0):
+                        stop = self._validate_and_report(on_eval)
+                        validated_at = self.step
+                        t_last = time.perf_counter()      # throughput excludes validation
+                    if stop:
                         break
                 bar.close()
-                if hit_max:
-                    stop_reason = "max_steps"
+                if stop:
+                    stop_reason = stop
                     break
                 self.epoch += 1
-                if self.valid_pairs and self.epoch % cfg.eval_every == 0:
-                    record = self._validate()
-                    if on_eval:
-                        on_eval(record)
-                    if self._reached_target(record):
-                        stop_reason = "target"
+                if (self.valid_pairs and not cfg.eval_every_steps
+                        and self.epoch % cfg.eval_every == 0):
+                    validated_at = self.step
+                    stop = self._validate_and_report(on_eval)
+                    if stop:
+                        stop_reason = stop
                         break
-                    if self.stopper.should_stop:
-                        stop_reason = "early_stopping"
-                        break
+            if (stop_reason in ("max_steps", "time_budget", "epochs") and cfg.eval_every_steps
+                    and self.valid_pairs and validated_at != self.step):
+                self._validate_and_report(on_eval)    # the final weights get a score too
             if cfg.out_dir:
                 self.save(os.path.join(cfg.out_dir, "last"))
         finally:
             if self.log:
                 self.log.log("end", step=self.step, epoch=self.epoch,
-                             seconds=time.perf_counter() - start)
+                             seconds=time.perf_counter() - start, total_seconds=self.elapsed(),
+                             stop_reason=stop_reason)
                 self.log.close()
                 self.log = None
         model.eval()
@@ -282,3 +392,13 @@ class Trainer:
                 "seconds": time.perf_counter() - start,
                 f"best_{cfg.stop_metric}": best if math.isfinite(best) else None,
                 "history": self.history}
+
+
+def step_checkpoints(out_dir):
+    """The ``step_<N>`` checkpoints (paths without suffix) in ``out_dir``, by step."""
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(os.fspath(out_dir)), "step_*.npz")):
+        m = re.fullmatch(r"step_(\d+)\.npz", os.path.basename(path))
+        if m:
+            found.append((int(m.group(1)), path[:-4]))
+    return [p for _, p in sorted(found)]

@@ -1,0 +1,36 @@
+"""``npformer average``: average the weights of several checkpoints of one run."""
+from ..training.averaging import average_checkpoints
+from ..training.trainer import step_checkpoints
+from .common import resolve_checkpoint
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="average the weights of checkpoints (e.g. the last N of a run)",
+                       description="Write the element-wise mean of the weights of CKPT... (same "
+                                   "config and vocabularies) to --out, an inference checkpoint. "
+                                   "With --run DIR --last N, average DIR's last N step_<N> "
+                                   "checkpoints (kept by npformer train --keep-last).")
+    p.add_argument("checkpoints", nargs="*", metavar="CKPT")
+    p.add_argument("--out", required=True, metavar="AVG", help="where to write the average")
+    p.add_argument("--run", dest="run_dir", metavar="DIR", help="a run directory (use with --last)")
+    p.add_argument("--last", type=int, metavar="N", help="average the last N step_<N> checkpoints of --run")
+    p.set_defaults(run=run)
+
+
+def run(args):
+    paths = [resolve_checkpoint(c) for c in args.checkpoints]
+    if (args.run_dir is None) != (args.last is None):
+        raise ValueError("--run and --last: give both (or neither, and list checkpoints)")
+    if args.run_dir is not None:
+        if args.last < 1:
+            raise ValueError(f"--last: expected a positive integer, got {args.last}")
+        kept = step_checkpoints(args.run_dir)
+        if len(kept) < args.last:
+            raise ValueError(f"--run {args.run_dir}: holds {len(kept)} step_<N> checkpoints, "
+                             f"--last asks for {args.last} (train with --keep-last N)")
+        paths += kept[-args.last:]
+    if not paths:
+        raise ValueError("give the checkpoints to average (CKPT... or --run DIR --last N)")
+    average_checkpoints(paths, args.out)
+    print(f"averaged {len(paths)} checkpoints -> {args.out}")
+    return 0

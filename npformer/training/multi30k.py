@@ -1,0 +1,162 @@
+"""The Multi30k German<->English recipe behind ``npformer train --dataset multi30k`` and
+``npformer eval --dataset multi30k``: data, tokenisation, vocabularies, model, trainer, scoring.
+
+    data = load_multi30k("../shared/data/multi30k", src="de", tgt="en")
+    trainer = build_trainer(data, train_kwargs={"time_budget": 60 * 60, "out_dir": "runs/de-en"})
+    trainer.fit()
+    scores = evaluate_checkpoint(load_model_checkpoint("runs/de-en/best"), data_dir, "test_2016_flickr")
+
+Tokenisation is the project's word tokenizer (``npformer.data.tokenize``), lowercased by default;
+the model translates lowercased, tokenised text, and its output is detokenised before sacrebleu
+scores it against the RAW references (see docs/multi30k.md for the choice and its effect on BLEU).
+The languages and the tokenizer settings are saved in every checkpoint (metadata ``extra``), so
+evaluation and translation need only the checkpoint.
+"""
+import functools
+import time
+import warnings
+from dataclasses import dataclass
+
+from ..data.multi30k import LANGUAGES, load_split
+from ..data.tokenize import detokenize, tokenize
+from ..data.vocab import Vocab
+from ..decoding.translator import Translator, whitespace_tokenize
+from ..nn import Transformer
+from .metrics import sacrebleu_scores
+from .trainer import TrainConfig, Trainer
+
+# 3+3 layers of d_model 256: the size the benchmarks time (BENCHMARKS.md, "base config").
+MULTI30K_MODEL = dict(d_model=256, n_heads=8, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
+                      dropout=0.1, max_len=128)
+# The paper's warm-up schedule (linear warm-up, then 1/sqrt(step)), scaled so that its peak is lr;
+# batches of ~5,000 padded tokens; validation (greedy BLEU) every 150 updates; best by BLEU.
+MULTI30K_TRAIN = dict(epochs=100, max_tokens=5000, batch_size=64, accum_steps=1, lr=1e-3, warmup_steps=250,
+                      schedule="noam", label_smoothing=0.1, clip_norm=1.0, stop_metric="bleu",
+                      eval_every_steps=150, log_every=20, betas=(0.9, 0.98))
+TOKENIZER = "npformer-word"
+
+
+@dataclass
+class Multi30kData:
+    train: list          # (source text, target text), raw
+    valid: list
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    src: str             # language codes
+    tgt: str
+    lowercase: bool
+
+    @property
+    def extra(self):
+        """What a checkpoint must remember to translate and score like this run."""
+        return text_settings(self.src, self.tgt, self.lowercase)
+
+
+def text_settings(src, tgt, lowercase):
+    return {"dataset": "multi30k", "src_lang": src, "tgt_lang": tgt, "tokenizer": TOKENIZER,
+            "lowercase": bool(lowercase)}
+
+
+def make_tokenizer(lowercase=True):
+    """``tokenize`` with the lowercase setting fixed (a picklable callable)."""
+    return functools.partial(tokenize, lowercase=bool(lowercase))
+
+
+def _check_count(name, value):
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{name}: expected a positive integer or None, got {value!r}")
+
+
+def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2, subset=None,
+                  valid_subset=None):
+    """Training/validation pairs and vocabularies (built on the training pairs only).
+
+    ``subset`` keeps the first N training pairs, ``valid_subset`` the first N of ``val``.
+    Loader errors (missing folder or split, corrupt gzip, bad UTF-8, line counts) pass through.
+    """
+    _check_count("subset", subset)
+    _check_count("valid_subset", valid_subset)
+    train = load_split(data_dir, "train", src, tgt)
+    valid = load_split(data_dir, "val", src, tgt)
+    if subset is not None:
+        train = train[:subset]
+    if valid_subset is not None:
+        valid = valid[:valid_subset]
+    tok = make_tokenizer(lowercase)
+    src_vocab = Vocab.build((tok(s) for s, _ in train), min_freq=min_freq)
+    tgt_vocab = Vocab.build((tok(t) for _, t in train), min_freq=min_freq)
+    return Multi30kData(train, valid, src_vocab, tgt_vocab, src, tgt, bool(lowercase))
+
+
+def bleu_against_raw(hypotheses, targets):
+    """Validation BLEU: lowercased sacrebleu of detokenised output against the raw targets."""
+    return sacrebleu_scores(hypotheses, targets)["bleu"]
+
+
+def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0):
+    """A ``Trainer`` for ``data`` with the recipe's defaults, overridden by the kwargs."""
+    model = Transformer(len(data.src_vocab), len(data.tgt_vocab),
+                        **{**MULTI30K_MODEL, "seed": seed, **(model_kwargs or {})})
+    config = TrainConfig(**{**MULTI30K_TRAIN, "seed": seed, **(train_kwargs or {})})
+    return Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config,
+                   tokenize=make_tokenizer(data.lowercase), detokenize=detokenize,
+                   bleu=bleu_against_raw, extra=data.extra)
+
+
+def checkpoint_text_settings(loaded):
+    """The languages and tokenizer a checkpoint was trained with (ValueError if not Multi30k)."""
+    extra = loaded.meta.get("extra") or {}
+    if extra.get("dataset") != "multi30k" or extra.get("tokenizer") != TOKENIZER:
+        raise ValueError(f"checkpoint {loaded.path}: not a Multi30k model (its metadata has no "
+                         f"dataset 'multi30k' / tokenizer {TOKENIZER!r}; got {extra or 'none'}); "
+                         f"evaluate it with --src/--ref instead")
+    for key in ("src_lang", "tgt_lang"):
+        if extra.get(key) not in LANGUAGES:
+            raise ValueError(f"checkpoint {loaded.path}: {key} expected one of {LANGUAGES}, "
+                             f"got {extra.get(key)!r}")
+    return extra
+
+
+def translator_for(loaded, batch_size=200):
+    """A ``Translator`` that tokenises and detokenises as the checkpoint's run did."""
+    extra = loaded.meta.get("extra") or {}
+    if extra.get("tokenizer") == TOKENIZER:
+        tok, detok = make_tokenizer(extra.get("lowercase", True)), detokenize
+    else:                                         # toy / files runs: whitespace-tokenised text
+        tok, detok = whitespace_tokenize, " ".join
+    return Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, tok, detok,
+                      batch_size=batch_size)
+
+
+def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=None,
+                        length_penalty=0.6):
+    """Translate a Multi30k split with a loaded checkpoint (greedy, or beam search of width
+    ``beam``) and score it with sacrebleu against the raw references.
+
+    Returns ``{"bleu", "bleu_cased", "signature", "signature_cased", "seconds" (translation
+    only), "sentences", "unknown_source_tokens", "split", "src", "tgt", "method",
+    "hypotheses", "sources", "references"}``.
+    """
+    extra = checkpoint_text_settings(loaded)
+    if beam is not None and (not isinstance(beam, int) or isinstance(beam, bool) or beam < 1):
+        raise ValueError(f"beam: expected a positive integer or None, got {beam!r}")
+    pairs = load_split(data_dir, split, extra["src_lang"], extra["tgt_lang"])
+    if not pairs:
+        raise ValueError(f"split {split!r}: no sentences in {data_dir}")
+    translator = translator_for(loaded)
+    sources = [s for s, _ in pairs]
+    start = time.perf_counter()
+    with warnings.catch_warnings():              # one summary line instead of a warning per line
+        warnings.filterwarnings("ignore", message=".*unknown words mapped to <unk>")
+        results = translator.translate(sources, method="beam" if beam else "greedy",
+                                       beam_size=beam or 1, length_penalty=length_penalty,
+                                       truncate=True)
+    seconds = time.perf_counter() - start
+    hyps = [r.text for r in results]
+    refs = [t for _, t in pairs]
+    scores = sacrebleu_scores(hyps, refs)
+    return {**scores, "seconds": seconds, "sentences": len(pairs),
+            "unknown_source_tokens": sum(len(r.unknown) for r in results), "split": split,
+            "src": extra["src_lang"], "tgt": extra["tgt_lang"],
+            "method": f"beam{beam}" if beam else "greedy",
+            "hypotheses": hyps, "sources": sources, "references": refs}

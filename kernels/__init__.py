@@ -2,27 +2,31 @@
 
 The same names and signatures as :mod:`npformer.functional`, so the modules can call either.
 Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
-cross-entropy, embedding scatter-add, dropout, the Adam update); the rest (the large matrix
-products in ``linear_*``, which NumPy already hands to BLAS, the masks, the head reshapes) are the
-reference functions themselves. Caches of a kernel forward only fit the same kernel's backward.
+cross-entropy, embedding scatter-add, dropout, the Adam update); every matrix product goes
+through ``matmul``, which measures BLAS against a Numba kernel once per shape and keeps the
+faster; the masks and head reshapes are the reference functions themselves. Caches of a
+kernel forward only fit the same kernel's backward.
 """
 from npformer.functional import (ACTIVATIONS, causal_mask, decoder_self_mask, gelu_backward,
-                                 gelu_forward, linear_backward, linear_forward, merge_heads,
-                                 padding_mask, relu_backward, relu_forward, softmax_backward,
-                                 softmax_forward, split_heads)
+                                 gelu_forward, merge_heads, padding_mask, relu_backward,
+                                 relu_forward, softmax_backward, softmax_forward, split_heads)
 
 from .adam import adam_step
-from .attention import attention_backward, attention_forward
+from .attention import attention_backward, attention_backward_into, attention_forward
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward, sinusoidal_positions
 from .layernorm import layernorm_backward, layernorm_forward
+from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax
+from .matmul import matmul
 
 __all__ = [
-    "ACTIVATIONS", "adam_step", "attention_backward", "attention_forward", "causal_mask",
+    "ACTIVATIONS", "adam_step", "attention_backward", "attention_backward_into",
+    "attention_forward", "causal_mask",
     "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_backward",
     "dropout_forward", "embedding_backward", "embedding_forward", "gelu_backward", "gelu_forward",
-    "layernorm_backward", "layernorm_forward", "linear_backward", "linear_forward", "log_softmax",
+    "layernorm_backward", "layernorm_forward", "linear_backward", "linear_backward_accumulate",
+    "linear_forward", "log_softmax", "matmul",
     "merge_heads", "padding_mask", "relu_backward", "relu_forward", "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads",
 ]

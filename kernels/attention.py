@@ -1,173 +1,106 @@
-"""Fused scaled dot-product attention: scores, scale, mask, softmax, dropout and the weighted sum
-of values in one compiled pass per (batch, head), and the matching backward pass.
+"""Scaled dot-product attention: batched matrix products through the measured dispatcher
+(``matmul.matmul``: NumPy/BLAS or a Numba kernel, whichever is faster for the shape), and one
+fused, head-parallel Numba pass for everything between them.
 
 Same maths, names and shapes as :func:`npformer.functional.attention_forward` /
-``attention_backward`` (see docs/backprop.md#attention). The B*H heads are independent, so the
-kernels run ``prange`` over chunks of them. Each head is copied into small contiguous tiles and
-multiplied with hand-written matrix products (T x d_head with T ~ 15 and d_head ~ 32: far too
-small for a BLAS call per head to pay), which LLVM vectorises because the tiles are contiguous.
+``attention_backward`` (see docs/backprop.md#attention). Measured (BENCHMARKS.md): a batched
+``np.matmul`` over B*H heads of (T, 32) x (32, T) runs at 50-90 GFLOP/s on one core (NumPy hands
+each head to BLAS with little overhead), faster than hand-written per-head tile products in Numba
+(~10 GFLOP/s: loops of 16-64 iterations are mostly loop overhead). What the reference does slowly
+is the element-wise work between the products: ``np.where`` for the mask, max, exp, sum, divide,
+dropout, and in backward five more passes. Here each of those is one pass over a row that stays
+in L1: scale + mask + max + exp + normalise + dropout forward; dropout + softmax backward + scale
+backward. float32 rows use a vectorisable ``exp`` (``_fastexp.exp32``); float64 keeps
+``math.exp``, so the float64 path matches the reference to ~1e-15.
 
-Outputs are written in (B, T, H, d) order and returned as (B, H, T, d) views, so that
-``merge_heads`` afterwards is a free reshape instead of a copy.
+Outputs are written in (B, T, H, d) order and returned as (B, H, T, d) views, so ``merge_heads``
+afterwards is a free reshape; :func:`attention_backward_into` writes dq, dk, dv straight into the
+caller's buffers (the self-attention module passes three slices of one (B, T, 3D) array).
 """
 import math
 
 import numpy as np
 from numba import prange
 
+from ._fastexp import exp32
 from ._jit import kernel
-
-
-@kernel
-def _load(src, dst):
-    """Copy a (T, d) strided view into a contiguous tile (so the products below vectorise)."""
-    for i in range(dst.shape[0]):
-        for c in range(dst.shape[1]):
-            dst[i, c] = src[i, c]
-
-
-@kernel
-def _load_t(src, dst):
-    """Copy the transpose of a (T, d) strided view into a contiguous (d, T) tile."""
-    for i in range(dst.shape[1]):
-        for c in range(dst.shape[0]):
-            dst[c, i] = src[i, c]
-
-
-@kernel
-def _matmul_nn(a, b, out):
-    """out = a b: a (M, K), b (K, N) -> out (M, N)."""
-    out[:, :] = 0.0
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            aij = a[i, j]
-            for c in range(b.shape[1]):
-                out[i, c] += aij * b[j, c]
-
-
-@kernel
-def _matmul_tn(a, b, out):
-    """out = a^T b: a (K, M), b (K, N) -> out (M, N)."""
-    out[:, :] = 0.0
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            aij = a[i, j]
-            for c in range(b.shape[1]):
-                out[j, c] += aij * b[i, c]
+from .matmul import matmul
 
 
 @kernel(parallel=True)
-def _scores(q, k, mask, scale, s):
-    """s = scale * q k^T minus each row's max over the unmasked entries; masked entries -inf.
+def _softmax_rows(s, mask, n_h, scale, neg_inf, fast_exp, keep, drop_scale, use_dropout, probs_d):
+    """In place: s (B*H, Tq*Tk), each head's raw scores flattened -> softmax(scale * s) over the
+    unmasked keys of each row.
 
-    q (B,H,Tq,dk), k (B,H,Tk,dk) (any strides), mask bool (B|1, H|1, Tq|1, Tk) -> s (B,H,Tq,Tk).
-    exp(s) is then the unnormalised softmax, 0 exactly where masked (all-masked rows included)."""
-    n_b, n_h, tq, dk = q.shape
-    tk = k.shape[2]
-    n_chunks = min(n_b * n_h, 64)
-    for ch in prange(n_chunks):
-        qq = np.empty((tq, dk), dtype=q.dtype)               # per-thread tiles, reused per head
-        kt = np.empty((dk, tk), dtype=q.dtype)               # K^T: the product vectorises over keys
-        p = np.empty((tq, tk), dtype=q.dtype)
-        for bh in range(ch * n_b * n_h // n_chunks, (ch + 1) * n_b * n_h // n_chunks):
-            b, h = bh // n_h, bh % n_h
-            _load(q[b, h], qq)
-            _load_t(k[b, h], kt)
-            _matmul_nn(qq, kt, p)                            # raw scores (Tq, Tk)
-            m = mask[b if mask.shape[0] > 1 else 0, h if mask.shape[1] > 1 else 0]
-            for i in range(tq):
-                mrow = m[i if m.shape[0] > 1 else 0]
-                row_max = -np.inf
-                for j in range(tk):
-                    if mrow[j]:
-                        p[i, j] *= scale
-                        row_max = max(row_max, p[i, j])
-                if row_max == -np.inf:                       # all masked: exp(-inf) = 0 everywhere
-                    row_max = 0.0
-                for j in range(tk):
-                    s[b, h, i, j] = p[i, j] - row_max if mrow[j] else -np.inf
+    mask bool (B|1, H|1, Tq|1, Tk), True = may attend. Masked entries are exactly 0; a row with
+    every key masked is all 0 (never NaN). With dropout, probs_d = probs * keep * drop_scale
+    (keep, probs_d shaped as s). ``scale`` and ``neg_inf`` have the dtype of s, so float32 rows
+    are computed in float32.
 
-
-@kernel(parallel=True)
-def _normalise_and_mix(e, v, keep, drop_scale, use_dropout, out):
-    """e = exp(s) (B,H,Tq,Tk) -> probs in place (rows sum to 1, all-zero rows stay 0), and
-    out (B,Tq,H,dv) = dropout(probs) v."""
-    n_b, n_h, tq, tk = e.shape
-    dv = v.shape[3]
-    n_chunks = min(n_b * n_h, 64)
-    for ch in prange(n_chunks):
-        vv = np.empty((tk, dv), dtype=v.dtype)
-        p = np.empty((tq, tk), dtype=v.dtype)
-        o = np.empty((tq, dv), dtype=v.dtype)
-        for bh in range(ch * n_b * n_h // n_chunks, (ch + 1) * n_b * n_h // n_chunks):
-            b, h = bh // n_h, bh % n_h
-            _load(v[b, h], vv)
-            for i in range(tq):
-                total = 0.0
-                for j in range(tk):
-                    total += e[b, h, i, j]
-                inv = 1.0 / total if total > 0.0 else 0.0
-                for j in range(tk):
-                    pij = e[b, h, i, j] * inv
-                    e[b, h, i, j] = pij
-                    if use_dropout:
-                        pij = pij * drop_scale if keep[b, h, i, j] else 0.0
-                    p[i, j] = pij
-            _matmul_nn(p, vv, o)                             # (Tq, dv)
-            for i in range(tq):
-                out[b, i, h] = o[i]
-
-
-@kernel(parallel=True)
-def _attention_bwd(dout, q, k, v, probs, keep, drop_scale, use_dropout, scale, dq, dk, dv):
-    """dout (B,H,Tq,dv) -> dq (B,Tq,H,dk), dk (B,Tk,H,dk), dv (B,Tk,H,dv), written in place."""
-    n_b, n_h, tq, d_k = q.shape
-    tk, d_v = k.shape[2], v.shape[3]
-    n_chunks = min(n_b * n_h, 64)
-    for ch in prange(n_chunks):
-        qq = np.empty((tq, d_k), dtype=q.dtype)
-        kk = np.empty((tk, d_k), dtype=q.dtype)
-        vt = np.empty((d_v, tk), dtype=q.dtype)             # V^T
-        go = np.empty((tq, d_v), dtype=q.dtype)             # dout tile
-        p = np.empty((tq, tk), dtype=q.dtype)               # probs
-        pd = np.empty((tq, tk), dtype=q.dtype)              # dropout(probs)
-        ds = np.empty((tq, tk), dtype=q.dtype)              # dL/dP', then dL/dS
-        gq = np.empty((tq, d_k), dtype=q.dtype)
-        gk = np.empty((tk, d_k), dtype=q.dtype)
-        gv = np.empty((tk, d_v), dtype=q.dtype)
-        for bh in range(ch * n_b * n_h // n_chunks, (ch + 1) * n_b * n_h // n_chunks):
-            b, h = bh // n_h, bh % n_h
-            _load(q[b, h], qq)
-            _load(k[b, h], kk)
-            _load_t(v[b, h], vt)
-            _load(dout[b, h], go)
-            _load(probs[b, h], p)
-            _matmul_nn(go, vt, ds)                           # dP' = dout V^T   (Tq, Tk)
-            if use_dropout:
-                for i in range(tq):
-                    for j in range(tk):
-                        kept = keep[b, h, i, j]
-                        pd[i, j] = p[i, j] * drop_scale if kept else 0.0
-                        ds[i, j] = ds[i, j] * drop_scale if kept else 0.0
-            else:
-                pd[:, :] = p
-            for i in range(tq):                              # softmax backward, times scale
-                dot = 0.0
-                for j in range(tk):
-                    dot += ds[i, j] * p[i, j]
-                for j in range(tk):
-                    ds[i, j] = p[i, j] * (ds[i, j] - dot) * scale
-            _matmul_nn(ds, kk, gq)                           # dq = dS K        (Tq, dk)
-            _matmul_tn(ds, qq, gk)                           # dk = dS^T q      (Tk, dk)
-            _matmul_tn(pd, go, gv)                           # dv = P'^T dout   (Tk, dv)
-            for i in range(tq):
-                dq[b, i, h] = gq[i]
+    Rows are only Tk ~ 16 long, too short for LLVM's vector loops (it vectorises 64 at a time and
+    runs shorter loops scalar), so the one costly step, exp, runs over the whole head as a single
+    flat loop. All loops start at 0 and index without division (both keep them vectorisable)."""
+    n_bh, tq_tk = s.shape
+    tk = mask.shape[3]
+    tq = tq_tk // tk
+    zero, one = scale - scale, scale / scale                 # 0 and 1 in the dtype of s
+    for bh in prange(n_bh):
+        head = s[bh]                                         # (Tq*Tk,) one head, contiguous
+        mb = bh // n_h if mask.shape[0] > 1 else 0
+        mh = bh % n_h if mask.shape[1] > 1 else 0
+        m = mask[mb, mh]                                     # (Tq|1, Tk)
+        mq = m.shape[0] > 1
+        for i in range(tq):                                  # scale; subtract the unmasked max
+            mi = i if mq else 0
+            row_max = neg_inf
             for j in range(tk):
-                dk[b, j, h] = gk[j]
-                dv[b, j, h] = gv[j]
+                x = head[i * tk + j] * scale
+                x = x if m[mi, j] else neg_inf
+                row_max = x if x > row_max else row_max
+            if row_max == neg_inf:                           # all masked: the row becomes 0
+                row_max = zero
+            for j in range(tk):
+                head[i * tk + j] = head[i * tk + j] * scale - row_max
+        if fast_exp:                                         # one long loop: vectorised
+            for idx in range(tq_tk):
+                head[idx] = exp32(head[idx])
+        else:
+            for idx in range(tq_tk):
+                head[idx] = math.exp(head[idx])
+        for i in range(tq):                                  # masked entries exactly 0; normalise
+            mi = i if mq else 0
+            total = zero
+            for j in range(tk):
+                e = head[i * tk + j] if m[mi, j] else zero
+                total += e
+                head[i * tk + j] = e
+            inv = one / total if total > zero else zero
+            for j in range(tk):
+                head[i * tk + j] *= inv
+        if use_dropout:
+            for idx in range(tq_tk):
+                probs_d[bh, idx] = head[idx] * drop_scale if keep[bh, idx] else zero
+
+
+@kernel(parallel=True)
+def _softmax_rows_backward(dp, probs, keep, drop_scale, use_dropout, scale):
+    """In place: dp (R, Tk) = dL/d(dropped probs) -> dL/d(raw scores):
+    dropout backward, softmax backward ds = p (dp - sum(dp p)), times the score scale."""
+    n_rows, tk = dp.shape
+    zero = scale - scale
+    for r in prange(n_rows):
+        if use_dropout:
+            for j in range(tk):
+                dp[r, j] = dp[r, j] * drop_scale if keep[r, j] else zero
+        dot = zero
+        for j in range(tk):
+            dot += dp[r, j] * probs[r, j]
+        for j in range(tk):
+            dp[r, j] = probs[r, j] * (dp[r, j] - dot) * scale
 
 
 _TRUE = np.ones((1, 1, 1, 1), dtype=bool)
+_TRUE_2D = np.ones((1, 1), dtype=bool)        # stands in for the keep-mask without dropout
 
 
 def _check_qkv(q, k, v):
@@ -182,6 +115,18 @@ def _check_qkv(q, k, v):
                          f"{q.dtype}, {k.dtype}, {v.dtype}")
 
 
+def _mask4(mask, full):
+    """A bool mask broadcastable to full = (B, H, Tq, Tk) -> contiguous (B|1, H|1, Tq|1, Tk)."""
+    if mask is None:
+        mask = _TRUE
+    mask_b = np.asarray(mask, dtype=bool)
+    mask_b = mask_b.reshape((1,) * (4 - mask_b.ndim) + mask_b.shape)
+    if mask_b.ndim != 4 or any(m not in (1, f) for m, f in zip(mask_b.shape, full)):
+        raise ValueError(f"mask: expected a bool array broadcastable to {full}, got shape "
+                         f"{np.shape(mask)}")
+    return np.ascontiguousarray(np.broadcast_to(mask_b, mask_b.shape[:3] + (full[3],)))
+
+
 def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
     """out = dropout(softmax(q k^T / sqrt(d_k), mask)) v, as the NumPy reference.
 
@@ -190,49 +135,65 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     ``rng`` exactly as the reference draws it, so both backends see the same masks.
     """
     _check_qkv(q, k, v)
-    n_b, n_h, tq, _ = q.shape
-    tk, dv = k.shape[2], v.shape[3]
+    n_b, n_h, tq, d_k = q.shape
+    tk, d_v = k.shape[2], v.shape[3]
     full = (n_b, n_h, tq, tk)
-    if mask is None:
-        mask = _TRUE
-    mask_b = np.asarray(mask, dtype=bool)
-    mask_b = mask_b.reshape((1,) * (4 - mask_b.ndim) + mask_b.shape)   # (B|1, H|1, Tq|1, Tk)
-    if mask_b.ndim != 4 or any(m not in (1, f) for m, f in zip(mask_b.shape, full)):
-        raise ValueError(f"mask: expected a bool array broadcastable to {full}, got shape "
-                         f"{np.shape(mask)}")
-    mask_b = np.ascontiguousarray(np.broadcast_to(mask_b, mask_b.shape[:3] + (tk,)))
+    mask_b = _mask4(mask, full)
+    scale = 1.0 / math.sqrt(d_k)
+    probs = matmul(q, k.swapaxes(-1, -2))                            # raw scores (B, H, Tq, Tk)
     use_dropout = bool(training and dropout_p > 0.0)
     if use_dropout:
         keep = rng.random(full, dtype=np.float32) >= dropout_p     # same draws as the reference
-        drop_scale = 1.0 / (1.0 - dropout_p)
-        drop_cache = (keep, q.dtype.type(drop_scale))
+        drop_scale = q.dtype.type(1.0 / (1.0 - dropout_p))
+        probs_d = np.empty_like(probs)
+        drop_cache = (keep, drop_scale)
     else:
-        keep, drop_scale, drop_cache = _TRUE, 1.0, None
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    out = np.empty((n_b, tq, n_h, dv), dtype=q.dtype)                # (B, Tq, H, dv)
-    probs = np.empty(full, dtype=q.dtype)                            # (B, H, Tq, Tk)
-    _scores(q, k, mask_b, scale, probs)                              # s - rowmax, -inf if masked
-    np.exp(probs, out=probs)             # NumPy's SIMD exp; a Numba loop would call scalar exp
-    _normalise_and_mix(probs, v, keep, drop_scale, use_dropout, out)
-    # the cache keeps the reference layout (probs at index 3); probs_d is recomputed in backward
-    return out.transpose(0, 2, 1, 3), (q, k, v, probs, None, drop_cache, scale)
+        keep, drop_scale, probs_d, drop_cache = _TRUE, q.dtype.type(1.0), probs, None
+    heads = (n_b * n_h, tq * tk)                                     # (B*H, Tq*Tk) views
+    _softmax_rows(probs.reshape(heads), mask_b, n_h, q.dtype.type(scale), q.dtype.type(-np.inf),
+                  q.dtype == np.float32, keep.reshape(heads) if use_dropout else _TRUE_2D,
+                  drop_scale, use_dropout, probs_d.reshape(heads))  # probs (B, H, Tq, Tk)
+    out = np.empty((n_b, tq, n_h, d_v), dtype=q.dtype)                # (B, Tq, H, dv)
+    out_bhtd = out.transpose(0, 2, 1, 3)                             # (B, H, Tq, dv) view
+    matmul(probs_d, v, out=out_bhtd)
+    return out_bhtd, (q, k, v, probs, probs_d, drop_cache, scale)
 
 
-def attention_backward(dout, cache):
-    """Gradients dq, dk, dv (shapes of q, k, v) of the fused forward; see the reference for the maths."""
-    q, k, v, probs, _, drop_cache, scale = cache
+def attention_backward_into(dout, cache, dq, dk, dv):
+    """attention_backward writing into given arrays dq (B, H, Tq, dk), dk (B, H, Tk, dk),
+    dv (B, H, Tk, dv) (views of a larger buffer are fine). Returns (dq, dk, dv)."""
+    q, k, v, probs, probs_d, drop_cache, scale = cache
     n_b, n_h, tq, d_k = q.shape
     tk, d_v = k.shape[2], v.shape[3]
     if dout.shape != (n_b, n_h, tq, d_v):
         raise ValueError(f"dout: expected shape {(n_b, n_h, tq, d_v)}, got {dout.shape}")
+    for name, arr, shape in (("dq", dq, q.shape), ("dk", dk, k.shape), ("dv", dv, v.shape)):
+        if arr.shape != shape or arr.dtype != q.dtype:
+            raise ValueError(f"{name}: expected a {q.dtype} array of shape {shape}, got "
+                             f"{arr.dtype} {arr.shape}")
     if drop_cache is None:
-        keep, drop_scale, use_dropout = _TRUE, 1.0, False
+        keep, drop_scale, use_dropout = _TRUE, q.dtype.type(1.0), False
     else:
-        keep, drop_scale = drop_cache
-        use_dropout = True
+        (keep, drop_scale), use_dropout = drop_cache, True
     dout = dout.astype(q.dtype, copy=False)
-    dq = np.empty((n_b, tq, n_h, d_k), dtype=q.dtype)                # (B, Tq, H, dk)
-    dk = np.empty((n_b, tk, n_h, d_k), dtype=q.dtype)                # (B, Tk, H, dk)
-    dv = np.empty((n_b, tk, n_h, d_v), dtype=q.dtype)                # (B, Tk, H, dv)
-    _attention_bwd(dout, q, k, v, probs, keep, float(drop_scale), use_dropout, scale, dq, dk, dv)
-    return dq.transpose(0, 2, 1, 3), dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
+    matmul(probs_d.swapaxes(-1, -2), dout, out=dv)                   # dv = P'^T dout (B,H,Tk,dv)
+    ds = matmul(dout, v.swapaxes(-1, -2))                            # dP' = dout v^T (B,H,Tq,Tk)
+    _softmax_rows_backward(ds.reshape(-1, tk), probs.reshape(-1, tk),
+                           keep.reshape(-1, tk) if use_dropout else _TRUE_2D,
+                           drop_scale, use_dropout, q.dtype.type(scale))     # dS, in place
+    matmul(ds, k, out=dq)                                            # dq = dS k      (B,H,Tq,dk)
+    matmul(ds.swapaxes(-1, -2), q, out=dk)                           # dk = dS^T q    (B,H,Tk,dk)
+    return dq, dk, dv
+
+
+def attention_backward(dout, cache):
+    """Gradients dq, dk, dv (shapes of q, k, v) of the forward; see the reference for the maths.
+
+    They are (B, H, T, d) views of (B, T, H, d) arrays, so ``merge_heads`` of each is free."""
+    q, k, v = cache[:3]
+    n_b, n_h, tq, d_k = q.shape
+    tk, d_v = k.shape[2], v.shape[3]
+    dq = np.empty((n_b, tq, n_h, d_k), dtype=q.dtype).transpose(0, 2, 1, 3)
+    dk = np.empty((n_b, tk, n_h, d_k), dtype=q.dtype).transpose(0, 2, 1, 3)
+    dv = np.empty((n_b, tk, n_h, d_v), dtype=q.dtype).transpose(0, 2, 1, 3)
+    return attention_backward_into(dout, cache, dq, dk, dv)

@@ -65,6 +65,8 @@ class MultiHeadAttention(Module):
         qk, h = self.qk_dim, self.n_heads
         f = self._ops
         dctx = F.split_heads(self.out_proj.backward(dout), h)    # (B, H, T, d)
+        if hasattr(f, "attention_backward_into"):
+            return self._backward_fused(f, dctx, is_self, proj_cache, attn_cache)
         dq, dk, dv = f.attention_backward(dctx, attn_cache)
         dq, dk, dv = F.merge_heads(dq), F.merge_heads(dk), F.merge_heads(dv)   # (B, T|S, .)
         if is_self:
@@ -80,4 +82,26 @@ class MultiHeadAttention(Module):
         self.in_proj_weight.grad[qk:] += dwkv
         self.in_proj_bias.grad[:qk] += dbq
         self.in_proj_bias.grad[qk:] += dbkv
+        return dx, dmem
+
+    def _backward_fused(self, f, dctx, is_self, proj_cache, attn_cache):
+        """Numba backend: dq, dk, dv are written straight into the (B, T, 2*qk + D) gradient of
+        the fused projection (no concatenation), and the weight gradients are added into .grad."""
+        qk, h = self.qk_dim, self.n_heads
+        q, k, v = attn_cache[:3]                                   # (B, H, T|S, d)
+        n_b, tq, tk = q.shape[0], q.shape[2], k.shape[2]
+        gw, gb = self.in_proj_weight.grad, self.in_proj_bias.grad
+        if is_self:
+            dqkv = np.empty((n_b, tq, 2 * qk + self.d_model), dtype=q.dtype)   # (B, T, 2*qk + D)
+            f.attention_backward_into(dctx, attn_cache, F.split_heads(dqkv[..., :qk], h),
+                                      F.split_heads(dqkv[..., qk:2 * qk], h),
+                                      F.split_heads(dqkv[..., 2 * qk:], h))
+            return f.linear_backward_accumulate(dqkv, proj_cache, gw, gb)
+        q_cache, kv_cache = proj_cache
+        dq = np.empty((n_b, tq, qk), dtype=q.dtype)                            # (B, T, qk)
+        dkv = np.empty((n_b, tk, qk + self.d_model), dtype=q.dtype)            # (B, S, qk + D)
+        f.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h),
+                                  F.split_heads(dkv[..., :qk], h), F.split_heads(dkv[..., qk:], h))
+        dx = f.linear_backward_accumulate(dq, q_cache, gw[:qk], gb[:qk])
+        dmem = f.linear_backward_accumulate(dkv, kv_cache, gw[qk:], gb[qk:])
         return dx, dmem

@@ -1,0 +1,56 @@
+"""Linear layer forward/backward with every product through the measured dispatcher
+(:func:`npformer.kernels.matmul.matmul`), and a backward that adds the weight gradients into the
+caller's accumulators through reused scratch buffers.
+
+Same names, shapes and cache as :mod:`npformer.functional.linear` (docs/backprop.md#linear).
+"""
+import numpy as np
+
+from .matmul import matmul
+
+_scratch = {}                     # (shape, dtype) -> reusable buffer for dW before it is added
+
+
+def _buffer(shape, dtype):
+    """A per-shape scratch array, reused across calls (one thread at a time)."""
+    key = (shape, np.dtype(dtype).str)
+    buf = _scratch.get(key)
+    if buf is None:
+        buf = _scratch[key] = np.empty(shape, dtype=dtype)
+    return buf
+
+
+def linear_forward(x, w, b=None):
+    """y = x @ w.T + b. Shape: x (..., D_in), w (D_out, D_in), b (D_out,) or None -> (..., D_out)."""
+    x2 = x.reshape(-1, x.shape[-1])                  # (N, D_in)
+    y = matmul(x2, w.T)                              # (N, D_out)
+    if b is not None:
+        y += b
+    return y.reshape(*x.shape[:-1], w.shape[0]), (x2, x.shape, w)
+
+
+def linear_backward(dy, cache):
+    """dx = dY W, dw = dY^T X, db = sum_n dY_n; returns dx (..., D_in), dw (D_out, D_in), db."""
+    x2, x_shape, w = cache
+    dy2 = dy.reshape(-1, dy.shape[-1])               # (N, D_out)
+    dx = matmul(dy2, w).reshape(x_shape)
+    dw = matmul(dy2.T, x2)
+    return dx, dw, dy2.sum(axis=0)
+
+
+def linear_backward_accumulate(dy, cache, dw_acc, db_acc=None):
+    """As :func:`linear_backward`, but adds dw into ``dw_acc`` (D_out, D_in) and db into
+    ``db_acc`` (D_out,) in place (the parameters' ``.grad``) instead of returning new arrays.
+    dw goes through a reused scratch buffer, not a fresh (D_out, D_in) allocation per call.
+    Returns dx (..., D_in)."""
+    x2, x_shape, w = cache
+    if dw_acc.shape != w.shape or (db_acc is not None and db_acc.shape != w.shape[:1]):
+        raise ValueError(f"dw_acc, db_acc: expected shapes {w.shape} and {w.shape[:1]}, got "
+                         f"{dw_acc.shape} and {None if db_acc is None else db_acc.shape}")
+    dy2 = dy.reshape(-1, dy.shape[-1])               # (N, D_out)
+    dx = matmul(dy2, w).reshape(x_shape)
+    dw = matmul(dy2.T, x2, out=_buffer(w.shape, w.dtype))
+    dw_acc += dw
+    if db_acc is not None:
+        db_acc += dy2.sum(axis=0)
+    return dx

@@ -1,0 +1,172 @@
+"""Matrix products with a measured choice per shape: BLAS through NumPy, or a small Numba kernel.
+
+``matmul(a, b, out=None)`` computes ``a @ b`` for 2-D or equally-batched 3-D/4-D operands. The
+first time a *shape signature* appears (shapes, dtype, which operands are transposed views,
+whether ``out`` is a strided view), every candidate runs a few times and the fastest is kept in
+memory for that signature; later calls go straight to it. Candidates:
+
+- ``"blas"``: ``np.matmul`` as given (NumPy hands each matrix to OpenBLAS);
+- ``"blas-contiguous"``: ``np.matmul`` after copying strided operands to contiguous ones (NumPy
+  takes a slower path for some transposed batched views);
+- ``"numba"``: :func:`_gemm_rows`, a row-parallel Numba kernel with no per-call BLAS overhead
+  (row i of the output accumulates ``a[i, k] * b[k, :]`` over k, contiguous inner loop).
+
+Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix go to BLAS without a trial:
+there one BLAS call runs for >= 0.1 ms, so the ~1 us call overhead the Numba kernel saves is
+< 1%, while a trial of the kernel on, say, the (1920 x 256) @ (256 x 5893) generator product
+would cost ~0.1 s (and training sees a new row count N = B*T with almost every batch).
+``timings()`` returns every measurement (the benchmark prints them).
+"""
+import time
+
+import numpy as np
+from numba import prange
+
+from ._jit import kernel
+
+MEASURE_LIMIT = 1 << 22          # multiply-adds per matrix (M * K * N); see the module docstring
+TRIAL_LIMIT = 1 << 28            # multiply-adds of a whole batched product worth a trial
+TRIALS = 3                       # timed calls per candidate (the fastest counts)
+
+_choice = {}                     # signature -> name of the fastest candidate
+_timings = {}                    # signature -> {candidate: seconds}
+
+
+@kernel(parallel=True)
+def _gemm_rows(a, b, out):
+    """out[g] = a[g] @ b[g]; a (G, M, K), b (G, K, N), out (G, M, N), all C-contiguous.
+
+    One prange task per output row (G*M of them); loops start at 0 and the innermost runs over
+    contiguous N, so LLVM vectorises it."""
+    n_g, m, kk = a.shape
+    n = b.shape[2]
+    zero = a[0, 0, 0] - a[0, 0, 0]
+    for r in prange(n_g * m):
+        g, i = r // m, r % m                 # (indices, not row views: a view per row would
+        for j in range(n):                   #  update a shared reference count from all threads)
+            out[g, i, j] = zero
+        for k in range(kk):
+            aik = a[g, i, k]
+            for j in range(n):
+                out[g, i, j] += aik * b[g, k, j]
+
+
+@kernel(parallel=True)
+def _gemm_rows_nt(a, bt, out):
+    """out[g] = a[g] @ bt[g].T; a (G, M, K), bt (G, N, K), out (G, M, N), all C-contiguous.
+
+    For b given as a transposed view (``x @ w.T`` of a linear layer): each output entry is a dot
+    product of two contiguous length-K rows (vectorised over K)."""
+    n_g, m, kk = a.shape
+    n = bt.shape[1]
+    for r in prange(n_g * m):
+        g, i = r // m, r % m
+        for j in range(n):
+            acc = a[g, i, 0] - a[g, i, 0]
+            for k in range(kk):
+                acc += a[g, i, k] * bt[g, j, k]
+            out[g, i, j] = acc
+
+
+def _as_batched(x):
+    """(..., M, K) -> (G, M, K) (a view when possible)."""
+    return x.reshape((-1,) + x.shape[-2:])
+
+
+def _blas(a, b, out):
+    return np.matmul(a, b, out=out)
+
+
+def _blas_contiguous(a, b, out):
+    return np.matmul(np.ascontiguousarray(a), np.ascontiguousarray(b), out=out)
+
+
+def _numba(a, b, out):
+    a3 = np.ascontiguousarray(_as_batched(a))
+    res = np.empty(a.shape[:-1] + (b.shape[-1],), dtype=a.dtype)
+    if _layout(b) == "T" and b.swapaxes(-1, -2).flags.c_contiguous:     # b = w.T: no copy
+        _gemm_rows_nt(a3, _as_batched(b.swapaxes(-1, -2)), _as_batched(res))
+    else:
+        _gemm_rows(a3, np.ascontiguousarray(_as_batched(b)), _as_batched(res))
+    if out is None:
+        return res
+    out[...] = res
+    return out
+
+
+CANDIDATES = {"blas": _blas, "blas-contiguous": _blas_contiguous, "numba": _numba}
+
+
+def _layout(x):
+    if x.flags.c_contiguous:
+        return "C"
+    return "T" if x.strides[-2] == x.itemsize else "S"       # transposed view / other strides
+
+
+def _signature(a, b, out):
+    return (a.shape, b.shape, a.dtype.str, _layout(a), _layout(b),
+            None if out is None else _layout(out))
+
+
+def _check(a, b, out):
+    if a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: expected a (..., M, K) and b (..., K, N) with the same batch "
+                         f"shape, got {a.shape} and {b.shape}")
+    if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
+        raise ValueError(f"matmul: expected a and b both float32 or both float64, got {a.dtype} "
+                         f"and {b.dtype}")
+    expected = a.shape[:-1] + (b.shape[-1],)
+    if out is not None and (out.shape != expected or out.dtype != a.dtype):
+        raise ValueError(f"out: expected a {a.dtype} array of shape {expected}, got {out.dtype} "
+                         f"{out.shape}")
+
+
+def _measure(sig, a, b, out):
+    results = {}
+    for name, fn in CANDIDATES.items():
+        if name == "blas-contiguous" and _layout(a) == "C" and _layout(b) == "C":
+            continue                                          # identical to "blas"
+        fn(a, b, out)                                         # warm-up (compiles the kernel once)
+        best = np.inf
+        for _ in range(TRIALS):
+            t0 = time.perf_counter()
+            fn(a, b, out)
+            best = min(best, time.perf_counter() - t0)
+        results[name] = best
+    _timings[sig] = results
+    _choice[sig] = min(results, key=results.get)
+    return _choice[sig]
+
+
+def matmul(a, b, out=None):
+    """a @ b by the implementation measured fastest for this shape signature.
+
+    Shape: a (..., M, K), b (..., K, N) with equal leading (batch) shapes -> (..., M, N); ``out``
+    (optional) receives the result and may be a strided view."""
+    _check(a, b, out)
+    sig = _signature(a, b, out)
+    name = _choice.get(sig)
+    if name is None:
+        per_matrix = a.shape[-2] * a.shape[-1] * b.shape[-1]
+        if per_matrix > MEASURE_LIMIT or per_matrix * (a.size // a.shape[-2] // a.shape[-1]) > TRIAL_LIMIT:
+            name = _choice[sig] = "blas"
+        else:
+            name = _measure(sig, a, b, out)
+    return CANDIDATES[name](a, b, out)
+
+
+def choice(a, b, out=None):
+    """The candidate ``matmul`` uses (or would measure and use) for these operands."""
+    sig = _signature(a, b, out)
+    return _choice.get(sig)
+
+
+def timings():
+    """{signature: {candidate: best seconds}} of every shape measured so far in this process."""
+    return {sig: dict(t) for sig, t in _timings.items()}
+
+
+def reset():
+    """Forget every measurement (e.g. after changing the thread counts)."""
+    _choice.clear()
+    _timings.clear()

@@ -1,0 +1,124 @@
+"""The matmul dispatcher and its Numba kernels, the linear layer on top of it, and the
+vectorisable float32 exp."""
+import importlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npformer import backend
+from npformer import functional as F
+
+K = backend.load("numba")
+M = importlib.import_module("npformer.kernels.matmul")     # (the package's `matmul` is the function)
+exp32 = importlib.import_module("npformer.kernels._fastexp").exp32
+
+TOL = {np.float32: 2e-5, np.float64: 1e-12}
+
+
+def operand(rng, shape, dtype, layout):
+    """A (…, R, C) array as a contiguous array, a transposed view or a strided slice."""
+    if layout == "T":
+        return rng.standard_normal(shape[:-2] + shape[-1:] + shape[-2:-1]).astype(dtype).swapaxes(-1, -2)
+    if layout == "S":
+        return rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(dtype)[..., ::2]
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@settings(deadline=None, max_examples=30)
+@given(batch=st.sampled_from([(), (3,), (2, 3)]), m=st.integers(1, 9), k=st.integers(1, 9),
+       n=st.integers(1, 9), la=st.sampled_from("CTS"), lb=st.sampled_from("CTS"),
+       dtype=st.sampled_from(list(TOL)), seed=st.integers(0, 2**16))
+def test_every_candidate_equals_numpy(batch, m, k, n, la, lb, dtype, seed):
+    rng = np.random.default_rng(seed)
+    a, b = operand(rng, batch + (m, k), dtype, la), operand(rng, batch + (k, n), dtype, lb)
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    scale = max(1.0, float(np.abs(expected).max()))
+    for name, fn in M.CANDIDATES.items():
+        out = np.empty(batch + (n, m), dtype).swapaxes(-1, -2)          # a strided out view
+        res = fn(a, b, out)
+        assert res.dtype == dtype, name
+        np.testing.assert_allclose(out, expected, rtol=0, atol=TOL[dtype] * scale * k, err_msg=name)
+        np.testing.assert_allclose(fn(a, b, None), expected, rtol=0, atol=TOL[dtype] * scale * k,
+                                   err_msg=name)
+
+
+def test_dispatcher_measures_once_and_keeps_the_fastest():
+    M.reset()
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((4, 5, 6)), rng.standard_normal((4, 6, 7))
+    assert M.choice(a, b) is None
+    np.testing.assert_allclose(M.matmul(a, b), a @ b, rtol=0, atol=1e-12)
+    (sig, times), = M.timings().items()
+    assert set(times) == {"blas", "numba"}                   # both contiguous: one BLAS variant
+    assert M.choice(a, b) == min(times, key=times.get)
+    M.matmul(a, b)
+    assert len(M.timings()) == 1                             # same signature: no new measurement
+    M.matmul(a, b.swapaxes(-1, -2).copy().swapaxes(-1, -2))  # a transposed view: a new signature
+    assert len(M.timings()) == 2 and "blas-contiguous" in list(M.timings().values())[1]
+
+
+def test_large_products_go_to_blas_without_a_trial():
+    M.reset()
+    a = np.ones((1, M.MEASURE_LIMIT // 64 + 1), np.float32)
+    b = np.ones((a.shape[1], 64), np.float32)
+    np.testing.assert_array_equal(M.matmul(a, b), np.full((1, 64), a.shape[1], np.float32))
+    assert M.choice(a, b) == "blas" and M.timings() == {}
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 3), (4, 5)), ((2, 3, 4), (3, 4, 5)),
+                                             ((2, 3, 4), (4, 5))])
+def test_mismatched_operands_are_rejected(a_shape, b_shape):
+    with pytest.raises(ValueError, match="matmul"):
+        M.matmul(np.zeros(a_shape), np.zeros(b_shape))
+
+
+def test_wrong_dtype_and_out_are_rejected():
+    with pytest.raises(ValueError, match="float32 or both float64"):
+        M.matmul(np.zeros((2, 3), np.float32), np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="out"):
+        M.matmul(np.zeros((2, 3)), np.zeros((3, 4)), out=np.zeros((2, 5)))
+
+
+@settings(deadline=None, max_examples=20)
+@given(lead=st.sampled_from([(5,), (2, 3)]), d_in=st.integers(1, 12), d_out=st.integers(1, 12),
+       bias=st.booleans(), dtype=st.sampled_from(list(TOL)), seed=st.integers(0, 2**16))
+def test_linear_matches_reference_and_accumulates(lead, d_in, d_out, bias, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(lead + (d_in,)).astype(dtype)
+    w = rng.standard_normal((d_out, d_in)).astype(dtype)
+    b = rng.standard_normal(d_out).astype(dtype) if bias else None
+    dy = rng.standard_normal(lead + (d_out,)).astype(dtype)
+    y_ref, c_ref = F.linear_forward(x, w, b)
+    y, c = K.linear_forward(x, w, b)
+    np.testing.assert_allclose(y, y_ref, rtol=0, atol=TOL[dtype] * 10)
+    dx_ref, dw_ref, db_ref = F.linear_backward(dy, c_ref)
+    for got, ref in zip(K.linear_backward(dy, c), (dx_ref, dw_ref, db_ref)):
+        np.testing.assert_allclose(got, ref, rtol=0, atol=TOL[dtype] * 10)
+    dw_acc, db_acc = np.ones_like(w), np.ones(d_out, dtype)            # accumulate onto 1
+    dx = K.linear_backward_accumulate(dy, c, dw_acc, db_acc if bias else None)
+    np.testing.assert_allclose(dx, dx_ref, rtol=0, atol=TOL[dtype] * 10)
+    np.testing.assert_allclose(dw_acc, 1 + dw_ref, rtol=0, atol=TOL[dtype] * 10)
+    np.testing.assert_allclose(db_acc, 1 + db_ref if bias else 1, rtol=0, atol=TOL[dtype] * 10)
+
+
+def test_linear_accumulate_rejects_wrong_accumulators():
+    _, cache = K.linear_forward(np.zeros((2, 3)), np.zeros((4, 3)))
+    with pytest.raises(ValueError, match="dw_acc"):
+        K.linear_backward_accumulate(np.zeros((2, 4)), cache, np.zeros((3, 4)))
+
+
+def test_exp32_relative_error_is_about_two_ulp():
+    from numba import njit
+
+    @njit
+    def run(x, out):
+        for i in range(x.shape[0]):
+            out[i] = exp32(x[i])
+    x = np.concatenate([np.linspace(-87, 88, 200_001), [0.0, -1e-8, 1e-8]]).astype(np.float32)
+    out = np.empty_like(x)
+    run(x, out)
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(out - exact) / exact) < 2.5e-7                 # float32 eps: 1.19e-7
+    assert out.dtype == np.float32 and out[-3] == 1.0

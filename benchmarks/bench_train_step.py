@@ -2,11 +2,17 @@
 backends) and PyTorch eager on the same architecture, thread count and batch, in one run.
 
     python benchmarks/bench_train_step.py [--config base|big] [--repeats 7] [--threads 2]
+                                          [--blas-threads 1] [--profile]
 
 Each implementation runs in its own subprocess, so its peak resident memory
 (``resource.getrusage``) is its own. Prints ms/step (median after warm-up), tokens/s (source +
 target tokens), achieved GFLOP/s (FLOPs counted analytically) and peak RSS, and ratios vs PyTorch.
 PyTorch is skipped, with a message, when it is not installed.
+
+npformer runs under its runtime policy (``npformer.backend.configure_runtime``): Numba kernels on
+``--threads``, BLAS on ``--blas-threads`` (default 1, the policy), freed memory kept for reuse.
+PyTorch gets ``torch.set_num_threads(--threads)``. ``--profile`` prints, for the npformer numba
+path, the 25 functions with the most cumulative time over the timed steps (cProfile).
 """
 import argparse
 import json
@@ -64,7 +70,7 @@ def time_steps(step, repeats):
     return sorted(times)
 
 
-def run_npformer(c, backend_name, repeats):
+def run_npformer(c, backend_name, repeats, threads, blas_threads, profile=False):
     import numpy as np
 
     sys.path.insert(0, str(ROOT))
@@ -72,6 +78,7 @@ def run_npformer(c, backend_name, repeats):
     from npformer import backend
 
     backend.set_backend(backend_name)
+    backend.configure_runtime(threads=threads, blas_threads=blas_threads)
     model = nf.Transformer(c["src_vocab_size"], c["tgt_vocab_size"], d_model=c["d_model"],
                            n_heads=c["n_heads"], d_ff=c["d_ff"],
                            n_encoder_layers=c["n_encoder_layers"],
@@ -86,7 +93,17 @@ def run_npformer(c, backend_name, repeats):
         _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
         model.backward(dlogits)
         opt.step()
-    return time_steps(train_step, repeats)
+    if not profile:
+        return time_steps(train_step, repeats)
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    times = time_steps(lambda: (prof.enable(), train_step(), prof.disable()), repeats)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(25)
+    print(out.getvalue(), file=sys.stderr)
+    return times
 
 
 def run_torch(c, threads, repeats):
@@ -121,7 +138,8 @@ def worker(args):
     if args.worker == "torch-eager":
         times = run_torch(c, args.threads, args.repeats)
     else:
-        times = run_npformer(c, args.worker.split("-")[1], args.repeats)
+        times = run_npformer(c, args.worker.split("-")[1], args.repeats, args.threads,
+                             args.blas_threads, args.profile and args.worker == "npformer-numba")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss      # Linux: kilobytes
     print(json.dumps({"times": times, "peak_mb": peak_kb / 1024}))
 
@@ -131,13 +149,16 @@ def launch(name, args):
     for var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(args.threads)
     cmd = [sys.executable, __file__, "--worker", name, "--config", args.config,
-           "--repeats", str(args.repeats), "--threads", str(args.threads)]
+           "--repeats", str(args.repeats), "--threads", str(args.threads),
+           "--blas-threads", str(args.blas_threads)] + (["--profile"] if args.profile else [])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         if name == "torch-eager" and "No module named 'torch'" in out.stderr:
             print("torch-eager: skipped, PyTorch is not installed")
             return None
         raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")
+    if args.profile and out.stderr.strip():
+        print(f"--- profile of {name} ---\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -146,14 +167,18 @@ def main():
     ap.add_argument("--config", choices=sorted(CONFIGS), default="base")
     ap.add_argument("--repeats", type=int, default=7, help="timed steps per implementation (>= 5)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--blas-threads", type=int, default=1,
+                    help="npformer's BLAS threads (default 1: npformer's policy)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the npformer numba steps")
     ap.add_argument("--only", choices=IMPLEMENTATIONS, action="append",
                     help="run only these implementations (repeatable)")
     ap.add_argument("--worker", choices=IMPLEMENTATIONS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.repeats < 5:
         ap.error(f"--repeats: expected at least 5, got {args.repeats}")
-    if args.threads < 1:
-        ap.error(f"--threads: expected a positive count, got {args.threads}")
+    if args.threads < 1 or args.blas_threads < 1:
+        ap.error(f"--threads, --blas-threads: expected positive counts, got {args.threads}, "
+                 f"{args.blas_threads}")
     if args.worker:
         return worker(args)
 
@@ -162,7 +187,8 @@ def main():
     tokens = c["batch"] * (c["src_len"] + c["tgt_len"])
     print(f"config {args.config}: {c}")
     print(f"{flops / 1e9:.1f} GFLOP/step (matrix products), {tokens} tokens/step, "
-          f"{args.threads} threads, median of {args.repeats} steps after 2 warm-up steps")
+          f"{args.threads} threads (npformer BLAS: {args.blas_threads}), median of {args.repeats} "
+          f"steps after 2 warm-up steps; load average {os.getloadavg()[0]:.2f}")
     results = {}
     for name in args.only or IMPLEMENTATIONS:
         res = launch(name, args)
@@ -177,6 +203,7 @@ def main():
         ratio = f"{(ref['times'][len(ref['times']) // 2]) / med:8.2f}x" if ref else "      n/a"
         print(f"{name:16s} {1e3 * med:9.1f} {1e3 * t[0]:8.1f} {tokens / med:9.0f} "
               f"{flops / med / 1e9:8.1f} {res['peak_mb']:12.0f} {ratio}")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -124,3 +124,36 @@ def test_gradcheck_whole_tiny_model_on_numba(restore_backend):
     params = model.flat_params.copy()
     result = nf.gradcheck(f, [params], max_entries=150, names=["all parameters"])
     assert result.ok, result
+
+
+def test_configure_runtime_sets_threads_and_rejects_bad_counts():
+    import numba
+    previous = numba.get_num_threads()
+    try:
+        result = backend.configure_runtime(threads=1, blas_threads=1)
+        assert result["threads"] == 1 and numba.get_num_threads() == 1
+        assert result["blas_threads"] == 1 and result["blas_set"] in (True, False)
+    finally:
+        numba.set_num_threads(previous)
+    with pytest.raises(ValueError, match="threads"):
+        backend.set_numba_threads(numba.config.NUMBA_NUM_THREADS + 1)
+    with pytest.raises(ValueError, match="blas_threads"):
+        backend.set_blas_threads(0)
+    with pytest.raises(ValueError, match="blas_threads"):
+        backend.set_blas_threads(True)
+
+
+def test_blas_thread_setting_reaches_openblas():
+    """With NumPy's OpenBLAS wheels, the setter is found and the count read back matches."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="2")
+    code = ("import ctypes, numpy; from npformer import backend\n"
+            "ok = backend.set_blas_threads(1)\n"
+            "libs = backend._openblas_libraries()\n"
+            "get = [getattr(ctypes.CDLL(p), n, None) for p in libs for n in "
+            "('scipy_openblas_get_num_threads64_', 'openblas_get_num_threads')]\n"
+            "get = [g for g in get if g]\n"
+            "print(ok, get[0]() if get else 'none')")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    ok, count = out.stdout.split()
+    assert ok == "True" and count == "1"

@@ -11,32 +11,13 @@ The environment variable only works before NumPy is loaded; this sets the count 
 through OpenBLAS's own ``openblas_set_num_threads`` (NumPy's wheels ship it as
 ``scipy_openblas_set_num_threads64_``).
 """
-import ctypes
-import glob
-import os
-
-_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-            "openblas_set_num_threads64_", "openblas_set_num_threads")
-
-
-def _openblas_libraries():
-    import numpy
-    libs = os.path.join(os.path.dirname(numpy.__file__), os.pardir, "numpy.libs")   # Linux wheels
-    return sorted(glob.glob(os.path.join(libs, "*openblas*")))
+from .. import backend
 
 
 def set_blas_threads(n):
-    """Use ``n`` BLAS threads from now on. Returns True if an OpenBLAS was found and set."""
-    if not isinstance(n, int) or n < 1:
+    """Use ``n`` BLAS threads from now on. Returns True if an OpenBLAS was found and set.
+
+    The policy and the setter live in :mod:`npformer.backend` (``configure_runtime``)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"--blas-threads: expected a positive integer, got {n!r}")
-    for path in _openblas_libraries():
-        try:
-            lib = ctypes.CDLL(path)          # already loaded by NumPy: the same library instance
-        except OSError:
-            continue
-        for name in _SETTERS:
-            setter = getattr(lib, name, None)
-            if setter is not None:
-                setter(ctypes.c_int(n))
-                return True
-    return False
+    return backend.set_blas_threads(n)

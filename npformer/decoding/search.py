@@ -163,12 +163,24 @@ def length_penalty_gnmt(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def _top_candidates(cand, n):
+    """Column indices of the ``n`` largest entries of each row of ``cand`` (B, M), best first,
+    ties by index. ``argpartition`` finds them in O(M), then only those n are sorted."""
+    n = min(n, cand.shape[1])
+    part = np.argpartition(-cand, n - 1, axis=1)[:, :n]                  # (B, n), unordered
+    vals = np.take_along_axis(cand, part, axis=1)
+    order = np.lexsort((part, -vals), axis=1)                            # by score, then index
+    return np.take_along_axis(part, order, axis=1)
+
+
 def beam_search(model, src, beam_size=4, length_penalty=0.6, max_new_tokens=None,
                 bos_id=BOS_ID, eos_id=EOS_ID):
     """Keep the ``beam_size`` best prefixes per sentence; return the best finished one.
 
     Finished hypotheses are ranked by log-probability / ``length_penalty_gnmt(len, alpha)``
-    (length counts the ``<eos>``). All B * beam_size prefixes run as one batch through the cache.
+    (length counts the ``<eos>``). The prefixes of all running sentences go as one batch of
+    (running sentences * beam_size) rows through the cache; a sentence leaves the batch as soon
+    as no open prefix can beat its best finished hypothesis.
     """
     if not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
         raise ValueError(f"beam_size: expected a positive integer, got {beam_size!r}")
@@ -178,27 +190,29 @@ def beam_search(model, src, beam_size=4, length_penalty=0.6, max_new_tokens=None
     max_new = _check_max_new(model, src, max_new_tokens)
     b, k = src.shape[0], int(beam_size)
     state = IncrementalDecoder(model).start(np.repeat(src, k, axis=0))   # rows (B*K,)
+    active = np.arange(b)                        # sentences still searching, k rows each
     # only the first beam of each sentence is live at the start (the others are copies)
-    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], b)             # (B*K,)
+    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], b)             # (A*K,)
     seqs = [[] for _ in range(b * k)]
     probs = [[] for _ in range(b * k)]
     prev = np.full(b * k, bos_id, dtype=np.int64)
     finished = [[] for _ in range(b)]                                    # (norm score, ids, probs)
+    bound_norm = length_penalty_gnmt(max_new, length_penalty)
 
     for t in range(max_new):
-        logp = _log_softmax(state.step(prev), [model.pad_id, bos_id])       # (B*K, V)
+        a = len(active)
+        logp = _log_softmax(state.step(prev), [model.pad_id, bos_id])       # (A*K, V)
         v = logp.shape[1]
-        cand = (scores[:, None] + logp).reshape(b, k * v)                # (B, K*V)
-        top = np.argsort(-cand, axis=1, kind="stable")[:, :2 * k]        # (B, 2K) best first
+        cand = (scores[:, None] + logp).reshape(a, k * v)                # (A, K*V)
+        top = _top_candidates(cand, 2 * k)                               # (A, 2K) best first
         new_rows, new_tok, new_scores = [], [], []
-        for s in range(b):
-            kept = 0
-            best_open = -np.inf
-            for c in top[s]:
-                score = cand[s, c]
+        for j in range(a):
+            s, kept = active[j], 0
+            for c in top[j]:
+                score = cand[j, c]
                 if score == -np.inf:
                     break
-                row, tok = s * k + c // v, int(c % v)
+                row, tok = j * k + c // v, int(c % v)
                 if tok == eos_id:
                     norm = score / length_penalty_gnmt(t + 1, length_penalty)
                     finished[s].append((norm, list(seqs[row]),
@@ -207,12 +221,11 @@ def beam_search(model, src, beam_size=4, length_penalty=0.6, max_new_tokens=None
                 new_rows.append(row)
                 new_tok.append(tok)
                 new_scores.append(score)
-                best_open = max(best_open, score)
                 kept += 1
                 if kept == k:
                     break
             while kept < k:                                              # pad with dead beams
-                new_rows.append(s * k)
+                new_rows.append(j * k)
                 new_tok.append(eos_id)
                 new_scores.append(-np.inf)
                 kept += 1
@@ -220,28 +233,39 @@ def beam_search(model, src, beam_size=4, length_penalty=0.6, max_new_tokens=None
         probs = [probs[r] + [float(np.exp(logp[r, tok]))] for r, tok in zip(new_rows, new_tok)]
         seqs = [seqs[r] + [tok] for r, tok in zip(new_rows, new_tok)]
         scores = np.array(new_scores)
-        # stop a sentence when K hypotheses are finished and no open beam can beat the best:
+        # a sentence is done when K hypotheses are finished and no open beam can beat the best:
         # log-probabilities only fall, and with alpha >= 0 the best possible normaliser is the
         # largest length still reachable
-        best_norm_bound = scores.reshape(b, k).max(axis=1) / length_penalty_gnmt(max_new, length_penalty)
-        all_done = True
-        for s in range(b):
-            if len(finished[s]) >= k and max(f[0] for f in finished[s]) >= best_norm_bound[s]:
-                scores[s * k:(s + 1) * k] = -np.inf
-            if np.isfinite(scores[s * k:(s + 1) * k]).any():
-                all_done = False
-        if all_done:
+        best_open = scores.reshape(a, k).max(axis=1)                     # (A,)
+        keep = np.ones(a, dtype=bool)
+        for j in range(a):
+            f = finished[active[j]]
+            if (len(f) >= k and max(x[0] for x in f) >= best_open[j] / bound_norm) \
+                    or not np.isfinite(best_open[j]):
+                keep[j] = False
+        if not keep.any():
+            active = active[:0]
             break
+        if not keep.all():                       # drop finished sentences from the batch
+            rows = np.flatnonzero(np.repeat(keep, k))                    # (A'*K,)
+            new_rows, scores = new_rows[rows], scores[rows]
+            seqs, probs = [seqs[r] for r in rows], [probs[r] for r in rows]
+            new_tok = [new_tok[r] for r in rows]
+            active = active[keep]
         state.reorder(new_rows)
         prev = np.array(new_tok, dtype=np.int64)
 
+    open_best = {}                               # sentences that ran out of room
+    for j, s in enumerate(active):
+        row = j * k + int(np.argmax(scores[j * k:(j + 1) * k]))
+        open_best[s] = row
     hyps = []
     for s in range(b):
         if finished[s]:
             norm, ids, p = max(finished[s], key=lambda f: f[0])
             hyps.append(Hypothesis(ids=ids, probs=p, score=float(norm), finished=True))
-        else:                                                            # ran out of room
-            row = s * k + int(np.argmax(scores[s * k:(s + 1) * k]))
+        else:
+            row = open_best[s]
             hyps.append(Hypothesis(ids=seqs[row], probs=probs[row], score=float(scores[row]),
                                    finished=False))
     return hyps

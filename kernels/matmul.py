@@ -8,13 +8,18 @@ memory for that signature; later calls go straight to it. Candidates:
 - ``"blas"``: ``np.matmul`` as given (NumPy hands each matrix to OpenBLAS);
 - ``"blas-contiguous"``: ``np.matmul`` after copying strided operands to contiguous ones (NumPy
   takes a slower path for some transposed batched views);
-- ``"numba"``: :func:`_gemm_rows`, a row-parallel Numba kernel with no per-call BLAS overhead
-  (row i of the output accumulates ``a[i, k] * b[k, :]`` over k, contiguous inner loop).
+- ``"numba"``: :func:`_gemm_rows` / :func:`_gemm_rows_nt`, row-parallel Numba kernels with no
+  per-call BLAS overhead (and none of BLAS's thread hand-offs);
+- ``"blas-split"`` (large 2-D products only): the rows split in two halves, one computed by a
+  helper Python thread, each half by single-threaded BLAS. This is how npformer uses two cores
+  for the big GEMMs (see ``npformer.backend``): a waiting Python thread blocks, where OpenBLAS's
+  own threads spin and, on a busy machine, fall back to 4 ms scheduler ticks.
 
-Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix go to BLAS without a trial:
+Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix only try the two BLAS variants:
 there one BLAS call runs for >= 0.1 ms, so the ~1 us call overhead the Numba kernel saves is
 < 1%, while a trial of the kernel on, say, the (1920 x 256) @ (256 x 5893) generator product
-would cost ~0.1 s (and training sees a new row count N = B*T with almost every batch).
+would cost ~0.1 s. Their signature rounds the sizes up to multiples of 256 (one trial per bucket,
+not per batch length).
 ``timings()`` returns every measurement (the benchmark prints them).
 """
 import time
@@ -25,6 +30,7 @@ from numba import prange
 from ._jit import kernel
 
 MEASURE_LIMIT = 1 << 22          # multiply-adds per matrix (M * K * N); see the module docstring
+_BUCKET = 256                    # large products: one decision per size bucket
 TRIAL_LIMIT = 1 << 28            # multiply-adds of a whole batched product worth a trial
 TRIALS = 3                       # timed calls per candidate (the fastest counts)
 
@@ -81,6 +87,26 @@ def _blas_contiguous(a, b, out):
     return np.matmul(np.ascontiguousarray(a), np.ascontiguousarray(b), out=out)
 
 
+_pool = []
+
+
+def _blas_split(a, b, out):
+    """np.matmul with the rows of a 2-D product split between this thread and one helper
+    thread, each running single-threaded BLAS (a thread that waits blocks; it does not spin)."""
+    if a.ndim != 2 or a.shape[0] < 2:
+        return _blas(a, b, out)
+    if not _pool:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool.append(ThreadPoolExecutor(1, thread_name_prefix="npformer-blas"))
+    if out is None:
+        out = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+    h = a.shape[0] // 2
+    job = _pool[0].submit(np.matmul, a[h:], b, out=out[h:])
+    np.matmul(a[:h], b, out=out[:h])
+    job.result()
+    return out
+
+
 def _numba(a, b, out):
     a3 = np.ascontiguousarray(_as_batched(a))
     res = np.empty(a.shape[:-1] + (b.shape[-1],), dtype=a.dtype)
@@ -94,7 +120,8 @@ def _numba(a, b, out):
     return out
 
 
-CANDIDATES = {"blas": _blas, "blas-contiguous": _blas_contiguous, "numba": _numba}
+CANDIDATES = {"blas": _blas, "blas-contiguous": _blas_contiguous, "numba": _numba,
+              "blas-split": _blas_split}
 
 
 def _layout(x):
@@ -103,9 +130,18 @@ def _layout(x):
     return "T" if x.strides[-2] == x.itemsize else "S"       # transposed view / other strides
 
 
+def _bucket(n):
+    return -(-n // _BUCKET) * _BUCKET
+
+
 def _signature(a, b, out):
-    return (a.shape, b.shape, a.dtype.str, _layout(a), _layout(b),
-            None if out is None else _layout(out))
+    """Exact shapes for small products; large 2-D ones by sizes rounded up to multiples of 256
+    (training sees a new row count N = B*T with almost every batch, and one decision per
+    bucket is enough there: both candidates are BLAS)."""
+    layouts = (a.dtype.str, _layout(a), _layout(b), None if out is None else _layout(out))
+    if a.ndim == 2 and a.shape[0] * a.shape[1] * b.shape[1] > MEASURE_LIMIT:
+        return ("large", _bucket(a.shape[0]), _bucket(a.shape[1]), _bucket(b.shape[1])) + layouts
+    return (a.shape, b.shape) + layouts
 
 
 def _check(a, b, out):
@@ -121,11 +157,10 @@ def _check(a, b, out):
                          f"{out.shape}")
 
 
-def _measure(sig, a, b, out):
+def _measure(sig, a, b, out, names):
     results = {}
-    for name, fn in CANDIDATES.items():
-        if name == "blas-contiguous" and _layout(a) == "C" and _layout(b) == "C":
-            continue                                          # identical to "blas"
+    for name in names:
+        fn = CANDIDATES[name]
         fn(a, b, out)                                         # warm-up (compiles the kernel once)
         best = np.inf
         for _ in range(TRIALS):
@@ -148,10 +183,16 @@ def matmul(a, b, out=None):
     name = _choice.get(sig)
     if name is None:
         per_matrix = a.shape[-2] * a.shape[-1] * b.shape[-1]
-        if per_matrix > MEASURE_LIMIT or per_matrix * (a.size // a.shape[-2] // a.shape[-1]) > TRIAL_LIMIT:
-            name = _choice[sig] = "blas"
+        if per_matrix > MEASURE_LIMIT:
+            names = ["blas", "blas-split"] if a.ndim == 2 else ["blas"]
+        elif per_matrix * (a.size // a.shape[-2] // a.shape[-1]) > TRIAL_LIMIT:
+            names = ["blas"]
         else:
-            name = _measure(sig, a, b, out)
+            names = ["blas", "numba"]
+            if _layout(a) != "C" or _layout(b) != "C":
+                names.insert(1, "blas-contiguous")
+        name = _measure(sig, a, b, out, names) if len(names) > 1 else names[0]
+        _choice[sig] = name
     return CANDIDATES[name](a, b, out)
 
 

@@ -15,11 +15,14 @@ The environment variable ``NPFORMER_BACKEND`` sets the starting choice.
 Threads and memory are decided here too, in :func:`configure_runtime` (the CLI and the
 benchmarks call it; importing npformer changes nothing by itself):
 
-- BLAS (OpenBLAS, through NumPy) runs on **one** thread. Measured on the 2-core machine
-  (BENCHMARKS.md): with 2 threads every GEMM of the base config was as slow or slower (the
-  (1920 x 256) @ (256 x 512) product 8.0 ms instead of 5.0 ms, an (8 x 256) @ (256 x 768) one
-  8 ms instead of 0.05 ms), because OpenBLAS's threads spin-wait for each other and for a core
-  whenever anything else runs.
+- BLAS (OpenBLAS, through NumPy) runs on **one** thread per call. Measured on the 2-core machine
+  (BENCHMARKS.md) while other programs ran: with 2 OpenBLAS threads every GEMM of the base config
+  was as slow or slower (the (1920 x 256) @ (256 x 512) product 8.0 ms instead of 5.0 ms, an
+  (8 x 256) @ (256 x 768) one 8 ms instead of 0.05 ms: its threads wait for each other in 4 ms
+  scheduler ticks), and a base training step took 1.9 s (median) instead of 0.78 s. The second
+  core still serves the big GEMMs: the Numba backend's dispatcher (``kernels/matmul.py``) may
+  split a large product's rows between two Python threads, each calling single-threaded BLAS
+  (a waiting Python thread blocks instead of spinning), when that measures faster.
 - Numba kernels use every core (``prange``); Numba's ``workqueue`` layer sleeps between
   parallel regions (``kernels/_jit.py``). No kernel calls BLAS inside ``prange`` and BLAS calls
   happen between kernels, never during them, so the two pools never compete for a core.
@@ -160,5 +163,8 @@ def configure_runtime(threads=None, blas_threads=1, keep_memory=True):
     set_numba_threads(threads)
     blas_set = set_blas_threads(blas_threads)
     kept = keep_freed_memory() if keep_memory else False
+    dispatcher = sys.modules.get("npformer.kernels.matmul")
+    if dispatcher is not None:
+        dispatcher.reset()              # speeds measured under the old thread counts are stale
     return {"threads": threads, "blas_threads": blas_threads, "blas_set": blas_set,
             "keep_memory": kept}

@@ -59,12 +59,19 @@ def test_dispatcher_measures_once_and_keeps_the_fastest():
     assert len(M.timings()) == 2 and "blas-contiguous" in list(M.timings().values())[1]
 
 
-def test_large_products_go_to_blas_without_a_trial():
+def test_large_products_only_try_the_blas_variants_once_per_size_bucket():
     M.reset()
-    a = np.ones((1, M.MEASURE_LIMIT // 64 + 1), np.float32)
-    b = np.ones((a.shape[1], 64), np.float32)
-    np.testing.assert_array_equal(M.matmul(a, b), np.full((1, 64), a.shape[1], np.float32))
-    assert M.choice(a, b) == "blas" and M.timings() == {}
+    k = M.MEASURE_LIMIT // (4 * 64) + 1
+    a, b = np.ones((4, k), np.float32), np.ones((k, 64), np.float32)
+    np.testing.assert_array_equal(M.matmul(a, b), np.full((4, 64), k, np.float32))
+    (times,) = M.timings().values()
+    assert set(times) == {"blas", "blas-split"} and M.choice(a, b) in times
+    M.matmul(np.ones((5, k), np.float32), b)                  # 5 rows: same bucket, no new trial
+    assert len(M.timings()) == 1
+    batched = np.ones((2, 4, k), np.float32)                  # batched: plain BLAS, no trial
+    np.testing.assert_array_equal(M.matmul(batched, np.ones((2, k, 64), np.float32)),
+                                  np.full((2, 4, 64), k, np.float32))
+    assert len(M.timings()) == 1 and M.choice(batched, np.ones((2, k, 64), np.float32)) == "blas"
 
 
 @pytest.mark.parametrize("a_shape,b_shape", [((2, 3), (4, 5)), ((2, 3, 4), (3, 4, 5)),

@@ -4,7 +4,13 @@
 
 Prints one row per kernel: reference ms, kernel ms (medians after a warm-up call, which also
 compiles), and the speed-up. Attention is timed forward+backward at B=128, H=8, d_head=32 and
-T = S in {16, 32, 64}, with a key-padding mask.
+T = S in {16, 32, 64}, with a key-padding mask. Both run under npformer's runtime policy
+(``npformer.backend.configure_runtime``: Numba on --threads, BLAS on 1 thread, freed memory
+reused).
+
+A second table shows the matmul dispatcher (``npformer.kernels.matmul``): for each product shape
+the best-of-3 time of every candidate it measured (BLAS through NumPy, BLAS on contiguous
+copies, the Numba kernel, BLAS split over two threads) and the one it picked.
 """
 import argparse
 import os
@@ -104,18 +110,48 @@ def cases(np, F, K, dtype):
     yield f"Adam step over {size:,} parameters", adam_ref, adam_kernel
 
 
+def matmul_shapes(np, dtype):
+    """(label, a, b): per-head attention products, decoding-sized and training-sized linears."""
+    rng = np.random.default_rng(1)
+
+    def randn(*shape):
+        return rng.standard_normal(shape).astype(dtype)
+    for t in (16, 32, 64):
+        q, k = randn(128, 8, t, 32), randn(128, 8, t, 32)
+        yield f"attention q k^T (128*8 x {t}x32 @ 32x{t})", q, k.swapaxes(-1, -2)
+        yield f"attention P v   (128*8 x {t}x{t} @ {t}x32)", randn(128, 8, t, t), q
+    for m in (1, 8, 64):
+        yield f"linear x W^T ({m}x256 @ 256x768)", randn(m, 256), randn(768, 256).T
+    yield "linear x W^T (1920x256 @ 256x768)", randn(1920, 256), randn(768, 256).T
+    yield "generator x W^T (1920x256 @ 256x5893)", randn(1920, 256), randn(5893, 256).T
+    yield "generator dW (5893x1920 @ 1920x256)", randn(1920, 5893).T, randn(1920, 256)
+
+
 def main():
     args = parse_args()
-    os.environ["NUMBA_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
-    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+    os.environ["NUMBA_NUM_THREADS"] = str(args.threads)
     import numpy as np
 
     from npformer import backend
     F, K = backend.load("numpy"), backend.load("numba")
+    policy = backend.configure_runtime(threads=args.threads)
+    print(f"policy: {policy}; load average {os.getloadavg()[0]:.2f}")
     print(f"{'kernel':55s} {'numpy ms':>10s} {'numba ms':>10s} {'speed-up':>9s}")
     for name, ref, ker in cases(np, F, K, np.dtype(args.dtype)):
         t_ref, t_ker = median_ms(ref, args.repeats), median_ms(ker, args.repeats)
         print(f"{name:55s} {t_ref:10.2f} {t_ker:10.2f} {t_ref / t_ker:8.1f}x", flush=True)
+
+    import importlib
+    dispatcher = importlib.import_module("npformer.kernels.matmul")
+    dispatcher.reset()
+    names = list(dispatcher.CANDIDATES)
+    print(f"\n{'matmul shape':45s} " + " ".join(f"{n:>15s}" for n in names) + "   picked")
+    for label, a, b in matmul_shapes(np, np.dtype(args.dtype)):
+        dispatcher.matmul(a, b)
+        times = dispatcher.timings().get(dispatcher._signature(a, b, None), {})
+        cells = " ".join(f"{1e3 * times[n]:13.3f}ms" if n in times else f"{'-':>15s}" for n in names)
+        print(f"{label:45s} {cells}   {dispatcher.choice(a, b)}", flush=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

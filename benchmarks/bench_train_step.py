@@ -12,7 +12,7 @@ PyTorch is skipped, with a message, when it is not installed.
 npformer runs under its runtime policy (``npformer.backend.configure_runtime``): Numba kernels on
 ``--threads``, BLAS on ``--blas-threads`` (default 1, the policy), freed memory kept for reuse.
 PyTorch gets ``torch.set_num_threads(--threads)``. ``--profile`` prints, for the npformer numba
-path, the 25 functions with the most cumulative time over the timed steps (cProfile).
+path, the 22 functions with the most own time over the timed steps (cProfile).
 """
 import argparse
 import json
@@ -101,7 +101,7 @@ def run_npformer(c, backend_name, repeats, threads, blas_threads, profile=False)
     prof = cProfile.Profile()
     times = time_steps(lambda: (prof.enable(), train_step(), prof.disable()), repeats)
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(25)
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
     print(out.getvalue(), file=sys.stderr)
     return times
 

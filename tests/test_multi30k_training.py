@@ -228,3 +228,16 @@ def test_smoke_multi30k_subset_learns(multi30k_dir, tmp_path):
     assert last < 0.6 * first
     assert bleu > SMOKE_MIN_BLEU
 
+
+
+def test_plot_draws_bleu_against_wall_time(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from npformer.training.metrics import MetricsLog
+    with MetricsLog(tmp_path / "metrics.jsonl") as log:
+        log.log("train", step=10, loss=6.0)
+        for step, seconds, bleu in ((60, 135.0, 0.1), (120, 250.0, 2.9), (180, 353.0, 6.9)):
+            log.log("eval", step=step, loss=4.0, bleu=bleu, seconds=seconds)
+    assert main(["plot", "--metrics", str(tmp_path / "metrics.jsonl"), "--out", str(tmp_path)]) == 0
+    written = capsys.readouterr().out.split()
+    assert str(tmp_path / "bleu_vs_time.png") in written
+    assert (tmp_path / "bleu_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -91,6 +91,21 @@ def test_accumulation_counts_updates_and_logs_throughput(toy, tmp_path):
     assert all(r["padded_tokens_per_s"] > r["tokens_per_s"] > 0 for r in train)
 
 
+def test_resume_with_token_batches_and_accumulation_is_bit_for_bit(toy, tmp_path):
+    cfg = dict(max_tokens=100, accum_steps=2, epochs=5)
+    straight = toy_trainer(toy, max_steps=9, **cfg)
+    straight.fit()
+    first = toy_trainer(toy, max_steps=4, **cfg)
+    first.fit()
+    first.save(tmp_path / "ckpt")
+    resumed = toy_trainer(toy, max_steps=9, **cfg)
+    resumed.resume(tmp_path / "ckpt")
+    assert resumed.step == 4 and resumed.seconds_before > 0
+    resumed.fit()
+    np.testing.assert_array_equal(resumed.model.flat_params, straight.model.flat_params)
+    assert resumed.sampler.state_dict() == straight.sampler.state_dict()
+
+
 def test_step_validation_keeps_the_last_n_checkpoints(toy, tmp_path):
     trainer = toy_trainer(toy, batch_size=16, epochs=3, eval_every_steps=4, keep_last=2,
                           out_dir=str(tmp_path), stop_metric="bleu")

@@ -4,8 +4,9 @@ import time
 
 import numpy as np
 
-from ..decoding.translator import Translator, format_trace
+from ..decoding.translator import format_trace
 from ..training.checkpointing import load_model_checkpoint
+from ..training.multi30k import translator_for
 from .common import read_lines, resolve_checkpoint
 
 
@@ -14,7 +15,8 @@ def add_parser(sub, name):
                        description="Translate with a checkpoint written by `npformer toy/train`. "
                                    "Sentences come as arguments or, if none, from stdin (one per "
                                    "line); translations go to stdout, one per line.")
-    p.add_argument("sentences", nargs="*", help="source sentences (whitespace-tokenised)")
+    p.add_argument("sentences", nargs="*", help="source sentences (whitespace-tokenised for toy/files "
+                   "models, raw text for Multi30k models)")
     p.add_argument("--checkpoint", required=True, metavar="CKPT",
                    help="checkpoint path (run/best) or a run directory")
     p.add_argument("--input", metavar="FILE", help="read sentences from FILE instead of stdin")
@@ -43,7 +45,8 @@ def run(args):
     else:
         lines = read_lines(args.input or "-")
     method = "beam" if args.beam is not None else "sample" if args.sample else "greedy"
-    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, batch_size=args.batch_size)
+    # Multi30k checkpoints tokenise raw text as their run did; toy/files ones split on spaces
+    translator = translator_for(loaded, batch_size=args.batch_size)
     start = time.perf_counter()
     results = translator.translate(lines, method=method, beam_size=args.beam or 4,
                                    length_penalty=args.length_penalty,

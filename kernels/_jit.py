@@ -4,7 +4,8 @@
 read-only, in a per-user cache; ``NUMBA_CACHE_DIR`` overrides both), so a second process loads it
 instead of recompiling. Kernels compile lazily, once per dtype, on their first call.
 
-Threads: ``NUMBA_NUM_THREADS`` / ``numba.set_num_threads`` (the benchmark sets both it and BLAS).
+Threads: decided in one place, ``npformer.backend.configure_runtime`` (Numba on every core, BLAS
+on one thread per call; see its docstring and BENCHMARKS.md).
 
 ``FASTMATH`` lets LLVM reassociate sums and fuse multiply-adds (so reductions vectorise). It
 leaves out the "no NaN / no inf" assumptions: masked attention relies on exact zeros and the

@@ -156,12 +156,13 @@ def keep_freed_memory():
 
 def configure_runtime(threads=None, blas_threads=1, keep_memory=True):
     """The thread and memory policy of npformer (see the module docstring): Numba kernels on
-    ``threads`` (default: every core Numba sees), BLAS on ``blas_threads`` (default 1), freed
-    memory kept for reuse. Returns {"threads", "blas_threads", "blas_set", "keep_memory"}."""
+    ``threads`` (default: every core Numba sees), BLAS on ``blas_threads`` (default 1; None
+    leaves BLAS as it is), freed memory kept for reuse.
+    Returns {"threads", "blas_threads", "blas_set", "keep_memory"}."""
     import numba
     threads = numba.config.NUMBA_NUM_THREADS if threads is None else threads
     set_numba_threads(threads)
-    blas_set = set_blas_threads(blas_threads)
+    blas_set = set_blas_threads(blas_threads) if blas_threads is not None else False
     kept = keep_freed_memory() if keep_memory else False
     dispatcher = sys.modules.get("npformer.kernels.matmul")
     if dispatcher is not None:

@@ -220,6 +220,7 @@ SMOKE_STEPS = 300
 SMOKE_MIN_BLEU = 3.0
 
 
+@pytest.mark.smoke
 def test_smoke_multi30k_subset_learns(multi30k_dir, tmp_path):
     """A small model on 2,000 training pairs for 300 updates: the loss falls and BLEU on 300
     validation sentences rises above a low bar. Measured (2 busy cores, load ~2.5): 18-20 s of

@@ -9,6 +9,7 @@ import os
 import sys
 import warnings
 
+from .. import backend
 from . import average, download, evaluate, gradcheck, plot, toy, train, translate
 from .threads import set_blas_threads
 
@@ -39,8 +40,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     warnings.showwarning = _show_warning
     try:
-        if args.blas_threads is not None or "OPENBLAS_NUM_THREADS" not in os.environ:
-            set_blas_threads(1 if args.blas_threads is None else args.blas_threads)
+        blas = args.blas_threads
+        if blas is None and "OPENBLAS_NUM_THREADS" not in os.environ:
+            blas = 1                             # the policy (npformer.backend); the user's env wins
+        if blas is not None:
+            set_blas_threads(blas)               # validates: the message names --blas-threads
+        backend.configure_runtime(blas_threads=None)   # Numba threads and memory; BLAS set above
         return args.run(args) or 0
     except (ValueError, OSError) as e:           # bad input: a message, not a traceback
         print(f"npformer {args.command}: error: {e}", file=sys.stderr)

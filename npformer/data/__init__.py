@@ -1,15 +1,18 @@
-"""Data: the built-in toy corpus, Multi30k, tokenisation, vocabularies and batching."""
+"""Data: the built-in toy corpus, Multi30k, vocabularies and batching.
+
+The word tokenizer is ``npformer.data.tokenize.tokenize`` / ``detokenize`` (not re-exported here,
+so that ``npformer.data.tokenize`` stays the module).
+"""
 from .batching import Batch, BatchSampler, iterate_batches, make_batch, pad_sequences
 from .download import MULTI30K_FILES, download_multi30k
 from .multi30k import (SPLITS, MissingDataError, available_splits, load_split, read_lines,
                        resolve_data_dir)
-from .tokenize import detokenize, tokenize
 from .toy import ToyCorpus, generate_toy_corpus, toy_examples
 from .vocab import Vocab
 
 __all__ = [
     "Batch", "BatchSampler", "MULTI30K_FILES", "MissingDataError", "SPLITS", "ToyCorpus", "Vocab",
-    "available_splits", "detokenize", "download_multi30k", "generate_toy_corpus",
+    "available_splits", "download_multi30k", "generate_toy_corpus",
     "iterate_batches", "load_split", "make_batch", "pad_sequences", "read_lines",
-    "resolve_data_dir", "tokenize", "toy_examples",
+    "resolve_data_dir", "toy_examples",
 ]

@@ -52,19 +52,23 @@ def run_multi30k(args, loaded):
                                  length_penalty=args.length_penalty)
     figures = {k: v for k, v in result.items() if k not in ("hypotheses", "sources", "references")}
     figures["checkpoint"] = loaded.path
+    summary = [f"{result['split']} {result['src']}->{result['tgt']}, {result['sentences']} "
+               f"sentences, {result['method']}, {result['seconds']:.1f} s",
+               f"BLEU (lowercased) {result['bleu']:.2f}   {result['signature']}",
+               f"BLEU (cased)      {result['bleu_cased']:.2f}   {result['signature_cased']}"]
+    if result["unknown_source_tokens"]:
+        summary.append(f"{result['unknown_source_tokens']} source tokens were not in the "
+                       f"vocabulary (<unk>)")
+    return _report(args, figures, result["hypotheses"], summary)
+
+
+def _report(args, figures, hypotheses, summary):
+    """Write the translations (--out) and the figures (--metrics-json), print JSON or a summary."""
     if args.out:
-        _write_lines(args.out, result["hypotheses"])
+        _write_lines(args.out, hypotheses)
     if args.metrics_json:
         write_json(args.metrics_json, figures)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print(f"{result['split']} {result['src']}->{result['tgt']}, {result['sentences']} sentences, "
-              f"{result['method']}, {result['seconds']:.1f} s")
-        print(f"BLEU (lowercased) {result['bleu']:.2f}   {result['signature']}")
-        print(f"BLEU (cased)      {result['bleu_cased']:.2f}   {result['signature_cased']}")
-        if result["unknown_source_tokens"]:
-            print(f"{result['unknown_source_tokens']} source tokens were not in the vocabulary (<unk>)")
+    print(json.dumps(figures) if args.json else "\n".join(summary))
     return 0
 
 
@@ -86,13 +90,6 @@ def run(args):
     refs = [" ".join(r.split()) for r in ref]
     figures = {"sentences": len(src), "exact_match": exact_match(hyps, refs),
                "bleu": corpus_bleu(hyps, refs)}
-    if args.out:
-        _write_lines(args.out, hyps)
-    if args.metrics_json:
-        write_json(args.metrics_json, figures)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print(f"sentences   {figures['sentences']}\nexact match {figures['exact_match']:.4f}\n"
-              f"BLEU        {figures['bleu']:.2f}")
-    return 0
+    return _report(args, figures, hyps, [f"sentences   {figures['sentences']}",
+                                         f"exact match {figures['exact_match']:.4f}",
+                                         f"BLEU        {figures['bleu']:.2f}"])

@@ -1,94 +1,124 @@
-"""Scaled dot-product attention: batched matrix products through the measured dispatcher
-(``matmul.matmul``: NumPy/BLAS or a Numba kernel, whichever is faster for the shape), and one
-fused, head-parallel Numba pass for everything between them.
+"""Scaled dot-product attention: batched matrix products by single-threaded BLAS (through
+NumPy) and one fused Numba pass for everything between them, on both cores.
 
 Same maths, names and shapes as :func:`npformer.functional.attention_forward` /
 ``attention_backward`` (see docs/backprop.md#attention). Measured (BENCHMARKS.md): a batched
-``np.matmul`` over B*H heads of (T, 32) x (32, T) runs at 50-90 GFLOP/s on one core (NumPy hands
-each head to BLAS with little overhead), faster than hand-written per-head tile products in Numba
-(~10 GFLOP/s: loops of 16-64 iterations are mostly loop overhead). What the reference does slowly
-is the element-wise work between the products: ``np.where`` for the mask, max, exp, sum, divide,
-dropout, and in backward five more passes. Here each of those is one pass over a row that stays
-in L1: scale + mask + max + exp + normalise + dropout forward; dropout + softmax backward + scale
-backward. float32 rows use a vectorisable ``exp`` (``_fastexp.exp32``); float64 keeps
-``math.exp``, so the float64 path matches the reference to ~1e-15.
+``np.matmul`` over heads of (T, 32) x (32, T) runs at 60-100 GFLOP/s on one core, faster than
+per-head products written in Numba (loops of 16-64 iterations are mostly loop overhead), so the
+products stay in BLAS. What the reference does slowly is the element-wise work between them
+(``np.where`` for the mask, max, exp, sum, divide, dropout; five more passes in backward), each
+a pass over all B*H*Tq*Tk scores in memory. Here:
+
+- The heads are computed in parts of about ``CHUNK_BYTES`` of scores (a few batch elements, or
+  heads when B = 1), so a part's scores stay in L2 from the product that writes them, through
+  the Numba pass, to the product that reads them.
+- Half of the parts run on one helper Python thread while this thread does the other half
+  (``np.matmul`` and the ``nogil`` kernels release the GIL; a waiting thread blocks, it does
+  not spin). The Numba passes are serial for that reason: two threads must not enter Numba's
+  parallel pool at once.
+- The Numba pass is one sweep per row: scale + mask + max + exp + normalise + dropout forward;
+  dropout + softmax backward + scale backward. float32 rows use a vectorisable ``exp``
+  (``_fastexp.exp32``); float64 keeps ``math.exp``, so the float64 path matches the reference
+  to ~1e-15.
 
 Outputs are written in (B, T, H, d) order and returned as (B, H, T, d) views, so ``merge_heads``
 afterwards is a free reshape; :func:`attention_backward_into` writes dq, dk, dv straight into the
 caller's buffers (the self-attention module passes three slices of one (B, T, 3D) array).
 """
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import prange
 
 from ._fastexp import exp32
 from ._jit import kernel
-from .matmul import matmul
+
+SPLIT_MIN = 1 << 15              # score entries (B*H*Tq*Tk) from which both cores work
+CHUNK_BYTES = 1 << 19            # scores per part, sized to stay in L2 between the products
+_pool = []                       # the one helper thread, started on first use
 
 
-@kernel(parallel=True)
-def _softmax_rows(s, mask, n_h, scale, neg_inf, fast_exp, keep, drop_scale, use_dropout, probs_d):
-    """In place: s (B*H, Tq*Tk), each head's raw scores flattened -> softmax(scale * s) over the
-    unmasked keys of each row.
+@kernel
+def _softmax_rows(s, bias, n_h, scale, neg_inf, fast_exp, keep, drop_scale, use_dropout, probs_d):
+    """In place: s (B*H, Tq*Tk), each head's raw scores flattened -> softmax(scale * s + bias)
+    over each row of Tk keys.
 
-    mask bool (B|1, H|1, Tq|1, Tk), True = may attend. Masked entries are exactly 0; a row with
-    every key masked is all 0 (never NaN). With dropout, probs_d = probs * keep * drop_scale
-    (keep, probs_d shaped as s). ``scale`` and ``neg_inf`` have the dtype of s, so float32 rows
-    are computed in float32.
+    bias (B|1, H|1, Tq|1, Tk) is 0 where a key may be attended and -inf where it is masked.
+    Masked entries are exactly 0; a row with every key masked is all 0 (never NaN). With dropout,
+    probs_d = probs * keep * drop_scale (keep, probs_d shaped as s). ``scale`` and ``neg_inf``
+    have the dtype of s, so float32 rows are computed in float32.
 
-    Rows are only Tk ~ 16 long, too short for LLVM's vector loops (it vectorises 64 at a time and
-    runs shorter loops scalar), so the one costly step, exp, runs over the whole head as a single
-    flat loop. All loops start at 0 and index without division (both keep them vectorisable)."""
+    LLVM vectorises a loop 64 elements at a time and runs shorter loops scalar. Rows of >= 32
+    keys take one vectorised pass for exp, sum and store; for shorter rows exp runs over the whole
+    head as one flat loop instead. All loops start at 0 and index without division."""
     n_bh, tq_tk = s.shape
-    tk = mask.shape[3]
+    tk = bias.shape[3]
     tq = tq_tk // tk
     zero, one = scale - scale, scale / scale                 # 0 and 1 in the dtype of s
-    for bh in prange(n_bh):
+    short = tk < 32
+    x = np.empty(tk, dtype=s.dtype)                          # (Tk,) one row, scaled and masked
+    for bh in range(n_bh):
         head = s[bh]                                         # (Tq*Tk,) one head, contiguous
-        mb = bh // n_h if mask.shape[0] > 1 else 0
-        mh = bh % n_h if mask.shape[1] > 1 else 0
-        m = mask[mb, mh]                                     # (Tq|1, Tk)
+        mb = bh // n_h if bias.shape[0] > 1 else 0
+        mh = bh % n_h if bias.shape[1] > 1 else 0
+        m = bias[mb, mh]                                     # (Tq|1, Tk)
         mq = m.shape[0] > 1
-        for i in range(tq):                                  # scale; subtract the unmasked max
+        for i in range(tq):
             mi = i if mq else 0
+            row = i * tk
             row_max = neg_inf
-            for j in range(tk):
-                x = head[i * tk + j] * scale
-                x = x if m[mi, j] else neg_inf
-                row_max = x if x > row_max else row_max
+            for j in range(tk):                              # scale, mask, max
+                xj = head[row + j] * scale + m[mi, j]
+                x[j] = xj
+                row_max = max(row_max, xj)
             if row_max == neg_inf:                           # all masked: the row becomes 0
                 row_max = zero
-            for j in range(tk):
-                head[i * tk + j] = head[i * tk + j] * scale - row_max
-        if fast_exp:                                         # one long loop: vectorised
-            for idx in range(tq_tk):
-                head[idx] = exp32(head[idx])
-        else:
-            for idx in range(tq_tk):
-                head[idx] = math.exp(head[idx])
-        for i in range(tq):                                  # masked entries exactly 0; normalise
-            mi = i if mq else 0
+            if short:                                        # exp below, over the whole head
+                for j in range(tk):
+                    head[row + j] = x[j] - row_max
+                continue
             total = zero
-            for j in range(tk):
-                e = head[i * tk + j] if m[mi, j] else zero
-                total += e
-                head[i * tk + j] = e
+            if fast_exp:                                     # exp32 stops at exp(-87) > 0
+                for j in range(tk):
+                    e = exp32(x[j] - row_max)
+                    e = e if x[j] != neg_inf else zero
+                    x[j] = e
+                    total += e
+            else:
+                for j in range(tk):
+                    e = math.exp(x[j] - row_max)
+                    x[j] = e
+                    total += e
             inv = one / total if total > zero else zero
             for j in range(tk):
-                head[i * tk + j] *= inv
+                head[row + j] = x[j] * inv
+        if short:
+            if fast_exp:                                     # one long loop: vectorised
+                for idx in range(tq_tk):
+                    y = head[idx]
+                    head[idx] = exp32(y) if y != neg_inf else zero
+            else:
+                for idx in range(tq_tk):
+                    head[idx] = math.exp(head[idx])
+            for i in range(tq):                              # normalise
+                total = zero
+                for j in range(tk):
+                    total += head[i * tk + j]
+                inv = one / total if total > zero else zero
+                for j in range(tk):
+                    head[i * tk + j] *= inv
         if use_dropout:
             for idx in range(tq_tk):
                 probs_d[bh, idx] = head[idx] * drop_scale if keep[bh, idx] else zero
 
 
-@kernel(parallel=True)
+@kernel
 def _softmax_rows_backward(dp, probs, keep, drop_scale, use_dropout, scale):
     """In place: dp (R, Tk) = dL/d(dropped probs) -> dL/d(raw scores):
     dropout backward, softmax backward ds = p (dp - sum(dp p)), times the score scale."""
     n_rows, tk = dp.shape
     zero = scale - scale
-    for r in prange(n_rows):
+    for r in range(n_rows):
         if use_dropout:
             for j in range(tk):
                 dp[r, j] = dp[r, j] * drop_scale if keep[r, j] else zero
@@ -99,7 +129,7 @@ def _softmax_rows_backward(dp, probs, keep, drop_scale, use_dropout, scale):
             dp[r, j] = probs[r, j] * (dp[r, j] - dot) * scale
 
 
-_TRUE = np.ones((1, 1, 1, 1), dtype=bool)
+_TRUE = np.ones((1, 1, 1, 1), dtype=bool)              # no mask: every key may be attended
 _TRUE_2D = np.ones((1, 1), dtype=bool)        # stands in for the keep-mask without dropout
 
 
@@ -127,6 +157,55 @@ def _mask4(mask, full):
     return np.ascontiguousarray(np.broadcast_to(mask_b, mask_b.shape[:3] + (full[3],)))
 
 
+def _parts(shape, itemsize):
+    """How the heads are divided: two lists of parts (axis, lo, hi), axis 0 = B or 1 = H (when
+    B = 1), one list per thread. Each part's scores take about CHUNK_BYTES, so they stay in the
+    core's L2 cache from the product that writes them to the one that reads them. Below
+    SPLIT_MIN scores everything runs on this thread (the second list is empty)."""
+    n_b, n_h, tq, tk = shape
+    axis, n = (0, n_b) if n_b > 1 else (1, n_h)
+    step = max(1, CHUNK_BYTES // max(1, tq * tk * itemsize * (n_h if axis == 0 else 1)))
+    parts = [(axis, lo, min(lo + step, n)) for lo in range(0, n, step)]
+    if n_b * n_h * tq * tk < SPLIT_MIN or n < 2:
+        return parts, []
+    if len(parts) < 2:                                      # one chunk: halve it instead
+        parts = [(axis, 0, n // 2), (axis, n // 2, n)]
+    half = len(parts) // 2
+    return parts[:half], parts[half:]
+
+
+def _part(x, part):
+    """x restricted to one part: x[lo:hi] along the part's axis (a size-1, broadcast axis stays)."""
+    axis, lo, hi = part
+    if x.shape[axis] == 1:
+        return x
+    return x[lo:hi] if axis == 0 else x[:, lo:hi]
+
+
+def _run(groups, fn):
+    """fn(part) for every part of both groups: the second group on the helper thread, at the
+    same time as the first on this one."""
+    mine, helpers = groups
+    job = None
+    if helpers:
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(1, thread_name_prefix="npformer-attention"))
+        job = _pool[0].submit(lambda: [fn(part) for part in helpers])
+    try:
+        for part in mine:
+            fn(part)
+    finally:
+        if job is not None:
+            job.result()
+
+
+def _flat(x, shape):
+    """A reshaped view of x (never a copy: the kernels write into it)."""
+    view = x.view()
+    view.shape = shape
+    return view
+
+
 def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
     """out = dropout(softmax(q k^T / sqrt(d_k), mask)) v, as the NumPy reference.
 
@@ -138,24 +217,32 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     n_b, n_h, tq, d_k = q.shape
     tk, d_v = k.shape[2], v.shape[3]
     full = (n_b, n_h, tq, tk)
-    mask_b = _mask4(mask, full)
+    dtype = q.dtype.type
+    bias = np.where(_mask4(mask, full), dtype(0.0), dtype(-np.inf))   # (B|1, H|1, Tq|1, Tk)
     scale = 1.0 / math.sqrt(d_k)
-    probs = matmul(q, k.swapaxes(-1, -2))                            # raw scores (B, H, Tq, Tk)
     use_dropout = bool(training and dropout_p > 0.0)
+    probs = np.empty(full, dtype=q.dtype)                            # (B, H, Tq, Tk)
     if use_dropout:
         keep = rng.random(full, dtype=np.float32) >= dropout_p     # same draws as the reference
         drop_scale = q.dtype.type(1.0 / (1.0 - dropout_p))
         probs_d = np.empty_like(probs)
         drop_cache = (keep, drop_scale)
     else:
-        keep, drop_scale, probs_d, drop_cache = _TRUE, q.dtype.type(1.0), probs, None
-    heads = (n_b * n_h, tq * tk)                                     # (B*H, Tq*Tk) views
-    _softmax_rows(probs.reshape(heads), mask_b, n_h, q.dtype.type(scale), q.dtype.type(-np.inf),
-                  q.dtype == np.float32, keep.reshape(heads) if use_dropout else _TRUE_2D,
-                  drop_scale, use_dropout, probs_d.reshape(heads))  # probs (B, H, Tq, Tk)
+        keep, drop_scale, probs_d, drop_cache = None, q.dtype.type(1.0), probs, None
     out = np.empty((n_b, tq, n_h, d_v), dtype=q.dtype)                # (B, Tq, H, dv)
     out_bhtd = out.transpose(0, 2, 1, 3)                             # (B, H, Tq, dv) view
-    matmul(probs_d, v, out=out_bhtd)
+    kt = k.swapaxes(-1, -2)                                          # (B, H, dk, Tk) view
+
+    def forward_part(part):
+        p, p_d = _part(probs, part), _part(probs_d, part)
+        np.matmul(_part(q, part), _part(kt, part), out=p)     # raw scores (B, H, Tq, Tk)
+        heads = (p.shape[0] * p.shape[1], tq * tk)                   # (B*H, Tq*Tk) views
+        _softmax_rows(_flat(p, heads), _part(bias, part), p.shape[1], dtype(scale),
+                      dtype(-np.inf), q.dtype == np.float32,
+                      _flat(_part(keep, part), heads) if use_dropout else _TRUE_2D,
+                      drop_scale, use_dropout, _flat(p_d, heads))    # probs (B, H, Tq, Tk)
+        np.matmul(p_d, _part(v, part), out=_part(out_bhtd, part))    # (B, H, Tq, dv)
+    _run(_parts(full, q.itemsize), forward_part)
     return out_bhtd, (q, k, v, probs, probs_d, drop_cache, scale)
 
 
@@ -172,17 +259,23 @@ def attention_backward_into(dout, cache, dq, dk, dv):
             raise ValueError(f"{name}: expected a {q.dtype} array of shape {shape}, got "
                              f"{arr.dtype} {arr.shape}")
     if drop_cache is None:
-        keep, drop_scale, use_dropout = _TRUE, q.dtype.type(1.0), False
+        keep, drop_scale, use_dropout = None, q.dtype.type(1.0), False
     else:
         (keep, drop_scale), use_dropout = drop_cache, True
     dout = dout.astype(q.dtype, copy=False)
-    matmul(probs_d.swapaxes(-1, -2), dout, out=dv)                   # dv = P'^T dout (B,H,Tk,dv)
-    ds = matmul(dout, v.swapaxes(-1, -2))                            # dP' = dout v^T (B,H,Tq,Tk)
-    _softmax_rows_backward(ds.reshape(-1, tk), probs.reshape(-1, tk),
-                           keep.reshape(-1, tk) if use_dropout else _TRUE_2D,
-                           drop_scale, use_dropout, q.dtype.type(scale))     # dS, in place
-    matmul(ds, k, out=dq)                                            # dq = dS k      (B,H,Tq,dk)
-    matmul(ds.swapaxes(-1, -2), q, out=dk)                           # dk = dS^T q    (B,H,Tk,dk)
+    vt = v.swapaxes(-1, -2)                                          # (B, H, dv, Tk) view
+
+    def backward_part(part):
+        p, p_d, g = _part(probs, part), _part(probs_d, part), _part(dout, part)
+        np.matmul(p_d.swapaxes(-1, -2), g, out=_part(dv, part))     # dv = P'^T dout (B,H,Tk,dv)
+        ds = np.matmul(g, _part(vt, part))                          # dP' = dout v^T (B,H,Tq,Tk)
+        rows = (ds.size // tk, tk)
+        _softmax_rows_backward(_flat(ds, rows), _flat(p, rows),
+                               _flat(_part(keep, part), rows) if use_dropout else _TRUE_2D,
+                               drop_scale, use_dropout, q.dtype.type(scale))   # dS, in place
+        np.matmul(ds, _part(k, part), out=_part(dq, part))           # dq = dS k      (B,H,Tq,dk)
+        np.matmul(ds.swapaxes(-1, -2), _part(q, part), out=_part(dk, part))   # dk = dS^T q
+    _run(_parts(probs.shape, q.itemsize), backward_part)
     return dq, dk, dv
 
 

@@ -1,4 +1,6 @@
 """The fused Numba attention kernel against the NumPy reference, forward and backward."""
+import importlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from npformer import backend
 from npformer import functional as F
 
 K = backend.load("numba")
+ATTENTION = importlib.import_module("npformer.kernels.attention")
 
 DTYPES = {np.float32: 2e-5, np.float64: 1e-12}
 
@@ -98,3 +101,57 @@ def test_inconsistent_shapes_and_dtypes_are_rejected():
                                      np.zeros((1, 1, 2, 3)))
     with pytest.raises(ValueError, match="dout"):
         K.attention_backward(np.zeros((1, 1, 3, 3)), cache)
+
+
+@settings(deadline=None, max_examples=15)
+@given(b=st.integers(1, 4), h=st.integers(1, 3), tq=st.integers(1, 6), tk=st.integers(1, 6),
+       kind=st.sampled_from(["none", "padding", "causal_or_random"]),
+       dtype=st.sampled_from(list(DTYPES)), dropout=st.sampled_from([0.0, 0.3]),
+       chunk=st.integers(1, 200), seed=st.integers(0, 2**16))
+def test_heads_split_in_parts_and_threads_match_reference(b, h, tq, tk, kind, dtype, dropout,
+                                                          chunk, seed):
+    """Force the two-thread path and small parts (of B, or of H when B = 1) on tiny inputs."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((b, h, t, 5)).astype(dtype) for t in (tq, tk, tk))
+    mask = make_mask(rng, kind, b, tq, tk)
+    out_ref, cache_ref = F.attention_forward(q, k, v, mask, dropout, np.random.default_rng(seed),
+                                             True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ATTENTION, "SPLIT_MIN", 0)
+        mp.setattr(ATTENTION, "CHUNK_BYTES", chunk)
+        assert ATTENTION._parts(cache_ref[3].shape, q.itemsize)[1] or b * h == 1
+        out, cache = K.attention_forward(q, k, v, mask, dropout, np.random.default_rng(seed), True)
+        dout = rng.standard_normal(out.shape).astype(dtype)
+        grads = K.attention_backward(dout, cache)
+    close(out, out_ref, DTYPES[dtype])
+    close(cache[3], cache_ref[3], DTYPES[dtype])
+    for g, g_ref in zip(grads, F.attention_backward(dout, cache_ref)):
+        close(g, g_ref, DTYPES[dtype])
+
+
+def test_parts_cover_every_head_once_and_use_two_threads():
+    shapes = [(128, 8, 64, 64), (128, 8, 16, 16), (3, 8, 40, 40), (1, 8, 64, 64), (1, 1, 64, 64)]
+    for shape in shapes:
+        mine, helpers = ATTENTION._parts(shape, 4)
+        axis = 0 if shape[0] > 1 else 1
+        covered = [i for _, lo, hi in mine + helpers for i in range(lo, hi)]
+        assert covered == list(range(shape[axis]))
+        assert all(a == axis for a, _, _ in mine + helpers)
+        assert bool(helpers) == (shape[axis] > 1)          # both cores once there are 2 parts
+    assert ATTENTION._parts((2, 2, 3, 3), 4)[1] == []             # tiny: one thread only
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("tk", [31, 32, 45])           # both sides of the row-length switch
+@pytest.mark.parametrize("kind", ["padding", "causal_or_random"])
+def test_long_rows_match_reference(dtype, tk, kind):
+    rng = np.random.default_rng(tk)
+    q, k, v = (rng.standard_normal((2, 2, t, 4)).astype(dtype) * 3 for t in (5, tk, tk))
+    mask = make_mask(rng, kind, 2, 5, tk)                        # with a fully masked row
+    out_ref, cache_ref = F.attention_forward(q, k, v, mask, 0.3, np.random.default_rng(1), True)
+    out, cache = K.attention_forward(q, k, v, mask, 0.3, np.random.default_rng(1), True)
+    close(out, out_ref, DTYPES[dtype])
+    close(cache[3], cache_ref[3], DTYPES[dtype])
+    dout = rng.standard_normal(out.shape).astype(dtype)
+    for g, g_ref in zip(K.attention_backward(dout, cache), F.attention_backward(dout, cache_ref)):
+        close(g, g_ref, DTYPES[dtype])

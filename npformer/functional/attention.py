@@ -55,3 +55,11 @@ def attention_backward(dout, cache):
     dq = dscores @ k                                          # (B, H, Tq, dk)
     dk = dscores.swapaxes(-1, -2) @ q                         # (B, H, Tk, dk)
     return dq, dk, dv
+
+
+def attention_backward_into(dout, cache, dq, dk, dv):
+    """:func:`attention_backward` writing dq, dk, dv into the given arrays (e.g. three head-split
+    slices of one fused-projection gradient), so no concatenation is needed afterwards.
+    Returns (dq, dk, dv)."""
+    dq[...], dk[...], dv[...] = attention_backward(dout, cache)
+    return dq, dk, dv

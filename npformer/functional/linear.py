@@ -32,3 +32,13 @@ def linear_backward(dy, cache):
     dw = dy2.T @ x2
     db = dy2.sum(axis=0)
     return dx, dw, db
+
+
+def linear_backward_accumulate(dy, cache, dw_acc, db_acc=None):
+    """:func:`linear_backward` for modules whose gradients accumulate: adds dw (and db) into
+    ``dw_acc`` (and ``db_acc``) in place and returns dx."""
+    dx, dw, db = linear_backward(dy, cache)
+    dw_acc += dw
+    if db_acc is not None:
+        db_acc += db
+    return dx

@@ -60,35 +60,15 @@ class MultiHeadAttention(Module):
         return out
 
     def backward(self, dout):
-        """Returns dx, or (dx, dmemory) for cross-attention."""
-        is_self, proj_cache, attn_cache = self._cache
-        qk, h = self.qk_dim, self.n_heads
-        f = self._ops
-        dctx = F.split_heads(self.out_proj.backward(dout), h)    # (B, H, T, d)
-        if hasattr(f, "attention_backward_into"):
-            return self._backward_fused(f, dctx, is_self, proj_cache, attn_cache)
-        dq, dk, dv = f.attention_backward(dctx, attn_cache)
-        dq, dk, dv = F.merge_heads(dq), F.merge_heads(dk), F.merge_heads(dv)   # (B, T|S, .)
-        if is_self:
-            dqkv = np.concatenate([dq, dk, dv], axis=-1)          # (B, T, 2*qk + D)
-            dx, dw, db = f.linear_backward(dqkv, proj_cache)
-            self.in_proj_weight.grad += dw
-            self.in_proj_bias.grad += db
-            return dx
-        q_cache, kv_cache = proj_cache
-        dx, dwq, dbq = f.linear_backward(dq, q_cache)
-        dmem, dwkv, dbkv = f.linear_backward(np.concatenate([dk, dv], axis=-1), kv_cache)
-        self.in_proj_weight.grad[:qk] += dwq
-        self.in_proj_weight.grad[qk:] += dwkv
-        self.in_proj_bias.grad[:qk] += dbq
-        self.in_proj_bias.grad[qk:] += dbkv
-        return dx, dmem
+        """Returns dx, or (dx, dmemory) for cross-attention.
 
-    def _backward_fused(self, f, dctx, is_self, proj_cache, attn_cache):
-        """Numba backend: dq, dk, dv are written straight into the (B, T, 2*qk + D) gradient of
-        the fused projection (no concatenation), and the weight gradients are added into .grad."""
-        qk, h = self.qk_dim, self.n_heads
-        q, k, v = attn_cache[:3]                                   # (B, H, T|S, d)
+        dq, dk, dv are written straight into the gradient of the fused projection
+        ((B, T, 2*qk + D) for self-attention, no concatenation), and the projection's weight
+        gradients are added into .grad."""
+        is_self, proj_cache, attn_cache = self._cache
+        f, qk, h = self._ops, self.qk_dim, self.n_heads
+        dctx = F.split_heads(self.out_proj.backward(dout), h)     # (B, H, T, d)
+        q, k = attn_cache[:2]                                      # (B, H, T|S, d)
         n_b, tq, tk = q.shape[0], q.shape[2], k.shape[2]
         gw, gb = self.in_proj_weight.grad, self.in_proj_bias.grad
         if is_self:

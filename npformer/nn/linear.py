@@ -28,12 +28,6 @@ class Linear(Module):
         return y
 
     def backward(self, dy):
-        accumulate = getattr(self._ops, "linear_backward_accumulate", None)
-        if accumulate is not None:        # Numba backend: adds into .grad, no new (out, in) array
-            return accumulate(dy, self._cache, self.weight.grad,
-                              None if self.bias is None else self.bias.grad)
-        dx, dw, db = self._ops.linear_backward(dy, self._cache)
-        self.weight.grad += dw
-        if self.bias is not None:
-            self.bias.grad += db
-        return dx
+        """Adds dW, db into .grad (in place) and returns dx."""
+        return self._ops.linear_backward_accumulate(dy, self._cache, self.weight.grad,
+                                                    None if self.bias is None else self.bias.grad)

@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from npformer.functional.dropout import keep_mask
+
 from ._fastexp import exp32
 from ._jit import kernel
 
@@ -223,7 +225,7 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     use_dropout = bool(training and dropout_p > 0.0)
     probs = np.empty(full, dtype=q.dtype)                            # (B, H, Tq, Tk)
     if use_dropout:
-        keep = rng.random(full, dtype=np.float32) >= dropout_p     # same draws as the reference
+        keep = keep_mask(full, dropout_p, rng)                 # same draws as the reference
         drop_scale = q.dtype.type(1.0 / (1.0 - dropout_p))
         probs_d = np.empty_like(probs)
         drop_cache = (keep, drop_scale)

@@ -6,6 +6,8 @@ NumPy and Numba paths see identical masks for the same seed; only the multiply i
 import numpy as np
 from numba import prange
 
+from npformer.functional.dropout import keep_mask
+
 from ._jit import kernel
 
 
@@ -20,7 +22,7 @@ def dropout_forward(x, p, rng, training=True):
     """Shape: x (...) -> out (...), same shape. Identity when not training or p == 0."""
     if not training or p == 0.0:
         return x, None
-    keep = rng.random(x.shape, dtype=np.float32) >= p      # (...) bool, True = kept
+    keep = keep_mask(x.shape, p, rng)                     # (...) bool, True = kept
     scale = x.dtype.type(1.0 / (1.0 - p))
     out = np.empty(x.shape, dtype=x.dtype)
     _apply_mask(np.ascontiguousarray(x).reshape(-1), keep.reshape(-1), scale, out.reshape(-1))

@@ -3,14 +3,33 @@ expected activation is unchanged and evaluation needs no rescaling.
 
 Derivation: docs/backprop.md#dropout.
 """
+import math
+
 import numpy as np
+
+MASK_BITS = 16          # random bits per unit; p is realised to within 2**-17
+
+
+def keep_mask(shape, p, rng):
+    """A bool array of ``shape``, each entry True (kept) with probability 1 - p.
+
+    Each unit gets 16 random bits, four from every 64-bit word of ``rng``'s bit generator, and is
+    dropped when they fall below round(p * 65536): p is rounded to a multiple of 1/65536
+    (0.1 -> 0.1000061). Comparing float32 uniforms with p instead takes ~3x as long (1.8 vs
+    0.6 ms for 983,040 units), and a base-config training step draws ~16 million units.
+    Both backends call this function, so they see the same masks for the same seed.
+    """
+    n = math.prod(shape)
+    words = rng.bit_generator.random_raw((n + 3) // 4)      # (ceil(n / 4),) uint64
+    bits = words.view(np.uint16)[:n].reshape(shape)         # (...) uint16, uniform in [0, 65536)
+    return bits >= np.uint16(min(round(p * (1 << MASK_BITS)), (1 << MASK_BITS) - 1))
 
 
 def dropout_forward(x, p, rng, training=True):
     """Shape: x (...) -> out (...), same shape. Identity when not training or p == 0."""
     if not training or p == 0.0:
         return x, None
-    keep = rng.random(x.shape, dtype=np.float32) >= p      # (...) bool, True = kept
+    keep = keep_mask(x.shape, p, rng)                     # (...) bool, True = kept
     scale = x.dtype.type(1.0 / (1.0 - p))
     return x * keep * scale, (keep, scale)
 

@@ -2,7 +2,11 @@
 NumPy) and one fused Numba pass for everything between them, on both cores.
 
 Same maths, names and shapes as :func:`npformer.functional.attention_forward` /
-``attention_backward`` (see docs/backprop.md#attention). Measured (BENCHMARKS.md): a batched
+``attention_backward`` (see docs/backprop.md#attention). The two products whose second operand
+is a transposed view (``q k^T``, ``dout v^T``) go through the matmul dispatcher, which measures
+once per shape whether copying that operand to contiguous memory first pays (OpenBLAS multiplies
+by a transposed matrix ~2x slower at T=64, while the copy costs a fraction of that; at T=16 the
+copy does not pay). Measured (BENCHMARKS.md): a batched
 ``np.matmul`` over heads of (T, 32) x (32, T) runs at 60-100 GFLOP/s on one core, faster than
 per-head products written in Numba (loops of 16-64 iterations are mostly loop overhead), so the
 products stay in BLAS. What the reference does slowly is the element-wise work between them
@@ -34,6 +38,7 @@ from npformer.functional.dropout import keep_mask
 
 from ._fastexp import exp32
 from ._jit import kernel
+from .matmul import THREAD_SAFE, matmul
 
 SPLIT_MIN = 1 << 15              # score entries (B*H*Tq*Tk) from which both cores work
 CHUNK_BYTES = 1 << 19            # scores per part, sized to stay in L2 between the products
@@ -237,7 +242,7 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
 
     def forward_part(part):
         p, p_d = _part(probs, part), _part(probs_d, part)
-        np.matmul(_part(q, part), _part(kt, part), out=p)     # raw scores (B, H, Tq, Tk)
+        matmul(_part(q, part), _part(kt, part), out=p, candidates=THREAD_SAFE)   # (B,H,Tq,Tk)
         heads = (p.shape[0] * p.shape[1], tq * tk)                   # (B*H, Tq*Tk) views
         _softmax_rows(_flat(p, heads), _part(bias, part), p.shape[1], dtype(scale),
                       dtype(-np.inf), q.dtype == np.float32,
@@ -270,7 +275,7 @@ def attention_backward_into(dout, cache, dq, dk, dv):
     def backward_part(part):
         p, p_d, g = _part(probs, part), _part(probs_d, part), _part(dout, part)
         np.matmul(p_d.swapaxes(-1, -2), g, out=_part(dv, part))     # dv = P'^T dout (B,H,Tk,dv)
-        ds = np.matmul(g, _part(vt, part))                          # dP' = dout v^T (B,H,Tq,Tk)
+        ds = matmul(g, _part(vt, part), candidates=THREAD_SAFE)     # dP' = dout v^T (B,H,Tq,Tk)
         rows = (ds.size // tk, tk)
         _softmax_rows_backward(_flat(ds, rows), _flat(p, rows),
                                _flat(_part(keep, part), rows) if use_dropout else _TRUE_2D,

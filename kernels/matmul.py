@@ -134,11 +134,12 @@ def _bucket(n):
     return -(-n // _BUCKET) * _BUCKET
 
 
-def _signature(a, b, out):
+def _signature(a, b, out, candidates=None):
     """Exact shapes for small products; large 2-D ones by sizes rounded up to multiples of 256
     (training sees a new row count N = B*T with almost every batch, and one decision per
     bucket is enough there: both candidates are BLAS)."""
-    layouts = (a.dtype.str, _layout(a), _layout(b), None if out is None else _layout(out))
+    layouts = (a.dtype.str, _layout(a), _layout(b), None if out is None else _layout(out),
+               None if candidates is None else tuple(sorted(candidates)))
     if a.ndim == 2 and a.shape[0] * a.shape[1] * b.shape[1] > MEASURE_LIMIT:
         return ("large", _bucket(a.shape[0]), _bucket(a.shape[1]), _bucket(b.shape[1])) + layouts
     return (a.shape, b.shape) + layouts
@@ -173,13 +174,19 @@ def _measure(sig, a, b, out, names):
     return _choice[sig]
 
 
-def matmul(a, b, out=None):
+THREAD_SAFE = ("blas", "blas-contiguous")   # candidates that may run on several threads at once
+
+
+def matmul(a, b, out=None, candidates=None):
     """a @ b by the implementation measured fastest for this shape signature.
 
     Shape: a (..., M, K), b (..., K, N) with equal leading (batch) shapes -> (..., M, N); ``out``
-    (optional) receives the result and may be a strided view."""
+    (optional) receives the result and may be a strided view. ``candidates`` (names from
+    ``CANDIDATES``) limits the choice, e.g. to ``THREAD_SAFE`` for code that already runs on
+    two threads: the Numba kernels use Numba's thread pool, which two threads must not enter
+    at once, and ``blas-split`` would start a third thread."""
     _check(a, b, out)
-    sig = _signature(a, b, out)
+    sig = _signature(a, b, out, candidates)
     name = _choice.get(sig)
     if name is None:
         per_matrix = a.shape[-2] * a.shape[-1] * b.shape[-1]
@@ -191,14 +198,16 @@ def matmul(a, b, out=None):
             names = ["blas", "numba"]
             if _layout(a) != "C" or _layout(b) != "C":
                 names.insert(1, "blas-contiguous")
+        if candidates is not None:
+            names = [n for n in names if n in candidates] or ["blas"]
         name = _measure(sig, a, b, out, names) if len(names) > 1 else names[0]
         _choice[sig] = name
     return CANDIDATES[name](a, b, out)
 
 
-def choice(a, b, out=None):
+def choice(a, b, out=None, candidates=None):
     """The candidate ``matmul`` uses (or would measure and use) for these operands."""
-    sig = _signature(a, b, out)
+    sig = _signature(a, b, out, candidates)
     return _choice.get(sig)
 
 

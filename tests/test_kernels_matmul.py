@@ -59,6 +59,22 @@ def test_dispatcher_measures_once_and_keeps_the_fastest():
     assert len(M.timings()) == 2 and "blas-contiguous" in list(M.timings().values())[1]
 
 
+def test_candidates_limit_the_choice_and_get_their_own_signature():
+    M.reset()
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((2, 3, 16, 32)).astype(np.float32)
+    b = rng.standard_normal((2, 3, 16, 32)).astype(np.float32).swapaxes(-1, -2)   # k^T view
+    out = np.empty((2, 3, 16, 16), np.float32)
+    M.matmul(a, b, out=out, candidates=M.THREAD_SAFE)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    (sig, times), = M.timings().items()
+    assert set(times) == {"blas", "blas-contiguous"}         # no Numba-pool candidate
+    assert M.choice(a, b, out, candidates=M.THREAD_SAFE) in times
+    assert M.choice(a, b, out) is None                       # unrestricted: a separate decision
+    M.matmul(a, b, out=out)
+    assert len(M.timings()) == 2 and "numba" in list(M.timings().values())[1]
+
+
 def test_large_products_only_try_the_blas_variants_once_per_size_bucket():
     M.reset()
     k = M.MEASURE_LIMIT // (4 * 64) + 1

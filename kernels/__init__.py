@@ -11,6 +11,7 @@ from npformer.functional import (ACTIVATIONS, causal_mask, decoder_self_mask, ge
                                  gelu_forward, merge_heads, padding_mask, relu_backward,
                                  relu_forward, softmax_backward, softmax_forward, split_heads)
 
+from .activation_dropout import activation_dropout_backward, activation_dropout_forward
 from .adam import adam_step
 from .attention import attention_backward, attention_backward_into, attention_forward
 from .dropout import dropout_backward, dropout_forward
@@ -21,7 +22,8 @@ from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax
 from .matmul import matmul
 
 __all__ = [
-    "ACTIVATIONS", "adam_step", "attention_backward", "attention_backward_into",
+    "ACTIVATIONS", "activation_dropout_backward", "activation_dropout_forward",
+    "adam_step", "attention_backward", "attention_backward_into",
     "attention_forward", "causal_mask",
     "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_backward",
     "dropout_forward", "embedding_backward", "embedding_forward", "gelu_backward", "gelu_forward",

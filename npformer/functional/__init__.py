@@ -8,6 +8,7 @@ Every layer follows the CS231n convention::
 This is the NumPy reference path: written to be read next to docs/backprop.md. The modules in
 ``npformer.nn`` own the parameters and call these functions (or their Numba twins).
 """
+from .activation_dropout import activation_dropout_backward, activation_dropout_forward
 from .activations import ACTIVATIONS, gelu_backward, gelu_forward, relu_backward, relu_forward
 from .attention import (attention_backward, attention_backward_into, attention_forward,
                         merge_heads, split_heads)
@@ -20,7 +21,8 @@ from .masks import causal_mask, decoder_self_mask, padding_mask
 from .softmax import softmax_backward, softmax_forward
 
 __all__ = [
-    "ACTIVATIONS", "attention_backward", "attention_backward_into", "attention_forward", "causal_mask",
+    "ACTIVATIONS", "activation_dropout_backward", "activation_dropout_forward",
+    "attention_backward", "attention_backward_into", "attention_forward", "causal_mask",
     "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_backward",
     "dropout_forward", "embedding_backward", "embedding_forward", "gelu_backward", "gelu_forward",
     "layernorm_backward", "layernorm_forward", "linear_backward", "linear_backward_accumulate",

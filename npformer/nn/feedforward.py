@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import functional as F
+from ..backend import ops
 from .dropout import Dropout
 from .linear import Linear
 from .module import Module
@@ -16,20 +17,21 @@ class FeedForward(Module):
             raise ValueError(f"activation: expected one of {sorted(F.ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
         self.linear1 = Linear(d_model, d_ff, rng=rng, dtype=dtype)
+        # Holds p, the generator and the train/eval mode; applied together with the activation
+        # by activation_dropout_forward (one fused pass in the Numba backend).
         self.dropout = Dropout(dropout, rng=rng)
         self.linear2 = Linear(d_ff, d_model, rng=rng, dtype=dtype)
-        self._act_cache = None
+        self._cache = None
+        self._ops = None          # the backend that ran forward: only its backward fits the cache
 
     def forward(self, x):
-        act_forward, _ = F.ACTIVATIONS[self.activation]
+        self._ops = ops()
         h = self.linear1.forward(x)                     # (B, T, d_ff)
-        h, self._act_cache = act_forward(h)
-        h = self.dropout.forward(h)
+        h, self._cache = self._ops.activation_dropout_forward(
+            h, self.activation, self.dropout.p, self.dropout.rng, self.dropout.training)
         return self.linear2.forward(h)                  # (B, T, D)
 
     def backward(self, dy):
-        _, act_backward = F.ACTIVATIONS[self.activation]
-        dh = self.linear2.backward(dy)
-        dh = self.dropout.backward(dh)
-        dh = act_backward(dh, self._act_cache)
-        return self.linear1.backward(dh)
+        dh = self.linear2.backward(dy)                  # (B, T, d_ff)
+        dh = self._ops.activation_dropout_backward(dh, self._cache)
+        return self.linear1.backward(dh)                # (B, T, D)

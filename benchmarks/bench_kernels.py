@@ -90,6 +90,21 @@ def cases(np, F, K, dtype):
         return lambda: ops.dropout_backward(xd, ops.dropout_forward(xd, 0.1, np.random.default_rng(1))[1])
     yield f"dropout fwd+bwd ({n}, 512)", drop(F), drop(K)
 
+    def relu_drop(ops):
+        def run():
+            out, cache = ops.activation_dropout_forward(xd, "relu", 0.1, np.random.default_rng(1))
+            return ops.activation_dropout_backward(out, cache)
+        return run
+    yield f"ReLU+dropout fwd+bwd ({n}, 512)", relu_drop(F), relu_drop(K)
+
+    wl, bl, xl = randn(512, dm), randn(512), randn(n, dm)
+    dw_acc, db_acc = np.zeros((512, dm), dtype), np.zeros(512, dtype)
+
+    def lin(ops):
+        return lambda: ops.linear_backward_accumulate(xd, ops.linear_forward(xl, wl, bl)[1],
+                                                      dw_acc, db_acc)
+    yield f"linear fwd+bwd with bias ({n}x{dm} -> 512)", lin(F), lin(K)
+
     size = 9_000_000
     p, gr = randn(size), randn(size)
     m, vv = np.zeros(size, dtype), np.zeros(size, dtype)

@@ -16,10 +16,10 @@ a pass over all B*H*Tq*Tk scores in memory. Here:
 - The heads are computed in parts of about ``CHUNK_BYTES`` of scores (a few batch elements, or
   heads when B = 1), so a part's scores stay in L2 from the product that writes them, through
   the Numba pass, to the product that reads them.
-- Half of the parts run on one helper Python thread while this thread does the other half
-  (``np.matmul`` and the ``nogil`` kernels release the GIL; a waiting thread blocks, it does
-  not spin). The Numba passes are serial for that reason: two threads must not enter Numba's
-  parallel pool at once.
+- This thread and one helper Python thread take the parts in turn, each the next one not yet
+  taken (``np.matmul`` and the ``nogil`` kernels release the GIL; a waiting thread blocks, it
+  does not spin). The Numba passes are serial for that reason: two threads must not enter
+  Numba's parallel pool at once.
 - The Numba pass is one sweep per row: scale + mask + max + exp + normalise + dropout forward;
   dropout + softmax backward + scale backward. float32 rows use a vectorisable ``exp``
   (``_fastexp.exp32``); float64 keeps ``math.exp``, so the float64 path matches the reference
@@ -30,6 +30,7 @@ afterwards is a free reshape; :func:`attention_backward_into` writes dq, dk, dv 
 caller's buffers (the self-attention module passes three slices of one (B, T, 3D) array).
 """
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -165,20 +166,18 @@ def _mask4(mask, full):
 
 
 def _parts(shape, itemsize):
-    """How the heads are divided: two lists of parts (axis, lo, hi), axis 0 = B or 1 = H (when
-    B = 1), one list per thread. Each part's scores take about CHUNK_BYTES, so they stay in the
-    core's L2 cache from the product that writes them to the one that reads them. Below
-    SPLIT_MIN scores everything runs on this thread (the second list is empty)."""
+    """How the heads are divided: (parts, two_threads). parts lists (axis, lo, hi), axis 0 = B or
+    1 = H (when B = 1); each part's scores take about CHUNK_BYTES, so they stay in the core's L2
+    cache from the product that writes them to the one that reads them, and there are at least
+    two parts when there are two batch elements (or heads). Below SPLIT_MIN scores everything
+    runs on this thread (two_threads is False)."""
     n_b, n_h, tq, tk = shape
     axis, n = (0, n_b) if n_b > 1 else (1, n_h)
     step = max(1, CHUNK_BYTES // max(1, tq * tk * itemsize * (n_h if axis == 0 else 1)))
+    if n >= 2:
+        step = min(step, -(-n // 2))
     parts = [(axis, lo, min(lo + step, n)) for lo in range(0, n, step)]
-    if n_b * n_h * tq * tk < SPLIT_MIN or n < 2:
-        return parts, []
-    if len(parts) < 2:                                      # one chunk: halve it instead
-        parts = [(axis, 0, n // 2), (axis, n // 2, n)]
-    half = len(parts) // 2
-    return parts[:half], parts[half:]
+    return parts, len(parts) >= 2 and n_b * n_h * tq * tk >= SPLIT_MIN
 
 
 def _part(x, part):
@@ -189,21 +188,30 @@ def _part(x, part):
     return x[lo:hi] if axis == 0 else x[:, lo:hi]
 
 
-def _run(groups, fn):
-    """fn(part) for every part of both groups: the second group on the helper thread, at the
-    same time as the first on this one."""
-    mine, helpers = groups
-    job = None
-    if helpers:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(1, thread_name_prefix="npformer-attention"))
-        job = _pool[0].submit(lambda: [fn(part) for part in helpers])
-    try:
-        for part in mine:
+def _run(parts, two_threads, fn):
+    """fn(part) for every part. With two threads, this thread and the helper thread each take the
+    next part nobody has taken until none is left, so a thread that the machine slows down
+    simply does fewer parts."""
+    if not two_threads:
+        for part in parts:
             fn(part)
+        return
+    todo, lock = iter(parts), threading.Lock()
+
+    def work():
+        while True:
+            with lock:
+                part = next(todo, None)
+            if part is None:
+                return
+            fn(part)
+    if not _pool:
+        _pool.append(ThreadPoolExecutor(1, thread_name_prefix="npformer-attention"))
+    job = _pool[0].submit(work)
+    try:
+        work()
     finally:
-        if job is not None:
-            job.result()
+        job.result()
 
 
 def _flat(x, shape):
@@ -249,7 +257,7 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
                       _flat(_part(keep, part), heads) if use_dropout else _TRUE_2D,
                       drop_scale, use_dropout, _flat(p_d, heads))    # probs (B, H, Tq, Tk)
         np.matmul(p_d, _part(v, part), out=_part(out_bhtd, part))    # (B, H, Tq, dv)
-    _run(_parts(full, q.itemsize), forward_part)
+    _run(*_parts(full, q.itemsize), forward_part)
     return out_bhtd, (q, k, v, probs, probs_d, drop_cache, scale)
 
 
@@ -282,7 +290,7 @@ def attention_backward_into(dout, cache, dq, dk, dv):
                                drop_scale, use_dropout, q.dtype.type(scale))   # dS, in place
         np.matmul(ds, _part(k, part), out=_part(dq, part))           # dq = dS k      (B,H,Tq,dk)
         np.matmul(ds.swapaxes(-1, -2), _part(q, part), out=_part(dk, part))   # dk = dS^T q
-    _run(_parts(probs.shape, q.itemsize), backward_part)
+    _run(*_parts(probs.shape, q.itemsize), backward_part)
     return dq, dk, dv
 
 

@@ -132,13 +132,13 @@ def test_heads_split_in_parts_and_threads_match_reference(b, h, tq, tk, kind, dt
 def test_parts_cover_every_head_once_and_use_two_threads():
     shapes = [(128, 8, 64, 64), (128, 8, 16, 16), (3, 8, 40, 40), (1, 8, 64, 64), (1, 1, 64, 64)]
     for shape in shapes:
-        mine, helpers = ATTENTION._parts(shape, 4)
+        parts, two_threads = ATTENTION._parts(shape, 4)
         axis = 0 if shape[0] > 1 else 1
-        covered = [i for _, lo, hi in mine + helpers for i in range(lo, hi)]
+        covered = [i for _, lo, hi in parts for i in range(lo, hi)]
         assert covered == list(range(shape[axis]))
-        assert all(a == axis for a, _, _ in mine + helpers)
-        assert bool(helpers) == (shape[axis] > 1)          # both cores once there are 2 parts
-    assert ATTENTION._parts((2, 2, 3, 3), 4)[1] == []             # tiny: one thread only
+        assert all(a == axis for a, _, _ in parts)
+        assert two_threads == (shape[axis] > 1)            # both cores once there are 2 parts
+    assert ATTENTION._parts((2, 2, 3, 3), 4)[1] is False          # tiny: one thread only
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -4,7 +4,8 @@ import os
 from ..data.vocab import Vocab
 from ..nn import Transformer
 from ..training.averaging import average_checkpoints
-from ..training.multi30k import MULTI30K_MODEL, MULTI30K_TRAIN, build_trainer, load_multi30k
+from ..training.multi30k import (MULTI30K_MODEL, MULTI30K_TRAIN, build_trainer, checkpoint_subword,
+                                 load_multi30k)
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_data
 from ..training.trainer import TrainConfig, Trainer, step_checkpoints
 from .common import add_model_args, add_train_args, model_kwargs, read_lines, train_kwargs
@@ -40,6 +41,9 @@ def add_parser(sub, name):
     m.add_argument("--tgt", default="en", choices=["de", "en"], help="target language")
     m.add_argument("--cased", action="store_true",
                    help="keep the case of the text (default: lowercase, see docs/multi30k.md)")
+    m.add_argument("--subword", type=int, default=None, metavar="N",
+                   help="split words into a joint SentencePiece model's N pieces (e.g. 8000; needs "
+                        "pip install 'npformer[subword]'; default: whole words)")
     m.add_argument("--subset", type=int, default=None, metavar="N", help="first N training pairs only")
     m.add_argument("--valid-subset", type=int, default=None, metavar="N",
                    help="first N validation pairs only")
@@ -150,21 +154,24 @@ def build(args):
     if dataset == "multi30k":
         data = load_multi30k(args.data_dir, args.src, args.tgt, lowercase=not args.cased,
                              min_freq=args.min_freq, subset=args.subset,
-                             valid_subset=args.valid_subset)
+                             valid_subset=args.valid_subset, subword=args.subword)
         if args.resume:                              # keep the checkpoint's vocabularies
             from ..training.checkpointing import load_model_checkpoint
             saved = load_model_checkpoint(args.resume)
             data.src_vocab, data.tgt_vocab = saved.src_vocab, saved.tgt_vocab
+            if data.subword is not None:                 # and its subword model
+                data.subword = checkpoint_subword(saved)
         trainer = build_trainer(data, model_kwargs(args),
                                 {**_config_kwargs(args), "out_dir": args.out}, seed=args.seed)
         print(f"multi30k {args.src}->{args.tgt}: {len(data.train)} training pairs, "
               f"{len(data.valid)} validation pairs, vocabularies {len(data.src_vocab)} / "
-              f"{len(data.tgt_vocab)} (min_freq {args.min_freq}), "
+              f"{len(data.tgt_vocab)} (min_freq {args.min_freq}"
+              f"{f', {len(data.subword)} subword pieces' if data.subword else ''}), "
               f"{trainer.model.num_parameters():,} parameters, {len(trainer.sampler)} batches "
               f"per epoch", flush=True)
         return trainer
-    if args.subset or args.valid_subset:
-        raise ValueError("--subset/--valid-subset: only for --dataset multi30k")
+    if args.subset or args.valid_subset or args.subword:
+        raise ValueError("--subset/--valid-subset/--subword: only for --dataset multi30k")
     train, valid, src_vocab, tgt_vocab = load_dataset(args)
     if args.resume:
         from ..training.checkpointing import load_model_checkpoint

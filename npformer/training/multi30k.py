@@ -10,7 +10,9 @@ Tokenisation is the project's word tokenizer (``npformer.data.tokenize``), lower
 the model translates lowercased, tokenised text, and its output is detokenised before sacrebleu
 scores it against the RAW references (see docs/multi30k.md for the choice and its effect on BLEU).
 The languages and the tokenizer settings are saved in every checkpoint (metadata ``extra``), so
-evaluation and translation need only the checkpoint.
+evaluation and translation need only the checkpoint. With ``subword=N`` the words are further
+split into pieces by a joint SentencePiece model of N pieces (``npformer.data.subword``), whose
+bytes the checkpoint carries too.
 """
 import functools
 import time
@@ -18,6 +20,8 @@ import warnings
 from dataclasses import dataclass
 
 from ..data.multi30k import LANGUAGES, load_split
+from ..data.subword import NAME as SUBWORD_TOKENIZER
+from ..data.subword import SubwordTokenizer
 from ..data.tokenize import detokenize, tokenize
 from ..data.vocab import Vocab
 from ..decoding.translator import Translator, whitespace_tokenize
@@ -45,16 +49,27 @@ class Multi30kData:
     src: str             # language codes
     tgt: str
     lowercase: bool
+    subword: SubwordTokenizer = None     # None: words are the units
 
     @property
     def extra(self):
         """What a checkpoint must remember to translate and score like this run."""
-        return text_settings(self.src, self.tgt, self.lowercase)
+        return text_settings(self.src, self.tgt, self.lowercase, self.subword)
+
+    def tokenizers(self):
+        """(tokenize, detokenize) of this data's units."""
+        if self.subword is not None:
+            return self.subword.tokenize, self.subword.detokenize
+        return make_tokenizer(self.lowercase), detokenize
 
 
-def text_settings(src, tgt, lowercase):
-    return {"dataset": "multi30k", "src_lang": src, "tgt_lang": tgt, "tokenizer": TOKENIZER,
-            "lowercase": bool(lowercase)}
+def text_settings(src, tgt, lowercase, subword=None):
+    settings = {"dataset": "multi30k", "src_lang": src, "tgt_lang": tgt, "tokenizer": TOKENIZER,
+                "lowercase": bool(lowercase)}
+    if subword is not None:
+        settings.update(tokenizer=SUBWORD_TOKENIZER, subword_pieces=len(subword),
+                        subword_model=subword.to_text())
+    return settings
 
 
 def make_tokenizer(lowercase=True):
@@ -68,24 +83,32 @@ def _check_count(name, value):
 
 
 def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2, subset=None,
-                  valid_subset=None):
+                  valid_subset=None, subword=None):
     """Training/validation pairs and vocabularies (built on the training pairs only).
 
     ``subset`` keeps the first N training pairs, ``valid_subset`` the first N of ``val``.
+    ``subword`` (an int N) learns a joint SentencePiece model of N pieces on both sides of the
+    training pairs and uses its pieces as the units (needs the sentencepiece package).
     Loader errors (missing folder or split, corrupt gzip, bad UTF-8, line counts) pass through.
     """
     _check_count("subset", subset)
     _check_count("valid_subset", valid_subset)
+    _check_count("subword", subword)
     train = load_split(data_dir, "train", src, tgt)
     valid = load_split(data_dir, "val", src, tgt)
     if subset is not None:
         train = train[:subset]
     if valid_subset is not None:
         valid = valid[:valid_subset]
-    tok = make_tokenizer(lowercase)
-    src_vocab = Vocab.build((tok(s) for s, _ in train), min_freq=min_freq)
-    tgt_vocab = Vocab.build((tok(t) for _, t in train), min_freq=min_freq)
-    return Multi30kData(train, valid, src_vocab, tgt_vocab, src, tgt, bool(lowercase))
+    pieces = None
+    if subword is not None:
+        pieces = SubwordTokenizer.train([s for s, _ in train] + [t for _, t in train], subword,
+                                        lowercase=lowercase)
+    data = Multi30kData(train, valid, None, None, src, tgt, bool(lowercase), pieces)
+    tok = data.tokenizers()[0]
+    data.src_vocab = Vocab.build((tok(s) for s, _ in train), min_freq=min_freq)
+    data.tgt_vocab = Vocab.build((tok(t) for _, t in train), min_freq=min_freq)
+    return data
 
 
 def bleu_against_raw(hypotheses, targets):
@@ -98,17 +121,20 @@ def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0):
     model = Transformer(len(data.src_vocab), len(data.tgt_vocab),
                         **{**MULTI30K_MODEL, "seed": seed, **(model_kwargs or {})})
     config = TrainConfig(**{**MULTI30K_TRAIN, "seed": seed, **(train_kwargs or {})})
+    tokenize, detokenize_units = data.tokenizers()
     return Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config,
-                   tokenize=make_tokenizer(data.lowercase), detokenize=detokenize,
-                   bleu=bleu_against_raw, extra=data.extra)
+                   tokenize=tokenize, detokenize=detokenize_units, bleu=bleu_against_raw,
+                   extra=data.extra)
 
 
 def checkpoint_text_settings(loaded):
     """The languages and tokenizer a checkpoint was trained with (ValueError if not Multi30k)."""
     extra = loaded.meta.get("extra") or {}
-    if extra.get("dataset") != "multi30k" or extra.get("tokenizer") != TOKENIZER:
+    if extra.get("dataset") != "multi30k" or extra.get("tokenizer") not in (TOKENIZER,
+                                                                           SUBWORD_TOKENIZER):
         raise ValueError(f"checkpoint {loaded.path}: not a Multi30k model (its metadata has no "
-                         f"dataset 'multi30k' / tokenizer {TOKENIZER!r}; got {extra or 'none'}); "
+                         f"dataset 'multi30k' / tokenizer {TOKENIZER!r}; got "
+                         f"{ {k: v for k, v in extra.items() if k != 'subword_model'} or 'none'}); "
                          f"evaluate it with --src/--ref instead")
     for key in ("src_lang", "tgt_lang"):
         if extra.get(key) not in LANGUAGES:
@@ -117,11 +143,25 @@ def checkpoint_text_settings(loaded):
     return extra
 
 
+def checkpoint_subword(loaded):
+    """The SentencePiece tokenizer a checkpoint was trained with, or None for word units."""
+    extra = loaded.meta.get("extra") or {}
+    if extra.get("tokenizer") != SUBWORD_TOKENIZER:
+        return None
+    try:
+        return SubwordTokenizer.from_text(extra.get("subword_model"), extra.get("lowercase", True))
+    except ValueError as exc:
+        raise ValueError(f"checkpoint {loaded.path}: its subword model is unreadable: {exc}") from None
+
+
 def translator_for(loaded, batch_size=200):
     """A ``Translator`` that tokenises and detokenises as the checkpoint's run did."""
     extra = loaded.meta.get("extra") or {}
     if extra.get("tokenizer") == TOKENIZER:
         tok, detok = make_tokenizer(extra.get("lowercase", True)), detokenize
+    elif extra.get("tokenizer") == SUBWORD_TOKENIZER:
+        pieces = checkpoint_subword(loaded)
+        tok, detok = pieces.tokenize, pieces.detokenize
     else:                                         # toy / files runs: whitespace-tokenised text
         tok, detok = whitespace_tokenize, " ".join
     return Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, tok, detok,

@@ -1,0 +1,98 @@
+"""Subword units (SentencePiece over the word tokenizer): the tokenizer itself, the Multi30k recipe
+with ``subword=N`` and ``npformer train/eval --subword`` end to end on a tiny folder.
+Skipped where the optional sentencepiece package is not installed."""
+import pickle
+
+import pytest
+
+pytest.importorskip("sentencepiece", reason="subword units need the optional sentencepiece package")
+
+from npformer.cli.main import main  # noqa: E402
+from npformer.data.subword import SubwordTokenizer  # noqa: E402
+from npformer.training.checkpointing import load_model_checkpoint  # noqa: E402
+from npformer.training.multi30k import evaluate_checkpoint, load_multi30k  # noqa: E402
+
+from test_multi30k_training import TINY, mini_dir  # noqa: E402,F401  (the fixture)
+
+TEXTS = ["Zwei junge Männer spielen Fußball im Park.", "Ein Schlagzeuger spielt Schlagzeug.",
+         "Eine Frau trägt ein rotes T-Shirt.", "Zwei Hunde spielen im Schnee.",
+         "A man's dog runs in the park.", "Two young men are playing soccer."] * 5
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return SubwordTokenizer.train(TEXTS, vocab_size=80)
+
+
+def test_round_trip_gives_back_the_word_tokenizers_text(tok):
+    for text in TEXTS[:6]:
+        pieces = tok.tokenize(text)
+        assert all(isinstance(p, str) and p for p in pieces)
+        assert tok.detokenize(pieces) == text.lower()
+
+
+def test_unseen_words_are_spelled_in_pieces_not_unknown(tok):
+    pieces = tok.tokenize("Spielen Männer?")
+    assert "<unk>" not in pieces and len(pieces) > 2
+    assert tok.detokenize(pieces) == "spielen männer?"
+
+
+def test_unk_pieces_are_dropped_from_the_text(tok):
+    pieces = tok.tokenize("Zwei Hunde")
+    assert tok.detokenize(pieces[:1] + ["<unk>"] + pieces[1:]) == "zwei hunde"
+
+
+def test_serialisation_round_trips(tok):
+    for copy in (pickle.loads(pickle.dumps(tok)), SubwordTokenizer.from_text(tok.to_text())):
+        assert copy.tokenize(TEXTS[1]) == tok.tokenize(TEXTS[1]) and len(copy) == len(tok)
+
+
+def test_cased_keeps_capitals():
+    cased = SubwordTokenizer.train(TEXTS, vocab_size=80, lowercase=False)
+    assert cased.detokenize(cased.tokenize(TEXTS[0])) == TEXTS[0]
+
+
+@pytest.mark.parametrize("bad", [b"", b"not a model", "text"])
+def test_bad_model_bytes_are_rejected(bad):
+    with pytest.raises(ValueError, match="model_proto"):
+        SubwordTokenizer(bad)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="vocab_size"):
+        SubwordTokenizer.train(TEXTS, vocab_size=3)
+    with pytest.raises(ValueError, match="base64"):
+        SubwordTokenizer.from_text("not base64 !!")
+
+
+def test_recipe_uses_pieces_for_both_vocabularies(mini_dir):  # noqa: F811
+    data = load_multi30k(mini_dir, "de", "en", min_freq=1, subword=40)
+    assert data.subword is not None and data.extra["tokenizer"] == "npformer-word+sentencepiece"
+    tokenize, detokenize = data.tokenizers()
+    assert all(p in data.src_vocab for p in tokenize(data.train[0][0]))
+    assert detokenize(tokenize(data.train[0][1])) == data.train[0][1].lower()
+    with pytest.raises(ValueError, match="subword"):
+        load_multi30k(mini_dir, subword=0)
+
+
+def test_cli_train_and_eval_with_subword(mini_dir, tmp_path, capsys):  # noqa: F811
+    run = tmp_path / "run"
+    assert main(["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--src", "de",
+                 "--tgt", "en", "--max-steps", "4", "--max-tokens", "80", "--subword", "40",
+                 "--min-freq", "1", "--out", str(run)] + TINY) == 0
+    assert "40 subword pieces" in capsys.readouterr().out
+    loaded = load_model_checkpoint(run / "last")
+    result = evaluate_checkpoint(loaded, mini_dir)               # the pieces come from the checkpoint
+    assert result["sentences"] == 4 and all(isinstance(h, str) for h in result["hypotheses"])
+    assert main(["eval", "--checkpoint", str(run / "last"), "--dataset", "multi30k",
+                 "--data-dir", str(mini_dir), "--metrics-json", str(tmp_path / "m.json")]) == 0
+    # resuming keeps the checkpoint's subword model and vocabularies
+    assert main(["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--src", "de",
+                 "--tgt", "en", "--max-steps", "6", "--max-tokens", "80", "--subword", "40",
+                 "--min-freq", "1", "--out", str(run), "--resume", str(run / "last")] + TINY) == 0
+
+
+def test_subword_is_only_for_multi30k(tmp_path, capsys):
+    assert main(["train", "--dataset", "toy", "--subword", "100", "--quiet",
+                 "--out", str(tmp_path / "run")]) != 0
+    assert "--subword" in capsys.readouterr().err

@@ -4,11 +4,8 @@ caller's accumulators through reused scratch buffers.
 
 Same names, shapes and cache as :mod:`npformer.functional.linear` (docs/backprop.md#linear).
 """
-import numba
 import numpy as np
-from numba import prange
 
-from ._jit import kernel
 from .matmul import matmul
 
 _scratch = {}                     # (shape, dtype) -> reusable buffer for dW before it is added
@@ -23,35 +20,12 @@ def _buffer(shape, dtype):
     return buf
 
 
-@kernel(parallel=True)
-def _add_bias(y, b):
-    """In place: y (N, D) += b (D,), rows in parallel."""
-    for r in prange(y.shape[0]):
-        for c in range(y.shape[1]):
-            y[r, c] += b[c]
-
-
-@kernel(parallel=True)
-def _add_column_sums(dy, n_chunks, acc):
-    """In place: acc (D,) += dy (N, D).sum(axis=0). The rows are cut into n_chunks blocks, one per
-    thread; each sums its block into its own partial row, and the partials are added at the end."""
-    n, d = dy.shape
-    partial = np.zeros((n_chunks, d), dtype=acc.dtype)
-    for k in prange(n_chunks):
-        for r in range(k * n // n_chunks, (k + 1) * n // n_chunks):
-            for c in range(d):
-                partial[k, c] += dy[r, c]
-    for k in range(n_chunks):
-        for c in range(d):
-            acc[c] += partial[k, c]
-
-
 def linear_forward(x, w, b=None):
     """y = x @ w.T + b. Shape: x (..., D_in), w (D_out, D_in), b (D_out,) or None -> (..., D_out)."""
     x2 = x.reshape(-1, x.shape[-1])                  # (N, D_in)
     y = matmul(x2, w.T)                              # (N, D_out)
     if b is not None:
-        _add_bias(y, b)
+        y += b
     return y.reshape(*x.shape[:-1], w.shape[0]), (x2, x.shape, w)
 
 
@@ -78,5 +52,5 @@ def linear_backward_accumulate(dy, cache, dw_acc, db_acc=None):
     dw = matmul(dy2.T, x2, out=_buffer(w.shape, w.dtype))
     dw_acc += dw
     if db_acc is not None:
-        _add_column_sums(dy2, max(1, min(numba.get_num_threads(), dy2.shape[0])), db_acc)
+        db_acc += dy2.sum(axis=0)
     return dx

@@ -2,7 +2,8 @@
 
 The same names and signatures as :mod:`npformer.functional`, so the modules can call either.
 Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
-cross-entropy, embedding scatter-add, dropout, the Adam update); every matrix product goes
+cross-entropy, embedding scatter-add, dropout, the feed-forward block's activation + dropout,
+the Adam update); every matrix product goes
 through ``matmul``, which measures BLAS against a Numba kernel once per shape and keeps the
 faster; the masks and head reshapes are the reference functions themselves. Caches of a
 kernel forward only fit the same kernel's backward.

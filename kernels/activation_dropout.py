@@ -10,23 +10,26 @@ import math
 import numpy as np
 from numba import prange
 
-from npformer.functional.activation_dropout import _check_activation
+from npformer.functional.activation_dropout import check_activation
 from npformer.functional.dropout import keep_mask
 
 from ._jit import kernel
 
-_GELU = 1                      # activation codes inside the kernels (0 = ReLU)
+_CODES = {"relu": 0, "gelu": 1}   # the activation, as the kernels receive it
+_GELU = _CODES["gelu"]
 _NO_MASK = np.ones(1, dtype=bool)
 
 
 @kernel(parallel=True)
-def _forward(h, code, keep, scale, use_dropout, out):
-    """out = act(h) * keep * scale over flat arrays (without dropout: out = act(h))."""
-    inv_sqrt2 = 1.0 / math.sqrt(2.0)
+def _forward(h, code, keep, scale, use_dropout, consts, out):
+    """out = act(h) * keep * scale over flat arrays (without dropout: out = act(h)).
+    consts = (1/2, 1/sqrt(2), 1/sqrt(2 pi)) in h's dtype, so float32 stays float32."""
+    one = scale / scale
+    half, inv_sqrt2 = consts[0], consts[1]
     for i in prange(h.shape[0]):
         x = h[i]
         if code == _GELU:
-            y = x * (0.5 * (1.0 + math.erf(x * inv_sqrt2)))
+            y = x * (half * (one + math.erf(x * inv_sqrt2)))
         else:
             y = x if x > 0 else x - x                 # (x - x: a zero of x's dtype)
         if use_dropout:
@@ -35,34 +38,38 @@ def _forward(h, code, keep, scale, use_dropout, out):
 
 
 @kernel(parallel=True)
-def _backward(dout, h, code, keep, scale, use_dropout, dh):
-    """dh = act'(h) * dout * keep * scale over flat arrays."""
-    inv_sqrt2 = 1.0 / math.sqrt(2.0)
-    inv_sqrt2pi = 1.0 / math.sqrt(2.0 * math.pi)
+def _backward(dout, h, code, keep, scale, use_dropout, consts, dh):
+    """dh = act'(h) * dout * keep * scale over flat arrays (consts as in _forward)."""
+    one = scale / scale
+    half, inv_sqrt2, inv_sqrt2pi = consts[0], consts[1], consts[2]
     for i in prange(h.shape[0]):
         g = dout[i]
         if use_dropout:
             g = g * scale if keep[i] else g - g
         x = h[i]
         if code == _GELU:
-            cdf = 0.5 * (1.0 + math.erf(x * inv_sqrt2))
-            g = g * (cdf + x * math.exp(-0.5 * x * x) * inv_sqrt2pi)
+            cdf = half * (one + math.erf(x * inv_sqrt2))
+            g = g * (cdf + x * math.exp(-half * x * x) * inv_sqrt2pi)
         elif not x > 0:
             g = g - g
         dh[i] = g
 
 
+def _consts(dtype):
+    return np.array([0.5, 1.0 / math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi)], dtype=dtype)
+
+
 def activation_dropout_forward(h, activation, p, rng, training=True):
     """Shape: h (...) -> out (...), same shape; as the reference."""
-    _check_activation(activation)
+    check_activation(activation)
     use_dropout = bool(training and p > 0.0)
     keep = keep_mask(h.shape, p, rng) if use_dropout else None   # the reference's draws
     scale = h.dtype.type(1.0 / (1.0 - p)) if use_dropout else h.dtype.type(1.0)
     h = np.ascontiguousarray(h)
     out = np.empty(h.shape, dtype=h.dtype)
-    code = _GELU if activation == "gelu" else 0
+    code = _CODES[activation]
     _forward(h.reshape(-1), code, _NO_MASK if keep is None else keep.reshape(-1), scale,
-             use_dropout, out.reshape(-1))
+             use_dropout, _consts(h.dtype), out.reshape(-1))
     return out, (code, h, keep, scale)
 
 
@@ -74,5 +81,5 @@ def activation_dropout_backward(dout, cache):
     dout = np.ascontiguousarray(dout, dtype=h.dtype)
     dh = np.empty(h.shape, dtype=h.dtype)
     _backward(dout.reshape(-1), h.reshape(-1), code, _NO_MASK if keep is None else keep.reshape(-1),
-              scale, keep is not None, dh.reshape(-1))
+              scale, keep is not None, _consts(h.dtype), dh.reshape(-1))
     return dh

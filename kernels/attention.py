@@ -20,8 +20,9 @@ a pass over all B*H*Tq*Tk scores in memory. Here:
   taken (``np.matmul`` and the ``nogil`` kernels release the GIL; a waiting thread blocks, it
   does not spin). The Numba passes are serial for that reason: two threads must not enter
   Numba's parallel pool at once.
-- The Numba pass is one sweep per row: scale + mask + max + exp + normalise + dropout forward;
-  dropout + softmax backward + scale backward. float32 rows use a vectorisable ``exp``
+- The Numba pass works row by row: scale + mask, the row maximum (eight running maxima, which
+  vectorise), exp + sum, normalise + dropout forward; backward: dropout + softmax backward +
+  scale backward. float32 rows use a vectorisable ``exp``
   (``_fastexp.exp32``); float64 keeps ``math.exp``, so the float64 path matches the reference
   to ~1e-15.
 
@@ -188,10 +189,10 @@ def _parts(shape, itemsize):
     n_b, n_h, tq, tk = shape
     axis, n = (0, n_b) if n_b > 1 else (1, n_h)
     step = max(1, CHUNK_BYTES // max(1, tq * tk * itemsize * (n_h if axis == 0 else 1)))
-    if n >= 2:
+    two_threads = n >= 2 and n_b * n_h * tq * tk >= SPLIT_MIN
+    if two_threads:
         step = min(step, -(-n // 2))
-    parts = [(axis, lo, min(lo + step, n)) for lo in range(0, n, step)]
-    return parts, len(parts) >= 2 and n_b * n_h * tq * tk >= SPLIT_MIN
+    return [(axis, lo, min(lo + step, n)) for lo in range(0, n, step)], two_threads
 
 
 def _part(x, part):

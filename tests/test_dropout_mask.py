@@ -36,3 +36,8 @@ def test_units_are_independent_within_each_64_bit_word():
     keep = keep_mask((200_000, 4), 0.5, np.random.default_rng(3)).astype(float)
     corr = np.corrcoef(keep.T)
     assert np.abs(corr[np.triu_indices(4, 1)]).max() < 0.01
+
+
+def test_a_32_bit_generator_is_refused():
+    with pytest.raises(ValueError, match="MT19937"):
+        keep_mask((4, 4), 0.1, np.random.Generator(np.random.MT19937(0)))

@@ -52,7 +52,7 @@ def test_cased_keeps_capitals():
     assert cased.detokenize(cased.tokenize(TEXTS[0])) == TEXTS[0]
 
 
-@pytest.mark.parametrize("bad", [b"", b"not a model", "text"])
+@pytest.mark.parametrize("bad", [b"", b"not a model", "text"], ids=["empty", "garbage", "str"])
 def test_bad_model_bytes_are_rejected(bad):
     with pytest.raises(ValueError, match="model_proto"):
         SubwordTokenizer(bad)
@@ -86,10 +86,27 @@ def test_cli_train_and_eval_with_subword(mini_dir, tmp_path, capsys):  # noqa: F
     assert result["sentences"] == 4 and all(isinstance(h, str) for h in result["hypotheses"])
     assert main(["eval", "--checkpoint", str(run / "last"), "--dataset", "multi30k",
                  "--data-dir", str(mini_dir), "--metrics-json", str(tmp_path / "m.json")]) == 0
-    # resuming keeps the checkpoint's subword model and vocabularies
+    # resuming keeps the checkpoint's subword model, even without --subword on the command line
+    first = loaded.meta["extra"]["subword_model"]
     assert main(["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--src", "de",
-                 "--tgt", "en", "--max-steps", "6", "--max-tokens", "80", "--subword", "40",
-                 "--min-freq", "1", "--out", str(run), "--resume", str(run / "last")] + TINY) == 0
+                 "--tgt", "en", "--max-steps", "6", "--max-tokens", "80", "--min-freq", "1",
+                 "--out", str(tmp_path / "resumed"), "--resume", str(run / "last")] + TINY) == 0
+    resumed = load_model_checkpoint(tmp_path / "resumed" / "last")
+    assert resumed.meta["extra"]["subword_model"] == first and resumed.meta["training"]["step"] == 6
+
+
+def test_subword_resume_of_a_word_level_checkpoint_is_refused(mini_dir, tmp_path, capsys):  # noqa: F811
+    common = ["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--min-freq", "1",
+              "--max-tokens", "80"] + TINY
+    assert main(common + ["--max-steps", "2", "--out", str(tmp_path / "words")]) == 0
+    assert main(common + ["--max-steps", "4", "--subword", "40", "--out", str(tmp_path / "again"),
+                          "--resume", str(tmp_path / "words" / "last")]) != 0
+    assert "--subword" in capsys.readouterr().err
+
+
+def test_too_few_pieces_name_the_option(mini_dir):  # noqa: F811
+    with pytest.raises(ValueError, match="subword: expected at least 16"):
+        load_multi30k(mini_dir, subword=5)
 
 
 def test_subword_is_only_for_multi30k(tmp_path, capsys):

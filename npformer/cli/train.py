@@ -152,15 +152,22 @@ def build(args):
     dataset = dataset_name(args)
     fill_defaults(args, dataset)
     if dataset == "multi30k":
-        data = load_multi30k(args.data_dir, args.src, args.tgt, lowercase=not args.cased,
-                             min_freq=args.min_freq, subset=args.subset,
-                             valid_subset=args.valid_subset, subword=args.subword)
-        if args.resume:                              # keep the checkpoint's vocabularies
+        saved = None
+        if args.resume:                              # its vocabularies and units are kept
             from ..training.checkpointing import load_model_checkpoint
             saved = load_model_checkpoint(args.resume)
-            data.src_vocab, data.tgt_vocab = saved.src_vocab, saved.tgt_vocab
-            if data.subword is not None:                 # and its subword model
-                data.subword = checkpoint_subword(saved)
+            pieces = checkpoint_subword(saved)
+            if args.subword is not None and pieces is None:
+                raise ValueError(f"--subword: the checkpoint {args.resume} was trained on whole "
+                                 f"words; resume it without --subword")
+        data = load_multi30k(args.data_dir, args.src, args.tgt, lowercase=not args.cased,
+                             min_freq=args.min_freq, subset=args.subset,
+                             valid_subset=args.valid_subset,
+                             subword=None if saved is not None else args.subword)
+        if saved is not None:
+            data.src_vocab, data.tgt_vocab, data.subword = saved.src_vocab, saved.tgt_vocab, pieces
+            if pieces is not None:
+                data.lowercase = pieces.lowercase
         trainer = build_trainer(data, model_kwargs(args),
                                 {**_config_kwargs(args), "out_dir": args.out}, seed=args.seed)
         print(f"multi30k {args.src}->{args.tgt}: {len(data.train)} training pairs, "
@@ -170,7 +177,7 @@ def build(args):
               f"{trainer.model.num_parameters():,} parameters, {len(trainer.sampler)} batches "
               f"per epoch", flush=True)
         return trainer
-    if args.subset or args.valid_subset or args.subword:
+    if args.subset or args.valid_subset or args.subword is not None:
         raise ValueError("--subset/--valid-subset/--subword: only for --dataset multi30k")
     train, valid, src_vocab, tgt_vocab = load_dataset(args)
     if args.resume:

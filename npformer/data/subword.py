@@ -38,8 +38,9 @@ class SubwordTokenizer:
 
     def __init__(self, model_proto, lowercase=True):
         if not isinstance(model_proto, (bytes, bytearray)) or not model_proto:
-            raise ValueError(f"model_proto: expected the bytes of a SentencePiece model, got "
-                             f"{type(model_proto).__name__}")
+            got = "empty bytes" if isinstance(model_proto, (bytes, bytearray)) else \
+                type(model_proto).__name__
+            raise ValueError(f"model_proto: expected the bytes of a SentencePiece model, got {got}")
         self.model_proto, self.lowercase = bytes(model_proto), bool(lowercase)
         self._load()
 

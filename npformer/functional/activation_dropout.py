@@ -10,7 +10,7 @@ from .activations import ACTIVATIONS
 from .dropout import dropout_backward, dropout_forward
 
 
-def _check_activation(activation):
+def check_activation(activation):
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")
 
@@ -18,7 +18,7 @@ def _check_activation(activation):
 def activation_dropout_forward(h, activation, p, rng, training=True):
     """Shape: h (...) -> out (...), same shape. ``activation`` is a key of ``ACTIVATIONS``;
     dropout as :func:`dropout_forward` (identity when not training or p == 0)."""
-    _check_activation(activation)
+    check_activation(activation)
     act_forward, _ = ACTIVATIONS[activation]
     a, act_cache = act_forward(h)                     # (...) activation(h)
     out, drop_cache = dropout_forward(a, p, rng, training)

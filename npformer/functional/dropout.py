@@ -1,5 +1,6 @@
 """Inverted dropout: zero each unit with probability p and scale survivors by 1/(1-p), so the
-expected activation is unchanged and evaluation needs no rescaling.
+expected activation is unchanged (to within 2**-17 relative: see ``keep_mask``) and evaluation
+needs no rescaling.
 
 Derivation: docs/backprop.md#dropout.
 """
@@ -19,6 +20,9 @@ def keep_mask(shape, p, rng):
     0.6 ms for 983,040 units), and a base-config training step draws ~16 million units.
     Both backends call this function, so they see the same masks for the same seed.
     """
+    if isinstance(rng.bit_generator, np.random.MT19937):
+        raise ValueError("rng: expected a generator with 64 random bits per raw draw (PCG64, "
+                         "as np.random.default_rng gives, Philox, SFC64), got MT19937 (32)")
     n = math.prod(shape)
     words = rng.bit_generator.random_raw((n + 3) // 4)      # (ceil(n / 4),) uint64
     bits = words.view(np.uint16)[:n].reshape(shape)         # (...) uint16, uniform in [0, 65536)

@@ -1,7 +1,7 @@
 """Position-wise feed-forward network: linear2(dropout(activation(linear1(x))))."""
 import numpy as np
 
-from .. import functional as F
+from ..functional.activation_dropout import check_activation
 from ..backend import ops
 from .dropout import Dropout
 from .linear import Linear
@@ -13,8 +13,7 @@ class FeedForward(Module):
 
     def __init__(self, d_model, d_ff, dropout=0.0, activation="relu", *, rng, dtype=np.float32):
         super().__init__()
-        if activation not in F.ACTIVATIONS:
-            raise ValueError(f"activation: expected one of {sorted(F.ACTIVATIONS)}, got {activation!r}")
+        check_activation(activation)
         self.activation = activation
         self.linear1 = Linear(d_model, d_ff, rng=rng, dtype=dtype)
         # Holds p, the generator and the train/eval mode; applied together with the activation

@@ -94,6 +94,8 @@ def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2,
     _check_count("subset", subset)
     _check_count("valid_subset", valid_subset)
     _check_count("subword", subword)
+    if subword is not None and subword < 16:
+        raise ValueError(f"subword: expected at least 16 pieces, got {subword}")
     train = load_split(data_dir, "train", src, tgt)
     valid = load_split(data_dir, "val", src, tgt)
     if subset is not None:
@@ -133,7 +135,7 @@ def checkpoint_text_settings(loaded):
     if extra.get("dataset") != "multi30k" or extra.get("tokenizer") not in (TOKENIZER,
                                                                            SUBWORD_TOKENIZER):
         raise ValueError(f"checkpoint {loaded.path}: not a Multi30k model (its metadata has no "
-                         f"dataset 'multi30k' / tokenizer {TOKENIZER!r}; got "
+                         f"dataset 'multi30k' / tokenizer {TOKENIZER!r} or {SUBWORD_TOKENIZER!r}; got "
                          f"{ {k: v for k, v in extra.items() if k != 'subword_model'} or 'none'}); "
                          f"evaluate it with --src/--ref instead")
     for key in ("src_lang", "tgt_lang"):

@@ -32,20 +32,19 @@ caller's buffers (the self-attention module passes three slices of one (B, T, 3D
 """
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import njit
 
 from npformer.functional.dropout import keep_mask
 
+from . import _helper_thread
 from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
 from .matmul import THREAD_SAFE, matmul
 
 SPLIT_MIN = 1 << 15              # score entries (B*H*Tq*Tk) from which both cores work
 CHUNK_BYTES = 1 << 19            # scores per part, sized to stay in L2 between the products
-_pool = []                       # the one helper thread, started on first use
 
 
 @njit(inline="always", fastmath=FASTMATH, cache=True)
@@ -220,9 +219,7 @@ def _run(parts, two_threads, fn):
             if part is None:
                 return
             fn(part)
-    if not _pool:
-        _pool.append(ThreadPoolExecutor(1, thread_name_prefix="npformer-attention"))
-    job = _pool[0].submit(work)
+    job = _helper_thread.submit(work)
     try:
         work()
     finally:

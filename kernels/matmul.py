@@ -27,6 +27,7 @@ import time
 import numpy as np
 from numba import prange
 
+from . import _helper_thread
 from ._jit import kernel
 
 MEASURE_LIMIT = 1 << 22          # multiply-adds per matrix (M * K * N); see the module docstring
@@ -87,21 +88,15 @@ def _blas_contiguous(a, b, out):
     return np.matmul(np.ascontiguousarray(a), np.ascontiguousarray(b), out=out)
 
 
-_pool = []
-
-
 def _blas_split(a, b, out):
     """np.matmul with the rows of a 2-D product split between this thread and one helper
     thread, each running single-threaded BLAS (a thread that waits blocks; it does not spin)."""
     if a.ndim != 2 or a.shape[0] < 2:
         return _blas(a, b, out)
-    if not _pool:
-        from concurrent.futures import ThreadPoolExecutor
-        _pool.append(ThreadPoolExecutor(1, thread_name_prefix="npformer-blas"))
     if out is None:
         out = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
     h = a.shape[0] // 2
-    job = _pool[0].submit(np.matmul, a[h:], b, out=out[h:])
+    job = _helper_thread.submit(np.matmul, a[h:], b, out=out[h:])
     np.matmul(a[:h], b, out=out[:h])
     job.result()
     return out

@@ -3,14 +3,19 @@ from ..backend import ops
 from .module import Module
 
 
+def check_probability(p):
+    """p if it is a dropout probability in [0, 1), else ValueError."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout: expected a probability in [0, 1), got {p}")
+    return p
+
+
 class Dropout(Module):
     """Inverted dropout with probability ``p``, drawing from the model's shared generator."""
 
     def __init__(self, p, *, rng):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {p}")
-        self.p, self.rng = p, rng
+        self.p, self.rng = check_probability(p), rng
         self._cache = None
         self._ops = None          # the backend that ran forward: only its backward fits the cache
 

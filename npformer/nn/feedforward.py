@@ -3,7 +3,7 @@ import numpy as np
 
 from ..functional.activation_dropout import check_activation
 from ..backend import ops
-from .dropout import Dropout
+from .dropout import check_probability
 from .linear import Linear
 from .module import Module
 
@@ -16,9 +16,10 @@ class FeedForward(Module):
         check_activation(activation)
         self.activation = activation
         self.linear1 = Linear(d_model, d_ff, rng=rng, dtype=dtype)
-        # Holds p, the generator and the train/eval mode; applied together with the activation
-        # by activation_dropout_forward (one fused pass in the Numba backend).
-        self.dropout = Dropout(dropout, rng=rng)
+        # dropout after the activation, applied with it by activation_dropout_forward (one fused
+        # pass in the Numba backend); train()/eval() switch it through self.training
+        self.dropout = check_probability(dropout)
+        self.rng = rng
         self.linear2 = Linear(d_ff, d_model, rng=rng, dtype=dtype)
         self._cache = None
         self._ops = None          # the backend that ran forward: only its backward fits the cache
@@ -27,7 +28,7 @@ class FeedForward(Module):
         self._ops = ops()
         h = self.linear1.forward(x)                     # (B, T, d_ff)
         h, self._cache = self._ops.activation_dropout_forward(
-            h, self.activation, self.dropout.p, self.dropout.rng, self.dropout.training)
+            h, self.activation, self.dropout, self.rng, self.training)
         return self.linear2.forward(h)                  # (B, T, D)
 
     def backward(self, dy):

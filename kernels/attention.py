@@ -1,15 +1,20 @@
-"""Scaled dot-product attention: batched matrix products by single-threaded BLAS (through
-NumPy) and one fused Numba pass for everything between them, on both cores.
+"""Scaled dot-product attention: the six matrix products per head by single-threaded BLAS or
+a register-blocked Numba kernel, whichever measures faster, and one fused Numba pass for
+everything between them, on both cores.
 
 Same maths, names and shapes as :func:`npformer.functional.attention_forward` /
-``attention_backward`` (see docs/backprop.md#attention). The two products whose second operand
-is a transposed view (``q k^T``, ``dout v^T``) go through the matmul dispatcher, which measures
-once per shape whether copying that operand to contiguous memory first pays (OpenBLAS multiplies
-by a transposed matrix ~2x slower at T=64, while the copy costs a fraction of that; at T=16 the
-copy does not pay). Measured (BENCHMARKS.md): a batched
-``np.matmul`` over heads of (T, 32) x (32, T) runs at 60-100 GFLOP/s on one core, faster than
-per-head products written in Numba (loops of 16-64 iterations are mostly loop overhead), so the
-products stay in BLAS. What the reference does slowly is the element-wise work between them
+``attention_backward`` (see docs/backprop.md#attention). Every product goes through the matmul
+dispatcher, limited to its thread-safe candidates:
+
+- ``q k^T`` and ``dout v^T`` (a transposed second operand): BLAS, on a contiguous copy of that
+  operand where the copy pays (OpenBLAS multiplies by a transposed matrix ~2x slower at T=64; at
+  T=16 the copy does not pay).
+- ``P v``, ``P'^T dout``, ``dS k``, ``dS^T q`` (rows of the second operand contiguous along d):
+  also :mod:`npformer.kernels.blocked_matmul`, which keeps a 4 x 32 block of the result in
+  vector registers. On the parts below it measures 2-2.5x faster than BLAS at T <= 32, where
+  BLAS's per-matrix cost is a large share of a (16-32) x 32 product (BENCHMARKS.md).
+
+What the reference also does slowly is the element-wise work between the products
 (``np.where`` for the mask, max, exp, sum, divide, dropout; five more passes in backward), each
 a pass over all B*H*Tq*Tk scores in memory. Here:
 
@@ -268,7 +273,7 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
                       dtype(-np.inf), q.dtype == np.float32,
                       _flat(_part(keep, part), heads) if use_dropout else _TRUE_2D,
                       drop_scale, use_dropout, _flat(p_d, heads))    # probs (B, H, Tq, Tk)
-        np.matmul(p_d, _part(v, part), out=_part(out_bhtd, part))    # (B, H, Tq, dv)
+        matmul(p_d, _part(v, part), out=_part(out_bhtd, part), candidates=THREAD_SAFE)  # (B,H,Tq,dv)
     _run(*_parts(full, q.itemsize), forward_part)
     return out_bhtd, (q, k, v, probs, probs_d, drop_cache, scale)
 
@@ -294,14 +299,17 @@ def attention_backward_into(dout, cache, dq, dk, dv):
 
     def backward_part(part):
         p, p_d, g = _part(probs, part), _part(probs_d, part), _part(dout, part)
-        np.matmul(p_d.swapaxes(-1, -2), g, out=_part(dv, part))     # dv = P'^T dout (B,H,Tk,dv)
+        matmul(p_d.swapaxes(-1, -2), g, out=_part(dv, part),
+               candidates=THREAD_SAFE)                               # dv = P'^T dout (B,H,Tk,dv)
         ds = matmul(g, _part(vt, part), candidates=THREAD_SAFE)     # dP' = dout v^T (B,H,Tq,Tk)
         rows = (ds.size // tk, tk)
         _softmax_rows_backward(_flat(ds, rows), _flat(p, rows),
                                _flat(_part(keep, part), rows) if use_dropout else _TRUE_2D,
                                drop_scale, use_dropout, q.dtype.type(scale))   # dS, in place
-        np.matmul(ds, _part(k, part), out=_part(dq, part))           # dq = dS k      (B,H,Tq,dk)
-        np.matmul(ds.swapaxes(-1, -2), _part(q, part), out=_part(dk, part))   # dk = dS^T q
+        matmul(ds, _part(k, part), out=_part(dq, part),
+               candidates=THREAD_SAFE)                               # dq = dS k      (B,H,Tq,dk)
+        matmul(ds.swapaxes(-1, -2), _part(q, part), out=_part(dk, part),
+               candidates=THREAD_SAFE)                               # dk = dS^T q    (B,H,Tk,dk)
     _run(*_parts(probs.shape, q.itemsize), backward_part)
     return dq, dk, dv
 

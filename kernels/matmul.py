@@ -10,6 +10,9 @@ memory for that signature; later calls go straight to it. Candidates:
   takes a slower path for some transposed batched views);
 - ``"numba"``: :func:`_gemm_rows` / :func:`_gemm_rows_nt`, row-parallel Numba kernels with no
   per-call BLAS overhead (and none of BLAS's thread hand-offs);
+- ``"numba-blocked"``: :func:`npformer.kernels.blocked_matmul.blocked_matmul`, a serial,
+  register-blocked Numba kernel for many small products (attention's heads); offered where
+  ``b`` and ``out`` have unit stride along their last axis and N >= 32;
 - ``"blas-split"`` (large 2-D products only): the rows split in two halves, one computed by a
   helper Python thread, each half by single-threaded BLAS. This is how npformer uses two cores
   for the big GEMMs (see ``npformer.backend``): a waiting Python thread blocks, where OpenBLAS's
@@ -29,6 +32,8 @@ from numba import prange
 
 from . import _helper_thread
 from ._jit import kernel
+from .blocked_matmul import applies as _blocked_applies
+from .blocked_matmul import blocked_matmul
 
 MEASURE_LIMIT = 1 << 22          # multiply-adds per matrix (M * K * N); see the module docstring
 _BUCKET = 256                    # large products: one decision per size bucket
@@ -115,14 +120,23 @@ def _numba(a, b, out):
     return out
 
 
+def _numba_blocked(a, b, out):
+    if not _blocked_applies(a, b, out):       # e.g. an out that overlaps a or b: BLAS copes
+        return _blas(a, b, out)
+    return blocked_matmul(a, b, out)
+
+
 CANDIDATES = {"blas": _blas, "blas-contiguous": _blas_contiguous, "numba": _numba,
-              "blas-split": _blas_split}
+              "blas-split": _blas_split, "numba-blocked": _numba_blocked}
 
 
 def _layout(x):
+    """C (C-contiguous), T (a transposed view), R (rows contiguous, other strides), S (other)."""
     if x.flags.c_contiguous:
         return "C"
-    return "T" if x.strides[-2] == x.itemsize else "S"       # transposed view / other strides
+    if x.strides[-2] == x.itemsize:
+        return "T"
+    return "R" if x.strides[-1] == x.itemsize else "S"
 
 
 def _bucket(n):
@@ -169,7 +183,7 @@ def _measure(sig, a, b, out, names):
     return _choice[sig]
 
 
-THREAD_SAFE = ("blas", "blas-contiguous")   # candidates that may run on several threads at once
+THREAD_SAFE = ("blas", "blas-contiguous", "numba-blocked")   # may run on several threads at once
 
 
 def matmul(a, b, out=None, candidates=None):
@@ -193,6 +207,8 @@ def matmul(a, b, out=None, candidates=None):
             names = ["blas", "numba"]
             if _layout(a) != "C" or _layout(b) != "C":
                 names.insert(1, "blas-contiguous")
+            if _blocked_applies(a, b, out):
+                names.append("numba-blocked")
         if candidates is not None:
             names = [n for n in names if n in candidates] or ["blas"]
         name = _measure(sig, a, b, out, names) if len(names) > 1 else names[0]

@@ -1,0 +1,123 @@
+"""Explicit 16-lane vectors inside Numba kernels.
+
+Numba has no SIMD type, and LLVM vectorises a Numba loop only when it can prove that the
+arrays in it do not overlap and the loop is long enough (a vector body of 64 elements and
+more). Neither holds in a per-head product over 16-64 rows: LLVM cannot prove that ``out``
+and ``b`` are different arrays, so ``out[i, j] += a[i, s] * b[s, j]`` stays scalar. Here a
+vector is a value, like a float. It lives in a register, and the loop that updates it
+stores nothing until the end:
+
+    acc = vsplat(zero)                             # 16 zeros
+    for s in range(n):
+        acc = vfma(vsplat(a[i, s]), vload(b, off + s * row), acc)
+    vstore(out, out_off, acc)
+
+``vload(arr, k)`` and ``vstore(arr, k, v)`` read and write the 16 elements starting ``k``
+elements after ``arr``'s first element, ignoring ``arr``'s strides. The caller computes ``k``
+from the strides and makes sure the 16 elements are adjacent in memory (a row with unit last
+stride) and inside the array: there is no bounds check. ``vfma(a, b, c)`` is a * b + c,
+rounded once.
+
+A vector holds 16 elements of the array's dtype: one 512-bit register of float32 on an
+AVX-512 CPU. LLVM splits it into two or four registers where they are narrower, and for
+float64, so the kernels are correct on every x86-64 CPU and fastest where the registers
+are widest.
+"""
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+LANES = 16
+
+
+class VectorType(types.Type):
+    """The Numba type of LANES numbers of one float dtype, held in registers."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        super().__init__(name=f"vector{LANES}({dtype})")
+
+
+@register_model(VectorType)
+class _VectorModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        element = dmm.lookup(fe_type.dtype).get_value_type()
+        super().__init__(dmm, fe_type, ir.VectorType(element, LANES))
+
+
+_vector_types = {}
+
+
+def _vector_of(dtype):
+    if dtype not in _vector_types:
+        _vector_types[dtype] = VectorType(dtype)
+    return _vector_types[dtype]
+
+
+def _check_float(dtype, what):
+    if dtype not in (types.float32, types.float64):
+        raise TypeError(f"{what}: expected float32 or float64, got {dtype}")
+
+
+def _vector_pointer(context, builder, array_type, array, offset):
+    """Pointer to LANES elements starting ``offset`` elements after the array's first."""
+    data = context.make_array(array_type)(context, builder, array).data
+    element = builder.gep(data, [offset])
+    return builder.bitcast(element, ir.VectorType(element.type.pointee, LANES).as_pointer())
+
+
+@intrinsic
+def vload(typingctx, array, offset):
+    """array's elements offset .. offset + LANES - 1 (in memory order) as one vector."""
+    _check_float(array.dtype, "vload")
+
+    def codegen(context, builder, signature, args):
+        pointer = _vector_pointer(context, builder, signature.args[0], args[0], args[1])
+        return builder.load(pointer, align=array.dtype.bitwidth // 8)
+    return _vector_of(array.dtype)(array, offset), codegen
+
+
+@intrinsic
+def vstore(typingctx, array, offset, vector):
+    """Write the vector to array's elements offset .. offset + LANES - 1 (in memory order)."""
+    _check_float(array.dtype, "vstore")
+    if not isinstance(vector, VectorType) or vector.dtype != array.dtype:
+        raise TypeError(f"vstore: expected a vector of {array.dtype}, got {vector}")
+
+    def codegen(context, builder, signature, args):
+        pointer = _vector_pointer(context, builder, signature.args[0], args[0], args[1])
+        builder.store(args[2], pointer, align=array.dtype.bitwidth // 8)
+        return context.get_dummy_value()
+    return types.none(array, offset, vector), codegen
+
+
+@intrinsic
+def vsplat(typingctx, x):
+    """A vector with every lane equal to the float x."""
+    _check_float(x, "vsplat")
+
+    def codegen(context, builder, signature, args):
+        vector_type = ir.VectorType(args[0].type, LANES)
+        one_lane = builder.insert_element(ir.Constant(vector_type, ir.Undefined), args[0],
+                                          ir.Constant(ir.IntType(32), 0))
+        every_lane_from_0 = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        return builder.shuffle_vector(one_lane, ir.Constant(vector_type, ir.Undefined),
+                                      every_lane_from_0)
+    return _vector_of(x)(x), codegen
+
+
+@intrinsic
+def vfma(typingctx, a, b, c):
+    """a * b + c lane by lane, rounded once (LLVM's fma intrinsic)."""
+    if not (isinstance(a, VectorType) and a == b == c):
+        raise TypeError(f"vfma: expected three vectors of one dtype, got {a}, {b}, {c}")
+
+    def codegen(context, builder, signature, args):
+        vector_type = args[0].type
+        suffix = "f32" if a.dtype == types.float32 else "f64"
+        fma = cgutils.get_or_insert_function(builder.module,
+                                             ir.FunctionType(vector_type, [vector_type] * 3),
+                                             f"llvm.fma.v{LANES}{suffix}")
+        return builder.call(fma, args)
+    return a(a, b, c), codegen

@@ -1,0 +1,97 @@
+"""The register-blocked per-head matmul kernel (``npformer.kernels.blocked_matmul``), its 16-lane
+vector intrinsics, and how the matmul dispatcher offers it."""
+import importlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+B = importlib.import_module("npformer.kernels.blocked_matmul")
+M = importlib.import_module("npformer.kernels.matmul")
+
+TOL = {np.float32: 2e-6, np.float64: 1e-14}
+
+
+def rows_view(rng, shape, dtype, layout):
+    """A (..., R, C) array: contiguous (C), a transposed view (T), heads split out of a wider
+    (..., R, 2C) buffer with unit stride along C (R, as q/k/v of attention), or every other
+    column (S, no unit stride)."""
+    if layout == "T":
+        return rng.standard_normal(shape[:-2] + shape[-1:] + shape[-2:-1]).astype(dtype).swapaxes(-1, -2)
+    if layout == "R":
+        return rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(dtype)[..., 3:3 + shape[-1]] \
+            if shape[-1] > 3 else rng.standard_normal(shape).astype(dtype)
+    if layout == "S":
+        return rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(dtype)[..., ::2]
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@settings(deadline=None, max_examples=60)
+@given(batch=st.sampled_from([(), (3,), (2, 3), (1, 5)]), m=st.integers(1, 21),
+       k=st.integers(1, 21), n=st.integers(32, 80), la=st.sampled_from("CTS"),
+       lb=st.sampled_from("CR"), lout=st.sampled_from("CR"),
+       dtype=st.sampled_from(list(TOL)), seed=st.integers(0, 2**16))
+def test_blocked_matmul_equals_numpy(batch, m, k, n, la, lb, lout, dtype, seed):
+    """Every row and column block, including the clamped last ones (M not a multiple of 4,
+    N not a multiple of 32, M < 4), in both dtypes and with strided operands."""
+    rng = np.random.default_rng(seed)
+    a, b = rows_view(rng, batch + (m, k), dtype, la), rows_view(rng, batch + (k, n), dtype, lb)
+    out = rows_view(rng, batch + (m, n), dtype, lout)
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    scale = max(1.0, float(np.abs(expected).max())) * k
+    assert B.blocked_matmul(a, b, out) is out
+    np.testing.assert_allclose(out, expected, rtol=0, atol=TOL[dtype] * scale)
+    res = B.blocked_matmul(a, b)
+    assert res.dtype == dtype and res.shape == expected.shape
+    np.testing.assert_allclose(res, expected, rtol=0, atol=TOL[dtype] * scale)
+
+
+def test_blocked_matmul_writes_only_its_output():
+    """The clamped edge blocks rewrite entries inside out; nothing around out changes."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 7, 5)), rng.standard_normal((2, 5, 45))
+    buf = np.full((2, 9, 60), 7.0)
+    out = buf[:, 1:8, 4:49]                                  # (2, 7, 45), unit-stride rows
+    B.blocked_matmul(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=0, atol=1e-13)
+    untouched = np.ones(buf.shape, bool)
+    untouched[:, 1:8, 4:49] = False
+    assert np.all(buf[untouched] == 7.0)
+
+
+@pytest.mark.parametrize("case", [
+    lambda z: (z((3, 4)), z((4, 31)), None),                           # N < 32
+    lambda z: (z((3, 4)), z((4, 64))[:, ::2], None),                   # b without unit stride
+    lambda z: (z((3, 4)), z((4, 32)), z((3, 64))[:, ::2]),             # out without unit stride
+    lambda z: (z((3, 4)), z((4, 32)).astype(np.float32), None),        # mixed dtypes
+    lambda z: (z((2, 2, 2, 3, 4)), z((2, 2, 2, 4, 32)), None),         # three leading axes
+])
+def test_blocked_matmul_refuses_what_it_cannot_do(case):
+    a, b, out = case(np.ones)
+    assert not B.applies(a, b, out)
+    with pytest.raises(ValueError, match="blocked_matmul: expected") as err:
+        B.blocked_matmul(a, b, out)
+    assert str(a.shape) in str(err.value) and str(b.shape) in str(err.value)
+
+
+def test_blocked_matmul_refuses_an_out_that_overlaps_its_inputs():
+    b = np.ones((32, 32))
+    assert not B.applies(b, b, out=b)
+    with pytest.raises(ValueError, match="overlapping"):
+        B.blocked_matmul(b, b, out=b)
+    np.testing.assert_allclose(M.CANDIDATES["numba-blocked"](b, b.copy(), b), np.full((32, 32), 32.0))
+
+
+def test_dispatcher_offers_the_blocked_kernel_where_it_applies():
+    M.reset()
+    rng = np.random.default_rng(1)
+    probs, v = rng.random((4, 2, 16, 16)), rng.standard_normal((4, 2, 16, 32))
+    np.testing.assert_allclose(M.matmul(probs, v, candidates=M.THREAD_SAFE), probs @ v,
+                               rtol=0, atol=1e-13)
+    (times,) = M.timings().values()
+    assert set(times) == {"blas", "numba-blocked"}
+    narrow = rng.standard_normal((4, 2, 16, 8))                # N < 32: not offered
+    M.matmul(probs, narrow)
+    assert "numba-blocked" not in list(M.timings().values())[1]
+    M.reset()

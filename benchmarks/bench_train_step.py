@@ -2,7 +2,7 @@
 backends) and PyTorch eager on the same architecture, thread count and batch, in one run.
 
     python benchmarks/bench_train_step.py [--config base|big] [--repeats 7] [--threads 2]
-                                          [--blas-threads 1] [--profile]
+                                          [--blas-threads 1] [--profile] [--choices]
 
 Each implementation runs in its own subprocess, so its peak resident memory
 (``resource.getrusage``) is its own. Prints ms/step (median after warm-up), tokens/s (source +
@@ -12,7 +12,9 @@ PyTorch is skipped, with a message, when it is not installed.
 npformer runs under its runtime policy (``npformer.backend.configure_runtime``): Numba kernels on
 ``--threads``, BLAS on ``--blas-threads`` (default 1, the policy), freed memory kept for reuse.
 PyTorch gets ``torch.set_num_threads(--threads)``. ``--profile`` prints, for the npformer numba
-path, the 22 functions with the most own time over the timed steps (cProfile).
+path, the 22 functions with the most own time over the timed steps (cProfile). ``--choices``
+prints, for the same path, what the matmul dispatcher measured and picked for every product
+shape of the step.
 """
 import argparse
 import json
@@ -70,7 +72,17 @@ def time_steps(step, repeats):
     return sorted(times)
 
 
-def run_npformer(c, backend_name, repeats, threads, blas_threads, profile=False):
+def print_choices():
+    """The matmul dispatcher's trials and picks, one line per product signature (to stderr)."""
+    import importlib
+    dispatcher = importlib.import_module("npformer.kernels.matmul")
+    for sig, times in dispatcher.timings().items():
+        cells = ", ".join(f"{name} {1e3 * t:.3f}" for name, t in sorted(times.items(), key=lambda x: x[1]))
+        print(f"{str(sig[:-5] if sig[0] != 'large' else sig[:4]):48s} {str(sig[-5:-2]):18s} "
+              f"-> {dispatcher._choice[sig]:20s} ({cells} ms)", file=sys.stderr)
+
+
+def run_npformer(c, backend_name, repeats, threads, blas_threads, profile=False, choices=False):
     import numpy as np
 
     sys.path.insert(0, str(ROOT))
@@ -94,7 +106,10 @@ def run_npformer(c, backend_name, repeats, threads, blas_threads, profile=False)
         model.backward(dlogits)
         opt.step()
     if not profile:
-        return time_steps(train_step, repeats)
+        times = time_steps(train_step, repeats)
+        if choices:
+            print_choices()
+        return times
     import cProfile
     import io
     import pstats
@@ -138,8 +153,9 @@ def worker(args):
     if args.worker == "torch-eager":
         times = run_torch(c, args.threads, args.repeats)
     else:
+        numba = args.worker == "npformer-numba"
         times = run_npformer(c, args.worker.split("-")[1], args.repeats, args.threads,
-                             args.blas_threads, args.profile and args.worker == "npformer-numba")
+                             args.blas_threads, args.profile and numba, args.choices and numba)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss      # Linux: kilobytes
     print(json.dumps({"times": times, "peak_mb": peak_kb / 1024}))
 
@@ -150,15 +166,16 @@ def launch(name, args):
         env[var] = str(args.threads)
     cmd = [sys.executable, __file__, "--worker", name, "--config", args.config,
            "--repeats", str(args.repeats), "--threads", str(args.threads),
-           "--blas-threads", str(args.blas_threads)] + (["--profile"] if args.profile else [])
+           "--blas-threads", str(args.blas_threads)] + (["--profile"] if args.profile else []) \
+        + (["--choices"] if args.choices else [])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         if name == "torch-eager" and "No module named 'torch'" in out.stderr:
             print("torch-eager: skipped, PyTorch is not installed")
             return None
         raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")
-    if args.profile and out.stderr.strip():
-        print(f"--- profile of {name} ---\n{out.stderr}")
+    if (args.profile or args.choices) and out.stderr.strip():
+        print(f"--- {'profile' if args.profile else 'matmul choices'} of {name} ---\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -170,6 +187,8 @@ def main():
     ap.add_argument("--blas-threads", type=int, default=1,
                     help="npformer's BLAS threads (default 1: npformer's policy)")
     ap.add_argument("--profile", action="store_true", help="cProfile the npformer numba steps")
+    ap.add_argument("--choices", action="store_true",
+                    help="print the matmul dispatcher's picks for the npformer numba step")
     ap.add_argument("--only", choices=IMPLEMENTATIONS, action="append",
                     help="run only these implementations (repeatable)")
     ap.add_argument("--worker", choices=IMPLEMENTATIONS, help=argparse.SUPPRESS)

@@ -22,13 +22,30 @@ A vector holds 16 elements of the array's dtype: one 512-bit register of float32
 AVX-512 CPU. LLVM splits it into two or four registers where they are narrower, and for
 float64, so the kernels are correct on every x86-64 CPU and fastest where the registers
 are widest.
+
+A 64-byte load from an address that is not a multiple of 64 touches two cache lines: measured
+on a (1920 x 256) @ (256 x 768) product, rows of b that start 4, 16 or 32 bytes past a cache
+line made it 35% slower (5.2 ms instead of 3.9). NumPy aligns its arrays to 16 bytes only;
+:func:`empty_aligned` gives 64.
 """
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 LANES = 16
+ALIGNMENT = 64                   # bytes: one cache line, one AVX-512 register
+
+
+def empty_aligned(shape, dtype):
+    """np.empty(shape, dtype) whose first element starts a cache line (ALIGNMENT bytes; an
+    empty array has no first element, and NumPy may place it anywhere)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    buf = np.empty(n * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
+    start = -buf.ctypes.data % ALIGNMENT
+    return buf[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
 
 
 class VectorType(types.Type):

@@ -27,20 +27,24 @@ it measures faster than BLAS. Serial and ``nogil``: attention runs it on two Pyt
 import numpy as np
 
 from ._jit import kernel
-from ._simd import LANES, vfma, vload, vsplat, vstore
+from ._simd import LANES, empty_aligned, vfma, vload, vsplat, vstore
 
 BLOCK_ROWS = 4
 BLOCK_COLS = 2 * LANES           # two vectors per row
+TILE_BYTES = 1 << 16             # rows of a per tile: about this many bytes of a (L2-resident)
 
 
 @kernel
-def _blocked_gemm(a, b, out, zero):
+def _blocked_gemm(a, b, out, zero, tile_rows):
     """out[g, h] = a[g, h] @ b[g, h]; a (G, H, M, K), b (G, H, K, N), out (G, H, M, N).
 
     b and out: unit stride along the last axis, N >= BLOCK_COLS, out overlapping neither a nor
-    b. Row blocks start at 0, 4, 8, ... (the last one clamped to M - 4, or repeating rows when
-    M < 4); column blocks at 0, 32, ... (the last one moved back to N - 32). ``zero`` is 0 in
-    the dtype of the arrays."""
+    b. ``zero`` is 0 in the dtype of the arrays. Loop order, outermost first: head; a tile of
+    ``tile_rows`` rows of a (kept in L2 while every column panel passes); a panel of 32 columns
+    of b (K x 32, kept in L1 while the row blocks of the tile pass); a block of 4 rows; K.
+    Row blocks start at 0, 4, ... within a tile (the last one clamped to end at the tile's last
+    row, or repeating rows when the tile has fewer than 4); column panels at 0, 32, ... (the
+    last one moved back to N - 32)."""
     n_g, n_h, m, kk = a.shape
     n = b.shape[3]
     bs0, bs1, bs2 = b.strides[0] // b.itemsize, b.strides[1] // b.itemsize, b.strides[2] // b.itemsize
@@ -49,33 +53,36 @@ def _blocked_gemm(a, b, out, zero):
     for g in range(n_g):
         for h in range(n_h):
             b_head, out_head = g * bs0 + h * bs1, g * os0 + h * os1
-            for row in range(0, m, BLOCK_ROWS):
-                r0 = min(row, max(m - BLOCK_ROWS, 0))          # rows r0 .. r3 of this block
-                r1, r2, r3 = min(r0 + 1, m - 1), min(r0 + 2, m - 1), min(r0 + 3, m - 1)
+            for tile in range(0, m, tile_rows):
+                tile_end = min(tile + tile_rows, m)
                 for col in range(0, n, BLOCK_COLS):
                     c = min(col, n - BLOCK_COLS)               # columns c .. c + 31
-                    acc00 = acc01 = acc10 = acc11 = vsplat(zero)
-                    acc20 = acc21 = acc30 = acc31 = vsplat(zero)
-                    for s in range(kk):
-                        b_row = b_head + s * bs2 + c
-                        b0, b1 = vload(b, b_row), vload(b, b_row + LANES)   # b[s, c:c+32]
-                        x = vsplat(a[g, h, r0, s])
-                        acc00, acc01 = vfma(x, b0, acc00), vfma(x, b1, acc01)
-                        x = vsplat(a[g, h, r1, s])
-                        acc10, acc11 = vfma(x, b0, acc10), vfma(x, b1, acc11)
-                        x = vsplat(a[g, h, r2, s])
-                        acc20, acc21 = vfma(x, b0, acc20), vfma(x, b1, acc21)
-                        x = vsplat(a[g, h, r3, s])
-                        acc30, acc31 = vfma(x, b0, acc30), vfma(x, b1, acc31)
-                    out_block = out_head + c
-                    vstore(out, out_block + r0 * os2, acc00)
-                    vstore(out, out_block + r0 * os2 + LANES, acc01)
-                    vstore(out, out_block + r1 * os2, acc10)
-                    vstore(out, out_block + r1 * os2 + LANES, acc11)
-                    vstore(out, out_block + r2 * os2, acc20)
-                    vstore(out, out_block + r2 * os2 + LANES, acc21)
-                    vstore(out, out_block + r3 * os2, acc30)
-                    vstore(out, out_block + r3 * os2 + LANES, acc31)
+                    for row in range(tile, tile_end, BLOCK_ROWS):
+                        r0 = max(min(row, tile_end - BLOCK_ROWS), tile)     # rows r0 .. r3
+                        r1 = min(r0 + 1, tile_end - 1)
+                        r2, r3 = min(r0 + 2, tile_end - 1), min(r0 + 3, tile_end - 1)
+                        acc00 = acc01 = acc10 = acc11 = vsplat(zero)
+                        acc20 = acc21 = acc30 = acc31 = vsplat(zero)
+                        for s in range(kk):
+                            b_row = b_head + s * bs2 + c
+                            b0, b1 = vload(b, b_row), vload(b, b_row + LANES)   # b[s, c:c+32]
+                            x = vsplat(a[g, h, r0, s])
+                            acc00, acc01 = vfma(x, b0, acc00), vfma(x, b1, acc01)
+                            x = vsplat(a[g, h, r1, s])
+                            acc10, acc11 = vfma(x, b0, acc10), vfma(x, b1, acc11)
+                            x = vsplat(a[g, h, r2, s])
+                            acc20, acc21 = vfma(x, b0, acc20), vfma(x, b1, acc21)
+                            x = vsplat(a[g, h, r3, s])
+                            acc30, acc31 = vfma(x, b0, acc30), vfma(x, b1, acc31)
+                        out_block = out_head + c
+                        vstore(out, out_block + r0 * os2, acc00)
+                        vstore(out, out_block + r0 * os2 + LANES, acc01)
+                        vstore(out, out_block + r1 * os2, acc10)
+                        vstore(out, out_block + r1 * os2 + LANES, acc11)
+                        vstore(out, out_block + r2 * os2, acc20)
+                        vstore(out, out_block + r2 * os2 + LANES, acc21)
+                        vstore(out, out_block + r3 * os2, acc30)
+                        vstore(out, out_block + r3 * os2 + LANES, acc31)
 
 
 def _rows_unit_stride(x):
@@ -95,16 +102,22 @@ def _as_4d(x):
     return x.reshape((1,) * (4 - x.ndim) + x.shape)      # a view: only leading axes of size 1
 
 
-def blocked_matmul(a, b, out=None):
+def blocked_matmul(a, b, out=None, tile_rows=None):
     """a @ b by :func:`_blocked_gemm`. Shape: a (..., M, K), b (..., K, N) with the same
-    leading shape (at most two leading axes) -> (..., M, N), written into ``out`` if given."""
+    leading shape (at most two leading axes) -> (..., M, N), written into ``out`` if given.
+    ``tile_rows`` (a multiple of 4) defaults to about ``TILE_BYTES`` of a's rows."""
     if not applies(a, b, out):
         raise ValueError(f"blocked_matmul: expected float a (..., M, K) and b (..., K, N) with "
                          f"N >= {BLOCK_COLS}, b and out with unit stride along their last axis "
                          f"and out overlapping neither, got a {a.dtype} {a.shape}, b {b.dtype} "
                          f"{b.shape}, strides {b.strides}")
     if out is None:
-        out = np.empty(a.shape[:-1] + (b.shape[-1],), dtype=a.dtype)
+        out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)
+    if tile_rows is None:
+        tile_rows = TILE_BYTES // (a.shape[-1] * a.itemsize) // BLOCK_ROWS * BLOCK_ROWS
+    elif tile_rows % BLOCK_ROWS:
+        raise ValueError(f"tile_rows: expected a positive multiple of {BLOCK_ROWS}, got {tile_rows}")
+    tile_rows = max(BLOCK_ROWS, tile_rows)
     if out.size:
-        _blocked_gemm(_as_4d(a), _as_4d(b), _as_4d(out), a.dtype.type(0))
+        _blocked_gemm(_as_4d(a), _as_4d(b), _as_4d(out), a.dtype.type(0), tile_rows)
     return out

@@ -11,18 +11,22 @@ memory for that signature; later calls go straight to it. Candidates:
 - ``"numba"``: :func:`_gemm_rows` / :func:`_gemm_rows_nt`, row-parallel Numba kernels with no
   per-call BLAS overhead (and none of BLAS's thread hand-offs);
 - ``"numba-blocked"``: :func:`npformer.kernels.blocked_matmul.blocked_matmul`, a serial,
-  register-blocked Numba kernel for many small products (attention's heads); offered where
-  ``b`` and ``out`` have unit stride along their last axis and N >= 32;
-- ``"blas-split"`` (large 2-D products only): the rows split in two halves, one computed by a
-  helper Python thread, each half by single-threaded BLAS. This is how npformer uses two cores
-  for the big GEMMs (see ``npformer.backend``): a waiting Python thread blocks, where OpenBLAS's
-  own threads spin and, on a busy machine, fall back to 4 ms scheduler ticks.
+  register-blocked Numba kernel in explicit 16-lane vectors (offered where N >= 32; a ``b``
+  without unit-stride rows, such as ``w.T``, is first copied to contiguous rows). It wins on
+  attention's many small products, where BLAS's per-matrix cost dominates, and wherever
+  OpenBLAS runs narrower vector kernels than the CPU has (on these machines the environment
+  pins OpenBLAS to its AVX2 "Haswell" kernels while the CPU has AVX-512: BENCHMARKS.md);
+- ``"blas-split"`` / ``"numba-blocked-split"`` (large 2-D products only): the rows split in two
+  halves, one computed by a helper Python thread, each half by single-threaded BLAS or the
+  blocked kernel. This is how npformer uses two cores for the big GEMMs (see
+  ``npformer.backend``): a waiting Python thread blocks, where OpenBLAS's own threads spin and,
+  on a busy machine, fall back to 4 ms scheduler ticks.
 
-Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix only try the two BLAS variants:
-there one BLAS call runs for >= 0.1 ms, so the ~1 us call overhead the Numba kernel saves is
-< 1%, while a trial of the kernel on, say, the (1920 x 256) @ (256 x 5893) generator product
-would cost ~0.1 s. Their signature rounds the sizes up to multiples of 256 (one trial per bucket,
-not per batch length).
+Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix skip the row-parallel
+``"numba"`` kernel (no cache blocking: a trial on the (1920 x 256) @ (256 x 5893) generator
+product would cost ~0.1 s) and try BLAS and the blocked kernel, each on one and on two threads.
+Their signature rounds the sizes up to multiples of 256 (one trial per bucket, not per batch
+length).
 ``timings()`` returns every measurement (the benchmark prints them).
 """
 import time
@@ -32,8 +36,9 @@ from numba import prange
 
 from . import _helper_thread
 from ._jit import kernel
+from ._simd import empty_aligned
+from .blocked_matmul import BLOCK_COLS, blocked_matmul
 from .blocked_matmul import applies as _blocked_applies
-from .blocked_matmul import blocked_matmul
 
 MEASURE_LIMIT = 1 << 22          # multiply-adds per matrix (M * K * N); see the module docstring
 _BUCKET = 256                    # large products: one decision per size bucket
@@ -93,18 +98,23 @@ def _blas_contiguous(a, b, out):
     return np.matmul(np.ascontiguousarray(a), np.ascontiguousarray(b), out=out)
 
 
-def _blas_split(a, b, out):
-    """np.matmul with the rows of a 2-D product split between this thread and one helper
-    thread, each running single-threaded BLAS (a thread that waits blocks; it does not spin)."""
+def _split_rows(product, a, b, out):
+    """product(a, b, out) with the rows of a 2-D product split between this thread and one
+    helper thread (a thread that waits blocks; it does not spin). Other shapes: product as is."""
     if a.ndim != 2 or a.shape[0] < 2:
-        return _blas(a, b, out)
+        return product(a, b, out)
     if out is None:
-        out = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+        out = empty_aligned((a.shape[0], b.shape[1]), a.dtype)
     h = a.shape[0] // 2
-    job = _helper_thread.submit(np.matmul, a[h:], b, out=out[h:])
-    np.matmul(a[:h], b, out=out[:h])
+    job = _helper_thread.submit(product, a[h:], b, out[h:])
+    product(a[:h], b, out[:h])
     job.result()
     return out
+
+
+def _blas_split(a, b, out):
+    """Single-threaded BLAS on both cores, each on half the rows."""
+    return _split_rows(_blas, a, b, out)
 
 
 def _numba(a, b, out):
@@ -120,14 +130,45 @@ def _numba(a, b, out):
     return out
 
 
+def _blocked_offered(a, b):
+    """Whether the blocked kernel can take a @ b (copying b or going through a temporary out
+    where needed): float operands, at most two batch axes, N >= 32."""
+    return (a.dtype == b.dtype and a.dtype in (np.float32, np.float64) and a.ndim <= 4
+            and b.shape[-1] >= BLOCK_COLS)
+
+
+def _contiguous_rows(b):
+    """b itself if its rows have unit stride, else a copy in cache-line aligned memory."""
+    if b.shape[-1] == 1 or b.strides[-1] == b.itemsize:
+        return b
+    copy = empty_aligned(b.shape, b.dtype)
+    copy[...] = b
+    return copy
+
+
 def _numba_blocked(a, b, out):
-    if not _blocked_applies(a, b, out):       # e.g. an out that overlaps a or b: BLAS copes
+    """The register-blocked kernel; b without unit-stride rows (``w.T`` of a linear layer) is
+    copied to contiguous rows first, and an ``out`` the kernel cannot write (strided rows, or
+    overlapping a or b) receives a copy of the result."""
+    if not _blocked_offered(a, b):
         return _blas(a, b, out)
+    b = _contiguous_rows(b)
+    if out is not None and not _blocked_applies(a, b, out):
+        out[...] = blocked_matmul(a, b)
+        return out
     return blocked_matmul(a, b, out)
 
 
+def _numba_blocked_split(a, b, out):
+    """The blocked kernel on both cores, each on half the rows (b copied once, if at all)."""
+    if _blocked_offered(a, b):
+        b = _contiguous_rows(b)
+    return _split_rows(_numba_blocked, a, b, out)
+
+
 CANDIDATES = {"blas": _blas, "blas-contiguous": _blas_contiguous, "numba": _numba,
-              "blas-split": _blas_split, "numba-blocked": _numba_blocked}
+              "blas-split": _blas_split, "numba-blocked": _numba_blocked,
+              "numba-blocked-split": _numba_blocked_split}
 
 
 def _layout(x):
@@ -201,18 +242,24 @@ def matmul(a, b, out=None, candidates=None):
         per_matrix = a.shape[-2] * a.shape[-1] * b.shape[-1]
         if per_matrix > MEASURE_LIMIT:
             names = ["blas", "blas-split"] if a.ndim == 2 else ["blas"]
+            if _blocked_offered(a, b):
+                names += ["numba-blocked", "numba-blocked-split"] if a.ndim == 2 else ["numba-blocked"]
         elif per_matrix * (a.size // a.shape[-2] // a.shape[-1]) > TRIAL_LIMIT:
             names = ["blas"]
         else:
             names = ["blas", "numba"]
             if _layout(a) != "C" or _layout(b) != "C":
                 names.insert(1, "blas-contiguous")
-            if _blocked_applies(a, b, out):
+            if _blocked_offered(a, b):
                 names.append("numba-blocked")
         if candidates is not None:
             names = [n for n in names if n in candidates] or ["blas"]
+        if out is None:                                       # the trials need somewhere to write
+            out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)
         name = _measure(sig, a, b, out, names) if len(names) > 1 else names[0]
         _choice[sig] = name
+    if out is None:                  # aligned, so that products reading this result load whole lines
+        out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)
     return CANDIDATES[name](a, b, out)
 
 

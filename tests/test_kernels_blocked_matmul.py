@@ -47,6 +47,19 @@ def test_blocked_matmul_equals_numpy(batch, m, k, n, la, lb, lout, dtype, seed):
     np.testing.assert_allclose(res, expected, rtol=0, atol=TOL[dtype] * scale)
 
 
+@settings(deadline=None, max_examples=30)
+@given(m=st.integers(1, 40), k=st.integers(1, 9), n=st.integers(32, 70),
+       tile_rows=st.sampled_from([4, 8, 12, 28]), dtype=st.sampled_from(list(TOL)),
+       seed=st.integers(0, 2**16))
+def test_blocked_matmul_row_tiles(m, k, n, tile_rows, dtype, seed):
+    """Large products walk a in tiles of rows (the last tile shorter, or under 4 rows)."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(B.blocked_matmul(a, b, tile_rows=tile_rows), expected, rtol=0,
+                               atol=TOL[dtype] * max(1.0, float(np.abs(expected).max())) * k)
+
+
 def test_blocked_matmul_writes_only_its_output():
     """The clamped edge blocks rewrite entries inside out; nothing around out changes."""
     rng = np.random.default_rng(0)
@@ -95,3 +108,21 @@ def test_dispatcher_offers_the_blocked_kernel_where_it_applies():
     M.matmul(probs, narrow)
     assert "numba-blocked" not in list(M.timings().values())[1]
     M.reset()
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (5, 7), (2, 3, 33)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_empty_aligned_starts_a_cache_line(shape, dtype):
+    simd = importlib.import_module("npformer.kernels._simd")
+    x = simd.empty_aligned(shape, dtype)
+    assert x.shape == shape and x.dtype == dtype and x.flags.c_contiguous and x.flags.writeable
+    assert x.ctypes.data % simd.ALIGNMENT == 0
+    x[...] = 1                                                # the whole array is usable
+
+
+def test_dispatcher_results_are_aligned_for_the_products_that_read_them():
+    rng = np.random.default_rng(2)
+    for a, b in [(rng.random((3, 5)), rng.random((5, 40))), (rng.random((2, 4, 6)), rng.random((2, 6, 3)))]:
+        out = M.matmul(a, b)
+        assert out.ctypes.data % 64 == 0
+        np.testing.assert_allclose(out, a @ b, rtol=0, atol=1e-13)

@@ -75,19 +75,24 @@ def test_candidates_limit_the_choice_and_get_their_own_signature():
     assert len(M.timings()) == 2 and "numba" in list(M.timings().values())[1]
 
 
-def test_large_products_only_try_the_blas_variants_once_per_size_bucket():
+def test_large_products_try_blas_and_the_blocked_kernel_once_per_size_bucket():
     M.reset()
     k = M.MEASURE_LIMIT // (4 * 64) + 1
     a, b = np.ones((4, k), np.float32), np.ones((k, 64), np.float32)
     np.testing.assert_array_equal(M.matmul(a, b), np.full((4, 64), k, np.float32))
     (times,) = M.timings().values()
-    assert set(times) == {"blas", "blas-split"} and M.choice(a, b) in times
+    assert set(times) == {"blas", "blas-split", "numba-blocked", "numba-blocked-split"}
+    assert M.choice(a, b) in times
     M.matmul(np.ones((5, k), np.float32), b)                  # 5 rows: same bucket, no new trial
     assert len(M.timings()) == 1
-    batched = np.ones((2, 4, k), np.float32)                  # batched: plain BLAS, no trial
+    batched = np.ones((2, 4, k), np.float32)                  # batched: no row split
     np.testing.assert_array_equal(M.matmul(batched, np.ones((2, k, 64), np.float32)),
                                   np.full((2, 4, 64), k, np.float32))
-    assert len(M.timings()) == 1 and M.choice(batched, np.ones((2, k, 64), np.float32)) == "blas"
+    assert set(list(M.timings().values())[1]) == {"blas", "numba-blocked"}
+    narrow = np.ones((2 * k, 31), np.float32)                 # N < 32: the BLAS variants only
+    np.testing.assert_array_equal(M.matmul(np.ones((8, 2 * k), np.float32), narrow),
+                                  np.full((8, 31), 2 * k, np.float32))
+    assert set(list(M.timings().values())[2]) == {"blas", "blas-split"}
 
 
 @pytest.mark.parametrize("a_shape,b_shape", [((2, 3), (4, 5)), ((2, 3, 4), (3, 4, 5)),

@@ -16,7 +16,7 @@ stores nothing until the end:
 elements after ``arr``'s first element, ignoring ``arr``'s strides. The caller computes ``k``
 from the strides and makes sure the 16 elements are adjacent in memory (a row with unit last
 stride) and inside the array: there is no bounds check. ``vfma(a, b, c)`` is a * b + c,
-rounded once.
+rounded once; ``vadd(a, b)`` is a + b.
 
 A vector holds 16 elements of the array's dtype: one 512-bit register of float32 on an
 AVX-512 CPU. LLVM splits it into two or four registers where they are narrower, and for
@@ -122,6 +122,17 @@ def vsplat(typingctx, x):
         return builder.shuffle_vector(one_lane, ir.Constant(vector_type, ir.Undefined),
                                       every_lane_from_0)
     return _vector_of(x)(x), codegen
+
+
+@intrinsic
+def vadd(typingctx, a, b):
+    """a + b lane by lane."""
+    if not (isinstance(a, VectorType) and a == b):
+        raise TypeError(f"vadd: expected two vectors of one dtype, got {a}, {b}")
+
+    def codegen(context, builder, signature, args):
+        return builder.fadd(args[0], args[1])
+    return a(a, b), codegen
 
 
 @intrinsic

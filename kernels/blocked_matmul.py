@@ -1,50 +1,71 @@
-"""Many small matrix products, register-blocked: ``out[g] = a[g] @ b[g]`` head by head.
+"""Matrix products register-blocked in explicit vectors: ``out = a @ b``, for attention's many
+small per-head products and for the large products of the linear layers.
 
-The products of attention are 1,024 matrices of (16-64) x (16-64) x 32 per call. BLAS pays a
-per-call cost for each of them (packing, dispatch) that is comparable to the arithmetic, and a
-plain Numba loop is held back by the latency of its multiply-adds. This kernel computes a block
-of 4 rows x 32 columns of ``out`` in eight vector accumulators (``_simd``: 16 lanes each),
-walking the shared dimension once:
+BLAS pays a per-matrix cost (packing, dispatch) that is comparable to the arithmetic of
+attention's (16-64) x (16-64) x 32 products, and a plain Numba loop is held back by the latency
+of its multiply-adds. This kernel computes a block of 4 rows x 32 columns of ``out`` in eight
+vector accumulators (``_simd``: 16 lanes each), walking the shared dimension once:
 
     for s in range(K):                 # b[s, c:c+32] as two vectors, a[r:r+4, s] as 4 scalars
         acc[i][j] += a[r + i, s] * b[s, c + 16 j : c + 16 (j + 1)]    (i < 4, j < 2)
 
 Eight independent accumulators keep both FMA pipes busy (one chain of FMAs waits 4 cycles for
-each result); the block's a-scalars and b-vectors come from L1. Measured on L2-sized groups of
-heads, B*H = 128 (BENCHMARKS.md): 2.5x faster than BLAS at T=16, 2.2x at T=32, 1.8x at T=64.
+each result). Around the block, the loops follow GotoBLAS's order, without its packing: a tile
+of rows of ``a`` (about ``TILE_BYTES``, kept in L2) meets every 32-column panel of ``b`` in
+turn (K x 32, kept in L1 while the tile's row blocks pass it). Where a panel would be too deep
+for L1 (K > ``K_CHUNK``, as in a weight gradient dW = dY^T X, whose K is the number of
+tokens), the product is summed over chunks of K: the first chunk stores its block, the others
+add theirs to what is stored.
 
-Edges without remainder loops: the last row block and the last column block are moved back so
-that they end at the last row / column, overlapping the block before them (with fewer than 4
-rows, a row is repeated). The overlapped entries are computed again and written again with the
-same value, which is harmless because ``out`` is no input. Hence ``N >= 32`` is required.
+Measured on these 2-core AVX-512 machines (BENCHMARKS.md): 2.5x faster than BLAS on attention's
+products at T=16, 2.2x at T=32, 1.8x at T=64, and 1.25-1.65x on the base model's linear layers,
+where the environment pins OpenBLAS to its AVX2 kernels.
+
+Edges without remainder loops: the last row block of a tile and the last column panel are moved
+back to end at the last row / column, so they overlap the block before them (a tile of fewer
+than 4 rows repeats its last row). Overlapped columns are computed again and stored again with
+the same value; overlapped rows are computed again but stored only by the first block that
+owns them. Hence ``N >= 32``, and chunking over K only where N is a multiple of 32 (an
+overlapped column would be added twice).
 
 Operands: ``a`` any strides (its entries are read one by one, so ``a`` may be a transposed
 view); ``b`` and ``out`` with unit stride along their last axis (rows are read and written as
-vectors). The wrapper :func:`blocked_matmul` checks this; the matmul dispatcher offers the
-kernel as the candidate ``"numba-blocked"`` where it applies and keeps it only for shapes where
-it measures faster than BLAS. Serial and ``nogil``: attention runs it on two Python threads.
+vectors), best 64-byte aligned (``_simd.empty_aligned``). The wrapper :func:`blocked_matmul`
+checks this; the matmul dispatcher offers the kernel as ``"numba-blocked"`` and keeps it only
+for shapes where it measures faster than BLAS. Serial and ``nogil``: attention runs it on two
+Python threads, and the dispatcher's ``"numba-blocked-split"`` runs two halves of the rows.
 """
 import numpy as np
+from numba import njit
 
-from ._jit import kernel
-from ._simd import LANES, empty_aligned, vfma, vload, vsplat, vstore
+from ._jit import FASTMATH, kernel
+from ._simd import LANES, empty_aligned, vadd, vfma, vload, vsplat, vstore
 
 BLOCK_ROWS = 4
 BLOCK_COLS = 2 * LANES           # two vectors per row
 TILE_BYTES = 1 << 16             # rows of a per tile: about this many bytes of a (L2-resident)
+K_CHUNK = 256                    # deepest b panel: 256 x 32 float32 = 32 KB, within L1
+
+
+@njit(inline="always", fastmath=FASTMATH, cache=True)
+def _finish_row(out, at, acc0, acc1, accumulate, owned):
+    """Store one row of a block (two vectors at element ``at`` of out), added to what out holds
+    there if ``accumulate``; only if this block ``owned`` the row (see the module docstring)."""
+    if owned:
+        if accumulate:
+            acc0, acc1 = vadd(acc0, vload(out, at)), vadd(acc1, vload(out, at + LANES))
+        vstore(out, at, acc0)
+        vstore(out, at + LANES, acc1)
 
 
 @kernel
-def _blocked_gemm(a, b, out, zero, tile_rows):
-    """out[g, h] = a[g, h] @ b[g, h]; a (G, H, M, K), b (G, H, K, N), out (G, H, M, N).
+def _blocked_gemm(a, b, out, zero, tile_rows, accumulate):
+    """out[g, h] (+)= a[g, h] @ b[g, h]; a (G, H, M, K), b (G, H, K, N), out (G, H, M, N).
 
-    b and out: unit stride along the last axis, N >= BLOCK_COLS, out overlapping neither a nor
-    b. ``zero`` is 0 in the dtype of the arrays. Loop order, outermost first: head; a tile of
-    ``tile_rows`` rows of a (kept in L2 while every column panel passes); a panel of 32 columns
-    of b (K x 32, kept in L1 while the row blocks of the tile pass); a block of 4 rows; K.
-    Row blocks start at 0, 4, ... within a tile (the last one clamped to end at the tile's last
-    row, or repeating rows when the tile has fewer than 4); column panels at 0, 32, ... (the
-    last one moved back to N - 32)."""
+    b and out: unit stride along the last axis, N >= BLOCK_COLS (a multiple of it if
+    ``accumulate``), out overlapping neither a nor b. ``zero`` is 0 in the dtype of the arrays.
+    Loop order, outermost first: head; a tile of ``tile_rows`` rows of a; a panel of 32 columns
+    of b; a block of 4 rows of the tile; K."""
     n_g, n_h, m, kk = a.shape
     n = b.shape[3]
     bs0, bs1, bs2 = b.strides[0] // b.itemsize, b.strides[1] // b.itemsize, b.strides[2] // b.itemsize
@@ -74,15 +95,14 @@ def _blocked_gemm(a, b, out, zero, tile_rows):
                             acc20, acc21 = vfma(x, b0, acc20), vfma(x, b1, acc21)
                             x = vsplat(a[g, h, r3, s])
                             acc30, acc31 = vfma(x, b0, acc30), vfma(x, b1, acc31)
-                        out_block = out_head + c
-                        vstore(out, out_block + r0 * os2, acc00)
-                        vstore(out, out_block + r0 * os2 + LANES, acc01)
-                        vstore(out, out_block + r1 * os2, acc10)
-                        vstore(out, out_block + r1 * os2 + LANES, acc11)
-                        vstore(out, out_block + r2 * os2, acc20)
-                        vstore(out, out_block + r2 * os2 + LANES, acc21)
-                        vstore(out, out_block + r3 * os2, acc30)
-                        vstore(out, out_block + r3 * os2 + LANES, acc31)
+                        at = out_head + c                     # rows before `row` are stored
+                        _finish_row(out, at + r0 * os2, acc00, acc01, accumulate, r0 >= row)
+                        _finish_row(out, at + r1 * os2, acc10, acc11, accumulate,
+                                    r1 >= row and r1 > r0)
+                        _finish_row(out, at + r2 * os2, acc20, acc21, accumulate,
+                                    r2 >= row and r2 > r1)
+                        _finish_row(out, at + r3 * os2, acc30, acc31, accumulate,
+                                    r3 >= row and r3 > r2)
 
 
 def _rows_unit_stride(x):
@@ -102,22 +122,34 @@ def _as_4d(x):
     return x.reshape((1,) * (4 - x.ndim) + x.shape)      # a view: only leading axes of size 1
 
 
-def blocked_matmul(a, b, out=None, tile_rows=None):
+def _tile_rows(k, itemsize):
+    return max(BLOCK_ROWS, TILE_BYTES // (k * itemsize) // BLOCK_ROWS * BLOCK_ROWS)
+
+
+def blocked_matmul(a, b, out=None, tile_rows=None, k_chunk=K_CHUNK):
     """a @ b by :func:`_blocked_gemm`. Shape: a (..., M, K), b (..., K, N) with the same
     leading shape (at most two leading axes) -> (..., M, N), written into ``out`` if given.
-    ``tile_rows`` (a multiple of 4) defaults to about ``TILE_BYTES`` of a's rows."""
+    ``tile_rows`` (a multiple of 4) defaults to about ``TILE_BYTES`` of a's rows; K is summed
+    in chunks of ``k_chunk`` where N is a multiple of 32."""
     if not applies(a, b, out):
         raise ValueError(f"blocked_matmul: expected float a (..., M, K) and b (..., K, N) with "
                          f"N >= {BLOCK_COLS}, b and out with unit stride along their last axis "
                          f"and out overlapping neither, got a {a.dtype} {a.shape}, b {b.dtype} "
                          f"{b.shape}, strides {b.strides}")
+    if tile_rows is not None and (tile_rows < BLOCK_ROWS or tile_rows % BLOCK_ROWS):
+        raise ValueError(f"tile_rows: expected a positive multiple of {BLOCK_ROWS}, got {tile_rows}")
+    if k_chunk < 1:
+        raise ValueError(f"k_chunk: expected a positive number of rows of b, got {k_chunk}")
     if out is None:
         out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)
-    if tile_rows is None:
-        tile_rows = TILE_BYTES // (a.shape[-1] * a.itemsize) // BLOCK_ROWS * BLOCK_ROWS
-    elif tile_rows % BLOCK_ROWS:
-        raise ValueError(f"tile_rows: expected a positive multiple of {BLOCK_ROWS}, got {tile_rows}")
-    tile_rows = max(BLOCK_ROWS, tile_rows)
-    if out.size:
-        _blocked_gemm(_as_4d(a), _as_4d(b), _as_4d(out), a.dtype.type(0), tile_rows)
+    if out.size == 0:
+        return out
+    kk = a.shape[-1]
+    if b.shape[-1] % BLOCK_COLS:
+        k_chunk = kk                                       # overlapping panels: no chunks
+    a4, b4, out4, zero = _as_4d(a), _as_4d(b), _as_4d(out), a.dtype.type(0)
+    for k0 in range(0, kk, k_chunk):
+        k1 = min(k0 + k_chunk, kk)
+        rows = tile_rows or _tile_rows(k1 - k0, a.itemsize)
+        _blocked_gemm(a4[..., k0:k1], b4[..., k0:k1, :], out4, zero, rows, k0 > 0)
     return out

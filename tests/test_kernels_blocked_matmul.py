@@ -47,16 +47,20 @@ def test_blocked_matmul_equals_numpy(batch, m, k, n, la, lb, lout, dtype, seed):
     np.testing.assert_allclose(res, expected, rtol=0, atol=TOL[dtype] * scale)
 
 
-@settings(deadline=None, max_examples=30)
-@given(m=st.integers(1, 40), k=st.integers(1, 9), n=st.integers(32, 70),
-       tile_rows=st.sampled_from([4, 8, 12, 28]), dtype=st.sampled_from(list(TOL)),
-       seed=st.integers(0, 2**16))
-def test_blocked_matmul_row_tiles(m, k, n, tile_rows, dtype, seed):
-    """Large products walk a in tiles of rows (the last tile shorter, or under 4 rows)."""
+@settings(deadline=None, max_examples=60)
+@given(m=st.integers(1, 40), k=st.integers(1, 40), n=st.sampled_from([32, 33, 64, 70, 96]),
+       tile_rows=st.sampled_from([None, 4, 8, 12, 28]), k_chunk=st.sampled_from([1, 3, 16, 256]),
+       accumulate_into=st.booleans(), dtype=st.sampled_from(list(TOL)), seed=st.integers(0, 2**16))
+def test_blocked_matmul_tiles_and_chunks(m, k, n, tile_rows, k_chunk, accumulate_into, dtype, seed):
+    """Large products walk a in tiles of rows (the last tile shorter, or under 4 rows) and sum K
+    in chunks (where N is a multiple of 32): every entry of out is stored exactly once per chunk,
+    whatever out held before."""
     rng = np.random.default_rng(seed)
     a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    out = rng.standard_normal((m, n)).astype(dtype) if accumulate_into else None
     expected = a.astype(np.float64) @ b.astype(np.float64)
-    np.testing.assert_allclose(B.blocked_matmul(a, b, tile_rows=tile_rows), expected, rtol=0,
+    res = B.blocked_matmul(a, b, out, tile_rows=tile_rows, k_chunk=k_chunk)
+    np.testing.assert_allclose(res, expected, rtol=0,
                                atol=TOL[dtype] * max(1.0, float(np.abs(expected).max())) * k)
 
 

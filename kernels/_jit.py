@@ -11,16 +11,15 @@ on one thread per call; see its docstring and BENCHMARKS.md).
 leaves out the "no NaN / no inf" assumptions: masked attention relies on exact zeros and the
 float64 kernels must agree with the reference to ~1e-12, which reassociation keeps.
 """
-import os
-
 import numba
 
-# Numba's own "workqueue" thread pool sleeps between parallel regions. The OpenMP layer spins
-# instead, and on a 2-core machine its spinning threads take the cores from the BLAS threads of
-# the matrix products that run between kernels (measured: a step ~2x slower). An explicit
-# NUMBA_THREADING_LAYER still wins.
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "workqueue"
+from npformer.backend import use_workqueue_threads
+
+# Numba's own "workqueue" thread pool sleeps between parallel regions; the OpenMP layer spins,
+# and on a 2-core machine its spinning threads take the cores from the BLAS calls that run
+# between kernels. The choice lives in npformer.backend, which owns the thread policy; it is
+# made here too, since a program may run a kernel before configuring anything.
+use_workqueue_threads()
 
 FASTMATH = {"nsz", "contract", "reassoc"}
 

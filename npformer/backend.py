@@ -23,9 +23,11 @@ benchmarks call it; importing npformer changes nothing by itself):
   core still serves the big GEMMs: the Numba backend's dispatcher (``kernels/matmul.py``) may
   split a large product's rows between two Python threads, each calling single-threaded BLAS
   (a waiting Python thread blocks instead of spinning), when that measures faster.
-- Numba kernels use every core (``prange``); Numba's ``workqueue`` layer sleeps between
-  parallel regions (``kernels/_jit.py``). No kernel calls BLAS inside ``prange`` and BLAS calls
-  happen between kernels, never during them, so the two pools never compete for a core.
+- Numba kernels use every core (``prange``) on Numba's ``workqueue`` layer, which sleeps between
+  parallel regions (:func:`use_workqueue_threads`; the OpenMP layer spins, and on 2 cores its
+  threads take the cores from the BLAS calls between kernels: a base training step measured
+  440 ms instead of 300). No kernel calls BLAS inside ``prange`` and BLAS calls happen between
+  kernels, never during them, so the two pools never compete for a core.
 - Freed memory stays in the process (glibc ``mallopt``): every fresh multi-megabyte array is
   otherwise a new ``mmap`` whose pages fault in at first touch; measured: attention backward
   9.3 ms -> 5.3 ms at T=32. Peak memory is unchanged (it is the peak of live arrays).
@@ -132,9 +134,21 @@ def set_blas_threads(n):
     return False
 
 
+def use_workqueue_threads():
+    """Choose Numba's ``workqueue`` threading layer, unless ``NUMBA_THREADING_LAYER`` chose one.
+
+    It only takes effect before Numba starts its thread pool, which the first parallel kernel
+    or ``numba.set_num_threads`` does; so both :mod:`npformer.kernels` (on import) and
+    :func:`set_numba_threads` call this first, whichever comes first in a program."""
+    import numba
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        numba.config.THREADING_LAYER = "workqueue"
+
+
 def set_numba_threads(n):
     """Use ``n`` threads in the Numba kernels' ``prange`` loops (at most NUMBA_NUM_THREADS)."""
     import numba
+    use_workqueue_threads()                  # before set_num_threads starts the thread pool
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
         raise ValueError(f"threads: expected an integer in [1, {numba.config.NUMBA_NUM_THREADS}] "
                          f"(NUMBA_NUM_THREADS), got {n!r}")

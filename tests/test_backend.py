@@ -157,3 +157,38 @@ def test_blas_thread_setting_reaches_openblas():
                          check=True)
     ok, count = out.stdout.split()
     assert ok == "True" and count == "1"
+
+
+RUN_A_PARALLEL_KERNEL = """
+import numba, numpy as np
+from npformer import backend
+{setup}
+K = backend.load("numba")
+K.adam_step(*(np.ones(64, np.float32) for _ in range(4)), 1, 1e-3, 0.9, 0.98, 1e-9, 0.0, False)
+print(numba.threading_layer())
+"""
+
+
+@pytest.mark.parametrize("setup", [
+    "backend.configure_runtime()",                                  # the README's library use
+    "from npformer.cli import main  # noqa\nbackend.configure_runtime(blas_threads=None)",  # CLI
+    "backend.set_backend('numba'); backend.configure_runtime()",
+    "",                                                             # a kernel, nothing configured
+])
+def test_numba_runs_on_the_workqueue_layer_whatever_the_import_order(setup):
+    """configure_runtime() starts Numba's thread pool; before npformer.kernels was imported, it
+    used to start the spinning OpenMP layer (a base step 440 ms instead of 300)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    out = subprocess.run([sys.executable, "-c", RUN_A_PARALLEL_KERNEL.format(setup=setup)],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "workqueue"
+
+
+def test_an_explicit_threading_layer_wins():
+    env = dict(os.environ, NUMBA_THREADING_LAYER="omp")
+    out = subprocess.run([sys.executable, "-c", RUN_A_PARALLEL_KERNEL.format(
+        setup="backend.configure_runtime()")], capture_output=True, text=True, env=env, cwd=ROOT,
+        timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "omp"

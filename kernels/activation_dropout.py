@@ -14,6 +14,7 @@ from npformer.functional.activation_dropout import check_activation
 from npformer.functional.dropout import keep_mask
 
 from ._jit import kernel
+from ._simd import empty_aligned
 
 _CODES = {"relu": 0, "gelu": 1}   # the activation, as the kernels receive it
 _GELU = _CODES["gelu"]
@@ -66,7 +67,7 @@ def activation_dropout_forward(h, activation, p, rng, training=True):
     keep = keep_mask(h.shape, p, rng) if use_dropout else None   # the reference's draws
     scale = h.dtype.type(1.0 / (1.0 - p)) if use_dropout else h.dtype.type(1.0)
     h = np.ascontiguousarray(h)
-    out = np.empty(h.shape, dtype=h.dtype)
+    out = empty_aligned(h.shape, h.dtype)          # the next linear's input
     code = _CODES[activation]
     _forward(h.reshape(-1), code, _NO_MASK if keep is None else keep.reshape(-1), scale,
              use_dropout, _consts(h.dtype), out.reshape(-1))

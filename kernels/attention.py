@@ -46,6 +46,7 @@ from npformer.functional.dropout import keep_mask
 from . import _helper_thread
 from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
+from ._simd import empty_aligned
 from .matmul import THREAD_SAFE, matmul
 
 SPLIT_MIN = 1 << 15              # score entries (B*H*Tq*Tk) from which both cores work
@@ -261,7 +262,7 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
         drop_cache = (keep, drop_scale)
     else:
         keep, drop_scale, probs_d, drop_cache = None, q.dtype.type(1.0), probs, None
-    out = np.empty((n_b, tq, n_h, d_v), dtype=q.dtype)                # (B, Tq, H, dv)
+    out = empty_aligned((n_b, tq, n_h, d_v), q.dtype)                 # (B, Tq, H, dv)
     out_bhtd = out.transpose(0, 2, 1, 3)                             # (B, H, Tq, dv) view
     kt = k.swapaxes(-1, -2)                                          # (B, H, dk, Tk) view
 

@@ -9,6 +9,7 @@ from numba import prange
 from npformer.functional.dropout import keep_mask
 
 from ._jit import kernel
+from ._simd import empty_aligned
 
 
 @kernel(parallel=True)
@@ -24,7 +25,7 @@ def dropout_forward(x, p, rng, training=True):
         return x, None
     keep = keep_mask(x.shape, p, rng)                     # (...) bool, True = kept
     scale = x.dtype.type(1.0 / (1.0 - p))
-    out = np.empty(x.shape, dtype=x.dtype)
+    out = empty_aligned(x.shape, x.dtype)          # often a linear layer's input
     _apply_mask(np.ascontiguousarray(x).reshape(-1), keep.reshape(-1), scale, out.reshape(-1))
     return out, (keep, scale)
 

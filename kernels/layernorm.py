@@ -8,6 +8,7 @@ import numpy as np
 from numba import prange
 
 from ._jit import kernel
+from ._simd import empty_aligned
 
 
 @kernel(parallel=True)
@@ -72,7 +73,7 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
     if gamma.shape != (d,) or beta.shape != (d,):
         raise ValueError(f"gamma, beta: expected shape ({d},), got {gamma.shape}, {beta.shape}")
     x2 = np.ascontiguousarray(x.reshape(-1, d))               # (N, D)
-    y = np.empty_like(x2)
+    y = empty_aligned(x2.shape, x2.dtype)          # the next layer's input: rows on cache lines
     xhat = np.empty_like(x2)
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)        # (N, 1), the reference's layout
     _layernorm_fwd(x2, gamma, beta, eps, y, xhat, rstd[:, 0])

@@ -130,3 +130,32 @@ def test_dispatcher_results_are_aligned_for_the_products_that_read_them():
         out = M.matmul(a, b)
         assert out.ctypes.data % 64 == 0
         np.testing.assert_allclose(out, a @ b, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 16), (4, 3, 17), (7, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_empty_aligned_rows_each_start_a_cache_line(shape, dtype):
+    simd = importlib.import_module("npformer.kernels._simd")
+    x = simd.empty_aligned(shape, dtype, aligned_rows=True)
+    assert x.shape == shape and x.dtype == dtype and simd.rows_aligned(x)
+    x[...] = np.arange(x.size).reshape(shape)                 # every element addressable
+    assert x.ravel().tolist() == list(range(x.size))
+    assert not simd.rows_aligned(np.ones((3, 64), dtype)[:, 1:])   # rows a step past a line
+
+
+@pytest.mark.parametrize("src", [
+    lambda r: r.standard_normal((37, 53)).T,                          # a transposed weight: tiles
+    lambda r: r.standard_normal((16, 16)).T,                          # exactly one tile
+    lambda r: r.standard_normal((5, 40)),                             # rows already contiguous
+    lambda r: r.standard_normal((2, 3, 9, 7)).swapaxes(-1, -2),       # batched: NumPy's copy
+    lambda r: r.standard_normal((1, 33)).T,                           # a single column
+])
+def test_copy_rows_copies_every_element(src):
+    T = importlib.import_module("npformer.kernels.transpose")
+    simd = importlib.import_module("npformer.kernels._simd")
+    x = src(np.random.default_rng(4)).astype(np.float32)
+    dst = simd.empty_aligned(x.shape, x.dtype, aligned_rows=True)
+    assert T.copy_rows(x, dst) is dst
+    np.testing.assert_array_equal(dst, x)
+    with pytest.raises(ValueError, match="copy_rows"):
+        T.copy_rows(x, np.empty(x.shape[::-1] + (2,), x.dtype))

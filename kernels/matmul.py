@@ -12,10 +12,11 @@ memory for that signature; later calls go straight to it. Candidates:
   per-call BLAS overhead (and none of BLAS's thread hand-offs);
 - ``"numba-blocked"``: :func:`npformer.kernels.blocked_matmul.blocked_matmul`, a serial,
   register-blocked Numba kernel in explicit 16-lane vectors (offered where N >= 32; a ``b``
-  without unit-stride rows, such as ``w.T``, is first copied to contiguous rows). It wins on
-  attention's many small products, where BLAS's per-matrix cost dominates, and wherever
-  OpenBLAS runs narrower vector kernels than the CPU has (on these machines the environment
-  pins OpenBLAS to its AVX2 "Haswell" kernels while the CPU has AVX-512: BENCHMARKS.md);
+  whose rows are strided, such as ``w.T`` or ``k^T``, is first copied into cache-line aligned
+  rows, and so is a 2-D ``b`` whose rows are merely misaligned). It wins on attention's many
+  small products, where BLAS's per-matrix cost dominates, and wherever OpenBLAS runs narrower
+  vector kernels than the CPU has (on these machines the environment pins OpenBLAS to its AVX2
+  "Haswell" kernels while the CPU has AVX-512: BENCHMARKS.md);
 - ``"blas-split"`` / ``"numba-blocked-split"`` (large 2-D products only): the rows split in two
   halves, one computed by a helper Python thread, each half by single-threaded BLAS or the
   blocked kernel. This is how npformer uses two cores for the big GEMMs (see

@@ -23,44 +23,15 @@ AVX-512 CPU. LLVM splits it into two or four registers where they are narrower, 
 float64, so the kernels are correct on every x86-64 CPU and fastest where the registers
 are widest.
 
-A 64-byte load from an address that is not a multiple of 64 touches two cache lines: measured
-on a (1920 x 256) @ (256 x 768) product, rows of b that start 4, 16 or 32 bytes past a cache
-line made it 35% slower (5.2 ms instead of 3.9). NumPy aligns its arrays to 16 bytes only;
-:func:`empty_aligned` gives 64.
+A vector load is fastest from an address that starts a cache line: see
+:mod:`npformer.aligned`, which allocates such arrays.
 """
-import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 LANES = 16
-ALIGNMENT = 64                   # bytes: one cache line, one AVX-512 register
-
-
-def empty_aligned(shape, dtype, aligned_rows=False):
-    """np.empty(shape, dtype) whose first element starts a cache line (ALIGNMENT bytes; an
-    empty array has no first element, and NumPy may place it anywhere). With ``aligned_rows``,
-    every row (last axis) starts a cache line: rows are padded to a multiple of ALIGNMENT bytes
-    and the result is a view of the unpadded part (not C-contiguous where padding was needed)."""
-    dtype = np.dtype(dtype)
-    shape = tuple(shape)
-    per_line = ALIGNMENT // dtype.itemsize
-    if aligned_rows and shape and shape[-1] % per_line:
-        padded = empty_aligned(shape[:-1] + (shape[-1] + per_line - shape[-1] % per_line,), dtype)
-        return padded[..., :shape[-1]]
-    n = int(np.prod(shape, dtype=np.int64))
-    buf = np.empty(n * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
-    start = -buf.ctypes.data % ALIGNMENT
-    return buf[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
-
-
-def rows_aligned(x):
-    """Whether every row of x (last axis) has unit stride and starts a cache line."""
-    return ((x.shape[-1] == 1 or x.strides[-1] == x.itemsize) and x.ctypes.data % ALIGNMENT == 0
-            and all(stride % ALIGNMENT == 0 for stride in x.strides[:-1]))
-
-
 class VectorType(types.Type):
     """The Numba type of LANES numbers of one float dtype, held in registers."""
 

@@ -10,11 +10,11 @@ import math
 import numpy as np
 from numba import prange
 
+from npformer.aligned import empty_aligned
 from npformer.functional.activation_dropout import check_activation
 from npformer.functional.dropout import keep_mask
 
 from ._jit import kernel
-from ._simd import empty_aligned
 
 _CODES = {"relu": 0, "gelu": 1}   # the activation, as the kernels receive it
 _GELU = _CODES["gelu"]

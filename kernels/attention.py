@@ -6,13 +6,14 @@ Same maths, names and shapes as :func:`npformer.functional.attention_forward` /
 ``attention_backward`` (see docs/backprop.md#attention). Every product goes through the matmul
 dispatcher, limited to its thread-safe candidates:
 
-- ``q k^T`` and ``dout v^T`` (a transposed second operand): BLAS, on a contiguous copy of that
-  operand where the copy pays (OpenBLAS multiplies by a transposed matrix ~2x slower at T=64; at
-  T=16 the copy does not pay).
 - ``P v``, ``P'^T dout``, ``dS k``, ``dS^T q`` (rows of the second operand contiguous along d):
-  also :mod:`npformer.kernels.blocked_matmul`, which keeps a 4 x 32 block of the result in
-  vector registers. On the parts below it measures 2-2.5x faster than BLAS at T <= 32, where
-  BLAS's per-matrix cost is a large share of a (16-32) x 32 product (BENCHMARKS.md).
+  BLAS or :mod:`npformer.kernels.blocked_matmul`, which keeps a 4 x 32 block of the result in
+  vector registers (offered for d >= 32). On the parts below it measures 2-2.5x faster than
+  BLAS at T <= 32, where BLAS's per-matrix cost is a large share of a (16-32) x 32 product.
+- ``q k^T`` and ``dout v^T`` (a transposed second operand, of Tk columns): BLAS, possibly on a
+  contiguous copy of that operand (OpenBLAS multiplies by a transposed matrix ~2x slower at
+  T=64), or, for Tk >= 32, the blocked kernel on such a copy; here it picks BLAS at T <= 16
+  and the blocked kernel at T = 32 and 64 (BENCHMARKS.md).
 
 What the reference also does slowly is the element-wise work between the products
 (``np.where`` for the mask, max, exp, sum, divide, dropout; five more passes in backward), each
@@ -41,12 +42,12 @@ import threading
 import numpy as np
 from numba import njit
 
+from npformer.aligned import empty_aligned
 from npformer.functional.dropout import keep_mask
 
 from . import _helper_thread
 from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
-from ._simd import empty_aligned
 from .matmul import THREAD_SAFE, matmul
 
 SPLIT_MIN = 1 << 15              # score entries (B*H*Tq*Tk) from which both cores work

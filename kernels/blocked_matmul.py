@@ -17,9 +17,10 @@ for L1 (K > ``K_CHUNK``, as in a weight gradient dW = dY^T X, whose K is the num
 tokens), the product is summed over chunks of K: the first chunk stores its block, the others
 add theirs to what is stored.
 
-Measured on these 2-core AVX-512 machines (BENCHMARKS.md): 2.5x faster than BLAS on attention's
-products at T=16, 2.2x at T=32, 1.8x at T=64, and 1.25-1.65x on the base model's linear layers,
-where the environment pins OpenBLAS to its AVX2 kernels.
+Measured on these 2-core AVX-512 machines, where the environment pins OpenBLAS to its AVX2
+kernels (BENCHMARKS.md): 2.5x faster than BLAS on attention's products at T=16, 2.2x at T=32,
+1.8x at T=64; on the base model's linear layers (`bench_train_step.py --choices`) 1.1-1.6x on
+one thread and 1.15-1.45x split over two.
 
 Edges without remainder loops: the last row block of a tile and the last column panel are moved
 back to end at the last row / column, so they overlap the block before them (a tile of fewer
@@ -38,13 +39,16 @@ Python threads, and the dispatcher's ``"numba-blocked-split"`` runs two halves o
 import numpy as np
 from numba import njit
 
+from npformer.aligned import empty_aligned
+
 from ._jit import FASTMATH, kernel
-from ._simd import LANES, empty_aligned, vadd, vfma, vload, vsplat, vstore
+from ._simd import LANES, vadd, vfma, vload, vsplat, vstore
 
 BLOCK_ROWS = 4
 BLOCK_COLS = 2 * LANES           # two vectors per row
 TILE_BYTES = 1 << 16             # rows of a per tile: about this many bytes of a (L2-resident)
-K_CHUNK = 256                    # deepest b panel: 256 x 32 float32 = 32 KB, within L1
+K_CHUNK = 256                    # deepest b panel: 256 x 32 float32 = 32 KB, within L1 (64 KB
+                                 # for float64, within L2)
 
 
 @njit(inline="always", fastmath=FASTMATH, cache=True)
@@ -106,16 +110,36 @@ def _blocked_gemm(a, b, out, zero, tile_rows, accumulate):
 
 
 def _rows_unit_stride(x):
-    return x.shape[-1] == 1 or x.strides[-1] == x.itemsize
+    return x.size == 0 or x.shape[-1] == 1 or x.strides[-1] == x.itemsize
+
+
+def _problem(a, b, out):
+    """Why :func:`_blocked_gemm` cannot compute a @ b into out, or None if it can."""
+    if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
+        return f"a and b: expected both float32 or both float64, got {a.dtype} and {b.dtype}"
+    if not 2 <= a.ndim == b.ndim <= 4 or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
+        return (f"a (..., M, K) and b (..., K, N): expected the same K and the same batch shape, "
+                f"at most two batch axes, got {a.shape} and {b.shape}")
+    if b.shape[-1] < BLOCK_COLS:
+        return f"b: expected N >= {BLOCK_COLS} columns, got shape {b.shape}"
+    if not _rows_unit_stride(b):
+        return f"b: expected rows with unit stride, got strides {b.strides}"
+    if out is None:
+        return None
+    expected = a.shape[:-1] + (b.shape[-1],)
+    if out.shape != expected or out.dtype != a.dtype:
+        return f"out: expected a {a.dtype} array of shape {expected}, got {out.dtype} {out.shape}"
+    if not out.flags.writeable or not _rows_unit_stride(out):
+        return (f"out: expected a writeable array with unit-stride rows, got strides "
+                f"{out.strides}, writeable={out.flags.writeable}")
+    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        return "out: expected an array overlapping neither a nor b"
+    return None
 
 
 def applies(a, b, out=None):
     """Whether :func:`blocked_matmul` can compute a @ b into out (see the module docstring)."""
-    return (a.ndim <= 4 and a.ndim == b.ndim and a.dtype == b.dtype
-            and a.dtype in (np.float32, np.float64) and a.shape[-2] >= 1 and a.shape[-1] >= 1
-            and b.shape[-1] >= BLOCK_COLS and _rows_unit_stride(b)
-            and (out is None or (_rows_unit_stride(out) and not np.may_share_memory(out, a)
-                                 and not np.may_share_memory(out, b))))
+    return _problem(a, b, out) is None
 
 
 def _as_4d(x):
@@ -126,25 +150,14 @@ def _tile_rows(k, itemsize):
     return max(BLOCK_ROWS, TILE_BYTES // (k * itemsize) // BLOCK_ROWS * BLOCK_ROWS)
 
 
-def blocked_matmul(a, b, out=None, tile_rows=None, k_chunk=K_CHUNK):
-    """a @ b by :func:`_blocked_gemm`. Shape: a (..., M, K), b (..., K, N) with the same
-    leading shape (at most two leading axes) -> (..., M, N), written into ``out`` if given.
-    ``tile_rows`` (a multiple of 4) defaults to about ``TILE_BYTES`` of a's rows; K is summed
-    in chunks of ``k_chunk`` where N is a multiple of 32."""
-    if not applies(a, b, out):
-        raise ValueError(f"blocked_matmul: expected float a (..., M, K) and b (..., K, N) with "
-                         f"N >= {BLOCK_COLS}, b and out with unit stride along their last axis "
-                         f"and out overlapping neither, got a {a.dtype} {a.shape}, b {b.dtype} "
-                         f"{b.shape}, strides {b.strides}")
-    if tile_rows is not None and (tile_rows < BLOCK_ROWS or tile_rows % BLOCK_ROWS):
-        raise ValueError(f"tile_rows: expected a positive multiple of {BLOCK_ROWS}, got {tile_rows}")
-    if k_chunk < 1:
-        raise ValueError(f"k_chunk: expected a positive number of rows of b, got {k_chunk}")
-    if out is None:
-        out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)
+def run_blocked(a, b, out, tile_rows=None, k_chunk=K_CHUNK):
+    """:func:`blocked_matmul` without its checks, for callers that made them (the dispatcher)."""
+    kk = a.shape[-1]
     if out.size == 0:
         return out
-    kk = a.shape[-1]
+    if kk == 0:
+        out.fill(0)
+        return out
     if b.shape[-1] % BLOCK_COLS:
         k_chunk = kk                                       # overlapping panels: no chunks
     a4, b4, out4, zero = _as_4d(a), _as_4d(b), _as_4d(out), a.dtype.type(0)
@@ -153,3 +166,21 @@ def blocked_matmul(a, b, out=None, tile_rows=None, k_chunk=K_CHUNK):
         rows = tile_rows or _tile_rows(k1 - k0, a.itemsize)
         _blocked_gemm(a4[..., k0:k1], b4[..., k0:k1, :], out4, zero, rows, k0 > 0)
     return out
+
+
+def blocked_matmul(a, b, out=None, tile_rows=None, k_chunk=K_CHUNK):
+    """a @ b by :func:`_blocked_gemm`. Shape: a (..., M, K), b (..., K, N) with the same
+    leading shape (at most two leading axes) -> (..., M, N), written into ``out`` if given.
+    ``tile_rows`` (a multiple of 4) defaults to about ``TILE_BYTES`` of a's rows; K is summed
+    in chunks of ``k_chunk`` where N is a multiple of 32. Raises ValueError naming the operand
+    that does not fit (see the module docstring for what fits)."""
+    problem = _problem(a, b, out)
+    if problem is not None:
+        raise ValueError(f"blocked_matmul: {problem}")
+    if tile_rows is not None and (tile_rows < BLOCK_ROWS or tile_rows % BLOCK_ROWS):
+        raise ValueError(f"tile_rows: expected a positive multiple of {BLOCK_ROWS}, got {tile_rows}")
+    if k_chunk < 1:
+        raise ValueError(f"k_chunk: expected a positive number of rows of b, got {k_chunk}")
+    if out is None:
+        out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)
+    return run_blocked(a, b, out, tile_rows, k_chunk)

@@ -6,10 +6,10 @@ NumPy and Numba paths see identical masks for the same seed; only the multiply i
 import numpy as np
 from numba import prange
 
+from npformer.aligned import empty_aligned
 from npformer.functional.dropout import keep_mask
 
 from ._jit import kernel
-from ._simd import empty_aligned
 
 
 @kernel(parallel=True)

@@ -7,8 +7,9 @@ import numba
 import numpy as np
 from numba import prange
 
+from npformer.aligned import empty_aligned
+
 from ._jit import kernel
-from ._simd import empty_aligned
 
 
 @kernel(parallel=True)

@@ -25,7 +25,8 @@ memory for that signature; later calls go straight to it. Candidates:
 
 Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix skip the row-parallel
 ``"numba"`` kernel (no cache blocking: a trial on the (1920 x 256) @ (256 x 5893) generator
-product would cost ~0.1 s) and try BLAS and the blocked kernel, each on one and on two threads.
+product would cost ~0.1 s) and try BLAS and the blocked kernel, 2-D ones each on one and on two
+threads.
 Their signature rounds the sizes up to multiples of 256 (one trial per bucket, not per batch
 length).
 ``timings()`` returns every measurement (the benchmark prints them).
@@ -35,12 +36,12 @@ import time
 import numpy as np
 from numba import prange
 
+from npformer.aligned import empty_aligned, rows_aligned
+
 from . import _helper_thread
 from ._jit import kernel
-from ._simd import empty_aligned, rows_aligned
+from .blocked_matmul import BLOCK_COLS, run_blocked
 from .transpose import copy_rows
-from .blocked_matmul import BLOCK_COLS, blocked_matmul
-from .blocked_matmul import applies as _blocked_applies
 
 MEASURE_LIMIT = 1 << 22          # multiply-adds per matrix (M * K * N); see the module docstring
 _BUCKET = 256                    # large products: one decision per size bucket
@@ -134,18 +135,18 @@ def _numba(a, b, out):
 
 def _blocked_offered(a, b):
     """Whether the blocked kernel can take a @ b (copying b or going through a temporary out
-    where needed): float operands, at most two batch axes, N >= 32."""
+    where needed): float operands, at most two batch axes, M, K >= 1, N >= 32."""
     return (a.dtype == b.dtype and a.dtype in (np.float32, np.float64) and a.ndim <= 4
-            and b.shape[-1] >= BLOCK_COLS)
+            and b.shape[-1] >= BLOCK_COLS and a.shape[-2] >= 1 and a.shape[-1] >= 1)
 
 
 def _aligned_rows(b):
     """b itself if its rows have unit stride and start cache lines, or if it is a batch of
-    small matrices (attention's heads: a copy per call costs more than the misalignment);
-    else a copy whose rows do (vector loads that straddle two lines measured 35% slower on a
-    linear layer's product; ``w.T`` is copied here)."""
+    small matrices with unit-stride rows (attention's heads: a copy per call costs more than the
+    misalignment); else a copy whose rows do (vector loads that straddle two lines measured 35%
+    slower on a linear layer's product; ``w.T`` is copied here)."""
     unit = b.shape[-1] == 1 or b.strides[-1] == b.itemsize
-    if rows_aligned(b) or (unit and b.ndim > 2):
+    if unit and (b.ndim > 2 or rows_aligned(b)):
         return b
     copy = empty_aligned(b.shape, b.dtype, aligned_rows=True)
     copy_rows(b, copy)
@@ -153,16 +154,20 @@ def _aligned_rows(b):
 
 
 def _numba_blocked(a, b, out):
-    """The register-blocked kernel; a b whose rows are strided (``w.T`` of a linear layer) or
-    do not start cache lines is copied first, and an ``out`` the kernel cannot write (strided
-    rows, or overlapping a or b) receives a copy of the result."""
+    """The register-blocked kernel (operands as checked by :func:`matmul`); a b whose rows are
+    strided (``w.T`` of a linear layer) or do not start cache lines is copied first, and an
+    ``out`` the kernel cannot write (strided rows, or overlapping a or b) receives a copy of the
+    result."""
     if not _blocked_offered(a, b):
         return _blas(a, b, out)
     b = _aligned_rows(b)
-    if out is not None and not _blocked_applies(a, b, out):
-        out[...] = blocked_matmul(a, b)
+    if out is None:
+        return run_blocked(a, b, empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype))
+    if ((out.shape[-1] > 1 and out.strides[-1] != out.itemsize)
+            or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+        out[...] = run_blocked(a, b, empty_aligned(out.shape, a.dtype))
         return out
-    return blocked_matmul(a, b, out)
+    return run_blocked(a, b, out)
 
 
 def _numba_blocked_split(a, b, out):
@@ -209,9 +214,9 @@ def _check(a, b, out):
         raise ValueError(f"matmul: expected a and b both float32 or both float64, got {a.dtype} "
                          f"and {b.dtype}")
     expected = a.shape[:-1] + (b.shape[-1],)
-    if out is not None and (out.shape != expected or out.dtype != a.dtype):
-        raise ValueError(f"out: expected a {a.dtype} array of shape {expected}, got {out.dtype} "
-                         f"{out.shape}")
+    if out is not None and (out.shape != expected or out.dtype != a.dtype or not out.flags.writeable):
+        raise ValueError(f"out: expected a writeable {a.dtype} array of shape {expected}, got "
+                         f"{out.dtype} {out.shape}, writeable={out.flags.writeable}")
 
 
 def _measure(sig, a, b, out, names):
@@ -240,8 +245,18 @@ def matmul(a, b, out=None, candidates=None):
     (optional) receives the result and may be a strided view. ``candidates`` (names from
     ``CANDIDATES``) limits the choice, e.g. to ``THREAD_SAFE`` for code that already runs on
     two threads: the Numba kernels use Numba's thread pool, which two threads must not enter
-    at once, and ``blas-split`` would start a third thread."""
+    at once, and ``blas-split`` would start a third thread.
+
+    An ``out`` that overlaps a or b receives a copy of the product: no candidate writes into
+    memory it is still reading (the split ones read all of b while writing half of out), and
+    the first call's trials write into ``out``. Empty operands go to NumPy, which defines them
+    (K = 0 gives zeros)."""
     _check(a, b, out)
+    if a.size == 0 or b.size == 0:
+        return np.matmul(a, b, out=out)
+    if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+        out[...] = matmul(a, b, candidates=candidates)
+        return out
     sig = _signature(a, b, out, candidates)
     name = _choice.get(sig)
     if name is None:

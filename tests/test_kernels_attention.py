@@ -162,21 +162,29 @@ def test_long_rows_match_reference(dtype, tk, kind):
 @given(b=st.integers(1, 4), h=st.integers(1, 3), tq=st.integers(1, 20), tk=st.integers(1, 20),
        d=st.sampled_from([32, 40, 64]), kind=st.sampled_from(["none", "padding", "causal_or_random"]),
        dtype=st.sampled_from(list(DTYPES)), dropout=st.sampled_from([0.0, 0.3]),
-       candidate=st.sampled_from(["numba-blocked", "blas"]), seed=st.integers(0, 2**16))
+       candidate=st.sampled_from(["numba-blocked", "blas"]), two_threads=st.booleans(),
+       seed=st.integers(0, 2**16))
 def test_kernel_equals_reference_with_each_product_kernel(dispatcher_prefers, b, h, tq, tk, d, kind,
-                                                         dtype, dropout, candidate, seed):
+                                                         dtype, dropout, candidate, two_threads,
+                                                         seed):
     """Head widths of 32 and more, where the dispatcher offers the register-blocked kernel for
     P v, P'^T dout, dS k and dS^T q: the kernel agrees with the reference whichever product
-    kernel the dispatcher is made to take (on this machine it times numba-blocked fastest)."""
+    kernel the dispatcher is made to take (on this machine it times numba-blocked fastest), on
+    one thread or with the parts shared by two."""
     dispatcher_prefers(candidate)
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((b, h, tq, d), (b, h, tk, d), (b, h, tk, d)))
     mask = make_mask(rng, kind, b, tq, tk)
     out_ref, cache_ref = F.attention_forward(q, k, v, mask, dropout, np.random.default_rng(seed), True)
-    out, cache = K.attention_forward(q, k, v, mask, dropout, np.random.default_rng(seed), True)
+    with pytest.MonkeyPatch.context() as mp:
+        if two_threads:
+            mp.setattr(ATTENTION, "SPLIT_MIN", 0)
+            mp.setattr(ATTENTION, "CHUNK_BYTES", 1)             # one part per batch element
+        out, cache = K.attention_forward(q, k, v, mask, dropout, np.random.default_rng(seed), True)
+        dout = rng.standard_normal(out.shape).astype(dtype)
+        grads = K.attention_backward(dout, cache)
     close(out, out_ref, DTYPES[dtype])
-    dout = rng.standard_normal(out.shape).astype(dtype)
-    for g, g_ref in zip(K.attention_backward(dout, cache), F.attention_backward(dout, cache_ref)):
+    for g, g_ref in zip(grads, F.attention_backward(dout, cache_ref)):
         close(g, g_ref, DTYPES[dtype] * max(tq, tk))
     dispatcher = importlib.import_module("npformer.kernels.matmul")
     assert candidate in dispatcher._choice.values()           # the product kernel really ran

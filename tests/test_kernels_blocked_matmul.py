@@ -7,6 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npformer.aligned import empty_aligned
+
 B = importlib.import_module("npformer.kernels.blocked_matmul")
 M = importlib.import_module("npformer.kernels.matmul")
 
@@ -77,27 +79,58 @@ def test_blocked_matmul_writes_only_its_output():
     assert np.all(buf[untouched] == 7.0)
 
 
-@pytest.mark.parametrize("case", [
-    lambda z: (z((3, 4)), z((4, 31)), None),                           # N < 32
-    lambda z: (z((3, 4)), z((4, 64))[:, ::2], None),                   # b without unit stride
-    lambda z: (z((3, 4)), z((4, 32)), z((3, 64))[:, ::2]),             # out without unit stride
-    lambda z: (z((3, 4)), z((4, 32)).astype(np.float32), None),        # mixed dtypes
-    lambda z: (z((2, 2, 2, 3, 4)), z((2, 2, 2, 4, 32)), None),         # three leading axes
+@pytest.mark.parametrize("case, names", [
+    (lambda z: (z((3, 4)), z((4, 31)), None), "b: expected N >= 32"),
+    (lambda z: (z((3, 4)), z((4, 64))[:, ::2], None), "b: expected rows with unit stride"),
+    (lambda z: (z((3, 4)), z((4, 32)).astype(np.float32), None), "a and b: expected both"),
+    (lambda z: (z((2, 2, 2, 3, 4)), z((2, 2, 2, 4, 32)), None), "at most two batch axes"),
+    (lambda z: (z((3, 5)), z((4, 32)), None), "the same K"),                       # K mismatch
+    (lambda z: (z((1, 3, 4)), z((2, 4, 32)), None), "the same batch shape"),
+    (lambda z: (z((3, 4)), z((4, 32)), z((2, 32))), "out: expected a float64 array of shape (3, 32)"),
+    (lambda z: (z((3, 4)), z((4, 32)), z((3, 32)).astype(np.float32)), "out: expected a float64"),
+    (lambda z: (z((3, 4)), z((4, 32)), z((3, 64))[:, ::2]), "out: expected a writeable array"),
+    (lambda z: (z((3, 4)), z((4, 32)), np.broadcast_to(z((32,)), (3, 32))), "writeable=False"),
 ])
-def test_blocked_matmul_refuses_what_it_cannot_do(case):
+def test_blocked_matmul_refuses_what_it_cannot_do(case, names):
+    """Nothing reaches the kernel (which has no bounds checks) unless every shape fits; the
+    error names the argument and what was expected."""
     a, b, out = case(np.ones)
     assert not B.applies(a, b, out)
-    with pytest.raises(ValueError, match="blocked_matmul: expected") as err:
+    with pytest.raises(ValueError, match="blocked_matmul: ") as err:
         B.blocked_matmul(a, b, out)
-    assert str(a.shape) in str(err.value) and str(b.shape) in str(err.value)
+    assert names in str(err.value)
 
 
 def test_blocked_matmul_refuses_an_out_that_overlaps_its_inputs():
-    b = np.ones((32, 32))
-    assert not B.applies(b, b, out=b)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 64))
+    assert not B.applies(a, b, out=a) and not B.applies(a, b, out=b)
     with pytest.raises(ValueError, match="overlapping"):
-        B.blocked_matmul(b, b, out=b)
-    np.testing.assert_allclose(M.CANDIDATES["numba-blocked"](b, b.copy(), b), np.full((32, 32), 32.0))
+        B.blocked_matmul(a, b, out=b)
+
+
+def test_blocked_matmul_of_empty_operands():
+    for a, b in [(np.ones((3, 0)), np.ones((0, 40))), (np.ones((0, 5)), np.ones((5, 40))),
+                 (np.ones((0, 2, 3, 4)), np.ones((0, 2, 4, 40)))]:
+        np.testing.assert_array_equal(B.blocked_matmul(a, b), a @ b)
+
+
+@pytest.mark.parametrize("name", sorted(M.CANDIDATES))
+@pytest.mark.parametrize("alias", ["none", "a", "b"])
+def test_every_candidate_on_shapes_the_blocked_kernel_takes(dispatcher_prefers, name, alias):
+    """Random data where the blocked kernel and the row split apply (odd M, N not a multiple of
+    32, b a transposed view, out strided), through the dispatcher forced onto each candidate;
+    out may be a or b itself, which the dispatcher must not write while it still reads them."""
+    dispatcher_prefers(name)
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((45 if alias == "b" else 67, 45))
+    b = rng.standard_normal((50, 45)).T if alias == "none" else rng.standard_normal((45, 45))
+    expected = a @ b
+    out = {"none": np.empty((b.shape[1], 67)).T, "a": a, "b": b}[alias]
+    assert M.matmul(a, b, out=out) is out
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-12)
+    if alias == "none":
+        assert list(M._choice.values()) == [name] or name not in ("numba-blocked", "blas")
 
 
 def test_dispatcher_offers_the_blocked_kernel_where_it_applies():
@@ -114,33 +147,12 @@ def test_dispatcher_offers_the_blocked_kernel_where_it_applies():
     M.reset()
 
 
-@pytest.mark.parametrize("shape", [(1,), (3,), (5, 7), (2, 3, 33)])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_empty_aligned_starts_a_cache_line(shape, dtype):
-    simd = importlib.import_module("npformer.kernels._simd")
-    x = simd.empty_aligned(shape, dtype)
-    assert x.shape == shape and x.dtype == dtype and x.flags.c_contiguous and x.flags.writeable
-    assert x.ctypes.data % simd.ALIGNMENT == 0
-    x[...] = 1                                                # the whole array is usable
-
-
 def test_dispatcher_results_are_aligned_for_the_products_that_read_them():
     rng = np.random.default_rng(2)
     for a, b in [(rng.random((3, 5)), rng.random((5, 40))), (rng.random((2, 4, 6)), rng.random((2, 6, 3)))]:
         out = M.matmul(a, b)
         assert out.ctypes.data % 64 == 0
         np.testing.assert_allclose(out, a @ b, rtol=0, atol=1e-13)
-
-
-@pytest.mark.parametrize("shape", [(3, 5), (2, 16), (4, 3, 17), (7, 1)])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_empty_aligned_rows_each_start_a_cache_line(shape, dtype):
-    simd = importlib.import_module("npformer.kernels._simd")
-    x = simd.empty_aligned(shape, dtype, aligned_rows=True)
-    assert x.shape == shape and x.dtype == dtype and simd.rows_aligned(x)
-    x[...] = np.arange(x.size).reshape(shape)                 # every element addressable
-    assert x.ravel().tolist() == list(range(x.size))
-    assert not simd.rows_aligned(np.ones((3, 64), dtype)[:, 1:])   # rows a step past a line
 
 
 @pytest.mark.parametrize("src", [
@@ -152,10 +164,25 @@ def test_empty_aligned_rows_each_start_a_cache_line(shape, dtype):
 ])
 def test_copy_rows_copies_every_element(src):
     T = importlib.import_module("npformer.kernels.transpose")
-    simd = importlib.import_module("npformer.kernels._simd")
     x = src(np.random.default_rng(4)).astype(np.float32)
-    dst = simd.empty_aligned(x.shape, x.dtype, aligned_rows=True)
+    dst = empty_aligned(x.shape, x.dtype, aligned_rows=True)
     assert T.copy_rows(x, dst) is dst
     np.testing.assert_array_equal(dst, x)
     with pytest.raises(ValueError, match="copy_rows"):
         T.copy_rows(x, np.empty(x.shape[::-1] + (2,), x.dtype))
+
+
+@pytest.mark.parametrize("shape", [(40, 40), (700, 700)])          # small; large (split, trials)
+@pytest.mark.parametrize("alias", ["a", "b"])
+def test_an_out_that_is_an_input_gets_the_product_on_a_first_call(shape, alias):
+    """The first call for a shape times every candidate, each writing into out: with out = a or
+    b, the inputs would change under the trials (and the split candidates would write half of
+    b while the other thread still reads it). The dispatcher computes into a temporary."""
+    M.reset()
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal(shape), rng.standard_normal(shape)
+    expected = a @ b
+    out = a if alias == "a" else b
+    assert M.matmul(a, b, out=out) is out
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-10)
+    M.reset()

@@ -78,8 +78,12 @@ def test_candidates_limit_the_choice_and_get_their_own_signature():
 def test_large_products_try_blas_and_the_blocked_kernel_once_per_size_bucket():
     M.reset()
     k = M.MEASURE_LIMIT // (4 * 64) + 1
-    a, b = np.ones((4, k), np.float32), np.ones((k, 64), np.float32)
-    np.testing.assert_array_equal(M.matmul(a, b), np.full((4, 64), k, np.float32))
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((4, k)), rng.standard_normal((k, 64))   # float64: exact enough
+    for name in ("blas", "blas-split", "numba-blocked", "numba-blocked-split"):   # every row right
+        np.testing.assert_allclose(M.CANDIDATES[name](a, b, None), a @ b, rtol=0, atol=1e-9)
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    np.testing.assert_allclose(M.matmul(a, b), a.astype(np.float64) @ b, rtol=0, atol=2e-3)
     (times,) = M.timings().values()
     assert set(times) == {"blas", "blas-split", "numba-blocked", "numba-blocked-split"}
     assert M.choice(a, b) in times
@@ -150,3 +154,20 @@ def test_exp32_relative_error_is_about_two_ulp():
     exact = np.exp(x.astype(np.float64))
     assert np.max(np.abs(out - exact) / exact) < 2.5e-7                 # float32 eps: 1.19e-7
     assert out.dtype == np.float32 and out[-3] == 1.0
+
+
+def test_empty_operands_give_numpys_answer():
+    """K = 0 is a sum of nothing (zeros); M = 0 or a batch of 0 is an empty result. These used
+    to reach the candidates' timing and divide by zero."""
+    M.reset()
+    for a, b in [((3, 0), (0, 40)), ((0, 5), (5, 40)), ((0, 2, 3, 4), (0, 2, 4, 40)), ((2, 0), (0, 3))]:
+        a, b = np.ones(a, np.float32), np.ones(b, np.float32)
+        res = M.matmul(a, b)
+        assert res.shape == (a @ b).shape and res.dtype == np.float32
+        np.testing.assert_array_equal(res, a @ b)
+
+
+def test_a_read_only_out_is_refused():
+    out = np.broadcast_to(np.zeros(40), (3, 40))
+    with pytest.raises(ValueError, match="out: expected a writeable"):
+        M.matmul(np.ones((3, 5)), np.ones((5, 40)), out=out)

@@ -12,6 +12,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..aligned import empty_aligned, zeros_aligned
+
 
 class Parameter:
     """A trainable array and its gradient (same shape and dtype)."""
@@ -96,8 +98,9 @@ class Module:
         if len(dtypes) != 1:
             raise ValueError(f"flatten_parameters: expected one dtype for all parameters, got {dtypes}")
         total = sum(p.data.size for p in params)
-        flat_params = np.empty(total, dtype=dtypes.pop())
-        flat_grads = np.zeros_like(flat_params)
+        dtype = dtypes.pop()
+        flat_params = empty_aligned(total, dtype)    # weights start on cache lines where their
+        flat_grads = zeros_aligned(total, dtype)     # offsets allow: fast rows for the products
         offset = 0
         for p in params:
             n = p.data.size

@@ -154,17 +154,15 @@ def _aligned_rows(b):
 
 
 def _numba_blocked(a, b, out):
-    """The register-blocked kernel (operands as checked by :func:`matmul`); a b whose rows are
-    strided (``w.T`` of a linear layer) or do not start cache lines is copied first, and an
-    ``out`` the kernel cannot write (strided rows, or overlapping a or b) receives a copy of the
-    result."""
+    """The register-blocked kernel, on operands as :func:`matmul` checked them (an ``out``
+    overlapping neither a nor b); a b whose rows are strided (``w.T`` of a linear layer) or do
+    not start cache lines is copied first, and an ``out`` with strided rows receives a copy."""
     if not _blocked_offered(a, b):
         return _blas(a, b, out)
     b = _aligned_rows(b)
     if out is None:
         return run_blocked(a, b, empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype))
-    if ((out.shape[-1] > 1 and out.strides[-1] != out.itemsize)
-            or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+    if out.shape[-1] > 1 and out.strides[-1] != out.itemsize:
         out[...] = run_blocked(a, b, empty_aligned(out.shape, a.dtype))
         return out
     return run_blocked(a, b, out)

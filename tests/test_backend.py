@@ -105,14 +105,9 @@ def test_backward_uses_the_backend_that_ran_forward(restore_backend):
     np.testing.assert_allclose(model.flat_grads, g_ref, rtol=0, atol=1e-9 * np.abs(g_ref).max())
 
 
-def test_gradcheck_whole_tiny_model_on_numba(restore_backend):
-    """No padding here: the <pad> embedding row gets no gradient by design (as torch's
-    padding_idx), so a gradient check would flag it. Padding is covered by the agreement test."""
-    backend.set_backend("numba")
-    model = tiny_model()
-    rng = np.random.default_rng(4)
-    src, tgt_in = rng.integers(1, 13, size=(2, 5)), rng.integers(1, 11, size=(2, 4))
-
+def gradcheck_whole_model(model, src, tgt_in, max_entries=150):
+    """Central differences over the model's flat parameter buffer (a sample of entries), the
+    logits as the output, on the active backend."""
     def f(params):
         model.flat_params[...] = params
         logits = model.forward(src, tgt_in)
@@ -122,8 +117,17 @@ def test_gradcheck_whole_tiny_model_on_numba(restore_backend):
             model.backward(dlogits)
             return model.flat_grads.copy()
         return logits, backward
-    params = model.flat_params.copy()
-    result = nf.gradcheck(f, [params], max_entries=150, names=["all parameters"])
+    return nf.gradcheck(f, [model.flat_params.copy()], max_entries=max_entries,
+                        names=["all parameters"])
+
+
+def test_gradcheck_whole_tiny_model_on_numba(restore_backend):
+    """No padding here: the <pad> embedding row gets no gradient by design (as torch's
+    padding_idx), so a gradient check would flag it. Padding is covered by the agreement test."""
+    backend.set_backend("numba")
+    rng = np.random.default_rng(4)
+    src, tgt_in = rng.integers(1, 13, size=(2, 5)), rng.integers(1, 11, size=(2, 4))
+    result = gradcheck_whole_model(tiny_model(), src, tgt_in)
     assert result.ok, result
 
 
@@ -162,17 +166,7 @@ def test_wide_heads_through_the_blocked_kernel_agree_and_gradcheck(restore_backe
 
     rng = np.random.default_rng(7)
     src, tgt_in = rng.integers(1, 13, size=(2, 5)), rng.integers(1, 40, size=(2, 4))
-
-    def f(params):
-        model.flat_params[...] = params
-        out = model.forward(src, tgt_in)
-
-        def backward(dlogits):
-            model.zero_grad()
-            model.backward(dlogits)
-            return model.flat_grads.copy()
-        return out, backward
-    result = nf.gradcheck(f, [model.flat_params.copy()], max_entries=150, names=["all parameters"])
+    result = gradcheck_whole_model(model, src, tgt_in)
     assert result.ok, result
 
 

@@ -32,6 +32,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 LANES = 16
+
+
 class VectorType(types.Type):
     """The Numba type of LANES numbers of one float dtype, held in registers."""
 

@@ -31,10 +31,11 @@ overlapped column would be added twice).
 
 Operands: ``a`` any strides (its entries are read one by one, so ``a`` may be a transposed
 view); ``b`` and ``out`` with unit stride along their last axis (rows are read and written as
-vectors), best 64-byte aligned (``_simd.empty_aligned``). The wrapper :func:`blocked_matmul`
-checks this; the matmul dispatcher offers the kernel as ``"numba-blocked"`` and keeps it only
-for shapes where it measures faster than BLAS. Serial and ``nogil``: attention runs it on two
-Python threads, and the dispatcher's ``"numba-blocked-split"`` runs two halves of the rows.
+vectors), best 64-byte aligned (``npformer.aligned.empty_aligned``). The wrapper
+:func:`blocked_matmul` checks this; the matmul dispatcher offers the kernel as
+``"numba-blocked"`` and keeps it only for shapes where it measures faster than BLAS. Serial and
+``nogil``: attention runs it on two Python threads, and the dispatcher's
+``"numba-blocked-split"`` runs two halves of the rows.
 """
 import numpy as np
 from numba import njit
@@ -42,6 +43,7 @@ from numba import njit
 from npformer.aligned import empty_aligned
 
 from ._jit import FASTMATH, kernel
+from ._product_operands import check_operands
 from ._simd import LANES, vadd, vfma, vload, vsplat, vstore
 
 BLOCK_ROWS = 4
@@ -113,33 +115,32 @@ def _rows_unit_stride(x):
     return x.size == 0 or x.shape[-1] == 1 or x.strides[-1] == x.itemsize
 
 
-def _problem(a, b, out):
-    """Why :func:`_blocked_gemm` cannot compute a @ b into out, or None if it can."""
-    if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
-        return f"a and b: expected both float32 or both float64, got {a.dtype} and {b.dtype}"
-    if not 2 <= a.ndim == b.ndim <= 4 or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
-        return (f"a (..., M, K) and b (..., K, N): expected the same K and the same batch shape, "
-                f"at most two batch axes, got {a.shape} and {b.shape}")
+def _check(a, b, out):
+    """Raise ValueError naming the argument unless :func:`_blocked_gemm` can compute a @ b into
+    out: the product's own conditions (``check_operands``), then the kernel's."""
+    check_operands(a, b, out, "blocked_matmul")
+    if a.ndim > 4:
+        raise ValueError(f"blocked_matmul: expected at most two batch axes, got a {a.shape}")
     if b.shape[-1] < BLOCK_COLS:
-        return f"b: expected N >= {BLOCK_COLS} columns, got shape {b.shape}"
+        raise ValueError(f"blocked_matmul: b: expected N >= {BLOCK_COLS} columns, got shape "
+                         f"{b.shape}")
     if not _rows_unit_stride(b):
-        return f"b: expected rows with unit stride, got strides {b.strides}"
-    if out is None:
-        return None
-    expected = a.shape[:-1] + (b.shape[-1],)
-    if out.shape != expected or out.dtype != a.dtype:
-        return f"out: expected a {a.dtype} array of shape {expected}, got {out.dtype} {out.shape}"
-    if not out.flags.writeable or not _rows_unit_stride(out):
-        return (f"out: expected a writeable array with unit-stride rows, got strides "
-                f"{out.strides}, writeable={out.flags.writeable}")
-    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
-        return "out: expected an array overlapping neither a nor b"
-    return None
+        raise ValueError(f"blocked_matmul: b: expected rows with unit stride, got strides "
+                         f"{b.strides}")
+    if out is not None and not _rows_unit_stride(out):
+        raise ValueError(f"blocked_matmul: out: expected rows with unit stride, got strides "
+                         f"{out.strides}")
+    if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+        raise ValueError("blocked_matmul: out: expected an array overlapping neither a nor b")
 
 
 def applies(a, b, out=None):
     """Whether :func:`blocked_matmul` can compute a @ b into out (see the module docstring)."""
-    return _problem(a, b, out) is None
+    try:
+        _check(a, b, out)
+    except ValueError:
+        return False
+    return True
 
 
 def _as_4d(x):
@@ -174,9 +175,7 @@ def blocked_matmul(a, b, out=None, tile_rows=None, k_chunk=K_CHUNK):
     ``tile_rows`` (a multiple of 4) defaults to about ``TILE_BYTES`` of a's rows; K is summed
     in chunks of ``k_chunk`` where N is a multiple of 32. Raises ValueError naming the operand
     that does not fit (see the module docstring for what fits)."""
-    problem = _problem(a, b, out)
-    if problem is not None:
-        raise ValueError(f"blocked_matmul: {problem}")
+    _check(a, b, out)
     if tile_rows is not None and (tile_rows < BLOCK_ROWS or tile_rows % BLOCK_ROWS):
         raise ValueError(f"tile_rows: expected a positive multiple of {BLOCK_ROWS}, got {tile_rows}")
     if k_chunk < 1:

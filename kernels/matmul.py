@@ -40,6 +40,7 @@ from npformer.aligned import empty_aligned, rows_aligned
 
 from . import _helper_thread
 from ._jit import kernel
+from ._product_operands import check_operands
 from .blocked_matmul import BLOCK_COLS, run_blocked
 from .transpose import copy_rows
 
@@ -122,12 +123,13 @@ def _blas_split(a, b, out):
 
 def _numba(a, b, out):
     a3 = np.ascontiguousarray(_as_batched(a))
-    res = np.empty(a.shape[:-1] + (b.shape[-1],), dtype=a.dtype)
+    direct = out is not None and out.flags.c_contiguous                 # else a copy at the end
+    res = out if direct else np.empty(a.shape[:-1] + (b.shape[-1],), dtype=a.dtype)
     if _layout(b) == "T" and b.swapaxes(-1, -2).flags.c_contiguous:     # b = w.T: no copy
         _gemm_rows_nt(a3, _as_batched(b.swapaxes(-1, -2)), _as_batched(res))
     else:
         _gemm_rows(a3, np.ascontiguousarray(_as_batched(b)), _as_batched(res))
-    if out is None:
+    if out is None or direct:
         return res
     out[...] = res
     return out
@@ -204,19 +206,6 @@ def _signature(a, b, out, candidates=None):
     return (a.shape, b.shape) + layouts
 
 
-def _check(a, b, out):
-    if a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"matmul: expected a (..., M, K) and b (..., K, N) with the same batch "
-                         f"shape, got {a.shape} and {b.shape}")
-    if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
-        raise ValueError(f"matmul: expected a and b both float32 or both float64, got {a.dtype} "
-                         f"and {b.dtype}")
-    expected = a.shape[:-1] + (b.shape[-1],)
-    if out is not None and (out.shape != expected or out.dtype != a.dtype or not out.flags.writeable):
-        raise ValueError(f"out: expected a writeable {a.dtype} array of shape {expected}, got "
-                         f"{out.dtype} {out.shape}, writeable={out.flags.writeable}")
-
-
 def _measure(sig, a, b, out, names):
     results = {}
     for name in names:
@@ -249,7 +238,7 @@ def matmul(a, b, out=None, candidates=None):
     memory it is still reading (the split ones read all of b while writing half of out), and
     the first call's trials write into ``out``. Empty operands go to NumPy, which defines them
     (K = 0 gives zeros)."""
-    _check(a, b, out)
+    check_operands(a, b, out, "matmul")
     if a.size == 0 or b.size == 0:
         return np.matmul(a, b, out=out)
     if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
@@ -273,12 +262,11 @@ def matmul(a, b, out=None, candidates=None):
                 names.append("numba-blocked")
         if candidates is not None:
             names = [n for n in names if n in candidates] or ["blas"]
-        if out is None:                                       # the trials need somewhere to write
-            out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)
+    if out is None:                  # aligned, so that products reading this result load whole
+        out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)      # lines (and the trials')
+    if name is None:
         name = _measure(sig, a, b, out, names) if len(names) > 1 else names[0]
         _choice[sig] = name
-    if out is None:                  # aligned, so that products reading this result load whole lines
-        out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)
     return CANDIDATES[name](a, b, out)
 
 

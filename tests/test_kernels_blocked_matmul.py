@@ -82,13 +82,13 @@ def test_blocked_matmul_writes_only_its_output():
 @pytest.mark.parametrize("case, names", [
     (lambda z: (z((3, 4)), z((4, 31)), None), "b: expected N >= 32"),
     (lambda z: (z((3, 4)), z((4, 64))[:, ::2], None), "b: expected rows with unit stride"),
-    (lambda z: (z((3, 4)), z((4, 32)).astype(np.float32), None), "a and b: expected both"),
+    (lambda z: (z((3, 4)), z((4, 32)).astype(np.float32), None), "expected a and b both float32 or both float64"),
     (lambda z: (z((2, 2, 2, 3, 4)), z((2, 2, 2, 4, 32)), None), "at most two batch axes"),
-    (lambda z: (z((3, 5)), z((4, 32)), None), "the same K"),                       # K mismatch
-    (lambda z: (z((1, 3, 4)), z((2, 4, 32)), None), "the same batch shape"),
-    (lambda z: (z((3, 4)), z((4, 32)), z((2, 32))), "out: expected a float64 array of shape (3, 32)"),
-    (lambda z: (z((3, 4)), z((4, 32)), z((3, 32)).astype(np.float32)), "out: expected a float64"),
-    (lambda z: (z((3, 4)), z((4, 32)), z((3, 64))[:, ::2]), "out: expected a writeable array"),
+    (lambda z: (z((3, 5)), z((4, 32)), None), "with the same batch shape"),                       # K mismatch
+    (lambda z: (z((1, 3, 4)), z((2, 4, 32)), None), "with the same batch shape"),
+    (lambda z: (z((3, 4)), z((4, 32)), z((2, 32))), "out: expected a writeable float64 array of shape (3, 32)"),
+    (lambda z: (z((3, 4)), z((4, 32)), z((3, 32)).astype(np.float32)), "out: expected a writeable float64"),
+    (lambda z: (z((3, 4)), z((4, 32)), z((3, 64))[:, ::2]), "out: expected rows with unit stride"),
     (lambda z: (z((3, 4)), z((4, 32)), np.broadcast_to(z((32,)), (3, 32))), "writeable=False"),
 ])
 def test_blocked_matmul_refuses_what_it_cannot_do(case, names):

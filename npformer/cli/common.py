@@ -1,8 +1,9 @@
-"""Helpers shared by the CLI commands: checkpoint paths, input lines, model-size options."""
+"""Helpers shared by the CLI commands: checkpoint paths, input lines, model-size options, and the
+checks that keep a command's outputs off its inputs."""
 import os
 import sys
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, checkpoint_paths
 
 
 def resolve_checkpoint(path):
@@ -89,3 +90,38 @@ def write_json(path, obj):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1, ensure_ascii=False)
         f.write("\n")
+
+
+def _identity(path, checkpoint):
+    """What a path names on disk: the real path of the file (a checkpoint's npz for checkpoints)."""
+    if checkpoint:
+        path = checkpoint_paths(path)[0]
+    return os.path.realpath(path)
+
+
+def refuse_output_over_inputs(out_option, out_path, inputs, checkpoint=False):
+    """Raise ValueError if the output ``out_path`` names one of ``inputs`` ((option, path) pairs).
+
+    ``checkpoint=True`` compares checkpoints by the npz they name ("run/last", "run/last.npz" and
+    "run/last.json" are one checkpoint). No command may write over what it reads.
+    """
+    target = _identity(out_path, checkpoint)
+    for option, path in inputs:
+        if path is not None and _identity(path, checkpoint) == target:
+            raise ValueError(f"{out_option} {out_path}: names the input {option} {path}; write the "
+                             f"output to another path (nothing was written)")
+
+
+def check_writable(option, path):
+    """Fail now, not after an hour of work, if ``path`` cannot be written: its folder must exist
+    or be creatable, and the path must not be a folder."""
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path}: expected a file path, got a folder")
+    parent = os.path.dirname(os.path.abspath(path))
+    probe = parent
+    while not os.path.exists(probe):             # the nearest existing ancestor must be a folder
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError(f"{option} {path}: cannot be written: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{option} {path}: cannot be written (permission denied)")

@@ -187,8 +187,12 @@ def format_table(rows):
     lines.append("-" * len(lines[0]))
     for row in rows:
         r = row.result
-        worst = max(((e, n) for e, n in zip(r.errors, r.names) if e is not None),
-                    default=(0.0, "-"))[1]
+        if r.missing:                            # a forgotten gradient is the worst failure
+            worst = "no gradient: " + r.names[r.missing[0]]
+        else:
+            worst = max(((e, n) for e, n in zip(r.errors, r.names) if e is not None),
+                        key=lambda pair: float("inf") if pair[0] != pair[0] else pair[0],
+                        default=(0.0, "-"))[1]
         lines.append(f"{row.name:<30s} {r.max_error:>14.2e}  {worst[:32]:<32s} "
                      f"{'PASS' if r.ok else 'FAIL':<4s} {row.seconds:5.2f}")
     ok = sum(row.result.ok for row in rows)

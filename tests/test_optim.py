@@ -76,7 +76,7 @@ def test_optimizer_state_round_trip_and_errors():
     np.testing.assert_array_equal(opt2.exp_avg, opt.exp_avg)
     with pytest.raises(ValueError, match="exp_avg_sq"):
         opt2.load_state_dict({"step_count": 1, "exp_avg": opt.exp_avg})
-    with pytest.raises(ValueError, match="lr: expected a non-negative"):
+    with pytest.raises(ValueError, match="lr: expected a finite number >= 0"):
         nf.Adam(model, lr=-1)
 
 

@@ -16,26 +16,39 @@ class Adam:
     """Adam (Kingma & Ba). ``weight_decay`` here is L2 regularisation: it adds wd * p to the
     gradient (as torch.optim.Adam). For decoupled decay use :class:`AdamW`.
 
-    Attributes ``lr`` (settable, e.g. by a schedule), ``step_count``, ``exp_avg``, ``exp_avg_sq``.
+    Attributes ``lr`` (settable, e.g. by a schedule; checked on every assignment, so a schedule
+    that goes negative or NaN stops the run before it writes into the weights), ``step_count``,
+    ``exp_avg``, ``exp_avg_sq``.
     """
 
     decoupled = False
 
     def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        if lr < 0:
-            raise ValueError(f"lr: expected a non-negative learning rate, got {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas: expected two numbers in [0, 1), got {betas}")
-        if eps < 0 or weight_decay < 0:
-            raise ValueError(f"eps, weight_decay: expected non-negative numbers, got {eps}, {weight_decay}")
+        self.lr = lr                                     # checked by the setter below
+        try:
+            beta1, beta2 = (float(b) for b in betas)
+        except (TypeError, ValueError):
+            raise ValueError(f"betas: expected two numbers in [0, 1), got {betas!r}") from None
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+            raise ValueError(f"betas: expected two numbers in [0, 1), got {betas!r}")
+        eps = _finite("eps", eps, minimum=0.0)
+        weight_decay = _finite("weight_decay", weight_decay, minimum=0.0)
         if model.flat_params is None:
             model.flatten_parameters()
         self.model = model
         self.params, self.grads = model.flat_params, model.flat_grads     # (P,) views of the model
-        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
+        self.betas, self.eps, self.weight_decay = (beta1, beta2), eps, weight_decay
         self.step_count = 0
         self.exp_avg = np.zeros_like(self.params)
         self.exp_avg_sq = np.zeros_like(self.params)
+
+    @property
+    def lr(self):
+        return self._lr
+
+    @lr.setter
+    def lr(self, value):
+        self._lr = _finite("lr", value, minimum=0.0)
 
     def zero_grad(self):
         self.grads.fill(0)
@@ -76,9 +89,23 @@ class Adam:
             if np.shape(state[key]) != self.params.shape:
                 raise ValueError(f"optimizer state_dict: entry {key!r} expected shape "
                                  f"{self.params.shape}, got {np.shape(state[key])}")
-        self.step_count = int(state["step_count"])
+        step_count = np.asarray(state["step_count"])
+        if step_count.shape != () or step_count.dtype.kind not in "iu" or step_count < 0:
+            raise ValueError(f"optimizer state_dict: entry 'step_count' expected a non-negative "
+                             f"integer scalar, got {step_count.dtype} {step_count.shape} {step_count!r:.40}")
+        self.step_count = int(step_count)
         self.exp_avg[...] = state["exp_avg"]
         self.exp_avg_sq[...] = state["exp_avg_sq"]
+
+
+def _finite(name, value, minimum):
+    """``value`` as a float, which must be a finite real number >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name}: expected a finite number >= {minimum:g}, got {value!r}")
+    value = float(value)
+    if not (math.isfinite(value) and value >= minimum):
+        raise ValueError(f"{name}: expected a finite number >= {minimum:g}, got {value!r}")
+    return value
 
 
 class AdamW(Adam):

@@ -6,11 +6,14 @@ Use them by assigning before each step::
     opt.lr = schedule(opt.step_count + 1); opt.step()
 """
 import math
+import numbers
 
 
 def _check_positive(name, value):
-    if value <= 0:
-        raise ValueError(f"{name}: expected a positive number, got {value}")
+    """``value`` must be a finite real number > 0 (NaN, inf, bools and strings are refused)."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not (math.isfinite(value) and value > 0)):
+        raise ValueError(f"{name}: expected a finite positive number, got {value!r}")
 
 
 class NoamSchedule:
@@ -19,6 +22,7 @@ class NoamSchedule:
     def __init__(self, d_model, warmup_steps=4000, factor=1.0):
         _check_positive("d_model", d_model)
         _check_positive("warmup_steps", warmup_steps)
+        _check_positive("factor", factor)
         self.d_model, self.warmup_steps, self.factor = d_model, warmup_steps, factor
 
     def __call__(self, step):
@@ -51,6 +55,9 @@ class WarmupCosineSchedule:
         if not 0 <= warmup_steps <= total_steps:
             raise ValueError(f"warmup_steps: expected a number in [0, total_steps={total_steps}], "
                              f"got {warmup_steps}")
+        if (isinstance(min_lr, bool) or not isinstance(min_lr, numbers.Real)
+                or not (math.isfinite(min_lr) and 0 <= min_lr <= peak_lr)):
+            raise ValueError(f"min_lr: expected a finite number in [0, peak_lr={peak_lr}], got {min_lr!r}")
         self.peak_lr, self.warmup_steps, self.total_steps, self.min_lr = (
             peak_lr, warmup_steps, total_steps, min_lr)
 

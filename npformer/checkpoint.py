@@ -59,9 +59,12 @@ warning on load, never a wrong result).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import math
 import os
 import secrets
+import struct
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -193,6 +196,17 @@ def _check_arrays(arrays) -> None:
             raise CheckpointError(
                 f"arrays[{name!r}]: dtype {value.dtype} holds Python objects, which only pickle "
                 f"can store; convert it to a numeric or fixed-width string dtype"
+            )
+        # what the loader refuses is refused here too, so a save never writes an unloadable file
+        if value.dtype.itemsize == 0:
+            raise CheckpointError(f"arrays[{name!r}]: dtype {value.dtype} has zero-byte elements; "
+                                  f"expected a dtype holding data")
+        descr = repr(np.lib.format.dtype_to_descr(value.dtype)) + repr(value.shape)
+        if len(descr) > _MAX_NPY_HEADER - 100 or not descr.isascii():
+            raise CheckpointError(
+                f"arrays[{name!r}]: dtype {value.dtype} needs an npy header longer than "
+                f"{_MAX_NPY_HEADER} bytes or one with non-ASCII field names; the loader accepts "
+                f"neither (use plain or shorter field names)"
             )
 
 
@@ -372,32 +386,103 @@ def _check_trailer(f, npz_path: Path) -> tuple[str, int]:
 
 
 def _read_members(f, npz_path: Path) -> dict[str, np.ndarray]:
-    """Read every ``<name>.npy`` member with ``allow_pickle=False``."""
+    """Read every ``<name>.npy`` member with ``allow_pickle=False``, allocating no more than the
+    file justifies.
+
+    The zip directory and each npy header are only claims, and a forged one could ask for any
+    amount of memory. So before reading a member's data: it must be stored, not compressed
+    (``save_checkpoint`` never compresses, and inflating is where a small file turns into a huge
+    one); its npy header must be short; and the array the header declares (element count times
+    element size) must fill exactly the bytes the member stores. The members' stored sizes must
+    add up to no more than the file's size. Every array read is then backed by bytes of the file.
+    """
     def bad(what: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {npz_path}: {what}")
 
+    file_size = f.seek(0, os.SEEK_END)
+    f.seek(0)
     arrays: dict[str, np.ndarray] = {}
     try:
         with zipfile.ZipFile(f) as zf:
-            for info in zf.infolist():
+            infos = zf.infolist()
+            stored_total = 0
+            for info in infos:
+                _check_member_entry(info, file_size, bad)
+                stored_total += info.compress_size
+            if stored_total > file_size:
+                raise bad(f"the zip directory claims {stored_total} bytes of members in a file of "
+                          f"{file_size} bytes (overlapping members?)")
+            for info in infos:
                 if not info.filename.endswith(".npy"):
                     raise bad(f"unexpected member {info.filename!r} (expected <name>.npy)")
                 name = info.filename[: -len(".npy")]
                 if name in arrays:
                     raise bad(f"duplicate member {info.filename!r}")
                 with zf.open(info) as member:
-                    try:
-                        arrays[name] = np.lib.format.read_array(member, allow_pickle=False)
-                    except ValueError as exc:
-                        if "allow_pickle" in str(exc):
-                            raise bad(f"array {name!r} is an object array; refusing to unpickle it ({exc})") from None
-                        raise
+                    _check_npy_header(member, info, bad)
+                    member.seek(0)
+                    arrays[name] = np.lib.format.read_array(
+                        member, allow_pickle=False, max_header_size=_MAX_NPY_HEADER)
     except CheckpointError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError,
-            ValueError, KeyError) as exc:
+            ValueError, KeyError, RuntimeError, OverflowError, struct.error) as exc:
         raise bad(f"corrupt npz ({type(exc).__name__}: {exc})") from None
     return arrays
+
+
+_MAX_NPY_HEADER = 10_000  # longest npy header accepted, in bytes (numpy's own default limit)
+
+
+def _check_member_entry(info: zipfile.ZipInfo, file_size: int, bad) -> None:
+    """A member must be stored uncompressed and unencrypted, and lie inside the file."""
+    where = f"member {info.filename!r}"
+    if info.compress_type != zipfile.ZIP_STORED:
+        method = {zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
+                  zipfile.ZIP_LZMA: "lzma"}.get(info.compress_type, f"method {info.compress_type}")
+        raise bad(f"{where} is compressed ({method}); save_checkpoint stores members uncompressed, "
+                  f"so this file was not written by it. Refusing to decompress it (a small "
+                  f"compressed member can expand to any size)")
+    if info.flag_bits & 0x1:
+        raise bad(f"{where} is encrypted; save_checkpoint never encrypts")
+    if info.file_size != info.compress_size:
+        raise bad(f"{where} is stored uncompressed, yet the zip directory records "
+                  f"{info.compress_size} stored bytes and {info.file_size} bytes of content")
+    if info.header_offset < 0 or info.header_offset + info.compress_size > file_size:
+        raise bad(f"{where} claims {info.compress_size} bytes at offset {info.header_offset}, "
+                  f"beyond the end of the {file_size}-byte file")
+
+
+def _check_npy_header(member, info: zipfile.ZipInfo, bad) -> None:
+    """Parse the npy header of ``member`` (bounded in length) and check that the array it
+    declares, prod(shape) * itemsize bytes, is exactly the data the member stores."""
+    where = f"member {info.filename!r}"
+    preamble = member.read(np.lib.format.MAGIC_LEN)
+    if len(preamble) < np.lib.format.MAGIC_LEN:
+        raise bad(f"{where}: {len(preamble)} bytes, too short for an npy header")
+    major, minor = np.lib.format.read_magic(io.BytesIO(preamble))  # ValueError if not npy
+    if (major, minor) not in ((1, 0), (2, 0)):
+        raise bad(f"{where}: npy format version {major}.{minor}; expected 1.0 or 2.0 "
+                  f"(what save_checkpoint writes)")
+    length_bytes = member.read(2 if major == 1 else 4)  # little-endian length of the header text
+    header_len = int.from_bytes(length_bytes, "little")
+    if header_len > _MAX_NPY_HEADER:
+        raise bad(f"{where}: npy header of {header_len} bytes; expected at most {_MAX_NPY_HEADER}")
+    header = member.read(header_len)
+    read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(io.BytesIO(length_bytes + header), max_header_size=_MAX_NPY_HEADER)
+    if dtype.hasobject:
+        raise bad(f"array {info.filename[:-4]!r} is an object array; refusing to unpickle it "
+                  f"(dtype {dtype} holds Python objects, which only pickle can store)")
+    if dtype.itemsize == 0:
+        raise bad(f"{where}: dtype {dtype} has zero-byte elements; expected a dtype holding data")
+    data_bytes = info.file_size - (len(preamble) + len(length_bytes) + len(header))
+    if any(n < 0 for n in shape):
+        raise bad(f"{where}: the npy header declares a negative dimension in shape {list(shape)}")
+    declared = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    if declared != data_bytes:
+        raise bad(f"{where}: the npy header declares {dtype} {list(shape)} ({declared} bytes) but "
+                  f"the member stores {data_bytes} bytes of data")
 
 
 def _parse_meta(member, npz_path: Path) -> dict:

@@ -5,12 +5,14 @@ import io
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+import tracemalloc
 import warnings
 import zipfile
 from pathlib import Path
@@ -339,6 +341,115 @@ def test_forged_npz_with_a_valid_trailer_is_still_checked(saved, forge, match):
     write_members(npz_path, forge(read_members(npz_path)))
     with pytest.raises(CheckpointError, match=r"ckpt\.npz: .*" + match):
         load_checkpoint(npz_path)
+
+
+def load_peak(npz_path):
+    """Load ``npz_path``, which must fail with CheckpointError; return (peak bytes allocated
+    meanwhile, numpy arrays included, the error message)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError) as err:
+            load_checkpoint(npz_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return peak, str(err.value)
+
+
+def npy_header(descr, shape, version=(1, 0)):
+    buf = io.BytesIO()
+    header = {"descr": descr, "fortran_order": False, "shape": shape}
+    if version == (1, 0):
+        np.lib.format.write_array_header_1_0(buf, header)
+    else:
+        np.lib.format.write_array_header_2_0(buf, header)
+    return buf.getvalue()
+
+
+def test_compressed_member_is_refused_before_it_is_inflated(saved):
+    """A small deflated member can expand to any size: it is refused unread, naming the member
+    (the old loader inflated all of it, then failed the index check)."""
+    npz_path, _ = saved
+    members = read_members(npz_path)
+    doc = meta_doc(members)
+    doc["arrays"]["a"] = {"dtype": "float32", "shape": [16 * 2**20]}  # 64 MiB of zeros
+    members = with_meta(members, doc)
+    with zipfile.ZipFile(npz_path, "w") as zf:
+        for name, data in members.items():
+            if name != "a.npy":
+                zf.writestr(name, data)
+        info = zipfile.ZipInfo("a.npy")
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with zf.open(info, "w") as out:  # streamed: no 64 MiB buffer in the test either
+            out.write(npy_header("<f4", (16 * 2**20,)))
+            zeros = bytes(2**20)
+            for _ in range(64):
+                out.write(zeros)
+        zf.comment = TRAILER + b"0" * 64
+    reseal(npz_path)
+    assert npz_path.stat().st_size < 2**20
+    peak, message = load_peak(npz_path)
+    assert "ckpt.npz: member 'a.npy' is compressed (deflate)" in message
+    assert peak < 8 * 2**20, f"refusing the file allocated {peak} bytes"
+
+
+@pytest.mark.parametrize("shape, version, match", [
+    ((2**40,), (1, 0), r"declares float32 \[1099511627776\] \(4398046511104 bytes\) but the member stores 12 bytes"),
+    ((2**31,), (2, 0), r"declares float32 \[2147483648\] \(8589934592 bytes\) but the member stores 12 bytes"),
+    ((2**32, 2**32, 0, 5), (1, 0), r"declares float32 .* \(0 bytes\) but the member stores 12 bytes"),
+    ((2,), (1, 0), r"\(8 bytes\) but the member stores 12 bytes"),
+    ((-1, -3), (1, 0), r"negative dimension in shape \[-1, -3\]"),
+])
+def test_npy_header_must_declare_exactly_the_stored_bytes(saved, shape, version, match):
+    """A header is a claim: the loader checks it against the member's size before allocating
+    (the old one allocated whatever the header declared: MemoryError, or 8 GiB of address space)."""
+    npz_path, _ = saved
+    members = read_members(npz_path)
+    members["a.npy"] = npy_header("<f4", shape, version) + np.arange(3, dtype="<f4").tobytes()
+    write_members(npz_path, members)
+    peak, message = load_peak(npz_path)
+    assert re.search(r"ckpt\.npz: member 'a\.npy': the npy header .*" + match, message), message
+    assert peak < 8 * 2**20, f"refusing the file allocated {peak} bytes"
+
+
+def test_npy_header_length_is_bounded(saved):
+    npz_path, _ = saved
+    members = read_members(npz_path)
+    members["a.npy"] = b"\x93NUMPY\x02\x00" + (2**31).to_bytes(4, "little") + b"{" * 64
+    write_members(npz_path, members)
+    peak, message = load_peak(npz_path)
+    assert "ckpt.npz: member 'a.npy': npy header of 2147483648 bytes; expected at most 10000" in message
+    assert peak < 8 * 2**20
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda info: setattr(info, "compress_size", 10**12) or setattr(info, "file_size", 10**12),
+     r"member 'a\.npy' claims 1000000000000 bytes at offset \d+, beyond the end of the \d+-byte file"),
+    (lambda info: setattr(info, "file_size", info.file_size + 1),
+     r"member 'a\.npy' is stored uncompressed, yet the zip directory records \d+ stored bytes and \d+"),
+    (lambda info: setattr(info, "flag_bits", info.flag_bits | 1), r"member 'a\.npy' is encrypted"),
+])
+def test_zip_directory_entries_are_checked_against_the_file(saved, edit, match):
+    """The central directory's sizes are claims too. (Rewritten through zipfile's own writer,
+    which copies the edited entry into the directory.)"""
+    npz_path, _ = saved
+    members = read_members(npz_path)
+    with zipfile.ZipFile(npz_path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+        edit(zf.getinfo("a.npy"))
+        zf.comment = TRAILER + b"0" * 64
+    reseal(npz_path)
+    with pytest.raises(CheckpointError, match=r"ckpt\.npz: " + match):
+        load_checkpoint(npz_path)
+
+
+def test_save_refuses_what_the_loader_would_refuse(tmp_path):
+    with pytest.raises(CheckpointError, match=r"arrays\['v'\]: dtype .* has zero-byte elements"):
+        save_checkpoint(tmp_path / "c", {"v": np.zeros(3, dtype="V0")}, {})
+    with pytest.raises(CheckpointError, match=r"arrays\['s'\]: .*non-ASCII field names"):
+        save_checkpoint(tmp_path / "c", {"s": np.zeros(2, dtype=[("größe", "<f4")])}, {})
+    assert not (tmp_path / "c.npz").exists()
 
 
 @pytest.mark.parametrize("how", ["flip_member_data", "cut_the_middle", "not_a_zip"])

@@ -1,0 +1,115 @@
+"""The model's configuration is validated where it is built, its parameter shapes are known
+without building it, and each forward's activations serve exactly one backward."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import npformer as nf
+from npformer.nn.transformer import check_config
+
+BASE = dict(src_vocab_size=10, tgt_vocab_size=12, d_model=8, n_heads=2, d_ff=16,
+            n_encoder_layers=1, n_decoder_layers=1, max_len=6)
+
+
+@st.composite
+def small_configs(draw):
+    n_heads = draw(st.sampled_from([1, 2, 4]))
+    cfg = dict(src_vocab_size=draw(st.integers(2, 9)), tgt_vocab_size=draw(st.integers(2, 9)),
+               d_model=n_heads * draw(st.integers(1, 3)), n_heads=n_heads,
+               d_ff=draw(st.integers(1, 12)), n_encoder_layers=draw(st.integers(1, 3)),
+               n_decoder_layers=draw(st.integers(1, 3)), max_len=draw(st.integers(1, 5)),
+               norm_first=draw(st.booleans()), tie_embeddings=draw(st.booleans()),
+               dtype=draw(st.sampled_from([np.float32, np.float64, "float32"])))
+    if draw(st.booleans()):
+        cfg["qk_dim"] = n_heads * draw(st.integers(1, 3))
+    # leave out a few keys at random: their defaults must count too
+    for key in ("norm_first", "tie_embeddings", "dtype"):
+        if draw(st.booleans()):
+            del cfg[key]
+    return cfg
+
+
+@settings(max_examples=60, deadline=None)
+@given(cfg=small_configs())
+def test_parameter_shapes_are_the_models(cfg):
+    """parameter_shapes never drifts from the model: same names, same order, same shapes."""
+    model = nf.Transformer(**cfg)
+    expected = [(name, p.shape) for name, p in model.named_parameters()]
+    assert list(nf.Transformer.parameter_shapes(**cfg).items()) == expected
+    assert check_config(**cfg) == model.config
+
+
+def test_parameter_shapes_of_a_huge_config_allocate_nothing():
+    shapes = nf.Transformer.parameter_shapes(src_vocab_size=10**9, tgt_vocab_size=10**9,
+                                             d_model=10**6, max_len=10**9)
+    assert shapes["src_embed.weight"] == (10**9, 10**6)
+    with pytest.raises(TypeError):
+        nf.Transformer.parameter_shapes(src_vocab_size=10, tgt_vocab_size=10, d_modell=8)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(n_encoder_layers=-1), r"n_encoder_layers: expected a positive integer, got -1"),
+    (dict(n_decoder_layers=0), r"n_decoder_layers: expected a positive integer, got 0"),
+    (dict(n_encoder_layers=True), r"n_encoder_layers: expected a positive integer, got True"),
+    (dict(n_decoder_layers=2.0), r"n_decoder_layers: expected a positive integer, got 2.0"),
+    (dict(d_model=8.0), r"d_model: expected a positive integer, got 8.0"),
+    (dict(d_ff=True), r"d_ff: expected a positive integer, got True"),
+    (dict(max_len=0), r"max_len: expected a positive integer, got 0"),
+    (dict(src_vocab_size="10"), r"src_vocab_size: expected a positive integer, got '10'"),
+    (dict(qk_dim=0), r"qk_dim: expected a positive integer, got 0"),
+    (dict(layer_norm_eps=0.0), r"layer_norm_eps: expected a finite number > 0, got 0.0"),
+    (dict(layer_norm_eps=-1e-5), r"layer_norm_eps: expected a finite number > 0, got -1e-05"),
+    (dict(layer_norm_eps=float("nan")), r"layer_norm_eps: expected a finite number > 0, got nan"),
+    (dict(layer_norm_eps=float("inf")), r"layer_norm_eps: expected a finite number > 0, got inf"),
+    (dict(dropout=float("nan")), r"dropout: expected a probability in \[0, 1\), got nan"),
+    (dict(dropout=-0.1), r"dropout: expected a probability in \[0, 1\), got -0.1"),
+    (dict(dropout=True), r"dropout: expected a probability in \[0, 1\), got True"),
+    (dict(dropout="0.1"), r"dropout: expected a probability in \[0, 1\), got '0.1'"),
+    (dict(pad_id=True), r"pad_id: expected an id in \[0, 10\), got True"),
+    (dict(norm_first="no"), r"norm_first: expected True or False, got 'no'"),
+    (dict(tie_embeddings=1), r"tie_embeddings: expected True or False, got 1"),
+    (dict(activation=None), r"activation: expected a str such as 'relu', got None"),
+    (dict(dtype="float33"), r"dtype: expected float32 or float64, got 'float33'"),
+    (dict(seed=-3), r"seed: expected a non-negative integer, got -3"),
+])
+def test_constructor_and_parameter_shapes_reject_bad_configuration(kwargs, match):
+    cfg = {**BASE, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        nf.Transformer(**cfg)
+    with pytest.raises(ValueError, match=match):
+        nf.Transformer.parameter_shapes(**cfg)
+
+
+def test_numpy_integers_are_sizes():
+    model = nf.Transformer(**{**BASE, "d_model": np.int64(8), "n_encoder_layers": np.int32(2)})
+    assert model.config["d_model"] == 8 and type(model.config["n_encoder_layers"]) is int
+
+
+def batch():
+    return np.array([[1, 2, 3]]), np.array([[1, 4]])
+
+
+def test_second_backward_without_forward_is_refused():
+    """It used to add the same gradients again, silently doubling them."""
+    model = nf.Transformer(**BASE, dtype=np.float64)
+    model.eval()
+    logits = model.forward(*batch())
+    d = np.ones_like(logits)
+    model.zero_grad()
+    model.backward(d)
+    once = model.flat_grads.copy()
+    with pytest.raises(ValueError, match=r"backward: already called since the last forward; .*call forward again"):
+        model.backward(d)
+    np.testing.assert_array_equal(model.flat_grads, once)     # nothing was added
+    model.forward(*batch())                                     # a new forward: one more backward
+    model.backward(d)
+    np.testing.assert_allclose(model.flat_grads, 2 * once)
+
+
+def test_rejected_dlogits_leave_backward_available():
+    model = nf.Transformer(**BASE, dtype=np.float64)
+    logits = model.forward(*batch())
+    with pytest.raises(ValueError, match="dlogits: expected shape"):
+        model.backward(np.zeros((1, 2, 11)))
+    model.backward(np.ones_like(logits))                        # the check consumed nothing

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-__all__ = ["MULTI30K_FILES", "DEFAULT_BASE_URL", "download_multi30k", "sha256_file"]
+__all__ = ["MULTI30K_FILES", "DEFAULT_BASE_URL", "DownloadError", "download_multi30k", "sha256_file"]
 
 DEFAULT_BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 
@@ -76,6 +76,23 @@ def _wanted_files(files: Iterable[str] | Mapping[str, str] | None) -> dict[str, 
     return wanted
 
 
+class DownloadError(OSError):
+    """The server could not be reached or the transfer broke off (the message names the URL)."""
+
+
+def _write(out, block, dest: Path) -> None:
+    """Write ``block`` (or, for None, flush and fsync) to the temporary file of ``dest``; an
+    OSError (a full disk, say) names ``dest``, since a failed ``write()`` names no file."""
+    try:
+        if block is None:
+            out.flush()
+            os.fsync(out.fileno())
+        else:
+            out.write(block)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(dest)) from err
+
+
 def _fetch(url: str, dest: Path, expected: str, timeout: float, progress: bool) -> None:
     """Stream ``url`` into a temporary file next to ``dest``, check sha256, rename into place."""
     name = dest.name
@@ -85,19 +102,25 @@ def _fetch(url: str, dest: Path, expected: str, timeout: float, progress: bool) 
         digest = hashlib.sha256()
         with os.fdopen(fd, "wb") as out:
             try:
-                with urllib.request.urlopen(url, timeout=timeout) as response:
-                    length = response.headers.get("Content-Length")
-                    total = int(length) if length and length.isdigit() else None
-                    with tqdm(total=total, unit="B", unit_scale=True, desc=name,
-                              disable=not progress, file=sys.stderr) as bar:
-                        for block in iter(lambda: response.read(_CHUNK), b""):
-                            digest.update(block)
-                            out.write(block)
-                            bar.update(len(block))
+                response = urllib.request.urlopen(url, timeout=timeout)
             except (OSError, http.client.HTTPException) as err:   # URLError is an OSError
-                raise OSError(f"could not download {url}: {err}") from err
-            out.flush()
-            os.fsync(out.fileno())
+                raise DownloadError(f"could not download {url}: {err}") from err
+            with response:
+                length = response.headers.get("Content-Length")
+                total = int(length) if length and length.isdigit() else None
+                with tqdm(total=total, unit="B", unit_scale=True, desc=name,
+                          disable=not progress, file=sys.stderr) as bar:
+                    while True:
+                        try:
+                            block = response.read(_CHUNK)
+                        except (OSError, http.client.HTTPException) as err:
+                            raise DownloadError(f"could not download {url}: {err}") from err
+                        if not block:
+                            break
+                        digest.update(block)
+                        _write(out, block, dest)
+                        bar.update(len(block))
+            _write(out, None, dest)                       # flush and fsync
         actual = digest.hexdigest()
         if actual != expected:
             raise ValueError(
@@ -133,6 +156,8 @@ def download_multi30k(
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     wanted = _wanted_files(files)
     dest_dir = Path(dest_dir).expanduser()
+    if dest_dir.exists() and not dest_dir.is_dir():
+        raise ValueError(f"{dest_dir} is a file, expected a folder for the downloads")
     dest_dir.mkdir(parents=True, exist_ok=True)
 
     paths = []

@@ -23,6 +23,8 @@ import os
 import zlib
 from pathlib import Path
 
+from .textfile import decode_utf8
+
 __all__ = [
     "SPLITS",
     "LANGUAGES",
@@ -64,24 +66,20 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     """All lines of a UTF-8 text file, gzip-compressed if its name ends in ``.gz``.
 
     Only the line ending (``\\n`` or ``\\r\\n``) is removed; spaces inside and at the ends of
-    a line are kept. Raises ``ValueError`` naming the file for a corrupt gzip stream or
-    for bytes that are not UTF-8 (with the 1-based line number).
+    a line are kept, and so is everything but a leading UTF-8 byte-order mark. Raises
+    ``ValueError`` naming the file for a corrupt gzip stream or for bytes that are not UTF-8
+    (with the 1-based line number), and for a path that is a folder.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder, expected a text file")
     data = path.read_bytes()
     if path.name.endswith(".gz"):
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as err:   # BadGzipFile is an OSError
             raise ValueError(f"{path}: not a valid gzip file ({err})") from err
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line_no = data.count(b"\n", 0, err.start) + 1
-        raise ValueError(
-            f"{path}, line {line_no}: not valid UTF-8 "
-            f"(byte {data[err.start:err.start + 1]!r} at offset {err.start})"
-        ) from err
+    text = decode_utf8(data, str(path))
     if text == "":
         return []
     lines = text.split("\n")          # not splitlines(): it also splits on \x85, \u2028 ...
@@ -99,6 +97,9 @@ def _split_file(data_dir: Path, split: str, lang: str) -> Path | None:
 
 
 def _check_data_dir(data_dir: Path) -> None:
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ValueError(f"data folder {data_dir} is a file, expected a folder (with the "
+                         f"Multi30k .de.gz/.en.gz files)")
     if not data_dir.is_dir():
         raise MissingDataError(
             f"data folder {data_dir} does not exist; download Multi30k with "

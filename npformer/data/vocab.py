@@ -12,6 +12,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .textfile import write_text_atomic
+
 __all__ = ["Vocab"]
 
 _FORMAT = "npformer-vocab"
@@ -159,14 +161,13 @@ class Vocab:
         return cls(d["tokens"])
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the vocabulary as UTF-8 JSON (Chinese characters stay readable)."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
-            f.write("\n")
+        """Write the vocabulary as UTF-8 JSON (Chinese characters stay readable), all or nothing:
+        a failed write leaves an existing file unchanged."""
+        write_text_atomic(path, json.dumps(self.to_dict(), ensure_ascii=False, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Vocab":
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, "r", encoding="utf-8-sig") as f:   # a byte-order mark is not JSON
             try:
                 d = json.load(f)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:

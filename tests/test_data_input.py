@@ -1,0 +1,87 @@
+"""Reading data: a byte-order mark never sticks to the first word, a file where a folder belongs is
+called a file, and a failed write (a full disk) names its path and leaves the old file intact."""
+import errno
+import gzip
+import json
+
+import pytest
+
+from npformer.data import download as download_module
+from npformer.data import textfile
+from npformer.data.download import download_multi30k, sha256_file
+from npformer.data.multi30k import load_split, read_lines
+from npformer.data.textfile import decode_utf8, write_text_atomic
+from npformer.data.vocab import Vocab
+
+BOM = "\ufeff".encode("utf-8")
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("name", ["val.de", "val.de.gz"])
+def test_multi30k_reader_strips_a_leading_byte_order_mark(tmp_path, name):
+    data = BOM + "Ein Mann\nZwei Hunde\n".encode("utf-8")
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    assert read_lines(tmp_path / name) == ["Ein Mann", "Zwei Hunde"]
+
+
+def test_only_a_leading_byte_order_mark_is_removed():
+    assert decode_utf8(BOM + "a\ufeffb".encode("utf-8"), "x") == "a\ufeffb"
+
+
+def test_non_utf8_names_the_source_line_and_offset():
+    with pytest.raises(ValueError, match=r"<stdin>, line 2: not valid UTF-8 \(byte b'\\xff' at offset 4\)"):
+        decode_utf8(b"abc\n\xff\n", "<stdin>")
+
+
+def test_a_data_dir_that_is_a_file_is_called_a_file(tmp_path):
+    (tmp_path / "notes").write_text("x\n")
+    with pytest.raises(ValueError, match=r"notes is a file, expected a folder"):
+        load_split(tmp_path / "notes", "val")
+
+
+def test_vocab_file_with_a_byte_order_mark_loads(tmp_path):
+    v = Vocab.build([["我", "有"]])
+    path = tmp_path / "vocab.json"
+    path.write_bytes(BOM + json.dumps(v.to_dict(), ensure_ascii=False).encode("utf-8"))
+    assert Vocab.load(path) == v
+
+
+def test_failed_vocab_save_names_the_path_and_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "vocab.json"
+    Vocab.build([["old"]]).save(path)
+    before = path.read_bytes()
+    monkeypatch.setattr(textfile.os, "fsync", _no_space)
+    with pytest.raises(OSError) as err:
+        Vocab.build([["new", "words"]]).save(path)
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab.json"]   # no temporary left
+
+
+def test_write_text_atomic_creates_folders_and_replaces(tmp_path):
+    path = tmp_path / "a" / "b.txt"
+    write_text_atomic(path, "one\n")
+    write_text_atomic(path, "two\n")
+    assert path.read_text() == "two\n"
+
+
+def test_download_into_a_file_is_refused(tmp_path):
+    (tmp_path / "dest").write_text("x")
+    with pytest.raises(ValueError, match=r"dest is a file, expected a folder"):
+        download_multi30k(tmp_path / "dest", base_url=tmp_path.as_uri() + "/", progress=False)
+
+
+def test_download_write_failure_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "val.de.gz").write_bytes(b"some bytes")
+    dest = tmp_path / "dest"
+    monkeypatch.setattr(download_module.os, "fsync", _no_space)
+    with pytest.raises(OSError) as err:
+        download_multi30k(dest, base_url=served.as_uri() + "/", progress=False,
+                          files={"val.de.gz": sha256_file(served / "val.de.gz")})
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(dest / "val.de.gz")
+    assert list(dest.iterdir()) == []

@@ -175,6 +175,8 @@ def test_blas_threads_option(capsys):
     from npformer.cli.threads import set_blas_threads
     with pytest.raises(ValueError, match="--blas-threads"):
         set_blas_threads(0)
-    assert main(["--blas-threads", "0", "gradcheck", "--only", "relu"]) == 1
+    with pytest.raises(SystemExit) as e:                            # refused as it is parsed
+        main(["--blas-threads", "0", "gradcheck", "--only", "relu"])
+    assert e.value.code == 2
     assert "--blas-threads: expected a positive integer" in capsys.readouterr().err
     assert main(["--blas-threads", "1", "gradcheck", "--only", "relu"]) == 0

@@ -1,9 +1,67 @@
-"""Helpers shared by the CLI commands: checkpoint paths, input lines, model-size options, and the
-checks that keep a command's outputs off its inputs."""
+"""Helpers shared by the CLI commands: checkpoint paths, input lines, model-size options, the
+``type=`` functions that check numeric options as they are parsed, and the checks that keep a
+command's outputs off its inputs."""
+import argparse
+import math
 import os
 import sys
 
 from ..checkpoint import CheckpointError, checkpoint_paths
+from ..data.textfile import decode_utf8, write_text_atomic
+
+
+# ----------------------------------------------------------------------------------------------
+# argparse type= functions: a bad value ends in "argument --layers: expected a positive integer,
+# got '0'" (argparse adds the option's name), before any work starts.
+
+def _integer(text, lowest, what):
+    try:
+        value = int(text)
+    except ValueError:                           # "abc", "0.5", "1e3", "", 5000 digits
+        value = None
+    if value is None or value < lowest:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def _real(text, ok, what):
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text):
+    """An integer >= 1."""
+    return _integer(text, 1, "a positive integer")
+
+
+def non_negative_int(text):
+    """An integer >= 0."""
+    return _integer(text, 0, "a non-negative integer")
+
+
+def finite_float(text):
+    """Any finite number (not nan, inf or -inf)."""
+    return _real(text, lambda v: True, "a finite number")
+
+
+def positive_float(text):
+    """A finite number > 0."""
+    return _real(text, lambda v: v > 0, "a finite number > 0")
+
+
+def non_negative_float(text):
+    """A finite number >= 0."""
+    return _real(text, lambda v: v >= 0, "a finite number >= 0")
+
+
+def probability(text):
+    """A number in [0, 1) (dropout, label smoothing)."""
+    return _real(text, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 def resolve_checkpoint(path):
@@ -18,30 +76,75 @@ def resolve_checkpoint(path):
 
 
 def read_lines(path):
-    """Lines of a UTF-8 text file (or stdin for "-"), newline stripped; errors name the file."""
+    """Lines of a UTF-8 text file (or stdin for "-"), line ends and a leading byte-order mark
+    stripped; bytes that are not UTF-8 are an error naming the file (or ``<stdin>``), the line
+    and the byte offset."""
     if path == "-":
-        return [line.rstrip("\n") for line in sys.stdin]
-    try:
-        with open(path, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f]
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: expected UTF-8 text ({e})") from None
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:                       # a text stream without bytes (a test's StringIO)
+            text = sys.stdin.read()
+            text = text[1:] if text.startswith("\ufeff") else text
+        else:
+            text = decode_utf8(stream.read(), "<stdin>")
+    else:
+        if os.path.isdir(path):
+            raise ValueError(f"{path}: is a folder, expected a text file")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no such file") from None
+        text = decode_utf8(data, path)
+    # universal newlines, as text-mode reading had: \n, \r\n and \r end a line
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines[-1] == "":                          # the text ends with a newline, or is empty
+        lines.pop()
+    return lines
 
 
 def add_model_args(p, defaults):
     g = p.add_argument_group("model")
-    g.add_argument("--d-model", type=int, default=defaults["d_model"])
-    g.add_argument("--n-heads", type=int, default=defaults["n_heads"])
-    g.add_argument("--d-ff", type=int, default=defaults["d_ff"])
-    g.add_argument("--layers", type=int, default=defaults["n_encoder_layers"],
+    g.add_argument("--d-model", type=positive_int, default=defaults["d_model"])
+    g.add_argument("--n-heads", type=positive_int, default=defaults["n_heads"])
+    g.add_argument("--d-ff", type=positive_int, default=defaults["d_ff"])
+    g.add_argument("--layers", type=positive_int, default=defaults["n_encoder_layers"],
                    help="encoder and decoder layers each (default %(default)s)")
-    g.add_argument("--dropout", type=float, default=defaults["dropout"])
-    g.add_argument("--max-len", type=int, default=defaults["max_len"])
+    g.add_argument("--dropout", type=probability, default=defaults["dropout"],
+                   help="dropout probability in [0, 1) (default %(default)s)")
+    g.add_argument("--max-len", type=positive_int, default=defaults["max_len"],
+                   help="longest sentence in tokens (default %(default)s)")
+
+
+def physical_memory():
+    """Bytes of memory of this machine, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_model_size(args, memory=None):
+    """Refuse model options that cannot fit in memory before anything is allocated: a model of
+    ``--layers 10**9`` would otherwise spend minutes building layers before running out.
+
+    The estimate is a lower bound (float32 weights of the attention and feed-forward blocks,
+    their gradients and two Adam moments, plus the positional table; no embeddings, no
+    activations), so a model it refuses could not have trained here anyway."""
+    memory = physical_memory() if memory is None else memory
+    if not memory:
+        return
+    d, f, layers, max_len = args.d_model, args.d_ff, args.layers, args.max_len
+    per_layer = 12 * d * d + 4 * d * f           # encoder 4d^2 + 2df, decoder 8d^2 + 2df
+    need = 4 * (4 * layers * per_layer + max_len * d)
+    if need > memory:
+        raise ValueError(f"--d-model {d} --d-ff {f} --layers {layers} --max-len {max_len}: a "
+                         f"model this size needs at least {need / 2**30:,.0f} GiB of memory, more "
+                         f"than this machine's {memory / 2**30:,.0f} GiB; choose smaller values")
 
 
 def model_kwargs(args):
+    """The Transformer's keyword arguments from the model options (checked to fit in memory)."""
+    check_model_size(args)
     return dict(d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
                 n_encoder_layers=args.layers, n_decoder_layers=args.layers,
                 dropout=args.dropout, max_len=args.max_len)
@@ -49,47 +152,57 @@ def model_kwargs(args):
 
 def add_train_args(p, defaults):
     g = p.add_argument_group("training")
-    g.add_argument("--epochs", type=int, default=defaults["epochs"])
-    g.add_argument("--max-steps", type=int, default=None)
-    g.add_argument("--batch-size", type=int, default=defaults["batch_size"])
-    g.add_argument("--lr", type=float, default=defaults["lr"], help="peak learning rate")
-    g.add_argument("--warmup-steps", "--warmup", type=int, default=defaults["warmup_steps"])
+    g.add_argument("--epochs", type=positive_int, default=defaults["epochs"])
+    g.add_argument("--max-steps", type=positive_int, default=None)
+    g.add_argument("--batch-size", type=positive_int, default=defaults["batch_size"])
+    g.add_argument("--lr", type=positive_float, default=defaults["lr"], help="peak learning rate")
+    g.add_argument("--warmup-steps", "--warmup", type=non_negative_int,
+                   default=defaults["warmup_steps"])
     g.add_argument("--schedule", default=defaults["schedule"],
                    choices=["inverse_sqrt", "cosine", "noam", "constant"])
-    g.add_argument("--min-lr", type=float, default=defaults.get("min_lr", 0.0),
+    g.add_argument("--min-lr", type=non_negative_float, default=defaults.get("min_lr", 0.0),
                    help="final learning rate of the cosine schedule")
-    g.add_argument("--label-smoothing", type=float, default=defaults["label_smoothing"])
-    g.add_argument("--clip-norm", type=float, default=defaults["clip_norm"])
-    g.add_argument("--patience", type=int, default=None,
+    g.add_argument("--label-smoothing", type=probability, default=defaults["label_smoothing"],
+                   help="in [0, 1) (default %(default)s)")
+    g.add_argument("--clip-norm", type=non_negative_float, default=defaults["clip_norm"],
+                   help="clip the gradient norm to this (0: no clipping; default %(default)s)")
+    g.add_argument("--patience", type=positive_int, default=None,
                    help="early stopping after N validations without improvement")
     g.add_argument("--stop-metric", default=defaults.get("stop_metric", "exact_match"),
                    choices=["exact_match", "bleu", "loss"],
                    help="validation metric for the best checkpoint and early stopping "
                         "(default %(default)s)")
-    g.add_argument("--target", type=float, default=defaults.get("target"),
+    g.add_argument("--target", type=finite_float, default=defaults.get("target"),
                    help="stop once the validation --stop-metric reaches this (default %(default)s)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=non_negative_int, default=0)
     g.add_argument("--resume", metavar="CKPT", help="continue a run from its checkpoint (bit for bit)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def train_kwargs(args):
+    """The TrainConfig keyword arguments from the training options; options that contradict each
+    other are refused here, naming both, before any data is read."""
+    if args.schedule == "cosine" and args.min_lr is not None and args.lr is not None \
+            and args.min_lr > args.lr:
+        raise ValueError(f"--min-lr {args.min_lr}: expected at most --lr {args.lr} (the cosine "
+                         f"schedule falls from --lr to --min-lr)")
     return dict(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
                 lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule, min_lr=args.min_lr,
                 label_smoothing=args.label_smoothing,
-                clip_norm=args.clip_norm if args.clip_norm and args.clip_norm > 0 else None,
+                clip_norm=args.clip_norm if args.clip_norm else None,      # 0: no clipping
                 patience=args.patience, stop_metric=args.stop_metric, target=args.target,
                 seed=args.seed, quiet=args.quiet)
 
 
 def write_json(path, obj):
+    """Write ``obj`` as JSON, all or nothing (an existing file survives a failed write)."""
     import json
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    write_text_atomic(path, json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
+
+
+def write_lines(path, lines):
+    """Write one line per string, all or nothing (an existing file survives a failed write)."""
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
 
 
 def _identity(path, checkpoint):

@@ -1,5 +1,6 @@
 """``npformer gradcheck``: run every layer's numerical gradient check and print a table."""
 from ..gradcheck_suite import format_table, run_gradchecks
+from .common import non_negative_int
 
 
 def add_parser(sub, name):
@@ -7,7 +8,7 @@ def add_parser(sub, name):
                        description="Run the float64 central-difference gradient check of each "
                                    "layer and module and print a table (a learning tool).")
     p.add_argument("--only", nargs="*", metavar="NAME", help="run the checks whose name contains NAME")
-    p.add_argument("--max-entries", type=int, default=30,
+    p.add_argument("--max-entries", type=non_negative_int, default=30,
                    help="entries checked per parameter of the larger modules (0: all)")
     p.set_defaults(run=run)
 

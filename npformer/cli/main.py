@@ -3,26 +3,49 @@
     npformer toy                                  # train the toy zh->en model, print examples
     npformer translate --checkpoint runs/toy "我 有 一个 苹果"
     npformer <command> --help
+
+Every mistake a user can make ends in one line on stderr and a non-zero exit: bad option values
+in argparse's (exit 2), bad input files, checkpoints and settings as ``ValueError``/``OSError``
+(exit 1), a model too big for memory as ``MemoryError`` (exit 1). Anything else is a bug: one
+line names it and the file that holds its traceback (exit 70); ``--debug`` or
+``NPFORMER_DEBUG=1`` lets every exception through with its traceback instead.
 """
 import argparse
+import errno
 import os
 import sys
+import tempfile
+import time
+import traceback
 import warnings
 
 from .. import backend
 from . import average, download, evaluate, gradcheck, plot, toy, train, translate
+from .common import positive_int
 from .threads import set_blas_threads
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
             "gradcheck": gradcheck, "plot": plot, "download": download, "average": average}
+EXIT_INTERNAL = 70                               # EX_SOFTWARE: a bug, not the user's mistake
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with one line for a usage error instead of the whole usage text (which, for
+    train, runs to a dozen lines above the one that matters). Sub-command parsers are Parsers
+    too (``add_subparsers`` makes them of the parent's class)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="npformer", description="An encoder-decoder Transformer in NumPy: train, translate, inspect.")
-    parser.add_argument("--blas-threads", type=int, default=None, metavar="N",
+    parser.add_argument("--blas-threads", type=positive_int, default=None, metavar="N",
                         help="threads for NumPy's BLAS (default 1, or $OPENBLAS_NUM_THREADS if "
                              "set): tiny matrices run fastest on one thread")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of any error (also: NPFORMER_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module in COMMANDS.items():
@@ -34,11 +57,51 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
 
+def describe_os_error(e):
+    """One line for an OSError, naming the file when the error knows it (a failed ``write()``
+    does not: the writers of npformer re-raise such errors with the path)."""
+    message = str(e)
+    if e.errno == errno.ENOSPC:
+        where = f" writing {e.filename}" if e.filename else ""
+        return (f"no space left on device{where}; nothing saved before was lost (files are "
+                f"written under a temporary name and renamed only when complete): free some "
+                f"space and run again")
+    for name in (e.filename, e.filename2):
+        if name is not None and os.fsdecode(name) not in message:
+            message += f": {os.fsdecode(name)}"
+    return message
+
+
+def describe_memory_error(e):
+    """One line for a MemoryError: numpy's message says how much was asked for."""
+    asked = str(e) or "an allocation failed"
+    return (f"out of memory: {asked}; try a smaller --d-model, --d-ff, --layers, --max-len or "
+            f"--batch-size (or --beam)")
+
+
+def save_traceback():
+    """Write the current exception's traceback to a file in the temp folder; its path, or None."""
+    name = f"npformer-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    path = os.path.join(tempfile.gettempdir(), name)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"npformer {' '.join(sys.argv[1:])}\n\n")
+            f.write(traceback.format_exc())
+    except OSError:
+        return None
+    return path
+
+
+def _debug(args):
+    return getattr(args, "debug", False) or os.environ.get("NPFORMER_DEBUG", "") not in ("", "0")
+
+
 def main(argv=None):
     """Entry point (setup.cfg: ``npformer = npformer.cli.main:main``). Returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _show_warning
+    prefix = f"npformer {args.command}"
     try:
         blas = args.blas_threads
         if blas is None and "OPENBLAS_NUM_THREADS" not in os.environ:
@@ -47,12 +110,33 @@ def main(argv=None):
             set_blas_threads(blas)               # validates: the message names --blas-threads
         backend.configure_runtime(blas_threads=None)   # Numba threads and memory; BLAS set above
         return args.run(args) or 0
-    except (ValueError, OSError) as e:           # bad input: a message, not a traceback
-        print(f"npformer {args.command}: error: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
-        print(f"npformer {args.command}: interrupted", file=sys.stderr)
+        print(f"{prefix}: interrupted", file=sys.stderr)
         return 130
+    except ValueError as e:                      # bad input: a message, not a traceback
+        if _debug(args):
+            raise
+        print(f"{prefix}: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        if _debug(args):
+            raise
+        print(f"{prefix}: error: {describe_os_error(e)}", file=sys.stderr)
+        return 1
+    except MemoryError as e:
+        if _debug(args):
+            raise
+        print(f"{prefix}: error: {describe_memory_error(e)}", file=sys.stderr)
+        return 1
+    except Exception as e:                       # a bug: say so, keep the traceback in a file
+        if _debug(args):
+            raise
+        path = save_traceback()
+        where = (f"traceback in {path}" if path else
+                 "the traceback could not be saved; run again with --debug to see it")
+        first = str(e).splitlines()[0] if str(e) else ""
+        print(f"{prefix}: internal error: {type(e).__name__}: {first} ({where})", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 """``npformer eval``: BLEU of a checkpoint on a Multi30k split, or exact match and BLEU on a pair
 of text files."""
 import json
-import os
 
+from ..checkpoint import checkpoint_paths
+from ..data.multi30k import LANGUAGES, resolve_data_dir
 from ..decoding.translator import Translator
 from ..training.checkpointing import load_model_checkpoint
 from ..training.metrics import corpus_bleu, exact_match
 from ..training.multi30k import evaluate_checkpoint
-from .common import read_lines, resolve_checkpoint, write_json
+from .common import (check_writable, non_negative_float, positive_int, read_lines,
+                     refuse_output_over_inputs, resolve_checkpoint, write_json, write_lines)
+
+LENGTH_PENALTY = 0.6                             # beam search's alpha unless --length-penalty
 
 
 def add_parser(sub, name):
@@ -24,9 +28,10 @@ def add_parser(sub, name):
                    help="reads SPLIT.<lang>.gz or SPLIT.<lang> (default %(default)s)")
     p.add_argument("--src", help="source sentences, one per line (without --dataset)")
     p.add_argument("--ref", help="reference translations, one per line (without --dataset)")
-    p.add_argument("--beam", type=int, default=None, metavar="N", help="beam search of width N "
-                   "(default: greedy)")
-    p.add_argument("--length-penalty", type=float, default=0.6)
+    p.add_argument("--beam", type=positive_int, default=None, metavar="N",
+                   help="beam search of width N (default: greedy)")
+    p.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",
+                   help=f"beam search alpha, >= 0 (with --beam; default {LENGTH_PENALTY})")
     p.add_argument("--out", metavar="PATH", help="write the translations here, one per line")
     p.add_argument("--metrics-json", metavar="PATH",
                    help="write bleu, signature, bleu_cased, seconds, sentences, ... as JSON")
@@ -35,21 +40,34 @@ def add_parser(sub, name):
     p.set_defaults(run=run)
 
 
-def _write_lines(path, lines):
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
+def _inputs(args, checkpoint):
+    """(option, path) of every file the command reads: the checkpoint's two files, --src/--ref
+    or the Multi30k files of --split."""
+    npz, meta = checkpoint_paths(checkpoint)
+    inputs = [("--checkpoint", str(npz)), ("--checkpoint", str(meta))]
+    if args.dataset == "multi30k":
+        folder = resolve_data_dir(args.data_dir)
+        inputs += [("--split", str(folder / f"{args.split}.{lang}{gz}"))
+                   for lang in LANGUAGES for gz in (".gz", "")]
+    else:
+        inputs += [("--src", args.src), ("--ref", args.ref)]
+    return inputs
+
+
+def check_outputs(args, checkpoint):
+    """Before any decoding: --out and --metrics-json must be writable, apart, and name no input."""
+    outputs = [(option, path) for option, path in (("--out", args.out),
+                                                   ("--metrics-json", args.metrics_json)) if path]
+    for option, path in outputs:
+        check_writable(option, path)
+        refuse_output_over_inputs(option, path, _inputs(args, checkpoint))
+    if len(outputs) == 2:
+        refuse_output_over_inputs("--metrics-json", args.metrics_json, outputs[:1])
 
 
 def run_multi30k(args, loaded):
-    if args.src or args.ref:
-        raise ValueError("--src/--ref: not used with --dataset multi30k (give --split)")
-    if args.beam is not None and args.beam < 1:
-        raise ValueError(f"--beam: expected a positive integer, got {args.beam}")
     result = evaluate_checkpoint(loaded, args.data_dir, args.split, beam=args.beam,
-                                 length_penalty=args.length_penalty)
+                                 length_penalty=_length_penalty(args))
     figures = {k: v for k, v in result.items() if k not in ("hypotheses", "sources", "references")}
     figures["checkpoint"] = loaded.path
     summary = [f"{result['split']} {result['src']}->{result['tgt']}, {result['sentences']} "
@@ -65,19 +83,39 @@ def run_multi30k(args, loaded):
 def _report(args, figures, hypotheses, summary):
     """Write the translations (--out) and the figures (--metrics-json), print JSON or a summary."""
     if args.out:
-        _write_lines(args.out, hypotheses)
+        write_lines(args.out, hypotheses)
     if args.metrics_json:
         write_json(args.metrics_json, figures)
     print(json.dumps(figures) if args.json else "\n".join(summary))
     return 0
 
 
+def _length_penalty(args):
+    return LENGTH_PENALTY if args.length_penalty is None else args.length_penalty
+
+
+def check_options(args):
+    """Refuse combinations that would be silently ignored or cannot work, before any work."""
+    if args.dataset == "multi30k":
+        if args.src or args.ref:
+            raise ValueError("--src/--ref: not used with --dataset multi30k (give --split)")
+        folder = resolve_data_dir(args.data_dir)
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--data-dir {folder}: is a file, expected a folder (with the "
+                             f"Multi30k files)")
+    elif not (args.src and args.ref):
+        raise ValueError("--src and --ref: both are needed (or --dataset multi30k)")
+    if args.beam is None and args.length_penalty is not None:
+        raise ValueError("--length-penalty: only used with --beam N (it would be ignored)")
+
+
 def run(args):
-    loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
+    check_options(args)
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    check_outputs(args, checkpoint)
+    loaded = load_model_checkpoint(checkpoint)
     if args.dataset == "multi30k":
         return run_multi30k(args, loaded)
-    if not (args.src and args.ref):
-        raise ValueError("--src and --ref: both are needed (or --dataset multi30k)")
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise ValueError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
@@ -86,7 +124,7 @@ def run(args):
     translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab)
     hyps = [t.text for t in translator.translate(
         src, method="beam" if args.beam else "greedy", beam_size=args.beam or 4,
-        length_penalty=args.length_penalty, truncate=args.truncate)]
+        length_penalty=_length_penalty(args), truncate=args.truncate)]
     refs = [" ".join(r.split()) for r in ref]
     figures = {"sentences": len(src), "exact_match": exact_match(hyps, refs),
                "bleu": corpus_bleu(hyps, refs)}

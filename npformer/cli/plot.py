@@ -5,7 +5,8 @@ import warnings
 import numpy as np
 
 from ..training.metrics import read_metrics_log
-from .common import resolve_checkpoint
+from ..checkpoint import checkpoint_paths
+from .common import check_writable, refuse_output_over_inputs, resolve_checkpoint
 
 
 def add_parser(sub, name):
@@ -150,11 +151,25 @@ def _heatmap(plt, name, weights, src_tokens, tgt_tokens, sentence, text, out_dir
     return path
 
 
+def check_out_folder(args):
+    """--out must be a folder (or creatable as one) and the PNGs written there must not be the
+    --metrics log or the checkpoint read."""
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out}: is a file, expected a folder for the PNGs")
+    check_writable("--out", os.path.join(args.out, "loss.png"))
+    inputs = [("--metrics", args.metrics)]
+    if args.checkpoint:
+        inputs += [("--checkpoint", str(p)) for p in checkpoint_paths(resolve_checkpoint(args.checkpoint))]
+    for name in ("loss.png", "bleu_vs_time.png"):
+        refuse_output_over_inputs("--out", os.path.join(args.out, name), inputs)
+
+
 def run(args):
     if not args.metrics and not args.checkpoint:
         raise ValueError("give --metrics JSONL (loss curves) and/or --checkpoint CKPT --sentence TEXT")
     if bool(args.checkpoint) != bool(args.sentence):
         raise ValueError("--checkpoint and --sentence: the attention heatmaps need both")
+    check_out_folder(args)
     plt = _pyplot()
     os.makedirs(args.out, exist_ok=True)
     paths = []

@@ -7,7 +7,11 @@ import numpy as np
 from ..decoding.translator import format_trace
 from ..training.checkpointing import load_model_checkpoint
 from ..training.multi30k import translator_for
-from .common import read_lines, resolve_checkpoint
+from .common import (non_negative_float, non_negative_int, positive_float, positive_int, read_lines,
+                     resolve_checkpoint)
+
+LENGTH_PENALTY = 0.6                             # beam search's alpha unless --length-penalty
+TEMPERATURE = 1.0                                # --sample's unless --temperature
 
 
 def add_parser(sub, name):
@@ -20,26 +24,44 @@ def add_parser(sub, name):
     p.add_argument("--checkpoint", required=True, metavar="CKPT",
                    help="checkpoint path (run/best) or a run directory")
     p.add_argument("--input", metavar="FILE", help="read sentences from FILE instead of stdin")
-    p.add_argument("--beam", type=int, default=None, metavar="N", help="beam search with N beams")
-    p.add_argument("--length-penalty", type=float, default=0.6, help="beam search alpha")
+    p.add_argument("--beam", type=positive_int, default=None, metavar="N",
+                   help="beam search with N beams")
+    p.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",
+                   help=f"beam search alpha, >= 0 (with --beam; default {LENGTH_PENALTY})")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None, help="seed for --sample")
+    p.add_argument("--temperature", type=positive_float, default=None,
+                   help=f"> 0 (with --sample; default {TEMPERATURE})")
+    p.add_argument("--top-k", type=positive_int, default=None, metavar="K",
+                   help="sample among the K most likely tokens (with --sample)")
+    p.add_argument("--seed", type=non_negative_int, default=None, help="seed for --sample")
     p.add_argument("--trace", action="store_true", help="print every chosen token and its probability")
     p.add_argument("--truncate", action="store_true",
                    help="cut sentences longer than the model's max_len (with a warning) instead of failing")
-    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--batch-size", type=positive_int, default=500,
+                   help="sentences decoded together (default %(default)s)")
     p.add_argument("--time", action="store_true", help="report decoding time on stderr")
     p.set_defaults(run=run)
 
 
-def run(args):
+def check_options(args):
+    """Refuse options that would be silently ignored: the settings of a decoding method that was
+    not chosen (only those the user gave; their defaults are None)."""
     if args.beam is not None and args.sample:
         raise ValueError("--beam and --sample: choose one decoding method")
-    loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
+    if not args.sample:
+        for option, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
+                              ("--seed", args.seed)):
+            if value is not None:
+                raise ValueError(f"{option}: only used with --sample (it would be ignored)")
+    if args.beam is None and args.length_penalty is not None:
+        raise ValueError("--length-penalty: only used with --beam N (it would be ignored)")
     if args.sentences and args.input:
         raise ValueError("--input: give sentences either as arguments or with --input, not both")
+
+
+def run(args):
+    check_options(args)
+    loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
     if args.sentences:
         lines = args.sentences
     else:
@@ -49,8 +71,10 @@ def run(args):
     translator = translator_for(loaded, batch_size=args.batch_size)
     start = time.perf_counter()
     results = translator.translate(lines, method=method, beam_size=args.beam or 4,
-                                   length_penalty=args.length_penalty,
-                                   temperature=args.temperature, top_k=args.top_k,
+                                   length_penalty=(LENGTH_PENALTY if args.length_penalty is None
+                                                   else args.length_penalty),
+                                   temperature=(TEMPERATURE if args.temperature is None
+                                                else args.temperature), top_k=args.top_k,
                                    rng=np.random.default_rng(args.seed), truncate=args.truncate)
     seconds = time.perf_counter() - start
     out = sys.stdout

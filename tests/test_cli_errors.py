@@ -1,0 +1,300 @@
+"""Every user mistake at the command line ends in one line on stderr naming the option or file and a
+non-zero exit; a bug ends in one line pointing at a saved traceback. Tiny untrained checkpoints;
+training is never started."""
+import errno
+import io
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer.cli import evaluate, main as cli_main, toy, translate
+from npformer.cli.main import main
+from npformer.data import textfile
+from npformer.training.checkpointing import save_model_checkpoint
+from npformer.training.toy import toy_data
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """An untrained tiny checkpoint (run/best) and a few of its training pairs."""
+    out = tmp_path_factory.mktemp("run")
+    data = toy_data(seed=2, n_train=16, n_heldout=2, n_valid=2)
+    model = nf.Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=8, n_heads=2,
+                           d_ff=8, n_encoder_layers=1, n_decoder_layers=1, max_len=12)
+    save_model_checkpoint(out / "best", model, data.src_vocab, data.tgt_vocab)
+    return out, data
+
+
+@pytest.fixture
+def pair(ckpt, tmp_path):
+    _, data = ckpt
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(zh + "\n" for zh, _ in data.train[:3]), encoding="utf-8")
+    ref.write_text("".join(en + "\n" for _, en in data.train[:3]), encoding="utf-8")
+    return src, ref
+
+
+def one_line_error(capsys, *names):
+    """stderr's single line; it must name every one of ``names``."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def usage_error(capsys, argv, *names):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return one_line_error(capsys, *names)
+
+
+# --- numeric options are checked as they are parsed ------------------------------------------
+
+@pytest.mark.parametrize("argv,option,expected", [
+    (["toy", "--layers", "0"], "--layers", "positive integer"),
+    (["toy", "--layers", "-2"], "--layers", "positive integer"),
+    (["toy", "--d-model", "abc"], "--d-model", "positive integer"),
+    (["toy", "--seed", "-1"], "--seed", "non-negative integer"),
+    (["toy", "--dropout", "1"], "--dropout", "[0, 1)"),
+    (["toy", "--lr", "nan"], "--lr", "finite number > 0"),
+    (["toy", "--lr", "0"], "--lr", "finite number > 0"),
+    (["toy", "--clip-norm", "-1"], "--clip-norm", "finite number >= 0"),
+    (["toy", "--label-smoothing", "inf"], "--label-smoothing", "[0, 1)"),
+    (["train", "--dataset", "toy", "--out", "x", "--epochs", "0.5"], "--epochs", "positive integer"),
+    (["train", "--dataset", "toy", "--out", "x", "--warmup", "-1"], "--warmup-steps", "non-negative"),
+    (["translate", "--checkpoint", "x", "--beam", "0", "a"], "--beam", "expected a positive integer, got '0'"),
+    (["translate", "--checkpoint", "x", "--sample", "--temperature", "0", "a"], "--temperature", "> 0"),
+    (["translate", "--checkpoint", "x", "--batch-size", "0", "a"], "--batch-size", "positive"),
+    (["eval", "--checkpoint", "x", "--src", "a", "--ref", "b", "--beam", "0"], "--beam", "positive integer"),
+    (["eval", "--checkpoint", "x", "--beam", "2", "--length-penalty", "-1"], "--length-penalty", ">= 0"),
+    (["gradcheck", "--max-entries", "-1"], "--max-entries", "non-negative"),
+    (["--blas-threads", "0", "gradcheck"], "--blas-threads", "positive integer"),
+])
+def test_bad_numbers_are_refused_naming_the_option(capsys, argv, option, expected):
+    usage_error(capsys, argv, option, expected)
+
+
+def test_clip_norm_zero_means_no_clipping(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(toy, "run", lambda args: seen.update(toy.train_kwargs(args)) or 0)
+    assert main(["toy", "--clip-norm", "0"]) == 0
+    assert seen["clip_norm"] is None
+
+
+def test_min_lr_above_lr_names_both(capsys, monkeypatch):
+    monkeypatch.setattr(toy, "run", lambda args: toy.train_kwargs(args) and 0)
+    assert main(["toy", "--lr", "0.001", "--min-lr", "0.01", "--schedule", "cosine"]) == 1
+    one_line_error(capsys, "--min-lr 0.01", "--lr 0.001")
+
+
+# --- too big for memory: a message before training, not "Unable to allocate" in a traceback --
+
+@pytest.mark.parametrize("option,value", [("--max-len", "1000000000"), ("--d-model", "1000000"),
+                                          ("--layers", "1000000000")])
+def test_a_model_too_big_for_memory_is_refused_before_training(capsys, tmp_path, option, value):
+    assert main(["toy", "--quiet", "--out", str(tmp_path / "run"), option, value]) == 1
+    one_line_error(capsys, f"{option} {value}", "GiB of memory", "choose smaller values")
+    assert not (tmp_path / "run").exists()
+
+
+def test_memory_error_is_one_line_with_the_size_and_a_hint(capsys, monkeypatch):
+    monkeypatch.setattr(toy, "run", lambda args: np.empty((10**8, 10**8)))   # 73 PiB: refused
+    assert main(["toy"]) == 1
+    one_line_error(capsys, "npformer toy: error: out of memory: Unable to allocate", "--max-len")
+
+
+# --- bugs: one line and a saved traceback; --debug shows it -----------------------------------
+
+def _bug(args):
+    raise KeyError("boom")
+
+
+def test_an_internal_error_is_one_line_and_a_traceback_file(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(toy, "run", _bug)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("NPFORMER_DEBUG", raising=False)
+    assert main(["toy"]) == cli_main.EXIT_INTERNAL
+    line = one_line_error(capsys, "npformer toy: internal error: KeyError: 'boom' (traceback in ")
+    [crash] = tmp_path.glob("npformer-crash-*.txt")
+    assert str(crash) in line
+    text = crash.read_text()
+    assert "Traceback" in text and "_bug" in text and "KeyError: 'boom'" in text
+
+
+def test_debug_lets_the_exception_through(monkeypatch):
+    monkeypatch.setattr(toy, "run", _bug)
+    with pytest.raises(KeyError):
+        main(["--debug", "toy"])
+    monkeypatch.setenv("NPFORMER_DEBUG", "1")
+    with pytest.raises(KeyError):
+        main(["toy"])
+
+
+def test_interrupt_exits_130(capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(toy, "run", interrupted)
+    assert main(["toy"]) == 130
+    one_line_error(capsys, "interrupted")
+
+
+def test_os_errors_name_their_file(capsys, monkeypatch):
+    def fails(args):
+        err = OSError(errno.EIO, "Input/output error")
+        err.filename = "/some/where.npz"         # set afterwards: str(err) does not show it
+        raise err
+    monkeypatch.setattr(toy, "run", fails)
+    assert main(["toy"]) == 1
+    one_line_error(capsys, "Input/output error", "/some/where.npz")
+
+
+# --- decoding options that would be ignored -----------------------------------------------------
+
+@pytest.mark.parametrize("extra,option", [(["--top-k", "2"], "--top-k"),
+                                          (["--temperature", "0.5"], "--temperature"),
+                                          (["--seed", "3"], "--seed"),
+                                          (["--length-penalty", "1.0"], "--length-penalty")])
+def test_translate_refuses_options_of_another_method(ckpt, capsys, extra, option):
+    out, data = ckpt
+    assert main(["translate", "--checkpoint", str(out), *extra, data.train[0][0]]) == 1
+    one_line_error(capsys, option, "only used with")
+
+
+def test_translate_with_their_method_accepts_them(ckpt, capsys):
+    out, data = ckpt
+    zh = data.train[0][0]
+    assert main(["translate", "--checkpoint", str(out), "--sample", "--top-k", "2",
+                 "--temperature", "0.5", "--seed", "3", zh]) == 0
+    assert main(["translate", "--checkpoint", str(out), "--beam", "2", "--length-penalty", "1", zh]) == 0
+
+
+def test_eval_refuses_length_penalty_without_beam(ckpt, pair, capsys):
+    out, _ = ckpt
+    src, ref = pair
+    assert main(["eval", "--checkpoint", str(out), "--src", str(src), "--ref", str(ref),
+                 "--length-penalty", "1"]) == 1
+    one_line_error(capsys, "--length-penalty", "--beam")
+
+
+# --- outputs never name inputs, and are checked before decoding --------------------------------
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """eval must fail before it loads the checkpoint (and so before decoding)."""
+    def load(path):
+        raise AssertionError("eval loaded the checkpoint before checking its outputs")
+    monkeypatch.setattr(evaluate, "load_model_checkpoint", load)
+
+
+@pytest.mark.parametrize("option,target", [("--out", "src"), ("--out", "ref"),
+                                           ("--metrics-json", "ref"), ("--out", "npz"),
+                                           ("--metrics-json", "json")])
+def test_eval_outputs_must_not_name_inputs(ckpt, pair, capsys, no_decoding, option, target):
+    out, _ = ckpt
+    src, ref = pair
+    path = {"src": src, "ref": ref, "npz": out / "best.npz", "json": out / "best.json"}[target]
+    before = path.read_bytes()
+    assert main(["eval", "--checkpoint", str(out), "--src", str(src), "--ref", str(ref),
+                 option, str(path)]) == 1
+    one_line_error(capsys, f"{option} {path}", "names the input")
+    assert path.read_bytes() == before
+
+
+def test_eval_out_and_metrics_json_must_differ(ckpt, pair, capsys, no_decoding, tmp_path):
+    out, _ = ckpt
+    src, ref = pair
+    same = str(tmp_path / "same.txt")
+    assert main(["eval", "--checkpoint", str(out), "--src", str(src), "--ref", str(ref),
+                 "--out", same, "--metrics-json", same]) == 1
+    one_line_error(capsys, "--metrics-json", "--out")
+
+
+def test_eval_unwritable_output_fails_before_decoding(ckpt, pair, capsys, no_decoding, tmp_path):
+    out, _ = ckpt
+    src, ref = pair
+    (tmp_path / "file").write_text("x")
+    assert main(["eval", "--checkpoint", str(out), "--src", str(src), "--ref", str(ref),
+                 "--metrics-json", str(tmp_path / "file" / "m.json")]) == 1
+    one_line_error(capsys, "--metrics-json", "is a file, not a folder")
+
+
+def test_eval_full_disk_names_the_output_and_keeps_the_old_one(ckpt, pair, capsys, tmp_path,
+                                                               monkeypatch):
+    out, _ = ckpt
+    src, ref = pair
+    hyps = tmp_path / "hyps.txt"
+    hyps.write_text("old\n")
+    monkeypatch.setattr(textfile.os, "fsync", lambda fd: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")))
+    assert main(["eval", "--checkpoint", str(out), "--src", str(src), "--ref", str(ref),
+                 "--out", str(hyps)]) == 1
+    one_line_error(capsys, f"no space left on device writing {hyps}", "nothing saved before was lost")
+    assert hyps.read_text() == "old\n"
+
+
+def test_plot_out_that_is_a_file_is_refused(ckpt, capsys, tmp_path):
+    out, _ = ckpt
+    (tmp_path / "plots").write_text("x")
+    assert main(["plot", "--metrics", str(out / "missing.jsonl"), "--out",
+                 str(tmp_path / "plots")]) == 1
+    one_line_error(capsys, "--out", "is a file, expected a folder")
+
+
+def test_plot_must_not_overwrite_its_metrics(capsys, tmp_path):
+    (tmp_path / "loss.png").write_text('{"event": "train", "step": 1, "loss": 1.0}\n')
+    assert main(["plot", "--metrics", str(tmp_path / "loss.png"), "--out", str(tmp_path)]) == 1
+    one_line_error(capsys, "--out", "names the input --metrics")
+
+
+# --- input text: stdin strict UTF-8 like --input, byte-order marks dropped ----------------------
+
+def _stdin(monkeypatch, data):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8",
+                                                       errors="surrogateescape"))
+
+
+def test_stdin_that_is_not_utf8_is_refused_like_input(ckpt, capsys, monkeypatch, tmp_path):
+    out, data = ckpt
+    raw = data.train[0][0].encode("utf-8") + b"\n\xff\xfe\n"
+    _stdin(monkeypatch, raw)
+    assert main(["translate", "--checkpoint", str(out)]) == 1
+    offset = len(data.train[0][0].encode("utf-8")) + 1
+    one_line_error(capsys, "<stdin>, line 2: not valid UTF-8", f"at offset {offset}")
+    (tmp_path / "in.txt").write_bytes(raw)
+    assert main(["translate", "--checkpoint", str(out), "--input", str(tmp_path / "in.txt")]) == 1
+    one_line_error(capsys, "in.txt, line 2: not valid UTF-8", f"at offset {offset}")
+
+
+def test_a_byte_order_mark_does_not_stick_to_the_first_word(ckpt, capsys, monkeypatch, tmp_path):
+    out, data = ckpt
+    text = "".join(zh + "\n" for zh, _ in data.train[:2])
+    assert main(["translate", "--checkpoint", str(out), *text.splitlines()]) == 0
+    expected = capsys.readouterr().out
+    _stdin(monkeypatch, b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert main(["translate", "--checkpoint", str(out)]) == 0
+    got = capsys.readouterr()
+    assert got.out == expected and "unknown" not in got.err
+    (tmp_path / "in.txt").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert main(["translate", "--checkpoint", str(out), "--input", str(tmp_path / "in.txt")]) == 0
+    got = capsys.readouterr()
+    assert got.out == expected and "unknown" not in got.err
+
+
+def test_a_data_dir_that_is_a_file(ckpt, capsys, tmp_path):
+    out, _ = ckpt
+    (tmp_path / "data").write_text("x")
+    assert main(["eval", "--checkpoint", str(out), "--dataset", "multi30k",
+                 "--data-dir", str(tmp_path / "data")]) == 1
+    one_line_error(capsys, f"--data-dir {tmp_path / 'data'}", "is a file, expected a folder")
+
+
+def test_download_dest_that_is_a_file(capsys, tmp_path):
+    (tmp_path / "dest").write_text("x")
+    assert main(["download", "multi30k", "--quiet", "--dest", str(tmp_path / "dest")]) == 1
+    one_line_error(capsys, str(tmp_path / "dest"), "is a file, expected a folder")

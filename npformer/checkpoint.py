@@ -65,6 +65,7 @@ import math
 import os
 import secrets
 import struct
+import tokenize
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -470,7 +471,11 @@ def _check_npy_header(member, info: zipfile.ZipInfo, bad) -> None:
         raise bad(f"{where}: npy header of {header_len} bytes; expected at most {_MAX_NPY_HEADER}")
     header = member.read(header_len)
     read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-    shape, _, dtype = read_header(io.BytesIO(length_bytes + header), max_header_size=_MAX_NPY_HEADER)
+    try:
+        shape, _, dtype = read_header(io.BytesIO(length_bytes + header), max_header_size=_MAX_NPY_HEADER)
+    except (ValueError, TypeError, SyntaxError, RecursionError, tokenize.TokenError) as exc:
+        # numpy's parser of the header text (a Python dict literal) fails in all these ways
+        raise bad(f"{where}: corrupt npy header ({type(exc).__name__}: {exc})") from None
     if dtype.hasobject:
         raise bad(f"array {info.filename[:-4]!r} is an object array; refusing to unpickle it "
                   f"(dtype {dtype} holds Python objects, which only pickle can store)")

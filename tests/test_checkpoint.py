@@ -422,6 +422,19 @@ def test_npy_header_length_is_bounded(saved):
     assert peak < 8 * 2**20
 
 
+@pytest.mark.parametrize("text", [b"{'descr': '<f4', (\n", b"{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'x': 1}\n",
+                                  b"\xff\xfe\n", b"[" * 300 + b"\n"])
+def test_corrupt_npy_header_text_is_a_checkpoint_error(saved, text):
+    """numpy's header parser fails with tokenize.TokenError, SyntaxError or ValueError; the loader
+    turns each into a CheckpointError naming the member (a TokenError used to escape)."""
+    npz_path, _ = saved
+    members = read_members(npz_path)
+    members["a.npy"] = b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text
+    write_members(npz_path, members)
+    with pytest.raises(CheckpointError, match=r"ckpt\.npz: member 'a\.npy': (corrupt npy header|the npy header)"):
+        load_checkpoint(npz_path)
+
+
 @pytest.mark.parametrize("edit, match", [
     (lambda info: setattr(info, "compress_size", 10**12) or setattr(info, "file_size", 10**12),
      r"member 'a\.npy' claims 1000000000000 bytes at offset \d+, beyond the end of the \d+-byte file"),

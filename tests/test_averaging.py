@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import npformer as nf
-from npformer.checkpoint import CheckpointError
+from npformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from npformer.cli.main import main
 from npformer.data.vocab import Vocab
 from npformer.training.averaging import average_checkpoints, average_state_dicts
@@ -92,3 +92,15 @@ def test_cli_average(tmp_path, capsys):
     save_model_checkpoint(tmp_path / "wide", tiny(4, d_ff=16), SRC, TGT)
     assert main(["average", "--out", str(tmp_path / "d"), str(paths[0]), str(tmp_path / "wide")]) == 1
     assert "wide" in capsys.readouterr().err
+
+
+def test_a_checkpoint_with_a_nan_weight_is_refused_by_the_loader(tmp_path):
+    """A NaN in one input would make every averaged value of that tensor NaN."""
+    paths = save_three(tmp_path)
+    arrays, meta = load_checkpoint(paths[1])
+    w = arrays["model/src_embed.weight"].copy()
+    w[4, 0] = np.nan
+    save_checkpoint(paths[1], {**arrays, "model/src_embed.weight": w}, meta)  # a valid sha256
+    with pytest.raises(CheckpointError, match=r"step_2: array 'model/src_embed.weight' holds 1 non-finite"):
+        average_checkpoints(paths, tmp_path / "avg")
+    assert not (tmp_path / "avg.npz").exists()

@@ -14,6 +14,7 @@ from ..checkpoint import (CheckpointError, checkpoint_paths, load_checkpoint, rn
                           rng_state_to_arrays, save_checkpoint)
 from ..data.vocab import Vocab
 from ..nn import Transformer
+from ..nn.transformer import check_config
 
 KIND = "npformer-model"
 _MODEL, _OPTIM, _RNG = "model/", "optim/", "rng/model"
@@ -49,11 +50,21 @@ def _describe(path):
     return str(checkpoint_paths(path)[1].with_suffix(""))
 
 
+# The one array a model derives rather than stores: the (max_len, d_model) table of sinusoidal
+# positions. Its size comes from the config alone, so it is bounded by what the file justifies.
+POSITION_TABLE_CEILING = 64 * 2**20   # bytes
+
+
 def load_model_checkpoint(path):
     """Rebuild the model and vocabularies saved by ``save_model_checkpoint`` (eval mode).
 
     Raises ``CheckpointError`` (a ValueError) naming the file for a missing, truncated or corrupt
-    checkpoint, or one that is not an npformer model.
+    checkpoint, or one that is not an npformer model. Before any model is built, the config must
+    describe exactly the stored weights: every parameter it implies is stored under
+    ``model/<name>`` with that shape and the config's dtype, and nothing else is stored there.
+    So the model's parameters are no larger than the file. The one array a model derives from
+    its config alone, the sinusoidal position table (max_len x d_model), may take at most
+    ``max(POSITION_TABLE_CEILING, bytes of the stored weights)``. Every weight must be finite.
     """
     arrays, meta = load_checkpoint(path)
     name = _describe(path)
@@ -61,23 +72,73 @@ def load_model_checkpoint(path):
         raise CheckpointError(f"checkpoint {name}: expected kind {KIND!r}, got {meta.get('kind')!r}")
     try:
         src_vocab, tgt_vocab = Vocab(meta["src_vocab"]), Vocab(meta["tgt_vocab"])
-    except (KeyError, ValueError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {name}: bad vocabulary ({e})") from None
     config = meta.get("config")
     if not isinstance(config, dict):
         raise CheckpointError(f"checkpoint {name}: expected a 'config' object, got {config!r:.60}")
+    weights = {k[len(_MODEL):]: v for k, v in arrays.items() if k.startswith(_MODEL)}
+    _check_weights_fit_config(config, weights, name)
     try:
         model = Transformer(**config)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {name}: cannot build the model from its config ({e})") from None
     check_vocab_sizes(model.config, src_vocab, tgt_vocab, name)
-    weights = {k[len(_MODEL):]: v for k, v in arrays.items() if k.startswith(_MODEL)}
     try:
         model.load_state_dict(weights)
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: weights do not match its config ({e})") from None
     model.eval()
     return LoadedCheckpoint(model, src_vocab, tgt_vocab, meta, arrays, name)
+
+
+def _check_weights_fit_config(config, weights, name):
+    """Compare the config with the stored weights without allocating anything (see
+    ``load_model_checkpoint``); raise CheckpointError naming every mismatch."""
+    try:
+        config = check_config(**config)             # defaults filled in, every value checked
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {name}: cannot build the model from its config ({e})") from None
+    layers = config["n_encoder_layers"] + config["n_decoder_layers"]
+    if layers > len(weights):      # each layer has parameters: don't even list a million of them
+        raise CheckpointError(f"checkpoint {name}: the config claims {layers} layers but the file "
+                              f"stores only {len(weights)} model arrays")
+    shapes = Transformer.parameter_shapes(**config)
+    missing = [k for k in shapes if k not in weights]
+    unexpected = [_MODEL + k for k in weights if k not in shapes]
+    wrong = [f"{_MODEL}{k}: the config implies shape {shape}, the file stores {weights[k].shape}"
+             for k, shape in shapes.items() if k in weights and weights[k].shape != shape]
+    if missing or unexpected or wrong:
+        parts = ([f"missing {[_MODEL + k for k in missing][:5]}"] if missing else []) + \
+                ([f"unexpected {unexpected[:5]}"] if unexpected else []) + wrong[:5]
+        raise CheckpointError(f"checkpoint {name}: the stored weights do not match its config: "
+                              + "; ".join(parts))
+    dtype = np.dtype(config["dtype"])
+    for k, value in weights.items():
+        _check_tensor(value, _MODEL + k, dtype, name)
+    table = config["max_len"] * config["d_model"] * dtype.itemsize
+    allowed = max(POSITION_TABLE_CEILING, sum(w.nbytes for w in weights.values()))
+    if table > allowed:
+        raise CheckpointError(
+            f"checkpoint {name}: config max_len={config['max_len']} needs a {table}-byte position "
+            f"table (max_len x d_model x {dtype.itemsize}); a checkpoint may claim at most "
+            f"{allowed} bytes for it (the larger of {POSITION_TABLE_CEILING} bytes and its "
+            f"stored weights' bytes)")
+
+
+def _check_tensor(value, key, dtype, name, minimum=None):
+    """``value`` must have exactly ``dtype`` (no silent casts on load) and finite entries."""
+    if value.dtype != dtype:
+        raise CheckpointError(f"checkpoint {name}: array {key!r} is {value.dtype}; expected "
+                              f"{dtype} (the config's dtype)")
+    finite = np.isfinite(value)
+    if not finite.all():
+        bad = int(finite.size - np.count_nonzero(finite))
+        raise CheckpointError(f"checkpoint {name}: array {key!r} holds {bad} non-finite "
+                              f"value(s) (NaN or inf); refusing to load it")
+    if minimum is not None and value.size and value.min() < minimum:
+        raise CheckpointError(f"checkpoint {name}: array {key!r} holds negative values "
+                              f"(min {value.min()!r}); expected >= {minimum}")
 
 
 def check_vocab_sizes(config, src_vocab, tgt_vocab, where):
@@ -105,20 +166,50 @@ def check_compatible(loaded, config=None, src_vocab=None, tgt_vocab=None):
 
 
 def restore_training_state(loaded, model, optimizer):
-    """Copy weights, optimizer moments and the dropout RNG of ``loaded`` into a live run."""
+    """Copy weights, optimizer moments and the dropout RNG of ``loaded`` into a live run.
+
+    Everything is checked before anything is copied, so a CheckpointError (naming the file)
+    leaves ``model`` and ``optimizer`` as they were. Returns the metadata's ``training`` dict.
+    """
     name = loaded.path
-    model.load_state_dict(loaded.model.state_dict())
+    training = loaded.meta.get("training")
+    if not isinstance(training, dict):
+        raise CheckpointError(f"checkpoint {name}: no 'training' state in its metadata")
+    own = {k: p.shape for k, p in model.named_parameters()}
+    saved = {k: p.shape for k, p in loaded.model.named_parameters()}
+    if own != saved:
+        diff = sorted(k for k in own.keys() | saved.keys() if own.get(k) != saved.get(k))[:5]
+        raise CheckpointError(f"checkpoint {name}: its weights do not fit this model (names or "
+                              f"shapes differ, e.g. {diff})")
     optim = {k[len(_OPTIM):]: v for k, v in loaded.arrays.items() if k.startswith(_OPTIM)}
     if not optim:
         raise CheckpointError(f"checkpoint {name}: holds no optimizer state (saved for inference "
                               f"only?), cannot resume training from it")
+    _check_optimizer_state(optim, np.dtype(loaded.model.config["dtype"]), name)
     try:
-        optimizer.load_state_dict(optim)
+        state = rng_from_arrays(loaded.arrays, _RNG).bit_generator.state
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint {name}: bad dropout RNG state ({e})") from None
+    if state["bit_generator"] != model.rng.bit_generator.state["bit_generator"]:
+        raise CheckpointError(f"checkpoint {name}: its dropout RNG is a {state['bit_generator']}, "
+                              f"this model's a {model.rng.bit_generator.state['bit_generator']}")
+    try:
+        optimizer.load_state_dict(optim)  # checks every entry before copying any
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: optimizer state does not fit ({e})") from None
+    model.load_state_dict(loaded.model.state_dict())
     # set the state in place: every Dropout holds a reference to this very generator
-    model.rng.bit_generator.state = rng_from_arrays(loaded.arrays, _RNG).bit_generator.state
-    training = loaded.meta.get("training")
-    if not isinstance(training, dict):
-        raise CheckpointError(f"checkpoint {name}: no 'training' state in its metadata")
+    model.rng.bit_generator.state = state
     return training
+
+
+def _check_optimizer_state(optim, dtype, name):
+    """Adam's moments must have the model's dtype and be finite (exp_avg_sq also >= 0), and
+    step_count must be a non-negative int64 scalar, as ``save_model_checkpoint`` writes them."""
+    for key, minimum in (("exp_avg", None), ("exp_avg_sq", 0)):
+        if key in optim:
+            _check_tensor(optim[key], _OPTIM + key, dtype, name, minimum)
+    step = optim.get("step_count")
+    if step is not None and not (step.dtype == np.int64 and step.shape == () and step >= 0):
+        raise CheckpointError(f"checkpoint {name}: array {_OPTIM + 'step_count'!r} is {step.dtype} "
+                              f"{list(step.shape)} {str(step):.40}; expected a non-negative int64 scalar")

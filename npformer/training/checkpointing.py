@@ -172,9 +172,6 @@ def restore_training_state(loaded, model, optimizer):
     leaves ``model`` and ``optimizer`` as they were. Returns the metadata's ``training`` dict.
     """
     name = loaded.path
-    training = loaded.meta.get("training")
-    if not isinstance(training, dict):
-        raise CheckpointError(f"checkpoint {name}: no 'training' state in its metadata")
     own = {k: p.shape for k, p in model.named_parameters()}
     saved = {k: p.shape for k, p in loaded.model.named_parameters()}
     if own != saved:
@@ -186,6 +183,9 @@ def restore_training_state(loaded, model, optimizer):
         raise CheckpointError(f"checkpoint {name}: holds no optimizer state (saved for inference "
                               f"only?), cannot resume training from it")
     _check_optimizer_state(optim, np.dtype(loaded.model.config["dtype"]), name)
+    training = loaded.meta.get("training")
+    if not isinstance(training, dict):
+        raise CheckpointError(f"checkpoint {name}: no 'training' state in its metadata")
     try:
         state = rng_from_arrays(loaded.arrays, _RNG).bit_generator.state
     except CheckpointError as e:

@@ -42,6 +42,15 @@ Why a sha256 trailer?
     each member and the index (names, dtypes, shapes) are checked as well. ``ckpt.json`` records
     the sha256 of the whole npz, the same as ``sha256sum run/ckpt.npz`` prints.
 
+Why refuse compressed members and check every header?
+    A zip directory and an npy header are claims about sizes, and a loader that believes them
+    can be made to allocate far more than the file holds: a deflated member of a few MB can
+    inflate to GBs, a header can declare 2**40 elements. ``save_checkpoint`` only writes stored
+    (uncompressed) members, so the loader refuses any other member before reading it; it parses
+    each npy header itself (at most 10,000 bytes) and requires the declared array,
+    prod(shape) * itemsize bytes, to be exactly the bytes the member stores, and the members to
+    lie inside the file. So whatever the file says, the loader allocates about its size.
+
 Why no pickle?
     ``pickle`` (used by ``torch.save`` and by ``np.load(..., allow_pickle=True)`` for object
     arrays) can run arbitrary code while loading, so opening a checkpoint someone sent you is

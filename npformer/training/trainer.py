@@ -13,11 +13,14 @@ validation checkpoints (``step_<N>``) for checkpoint averaging (``npformer.train
 """
 import glob
 import math
+import numbers
 import os
 import re
 import time
 import warnings
 from dataclasses import dataclass, fields
+
+import numpy as np
 
 from ..data.batching import BatchSampler, iterate_batches, make_batch
 from ..decoding.translator import Translator, whitespace_tokenize
@@ -32,6 +35,15 @@ from .progress import progress_bar
 
 SCHEDULES = ("inverse_sqrt", "cosine", "noam", "constant")
 STOP_METRICS = ("exact_match", "bleu", "loss")
+
+
+def _real(value):
+    """A real number (int or float, not a bool)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+class TrainingDiverged(ValueError):
+    """Training met a non-finite loss or gradient norm and stopped without applying that update."""
 
 
 @dataclass
@@ -73,21 +85,39 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected a positive integer or None, got {value!r}")
         if not isinstance(self.accum_steps, int) or isinstance(self.accum_steps, bool) or self.accum_steps < 1:
             raise ValueError(f"accum_steps: expected a positive integer, got {self.accum_steps!r}")
-        if self.time_budget is not None and not (isinstance(self.time_budget, (int, float))
+        if self.time_budget is not None and not (_real(self.time_budget)
+                                                 and math.isfinite(self.time_budget)
                                                  and self.time_budget > 0):
-            raise ValueError(f"time_budget: expected a positive number of seconds or None, "
+            raise ValueError(f"time_budget: expected a finite positive number of seconds or None, "
                              f"got {self.time_budget!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr: expected a positive number, got {self.lr!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule: expected one of {SCHEDULES}, got {self.schedule!r}")
+        if not (_real(self.lr) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr: expected a finite number > 0, got {self.lr!r}")
+        if not (_real(self.min_lr) and math.isfinite(self.min_lr) and self.min_lr >= 0):
+            raise ValueError(f"min_lr: expected a finite number >= 0, got {self.min_lr!r}")
+        if self.schedule == "cosine" and self.min_lr > self.lr:     # the cosine falls lr -> min_lr
+            raise ValueError(f"min_lr: expected at most lr={self.lr!r} (the cosine schedule falls "
+                             f"from lr to min_lr), got {self.min_lr!r}")
+        if self.clip_norm is not None and not (_real(self.clip_norm) and math.isfinite(self.clip_norm)
+                                               and self.clip_norm > 0):
+            raise ValueError(f"clip_norm: expected a finite number > 0 or None (no clipping), "
+                             f"got {self.clip_norm!r}")
+        if not (_real(self.weight_decay) and math.isfinite(self.weight_decay)
+                and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay: expected a finite number >= 0, got {self.weight_decay!r}")
+        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else None
+        if betas is None or len(betas) != 2 or not all(_real(b) and 0 <= b < 1 for b in betas):
+            raise ValueError(f"betas: expected two numbers in [0, 1), got {self.betas!r}")
+        if self.target is not None and not (_real(self.target) and math.isfinite(self.target)):
+            raise ValueError(f"target: expected a finite number or None, got {self.target!r}")
         if self.optimizer not in ("adam", "adamw"):
             raise ValueError(f"optimizer: expected 'adam' or 'adamw', got {self.optimizer!r}")
         if self.stop_metric not in STOP_METRICS:
             raise ValueError(f"stop_metric: expected one of {STOP_METRICS}, got {self.stop_metric!r}")
-        if not 0.0 <= self.label_smoothing < 1.0:
+        if not (_real(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
             raise ValueError(f"label_smoothing: expected a number in [0, 1), got {self.label_smoothing!r}")
-        self.betas = tuple(self.betas)
+        self.betas = betas
 
     def to_dict(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -137,6 +167,8 @@ class Trainer:
         self.schedule = make_schedule(config, total)
         self.stopper = EarlyStopping(config.patience, "min" if config.stop_metric == "loss" else "max")
         self.step, self.epoch = 0, 0
+        self.grad_norm = None                    # of the latest train_step, before clipping
+        self.saved_step = None                   # step of the latest checkpoint written (or resumed)
         self.seconds_before = 0.0               # wall time of earlier sessions (resumed runs)
         self.history = []                       # validation records
         self.log = None
@@ -159,7 +191,11 @@ class Trainer:
 
     # -- one step --------------------------------------------------------------------------------
     def train_step(self, batch):
-        """Forward, loss, backward, clip, schedule, update. Returns the (smoothed) loss.
+        """Forward, loss, backward, clip, schedule, update. Returns the (smoothed) loss and
+        leaves the gradient norm (before clipping) in ``self.grad_norm``.
+
+        If the loss or the gradient norm is not finite, the update is NOT applied (the weights,
+        the optimizer and ``self.step`` stay as they were) and ``fit`` stops on it.
 
         ``batch`` may be a list of batches (gradient accumulation): their gradients are summed,
         each weighted by its share of the target tokens, so the update equals one step on the
@@ -180,7 +216,12 @@ class Trainer:
             model.backward(dlogits)              # adds into every .grad
             loss += float(part) * weight
         if cfg.clip_norm is not None:
-            clip_grad_norm(model, cfg.clip_norm)
+            self.grad_norm = clip_grad_norm(model, cfg.clip_norm)    # the norm before clipping
+        else:
+            grads = model.flat_grads
+            self.grad_norm = float(np.sqrt(np.dot(grads, grads)))
+        if not (math.isfinite(loss) and math.isfinite(self.grad_norm)):
+            return float(loss)                   # no update from non-finite values
         self.step += 1
         self.optimizer.lr = self.schedule(self.step)
         self.optimizer.step()
@@ -226,6 +267,10 @@ class Trainer:
         return self.seconds_before + (time.perf_counter() - start if start is not None else 0.0)
 
     def save(self, path):
+        if not np.isfinite(self.model.flat_params).all():
+            raise TrainingDiverged(f"step {self.step}: the weights hold non-finite values; "
+                                   f"refusing to write them to {path}")
+        self.saved_step = self.step
         return save_model_checkpoint(path, self.model, self.src_vocab, self.tgt_vocab,
                                      self.optimizer, self.training_state(), extra=self.extra)
 
@@ -239,6 +284,7 @@ class Trainer:
             self.sampler.load_state_dict(training["sampler"])
             self.stopper.load_state_dict(training.get("early_stopping", {}))
             self.seconds_before = float(training.get("seconds", 0.0))
+            self.saved_step = self.step
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"checkpoint {loaded.path}: training state does not fit this run ({e})") from None
         self.optimizer.lr = self.schedule(max(self.step, 1))
@@ -305,9 +351,58 @@ class Trainer:
             return "early_stopping"
         return None
 
+    def _nothing_left(self):
+        """Why a run cannot train a single step more (its checkpoint already reached the plan),
+        or None. ``fit`` refuses such a run before it writes anything."""
+        cfg, where = self.config, f"the run is already at step {self.step}"
+        if cfg.max_steps is not None and self.step >= cfg.max_steps:
+            return f"max_steps {cfg.max_steps} (--max-steps): {where}; give a larger --max-steps"
+        if self.epoch >= cfg.epochs:
+            return (f"epochs {cfg.epochs} (--epochs): {where}, after {self.epoch} epochs; give a "
+                    f"larger --epochs")
+        if cfg.time_budget is not None and self.elapsed() >= cfg.time_budget:
+            return (f"time_budget {cfg.time_budget / 60:g} min (--time-budget): {where} and has "
+                    f"used {self.elapsed() / 60:.1f} min; give a larger --time-budget")
+        if self.stopper.should_stop:
+            return (f"patience {cfg.patience} (--patience): {where}, and early stopping ended it "
+                    f"after {self.stopper.bad_evals} validations without improvement; give a "
+                    f"larger --patience")
+        best = self.stopper.best
+        if cfg.target is not None and math.isfinite(best) and (
+                best <= cfg.target if cfg.stop_metric == "loss" else best >= cfg.target):
+            return (f"target {cfg.target} (--target): {where}, and its best {cfg.stop_metric} "
+                    f"{best:g} already reached it")
+        return None
+
+    def _stop_after_update(self, loss):
+        """The one place the loop decides, after each update, whether to stop: a non-finite
+        loss or gradient norm (the update was not applied), max_steps or the time budget."""
+        cfg = self.config
+        if not (math.isfinite(loss) and math.isfinite(self.grad_norm)):
+            return "non_finite"
+        if cfg.max_steps is not None and self.step >= cfg.max_steps:
+            return "max_steps"
+        if cfg.time_budget is not None and self.elapsed() >= cfg.time_budget:
+            return "time_budget"
+        return None
+
+    def _non_finite_message(self, loss):
+        saved = ("no checkpoint was written" if self.saved_step is None else
+                 f"the latest checkpoint (step {self.saved_step}) is untouched")
+        where = f" in {self.config.out_dir}" if self.config.out_dir else ""
+        return (f"step {self.step + 1}: the training loss is {loss} and the gradient norm "
+                f"{self.grad_norm}: training stopped without applying this update; {saved}{where}. "
+                f"A lower --lr (or --clip-norm) may help")
+
     def fit(self, on_eval=None):
         """Train until epochs/max_steps, the time budget, early stopping or the target; returns
-        a summary dict.
+        a summary dict. When training stops by epochs, max_steps or the time budget and the
+        final weights have not been validated, they are validated once (so ``best`` exists).
+
+        A non-finite loss or gradient norm stops training without applying that update, saving
+        nothing from it, and raises ``TrainingDiverged`` naming the step. A run that has nothing
+        left to train (a resumed checkpoint already at max_steps, ...) is a ValueError before
+        anything is written.
 
         ``on_eval(record)`` is called after each validation (the CLI prints it). The metrics log
         gets "train" records every ``log_every`` steps with the loss, the learning rate and the
@@ -315,13 +410,19 @@ class Trainer:
         sees, ``padded_tokens_per_s`` every cell of the padded source and target arrays.
         """
         cfg, model = self.config, self.model
+        done = self._nothing_left()
+        if done:
+            raise ValueError(f"{done} (nothing was trained or written)")
         if cfg.out_dir:
             os.makedirs(cfg.out_dir, exist_ok=True)
             self.log = MetricsLog(os.path.join(cfg.out_dir, "metrics.jsonl"), append=self.step > 0)
+            if self.step == 0:                   # says who started the run (npformer.cli.runs)
+                self.log.log("start", made_by=(self.extra or {}).get("made_by"))
         model.train()
         self._start = start = time.perf_counter()
         stop_reason = "epochs"
         validated_at = None                      # step of the latest validation
+        failure = None
         try:
             while self.epoch < cfg.epochs:
                 self.sampler.set_epoch(self.epoch)
@@ -334,6 +435,10 @@ class Trainer:
                 batches = iterate_batches(self.train_ids, self.sampler, self.pad, self.bos, self.eos)
                 for group in self._accumulated(batches):
                     loss = self.train_step(group)
+                    stop = self._stop_after_update(loss)
+                    if stop == "non_finite":
+                        failure = self._non_finite_message(loss)
+                        break
                     run_loss += loss
                     run_tokens += sum(b.n_tgt_tokens for b in group)
                     run_padded += sum(b.src.size + b.tgt_out.size for b in group)
@@ -351,12 +456,8 @@ class Trainer:
                             self.log.log("train", step=self.step, epoch=self.epoch, **values)
                         run_loss, run_tokens, run_padded, n_last = 0.0, 0, 0, 0
                         t_last = now
-                    if cfg.max_steps is not None and self.step >= cfg.max_steps:
-                        stop = "max_steps"
-                    elif cfg.time_budget is not None and self.elapsed() >= cfg.time_budget:
-                        stop = "time_budget"
-                    elif (cfg.eval_every_steps and self.valid_pairs
-                          and self.step % cfg.eval_every_steps == 0):
+                    if (stop is None and cfg.eval_every_steps and self.valid_pairs
+                            and self.step % cfg.eval_every_steps == 0):
                         stop = self._validate_and_report(on_eval)
                         validated_at = self.step
                         t_last = time.perf_counter()      # throughput excludes validation
@@ -374,11 +475,12 @@ class Trainer:
                     if stop:
                         stop_reason = stop
                         break
-            if (stop_reason in ("max_steps", "time_budget", "epochs") and cfg.eval_every_steps
-                    and self.valid_pairs and validated_at != self.step):
-                self._validate_and_report(on_eval)    # the final weights get a score too
-            if cfg.out_dir:
-                self.save(os.path.join(cfg.out_dir, "last"))
+            if failure is None:
+                if (stop_reason in ("max_steps", "time_budget", "epochs") and self.valid_pairs
+                        and validated_at != self.step):
+                    self._validate_and_report(on_eval)    # the final weights get a score too
+                if cfg.out_dir:
+                    self.save(os.path.join(cfg.out_dir, "last"))
         finally:
             if self.log:
                 self.log.log("end", step=self.step, epoch=self.epoch,
@@ -387,6 +489,8 @@ class Trainer:
                 self.log.close()
                 self.log = None
         model.eval()
+        if failure is not None:
+            raise TrainingDiverged(failure)
         best = self.stopper.best
         return {"step": self.step, "epoch": self.epoch, "stop_reason": stop_reason,
                 "seconds": time.perf_counter() - start,

@@ -1,7 +1,10 @@
 """``npformer average``: average the weights of several checkpoints of one run."""
+import os
+
+from ..checkpoint import checkpoint_paths
 from ..training.averaging import average_checkpoints
 from ..training.trainer import step_checkpoints
-from .common import resolve_checkpoint
+from .common import refuse_output_over_inputs, resolve_checkpoint
 
 
 def add_parser(sub, name):
@@ -14,6 +17,9 @@ def add_parser(sub, name):
     p.add_argument("--out", required=True, metavar="AVG", help="where to write the average")
     p.add_argument("--run", dest="run_dir", metavar="DIR", help="a run directory (use with --last)")
     p.add_argument("--last", type=int, metavar="N", help="average the last N step_<N> checkpoints of --run")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a checkpoint that already exists at --out (never one of the "
+                        "checkpoints averaged)")
     p.set_defaults(run=run)
 
 
@@ -31,6 +37,14 @@ def run(args):
         paths += kept[-args.last:]
     if not paths:
         raise ValueError("give the checkpoints to average (CKPT... or --run DIR --last N)")
+    # the average is an inference checkpoint: it must never replace one of its inputs, nor,
+    # unless asked, any other checkpoint (a run's training checkpoint 'last', say)
+    refuse_output_over_inputs("--out", args.out, [("CKPT", p) for p in paths], checkpoint=True)
+    npz = checkpoint_paths(args.out)[0]
+    if os.path.exists(npz) and not args.overwrite:
+        raise ValueError(f"--out {args.out}: a checkpoint already exists there ({npz}); give "
+                         f"another --out, or --overwrite to replace it with the (inference-only) "
+                         f"average (nothing was written)")
     average_checkpoints(paths, args.out)
     print(f"averaged {len(paths)} checkpoints -> {args.out}")
     return 0

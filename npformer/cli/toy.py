@@ -3,7 +3,9 @@ import os
 import time
 
 from ..training.toy import TOY_MODEL, TOY_TRAIN, run_toy
-from .common import add_model_args, add_train_args, model_kwargs, train_kwargs, write_json
+from .common import (add_model_args, add_train_args, check_writable, model_kwargs, train_kwargs,
+                     write_json)
+from .runs import TOY_MADE_BY, is_run_file, plan_run_folder
 
 
 def add_parser(sub, name):
@@ -12,7 +14,11 @@ def add_parser(sub, name):
                                    "Transformer, report exact match on the training and held-out "
                                    "pairs and print example translations.")
     p.add_argument("--out", default="runs/toy", help="run directory: best/last checkpoints and "
-                   "metrics.jsonl (default %(default)s)")
+                   "metrics.jsonl (default %(default)s); a previous toy run there is replaced, "
+                   "any other run refused")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out even if npformer toy did not write it (only "
+                        "its best/last/step_*/averaged checkpoints and metrics.jsonl are removed)")
     p.add_argument("--metrics-json", metavar="PATH",
                    help="write train_exact_match, heldout_exact_match, train_seconds, ... as JSON")
     p.add_argument("--examples", type=int, default=6, help="example translations to print")
@@ -25,6 +31,13 @@ def run(args):
     start = time.perf_counter()
     if args.resume:
         raise ValueError("--resume: use `npformer train --dataset toy --resume CKPT` to continue a run")
+    if args.metrics_json:                        # fail now, not after training
+        check_writable("--metrics-json", args.metrics_json)
+        if is_run_file(args.metrics_json) and os.path.realpath(os.path.dirname(
+                os.path.abspath(args.metrics_json))) == os.path.realpath(args.out):
+            raise ValueError(f"--metrics-json {args.metrics_json}: would replace a file of the run "
+                             f"in --out {args.out}; write it elsewhere (nothing was written)")
+    folder = plan_run_folder(args.out, "toy", overwrite=args.overwrite)
 
     def on_eval(rec):
         if not args.quiet:
@@ -33,7 +46,8 @@ def run(args):
 
     result = run_toy(seed=args.seed, model_kwargs=model_kwargs(args),
                      train_kwargs={k: v for k, v in train_kwargs(args).items() if k != "seed"},
-                     out_dir=args.out, quiet=args.quiet, on_eval=on_eval, n_examples=args.examples)
+                     out_dir=args.out, quiet=args.quiet, on_eval=on_eval, n_examples=args.examples,
+                     extra={"made_by": TOY_MADE_BY}, before_fit=folder.prepare)
     total = time.perf_counter() - start
     print(f"train exact match   {result.train_exact_match:.4f} ({len(result.data.train)} pairs)")
     print(f"held-out exact match {result.heldout_exact_match:.4f} ({len(result.data.heldout)} pairs, "
@@ -45,7 +59,10 @@ def run(args):
         for zh, ref, hyp in result.examples:
             mark = "ok" if hyp.split() == ref.split() else f"expected: {ref}"
             print(f"  {zh}\n    -> {hyp}   [{mark}]")
-    print(f"\ncheckpoint: {os.path.join(args.out, 'best')}  (npformer translate --checkpoint {args.out} ...)")
+    checkpoint = next((os.path.join(args.out, name) for name in ("best", "last")
+                       if os.path.exists(os.path.join(args.out, name + ".npz"))), None)
+    if checkpoint:
+        print(f"\ncheckpoint: {checkpoint}  (npformer translate --checkpoint {checkpoint} ...)")
     if args.metrics_json:
         write_json(args.metrics_json, {
             "train_exact_match": result.train_exact_match,
@@ -53,5 +70,5 @@ def run(args):
             "train_seconds": result.train_seconds, "total_seconds": total,
             "steps": result.summary["step"], "epochs": result.summary["epoch"],
             "stop_reason": result.summary["stop_reason"],
-            "checkpoint": os.path.join(args.out, "best")})
+            "checkpoint": checkpoint})
     return 0

@@ -8,13 +8,24 @@ from ..training.multi30k import (MULTI30K_MODEL, MULTI30K_TRAIN, build_trainer, 
                                  load_multi30k)
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_data
 from ..training.trainer import TrainConfig, Trainer, step_checkpoints
-from .common import add_model_args, add_train_args, model_kwargs, read_lines, train_kwargs
+from .common import (add_model_args, add_train_args, model_kwargs, positive_float, positive_int,
+                     read_lines, refuse_output_over_inputs, train_kwargs)
+from .runs import (RECORDED_OPTIONS, TRAIN_MADE_BY, apply_resume_policy, flag, plan_run_folder,
+                   refuse_inputs_in_run)
 
 DATASETS = ("toy", "files", "multi30k")
 # model/training options left unset take the defaults of the chosen dataset's recipe
 _MODEL_KEYS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "dropout", "max_len")
 _TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule", "label_smoothing",
                "clip_norm", "stop_metric", "min_lr", "target")
+# options each dataset would ignore: giving one is refused, naming it
+_NOT_FOR = {"toy": ("src_file", "tgt_file", "valid_src", "valid_tgt", "min_freq", "data_dir",
+                    "src", "tgt", "cased", "subword", "subset", "valid_subset"),
+            "files": ("data_dir", "src", "tgt", "cased", "subword", "subset", "valid_subset"),
+            "multi30k": ("src_file", "tgt_file", "valid_src", "valid_tgt")}
+# options that act on validation: refused where there is no validation data
+_NEED_VALIDATION = ("eval_every_steps", "patience", "target", "stop_metric", "keep_last",
+                    "average_last")
 
 
 def add_parser(sub, name):
@@ -30,44 +41,52 @@ def add_parser(sub, name):
     p.add_argument("--tgt-file")
     p.add_argument("--valid-src")
     p.add_argument("--valid-tgt")
-    p.add_argument("--min-freq", type=int, default=None,
+    p.add_argument("--min-freq", type=positive_int, default=None,
                    help="vocabulary: keep words seen this often (default 2 for multi30k, else 1)")
-    p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
+    p.add_argument("--out", required=True,
+                   help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
+                        "a run is refused unless --resume continues it or --overwrite replaces it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out: its best/last/step_*/averaged checkpoints and "
+                        "metrics.jsonl are removed (no other file) before the new run writes")
     m = p.add_argument_group("multi30k")
     m.add_argument("--data-dir", default=None,
                    help="folder with train/val .de.gz/.en.gz (default $NPFORMER_DATA, else "
                         "~/.cache/npformer/multi30k)")
-    m.add_argument("--src", default="de", choices=["de", "en"], help="source language")
-    m.add_argument("--tgt", default="en", choices=["de", "en"], help="target language")
-    m.add_argument("--cased", action="store_true",
+    m.add_argument("--src", default=None, choices=["de", "en"], help="source language (default de)")
+    m.add_argument("--tgt", default=None, choices=["de", "en"], help="target language (default en)")
+    m.add_argument("--cased", action="store_true", default=None,
                    help="keep the case of the text (default: lowercase, see docs/multi30k.md)")
-    m.add_argument("--subword", type=int, default=None, metavar="N",
+    m.add_argument("--subword", type=positive_int, default=None, metavar="N",
                    help="split words into a joint SentencePiece model's N pieces (e.g. 8000; needs "
                         "pip install 'npformer[subword]'; default: whole words)")
-    m.add_argument("--subset", type=int, default=None, metavar="N", help="first N training pairs only")
-    m.add_argument("--valid-subset", type=int, default=None, metavar="N",
+    m.add_argument("--subset", type=positive_int, default=None, metavar="N",
+                   help="first N training pairs only")
+    m.add_argument("--valid-subset", type=positive_int, default=None, metavar="N",
                    help="first N validation pairs only")
     g = p.add_argument_group("batching, checkpoints, time")
-    g.add_argument("--max-tokens", type=int, default=None, metavar="N",
+    g.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                    help="batches of about N padded tokens (src + tgt) instead of --batch-size "
                         "(multi30k default %d)" % MULTI30K_TRAIN["max_tokens"])
-    g.add_argument("--accum-steps", type=int, default=1, metavar="K",
+    g.add_argument("--accum-steps", type=positive_int, default=None, metavar="K",
                    help="sum the gradients of K batches per update (default 1)")
-    g.add_argument("--eval-every", "--save-every", dest="eval_every_steps", type=int, default=None,
+    g.add_argument("--eval-every", "--save-every", dest="eval_every_steps", type=positive_int, default=None,
                    metavar="N", help="validate and checkpoint every N updates (multi30k default "
                                      "%d; otherwise once per epoch)" % MULTI30K_TRAIN["eval_every_steps"])
-    g.add_argument("--time-budget", type=float, default=None, metavar="MIN",
+    g.add_argument("--time-budget", type=positive_float, default=None, metavar="MIN",
                    help="stop training after MIN minutes of wall time (validations included), "
-                        "then validate once more")
-    g.add_argument("--keep-last", type=int, default=None, metavar="N",
+                        "then validate the final weights (when there is validation data)")
+    g.add_argument("--keep-last", type=positive_int, default=None, metavar="N",
                    help="keep the checkpoints of the last N validations as step_<N>")
-    g.add_argument("--average-last", type=int, default=None, metavar="N",
+    g.add_argument("--average-last", type=positive_int, default=None, metavar="N",
                    help="after training, average the last N kept checkpoints into OUT/averaged "
                         "(implies --keep-last N if that is not given)")
     add_model_args(p, {k: None for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers",
                                           "dropout", "max_len")})
     add_train_args(p, {k: None for k in _TRAIN_KEYS})
-    p.set_defaults(run=run)
+    # None = not given, so that a resume can tell the options given from those to take from the
+    # checkpoint (npformer.cli.runs); fill_defaults sets the recipe's values afterwards
+    p.set_defaults(run=run, seed=None)
 
 
 def _read_pairs(src_path, tgt_path, what):
@@ -93,6 +112,24 @@ def dataset_name(args):
     return dataset
 
 
+def check_dataset_options(args, dataset, given):
+    """Refuse the options in ``given`` (the names the user gave) that ``dataset`` would ignore."""
+    for dest in _NOT_FOR[dataset]:
+        if dest in given:
+            where = {"toy": "the built-in corpus", "files": "--src-file/--tgt-file",
+                     "multi30k": "Multi30k (give --data-dir)"}[dataset]
+            only = ("--dataset multi30k" if dest in _NOT_FOR["files"] else
+                    "--src-file/--tgt-file data" if dest != "min_freq" else
+                    "--dataset files or multi30k")
+            raise ValueError(f"{flag(dest)}: not used with --dataset {dataset} ({where}); it is "
+                             f"only for {only}")
+    if dataset == "files" and not (args.valid_src or args.valid_tgt):
+        for dest in _NEED_VALIDATION:
+            if dest in given:
+                raise ValueError(f"{flag(dest)}: acts on validation, and this run has no "
+                                 f"validation data; give --valid-src and --valid-tgt")
+
+
 def fill_defaults(args, dataset):
     """Options left unset take the recipe's defaults (multi30k, else the toy's)."""
     model = MULTI30K_MODEL if dataset == "multi30k" else TOY_MODEL
@@ -104,9 +141,16 @@ def fill_defaults(args, dataset):
     for key in _TRAIN_KEYS:
         if getattr(args, key) is None:
             setattr(args, key, train.get(key, 0.0 if key == "min_lr" else None))
+    if args.seed is None:
+        args.seed = 0
+    if args.accum_steps is None:
+        args.accum_steps = 1
     if args.min_freq is None:
         args.min_freq = 2 if dataset == "multi30k" else 1
     if dataset == "multi30k":
+        args.src = "de" if args.src is None else args.src
+        args.tgt = "en" if args.tgt is None else args.tgt
+        args.cased = bool(args.cased)
         if args.max_tokens is None:
             args.max_tokens = train["max_tokens"]
         if args.eval_every_steps is None:
@@ -118,6 +162,15 @@ def fill_defaults(args, dataset):
                          f"{args.keep_last} (only that many checkpoints are kept)")
     if args.time_budget is not None and not args.time_budget > 0:
         raise ValueError(f"--time-budget: expected a positive number of minutes, got {args.time_budget}")
+
+
+def _check_vocabularies(src_vocab, tgt_vocab, min_freq):
+    """A vocabulary of nothing but the special tokens cannot learn anything: refuse it."""
+    for side, vocab in (("source", src_vocab), ("target", tgt_vocab)):
+        if len(vocab) <= len(Vocab.SPECIALS):
+            raise ValueError(f"--min-freq {min_freq}: leaves the {side} vocabulary with only its "
+                             f"{len(Vocab.SPECIALS)} special tokens (no word of the training data "
+                             f"occurs {min_freq} times); give a smaller --min-freq")
 
 
 def load_dataset(args):
@@ -147,29 +200,39 @@ def _config_kwargs(args):
     return kwargs
 
 
-def build(args):
-    """The Trainer (and the number of training pairs) that the options describe."""
+def _recorded(args, dataset):
+    """What every checkpoint of this run records about its options (npformer.cli.runs)."""
+    options = {dest: getattr(args, dest, None) for dest in RECORDED_OPTIONS}
+    options["dataset"] = dataset
+    return {"made_by": TRAIN_MADE_BY, "options": options}
+
+
+def build(args, saved=None, given=()):
+    """The Trainer that the options describe. ``saved``: the loaded checkpoint a resume
+    continues (its vocabularies and units are kept); ``given``: the options the user gave."""
     dataset = dataset_name(args)
+    check_dataset_options(args, dataset, given)
     fill_defaults(args, dataset)
+    refuse_inputs_in_run(args.out, [("--src-file", args.src_file), ("--tgt-file", args.tgt_file),
+                                    ("--valid-src", args.valid_src), ("--valid-tgt", args.valid_tgt)])
     if dataset == "multi30k":
-        saved = None
-        if args.resume:                              # its vocabularies and units are kept
-            from ..training.checkpointing import load_model_checkpoint
-            saved = load_model_checkpoint(args.resume)
-            pieces = checkpoint_subword(saved)
-            if args.subword is not None and pieces is None:
-                raise ValueError(f"--subword: the checkpoint {args.resume} was trained on whole "
-                                 f"words; resume it without --subword")
+        pieces = checkpoint_subword(saved) if saved is not None else None
         data = load_multi30k(args.data_dir, args.src, args.tgt, lowercase=not args.cased,
                              min_freq=args.min_freq, subset=args.subset,
                              valid_subset=args.valid_subset,
                              subword=None if saved is not None else args.subword)
+        if not data.valid:
+            raise ValueError(f"--data-dir {args.data_dir or '(default)'}: its val split holds no "
+                             f"sentences; training needs validation data")
         if saved is not None:
             data.src_vocab, data.tgt_vocab, data.subword = saved.src_vocab, saved.tgt_vocab, pieces
             if pieces is not None:
                 data.lowercase = pieces.lowercase
+        else:
+            _check_vocabularies(data.src_vocab, data.tgt_vocab, args.min_freq)
         trainer = build_trainer(data, model_kwargs(args),
-                                {**_config_kwargs(args), "out_dir": args.out}, seed=args.seed)
+                                {**_config_kwargs(args), "out_dir": args.out}, seed=args.seed,
+                                extra=_recorded(args, dataset))
         print(f"multi30k {args.src}->{args.tgt}: {len(data.train)} training pairs, "
               f"{len(data.valid)} validation pairs, vocabularies {len(data.src_vocab)} / "
               f"{len(data.tgt_vocab)} (min_freq {args.min_freq}"
@@ -177,22 +240,34 @@ def build(args):
               f"{trainer.model.num_parameters():,} parameters, {len(trainer.sampler)} batches "
               f"per epoch", flush=True)
         return trainer
-    if args.subset or args.valid_subset or args.subword is not None:
-        raise ValueError("--subset/--valid-subset/--subword: only for --dataset multi30k")
     train, valid, src_vocab, tgt_vocab = load_dataset(args)
-    if args.resume:
-        from ..training.checkpointing import load_model_checkpoint
-        saved = load_model_checkpoint(args.resume)   # keep the checkpoint's vocabularies
+    if saved is not None:                          # keep the checkpoint's vocabularies
         src_vocab, tgt_vocab = saved.src_vocab, saved.tgt_vocab
+    else:
+        _check_vocabularies(src_vocab, tgt_vocab, args.min_freq)
     model = Transformer(len(src_vocab), len(tgt_vocab), seed=args.seed, **model_kwargs(args))
     config = TrainConfig(out_dir=args.out, **_config_kwargs(args))
-    return Trainer(model, src_vocab, tgt_vocab, train, valid, config)
+    return Trainer(model, src_vocab, tgt_vocab, train, valid, config,
+                   extra=_recorded(args, dataset))
+
+
+def _existing(path):
+    return os.path.exists(path + ".npz")
 
 
 def run(args):
-    trainer = build(args)
+    given = {dest for dest in RECORDED_OPTIONS if getattr(args, dest, None) is not None}
+    saved = None
+    if args.resume:
+        from ..training.checkpointing import load_model_checkpoint
+        saved = load_model_checkpoint(args.resume)
+        apply_resume_policy(args, saved.meta, args.resume)
+    trainer = build(args, saved, given)          # bad data and options are reported first
+    folder = plan_run_folder(args.out, "train", overwrite=args.overwrite, resume=args.resume)
     if args.resume:
         trainer.resume(args.resume)
+    trainer.check_work_left()                    # before the folder is touched
+    folder.prepare()
 
     def on_eval(rec):
         if not args.quiet:
@@ -203,8 +278,9 @@ def run(args):
     summary = trainer.fit(on_eval=on_eval)
     print(f"done: {summary['step']} steps, {summary['epoch']} epochs, {summary['seconds']:.1f} s, "
           f"stopped by {summary['stop_reason']}")
-    best = os.path.join(args.out, "best" if trainer.valid_pairs else "last")
-    print(f"checkpoint: {best}")
+    best, last = os.path.join(args.out, "best"), os.path.join(args.out, "last")
+    shown = best if trainer.valid_pairs and _existing(best) else last if _existing(last) else None
+    print(f"checkpoint: {shown}" if shown else "checkpoint: none written")
     if args.average_last:
         kept = step_checkpoints(args.out)[-args.average_last:]
         if len(kept) < 2:
@@ -212,6 +288,9 @@ def run(args):
                   f"nothing to average")
         else:
             out = os.path.join(args.out, "averaged")
+            refuse_output_over_inputs("--average-last", out,
+                                      [("--resume", args.resume)] + [("checkpoint", k) for k in kept],
+                                      checkpoint=True)
             average_checkpoints(kept, out)
             print(f"averaged {len(kept)} checkpoints ({', '.join(os.path.basename(k) for k in kept)}) "
                   f"-> {out}")

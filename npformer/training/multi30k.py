@@ -118,15 +118,16 @@ def bleu_against_raw(hypotheses, targets):
     return sacrebleu_scores(hypotheses, targets)["bleu"]
 
 
-def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0):
-    """A ``Trainer`` for ``data`` with the recipe's defaults, overridden by the kwargs."""
+def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0, extra=None):
+    """A ``Trainer`` for ``data`` with the recipe's defaults, overridden by the kwargs.
+    ``extra`` adds to the metadata every checkpoint carries (beside the text settings)."""
     model = Transformer(len(data.src_vocab), len(data.tgt_vocab),
                         **{**MULTI30K_MODEL, "seed": seed, **(model_kwargs or {})})
     config = TrainConfig(**{**MULTI30K_TRAIN, "seed": seed, **(train_kwargs or {})})
     tokenize, detokenize_units = data.tokenizers()
     return Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config,
                    tokenize=tokenize, detokenize=detokenize_units, bleu=bleu_against_raw,
-                   extra=data.extra)
+                   extra={**(extra or {}), **data.extra})
 
 
 def checkpoint_text_settings(loaded):

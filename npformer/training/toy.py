@@ -57,14 +57,19 @@ class ToyResult:
 
 
 def run_toy(seed=0, model_kwargs=None, train_kwargs=None, out_dir=None, quiet=False,
-            on_eval=None, n_examples=6, n_train=3000):
-    """Train the toy model and measure it. ``model_kwargs``/``train_kwargs`` override the defaults."""
+            on_eval=None, n_examples=6, n_train=3000, extra=None, before_fit=None):
+    """Train the toy model and measure it. ``model_kwargs``/``train_kwargs`` override the defaults;
+    ``extra`` goes into every checkpoint's metadata; ``before_fit()`` is called once the model
+    and trainer are built, just before training writes anything."""
     data = toy_data(seed, n_train=n_train)
     model = Transformer(len(data.src_vocab), len(data.tgt_vocab),
                         **{**TOY_MODEL, "seed": seed, **(model_kwargs or {})})
     config = TrainConfig(**{**TOY_TRAIN, "seed": seed, "out_dir": out_dir, "quiet": quiet,
                             **(train_kwargs or {})})
-    trainer = Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config)
+    trainer = Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config,
+                      extra=extra)
+    if before_fit is not None:
+        before_fit()
     start = time.perf_counter()
     summary = trainer.fit(on_eval=on_eval)
     train_seconds = time.perf_counter() - start

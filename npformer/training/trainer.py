@@ -351,9 +351,15 @@ class Trainer:
             return "early_stopping"
         return None
 
+    def check_work_left(self):
+        """Raise ValueError if the run cannot train a single step more (a resumed checkpoint
+        already reached max_steps, epochs, the time budget, early stopping or the target).
+        ``fit`` calls it before it writes anything; a caller may call it earlier."""
+        done = self._nothing_left()
+        if done:
+            raise ValueError(f"{done} (nothing was trained or written)")
+
     def _nothing_left(self):
-        """Why a run cannot train a single step more (its checkpoint already reached the plan),
-        or None. ``fit`` refuses such a run before it writes anything."""
         cfg, where = self.config, f"the run is already at step {self.step}"
         if cfg.max_steps is not None and self.step >= cfg.max_steps:
             return f"max_steps {cfg.max_steps} (--max-steps): {where}; give a larger --max-steps"
@@ -410,9 +416,7 @@ class Trainer:
         sees, ``padded_tokens_per_s`` every cell of the padded source and target arrays.
         """
         cfg, model = self.config, self.model
-        done = self._nothing_left()
-        if done:
-            raise ValueError(f"{done} (nothing was trained or written)")
+        self.check_work_left()
         if cfg.out_dir:
             os.makedirs(cfg.out_dir, exist_ok=True)
             self.log = MetricsLog(os.path.join(cfg.out_dir, "metrics.jsonl"), append=self.step > 0)

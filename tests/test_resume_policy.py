@@ -1,0 +1,132 @@
+"""``npformer train --resume``: options left out keep the checkpoint's values, changed options
+are allowed only where npformer.cli.runs.RESUME_MAY_CHANGE says, and a resume with nothing left
+to train, or one that would replace newer work, writes nothing."""
+import numpy as np
+import pytest
+
+from npformer.cli.main import main
+from npformer.cli.runs import RECORDED_OPTIONS, RESUME_MAY_CHANGE, recorded_options
+from npformer.training.checkpointing import load_model_checkpoint
+from npformer.training.toy import toy_data
+from npformer.training.trainer import TrainConfig, Trainer
+
+TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--layers", "1", "--quiet"]
+
+
+def train(out, *extra):
+    return main(["train", "--dataset", "toy", "--out", str(out), *extra])
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def error(capsys):
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture
+def run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(out, "--max-steps", "4", "--eval-every", "2", "--keep-last", "2",
+                 "--schedule", "inverse_sqrt", *TINY) == 0
+    capsys.readouterr()
+    return out
+
+
+def test_the_policy_covers_every_train_option():
+    from npformer.cli.main import build_parser
+    parser = build_parser()
+    train_parser = parser._subparsers._group_actions[0].choices["train"]
+    dests = {a.dest for a in train_parser._actions if a.dest != "help"}
+    about_this_invocation = {"out", "resume", "overwrite", "quiet"}
+    assert dests - about_this_invocation == set(RECORDED_OPTIONS)
+    assert set(RESUME_MAY_CHANGE) <= set(RECORDED_OPTIONS) | {"quiet"}
+
+
+def test_resume_past_max_steps_is_refused_and_writes_nothing(run, capsys):
+    before = snapshot(run)
+    assert train(run, "--resume", str(run / "last"), "--max-steps", "3") == 1
+    err = error(capsys)
+    assert "--max-steps" in err and "already at step 4" in err
+    assert train(run, "--resume", str(run / "last")) == 1       # the recorded max_steps 4: done
+    assert "already at step 4" in error(capsys)
+    assert snapshot(run) == before
+
+
+def test_changed_numerics_are_refused_in_one_error_listing_each(run, capsys):
+    before = snapshot(run)
+    assert train(run, "--resume", str(run / "last"), "--max-steps", "6", "--lr", "0.01",
+                 "--schedule", "cosine", "--dropout", "0.2", "--seed", "1", "--batch-size", "8") == 1
+    err = error(capsys)
+    for part in ("--lr 0.003 in the checkpoint, 0.01 given", "--schedule inverse_sqrt in the checkpoint, "
+                 "cosine given", "--dropout 0.1 in the checkpoint, 0.2 given",
+                 "--seed 0 in the checkpoint, 1 given", "--batch-size 64 in the checkpoint, 8 given"):
+        assert part in err
+    assert "--max-steps" not in err.split("A resume may change only")[0]
+    assert snapshot(run) == before
+
+
+def test_options_left_out_keep_the_checkpoints_and_the_run_is_bit_for_bit(tmp_path, run, capsys):
+    straight = tmp_path / "straight"
+    # (inverse_sqrt: the toy's cosine decays over --max-steps, so there a longer run differs)
+    assert train(straight, "--max-steps", "6", "--eval-every", "2", "--keep-last", "2",
+                 "--schedule", "inverse_sqrt", *TINY) == 0
+    # no model option, no --eval-every: all come from the checkpoint; --quiet/--max-steps change
+    assert train(run, "--resume", str(run / "last"), "--max-steps", "6", "--quiet") == 0
+    a, b = load_model_checkpoint(run / "last"), load_model_checkpoint(straight / "last")
+    assert a.model.config == b.model.config
+    np.testing.assert_array_equal(a.model.flat_params, b.model.flat_params)
+    assert a.meta["extra"]["options"]["max_steps"] == 6
+
+
+def test_allowed_changes_are_accepted(run):
+    assert train(run, "--resume", str(run / "last"), "--max-steps", "5", "--patience", "3",
+                 "--keep-last", "3", "--eval-every", "1", *TINY) == 0
+    assert load_model_checkpoint(run / "last").meta["training"]["config"]["patience"] == 3
+
+
+def test_overwrite_of_the_resumed_run_is_refused(run, capsys):
+    before = snapshot(run)
+    assert train(run, "--resume", str(run / "last"), "--max-steps", "6", "--overwrite") == 1
+    assert "--overwrite: would remove the run" in error(capsys)
+    assert snapshot(run) == before
+
+
+def test_resuming_an_older_checkpoint_over_a_newer_last_is_refused(run, tmp_path, capsys):
+    before = snapshot(run)
+    assert train(run, "--resume", str(run / "step_2"), "--max-steps", "6") == 1
+    err = error(capsys)
+    assert "step_2: is at step 2" in err and "is at step 4" in err
+    assert snapshot(run) == before
+    # into another folder it is a new branch of the run: fine
+    assert train(tmp_path / "branch", "--resume", str(run / "step_2"), "--max-steps", "3") == 0
+
+
+def test_resume_into_another_folder_holding_a_run_follows_the_folder_policy(run, tmp_path, capsys):
+    other = tmp_path / "other"
+    assert train(other, "--max-steps", "2", *TINY) == 0
+    capsys.readouterr()
+    assert train(other, "--resume", str(run / "last"), "--max-steps", "6") == 1
+    assert "already holds a run" in error(capsys)
+
+
+def test_checkpoints_without_recorded_options_are_checked_against_their_config(tmp_path, capsys):
+    data = toy_data(0)
+    import npformer as nf
+    model = nf.Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2,
+                           d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=32)
+    trainer = Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid,
+                      TrainConfig(max_steps=2, quiet=True, lr=1e-3, schedule="constant",
+                                  out_dir=str(tmp_path / "old")))
+    trainer.fit()
+    meta = load_model_checkpoint(tmp_path / "old" / "last").meta
+    assert "extra" not in meta                   # as older runs were saved
+    assert recorded_options(meta)["lr"] == 1e-3 and recorded_options(meta)["layers"] == 1
+    assert train(tmp_path / "old", "--resume", str(tmp_path / "old" / "last"), "--max-steps", "4",
+                 "--lr", "0.002") == 1
+    assert "--lr 0.001 in the checkpoint, 0.002 given" in error(capsys)
+    assert train(tmp_path / "old", "--resume", str(tmp_path / "old" / "last"), "--max-steps", "4",
+                 "--quiet") == 0

@@ -257,3 +257,33 @@ def test_plot_draws_bleu_against_wall_time(tmp_path, capsys):
     written = capsys.readouterr().out.split()
     assert str(tmp_path / "bleu_vs_time.png") in written
     assert (tmp_path / "bleu_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_reports_a_language_swap_and_keeps_the_checkpoints_languages(mini_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    common = ["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--min-freq", "1",
+              "--max-tokens", "80", "--out", str(run)]
+    assert main(common + ["--max-steps", "2"] + TINY) == 0
+    capsys.readouterr()
+    assert main(common + ["--max-steps", "4", "--src", "en", "--tgt", "de", "--resume",
+                          str(run / "last")]) == 1
+    err = capsys.readouterr().err
+    assert "the checkpoint translates de->en; it cannot go on as en->de" in err
+    assert "--src de in the checkpoint, en given" in err and "--cased" not in err
+    # left out, the languages, the model and the recipe come from the checkpoint
+    assert main(common + ["--max-steps", "4", "--resume", str(run / "last"), "--quiet"]) == 0
+    assert "multi30k de->en" in capsys.readouterr().out
+    assert load_model_checkpoint(run / "last").meta["training"]["step"] == 4
+
+
+def test_empty_validation_is_refused(mini_dir, tmp_path, capsys):
+    common = ["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--min-freq", "1",
+              "--max-steps", "1", "--out", str(tmp_path / "run")] + TINY
+    with pytest.raises(SystemExit):
+        main(common + ["--valid-subset", "0"])
+    assert "--valid-subset: expected a positive integer" in capsys.readouterr().err
+    for lang in ("de", "en"):                     # a val split without a single line
+        (mini_dir / f"val.{lang}.gz").write_bytes(gzip.compress(b""))
+    assert main(common) == 1
+    assert "val split holds no sentences" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -318,10 +318,15 @@ def _write_temp(final: Path, write, temps: list[Path]) -> tuple[Path, Any]:
     else:  # pragma: no cover - 16 collisions of 64 random bits
         raise FileExistsError(f"could not create a temporary file next to {final}")
     temps.append(tmp)
-    with os.fdopen(fd, "w+b") as f:
-        result = write(f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            result = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.filename is None:                   # a failed write()/fsync names no file: say which
+            raise OSError(e.errno, e.strerror, str(final)) from e
+        raise
     return tmp, result
 
 

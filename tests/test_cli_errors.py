@@ -298,3 +298,36 @@ def test_download_dest_that_is_a_file(capsys, tmp_path):
     (tmp_path / "dest").write_text("x")
     assert main(["download", "multi30k", "--quiet", "--dest", str(tmp_path / "dest")]) == 1
     one_line_error(capsys, str(tmp_path / "dest"), "is a file, expected a folder")
+
+
+def test_a_failed_checkpoint_write_names_the_checkpoint(tmp_path, monkeypatch):
+    """A full disk during a save: the error names the checkpoint (write() itself names no file),
+    and the checkpoint saved before is still there, whole."""
+    from npformer.checkpoint import load_checkpoint, save_checkpoint
+    save_checkpoint(tmp_path / "ckpt", {"w": np.arange(3.0)}, {"n": 1})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr("os.fsync", full)
+    with pytest.raises(OSError) as err:
+        save_checkpoint(tmp_path / "ckpt", {"w": np.arange(4.0)}, {"n": 2})
+    assert err.value.errno == errno.ENOSPC and str(tmp_path / "ckpt.npz") in str(err.value)
+    monkeypatch.undo()
+    arrays, meta = load_checkpoint(tmp_path / "ckpt")
+    assert meta == {"n": 1} and list(arrays["w"]) == [0.0, 1.0, 2.0]
+
+
+def test_a_failed_metrics_write_names_the_log(tmp_path):
+    from npformer.training.metrics import MetricsLog
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log._f.close()
+    log._f = Full()
+    with pytest.raises(OSError, match="metrics.jsonl"):
+        log.log("train", step=1)

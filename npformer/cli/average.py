@@ -4,7 +4,7 @@ import os
 from ..checkpoint import checkpoint_paths
 from ..training.averaging import average_checkpoints
 from ..training.trainer import step_checkpoints
-from .common import refuse_output_over_inputs, resolve_checkpoint
+from .common import positive_int, refuse_output_over_inputs, resolve_checkpoint
 
 
 def add_parser(sub, name):
@@ -16,7 +16,7 @@ def add_parser(sub, name):
     p.add_argument("checkpoints", nargs="*", metavar="CKPT")
     p.add_argument("--out", required=True, metavar="AVG", help="where to write the average")
     p.add_argument("--run", dest="run_dir", metavar="DIR", help="a run directory (use with --last)")
-    p.add_argument("--last", type=int, metavar="N", help="average the last N step_<N> checkpoints of --run")
+    p.add_argument("--last", type=positive_int, metavar="N", help="average the last N step_<N> checkpoints of --run")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a checkpoint that already exists at --out (never one of the "
                         "checkpoints averaged)")
@@ -28,8 +28,6 @@ def run(args):
     if (args.run_dir is None) != (args.last is None):
         raise ValueError("--run and --last: give both (or neither, and list checkpoints)")
     if args.run_dir is not None:
-        if args.last < 1:
-            raise ValueError(f"--last: expected a positive integer, got {args.last}")
         kept = step_checkpoints(args.run_dir)
         if len(kept) < args.last:
             raise ValueError(f"--run {args.run_dir}: holds {len(kept)} step_<N> checkpoints, "

@@ -3,8 +3,8 @@ import os
 import time
 
 from ..training.toy import TOY_MODEL, TOY_TRAIN, run_toy
-from .common import (add_model_args, add_train_args, check_writable, model_kwargs, train_kwargs,
-                     write_json)
+from .common import (add_model_args, add_train_args, check_writable, model_kwargs, non_negative_int,
+                     train_kwargs, write_json)
 from .runs import TOY_MADE_BY, is_run_file, plan_run_folder
 
 
@@ -21,7 +21,7 @@ def add_parser(sub, name):
                         "its best/last/step_*/averaged checkpoints and metrics.jsonl are removed)")
     p.add_argument("--metrics-json", metavar="PATH",
                    help="write train_exact_match, heldout_exact_match, train_seconds, ... as JSON")
-    p.add_argument("--examples", type=int, default=6, help="example translations to print")
+    p.add_argument("--examples", type=non_negative_int, default=6, help="example translations to print")
     add_model_args(p, TOY_MODEL)
     add_train_args(p, TOY_TRAIN)
     p.set_defaults(run=run)

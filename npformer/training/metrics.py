@@ -75,8 +75,11 @@ class MetricsLog:
             if isinstance(v, float) and not math.isfinite(v):
                 v = str(v)                       # JSON has no NaN/inf
             record[k] = v
-        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._f.flush()
+        except OSError as e:                     # e.g. a full disk: name the log, not just errno
+            raise OSError(e.errno, e.strerror, self.path) from e
 
     def close(self):
         self._f.close()

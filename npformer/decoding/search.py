@@ -184,6 +184,10 @@ def beam_search(model, src, beam_size=4, length_penalty=0.6, max_new_tokens=None
     """
     if not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
         raise ValueError(f"beam_size: expected a positive integer, got {beam_size!r}")
+    vocab = model.config["tgt_vocab_size"]
+    if beam_size > vocab:                        # more beams than tokens buys nothing, costs memory
+        raise ValueError(f"beam_size: expected at most the target vocabulary size {vocab}, "
+                         f"got {beam_size}")
     if not length_penalty >= 0:
         raise ValueError(f"length_penalty: expected a non-negative number, got {length_penalty!r}")
     src = _check_src(model, src)

@@ -130,3 +130,35 @@ def test_checkpoints_without_recorded_options_are_checked_against_their_config(t
     assert "--lr 0.001 in the checkpoint, 0.002 given" in error(capsys)
     assert train(tmp_path / "old", "--resume", str(tmp_path / "old" / "last"), "--max-steps", "4",
                  "--quiet") == 0
+
+
+def test_a_final_validation_between_scheduled_ones_does_not_change_early_stopping(tmp_path):
+    """Stopped by max_steps mid-epoch, the final weights are validated once (so `best` exists),
+    but that extra validation must not count towards --patience: resumed, the run stops at the
+    same step, with the same weights, as the run that went straight through."""
+    import numpy as np
+
+    from npformer.nn import Transformer
+    from npformer.training.toy import toy_data
+    from npformer.training.trainer import TrainConfig, Trainer
+
+    data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
+
+    def trainer(out, **kw):
+        model = Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2,
+                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16, seed=0)
+        config = TrainConfig(epochs=6, batch_size=16, patience=1, stop_metric="exact_match",
+                             quiet=True, out_dir=str(out), **kw)
+        return Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config)
+
+    straight = trainer(tmp_path / "straight")
+    summary = straight.fit()
+    assert summary["stop_reason"] == "early_stopping"
+
+    first = trainer(tmp_path / "split", max_steps=2)      # 4 batches an epoch: stops mid-epoch
+    assert first.fit()["stop_reason"] == "max_steps"
+    assert (tmp_path / "split" / "best.npz").exists()
+    resumed = trainer(tmp_path / "split").resume(str(tmp_path / "split" / "last"))
+    again = resumed.fit()
+    assert (again["stop_reason"], again["step"]) == ("early_stopping", summary["step"])
+    np.testing.assert_array_equal(resumed.model.flat_params, straight.model.flat_params)

@@ -18,9 +18,13 @@ class EarlyStopping:
         self.best = -math.inf if mode == "max" else math.inf
         self.bad_evals = 0
 
+    def better(self, value, than):
+        """Is ``value`` an improvement on ``than`` (by more than ``min_delta``)?"""
+        return (value > than + self.min_delta if self.mode == "max"
+                else value < than - self.min_delta)
+
     def step(self, value):
-        better = (value > self.best + self.min_delta if self.mode == "max"
-                  else value < self.best - self.min_delta)
+        better = self.better(value, self.best)
         if better:
             self.best, self.bad_evals = value, 0
         else:

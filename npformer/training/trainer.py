@@ -166,6 +166,7 @@ class Trainer:
         self.total_steps = total
         self.schedule = make_schedule(config, total)
         self.stopper = EarlyStopping(config.patience, "min" if config.stop_metric == "loss" else "max")
+        self.best_value = self.stopper.best      # metric of the weights in ``best`` (any validation)
         self.step, self.epoch = 0, 0
         self.grad_norm = None                    # of the latest train_step, before clipping
         self.saved_step = None                   # step of the latest checkpoint written (or resumed)
@@ -259,7 +260,8 @@ class Trainer:
     def training_state(self):
         return {"step": self.step, "epoch": self.epoch, "sampler": self.sampler.state_dict(),
                 "early_stopping": self.stopper.state_dict(), "config": self.config.to_dict(),
-                "seconds": self.elapsed()}
+                "seconds": self.elapsed(),
+                "best_value": self.best_value if math.isfinite(self.best_value) else None}
 
     def elapsed(self):
         """Wall time of this run so far, earlier sessions of a resumed run included."""
@@ -283,6 +285,8 @@ class Trainer:
             self.step, self.epoch = int(training["step"]), int(training["epoch"])
             self.sampler.load_state_dict(training["sampler"])
             self.stopper.load_state_dict(training.get("early_stopping", {}))
+            best_value = training.get("best_value", self.stopper.state_dict()["best"])
+            self.best_value = self.stopper.best if best_value is None else float(best_value)
             self.seconds_before = float(training.get("seconds", 0.0))
             self.saved_step = self.step
         except (KeyError, TypeError, ValueError) as e:
@@ -292,7 +296,15 @@ class Trainer:
         return self
 
     # -- the loop --------------------------------------------------------------------------------
-    def _validate(self):
+    def _validate(self, scheduled=True):
+        """Validate, log, and save ``last`` (and ``best`` when the metric is the best seen so far).
+
+        Only ``scheduled`` validations (every ``eval_every`` epochs or ``eval_every_steps``
+        updates) advance early stopping. The extra one of the final weights, when a run stops
+        between them, does not: a run stopped by ``--max-steps`` and resumed then takes the
+        same early-stopping decisions as the run that went straight through. It still saves
+        ``best`` if its weights are the best seen.
+        """
         seconds = self.elapsed()                 # wall time at which the model had these weights
         t0 = time.perf_counter()
         result = self.evaluate(self.valid_pairs, self.valid_ids)
@@ -302,7 +314,12 @@ class Trainer:
         self.history.append(record)
         if self.log:
             self.log.log("eval", **record)
-        improved = self.stopper.step(result[self.config.stop_metric])
+        value = result[self.config.stop_metric]
+        if scheduled:
+            self.stopper.step(value)
+        improved = self.stopper.better(value, self.best_value)
+        if improved:
+            self.best_value = value
         if self.config.out_dir:
             self.save(os.path.join(self.config.out_dir, "last"))
             if improved:
@@ -398,7 +415,7 @@ class Trainer:
         where = f" in {self.config.out_dir}" if self.config.out_dir else ""
         return (f"step {self.step + 1}: the training loss is {loss} and the gradient norm "
                 f"{self.grad_norm}: training stopped without applying this update; {saved}{where}. "
-                f"A lower --lr (or --clip-norm) may help")
+                f"Start a new run (another --out, or --overwrite) with a lower --lr or a --clip-norm")
 
     def fit(self, on_eval=None):
         """Train until epochs/max_steps, the time budget, early stopping or the target; returns
@@ -482,9 +499,14 @@ class Trainer:
             if failure is None:
                 if (stop_reason in ("max_steps", "time_budget", "epochs") and self.valid_pairs
                         and validated_at != self.step):
-                    self._validate_and_report(on_eval)    # the final weights get a score too
+                    record = self._validate(scheduled=False)   # the final weights get a score too
+                    if on_eval:
+                        on_eval(record)
                 if cfg.out_dir:
                     self.save(os.path.join(cfg.out_dir, "last"))
+        except TrainingDiverged:                 # a save refused non-finite weights
+            stop_reason = "non_finite"
+            raise
         finally:
             if self.log:
                 self.log.log("end", step=self.step, epoch=self.epoch,
@@ -495,7 +517,7 @@ class Trainer:
         model.eval()
         if failure is not None:
             raise TrainingDiverged(failure)
-        best = self.stopper.best
+        best = self.best_value
         return {"step": self.step, "epoch": self.epoch, "stop_reason": stop_reason,
                 "seconds": time.perf_counter() - start,
                 f"best_{cfg.stop_metric}": best if math.isfinite(best) else None,

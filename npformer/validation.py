@@ -1,5 +1,8 @@
 """Input checks shared by the model and the tools. Each raises ValueError naming the argument,
 what was expected and what came: never a silent broadcast or a wrapped-around index."""
+import math
+import numbers
+
 import numpy as np
 
 
@@ -36,3 +39,105 @@ def check_array(name, x, shape, dtype=None):
     if dtype is not None and x.dtype != dtype:
         raise ValueError(f"{name}: expected dtype {np.dtype(dtype)}, got {x.dtype}")
     return x
+
+
+# ----------------------------------------------------------------------------------------------
+# scalar settings: one rule per kind of number, one wording for every message
+#
+#     check_int("n_heads", n_heads)                          a positive integer
+#     check_int("seed", seed, minimum=0)                     a non-negative integer
+#     check_real("lr", lr, minimum=0)                        a finite number >= 0
+#     check_real("peak_lr", lr, minimum=0, min_open=True)    a finite positive number
+#     check_real("dropout", p, minimum=0, maximum=1, max_open=True)   a finite number in [0, 1)
+#
+# ``describe_int`` / ``describe_real`` give the same words without a name, for callers that
+# word their own errors (the CLI's argparse ``type=`` functions).
+
+def _is_int(value):
+    """A Python or NumPy integer; bools (and NumPy bools) are not integers here."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value):
+    """A Python or NumPy real number (int, float, Fraction...); not a bool, str or array."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _shown(value):
+    """``repr(value)``, cut to 80 characters (a 5000-digit number makes no better message)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bound(x):
+    """A bound as a reader writes it: 0 not 0.0, 1 not 1.0, 0.001 as 0.001."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
+        return str(int(x))
+    return str(x)
+
+
+def describe_int(minimum=1, allow_none=False):
+    """What ``check_int`` expects, in words: "a positive integer", "a non-negative integer"..."""
+    if minimum is None:
+        what = "an integer"
+    elif minimum == 1:
+        what = "a positive integer"
+    elif minimum == 0:
+        what = "a non-negative integer"
+    else:
+        what = f"an integer >= {minimum}"
+    return what + (" or None" if allow_none else "")
+
+
+def describe_real(*, minimum=None, maximum=None, min_open=False, max_open=False, allow_none=False):
+    """What ``check_real`` expects, in words: "a finite number >= 0", "a finite positive
+    number", "a finite number in [0, 1)"..."""
+    if minimum is not None and maximum is not None:
+        what = (f"a finite number in {'(' if min_open else '['}{_bound(minimum)}, "
+                f"{_bound(maximum)}{')' if max_open else ']'}")
+    elif minimum is not None:
+        if minimum == 0 and min_open:
+            what = "a finite positive number"
+        else:
+            what = f"a finite number {'>' if min_open else '>='} {_bound(minimum)}"
+    elif maximum is not None:
+        what = f"a finite number {'<' if max_open else '<='} {_bound(maximum)}"
+    else:
+        what = "a finite number"
+    return what + (" or None" if allow_none else "")
+
+
+def check_int(name, value, minimum=1, allow_none=False):
+    """``value`` as an int: a Python or NumPy integer (never a bool or a float such as 2.0),
+    ``>= minimum`` (no lower bound for ``minimum=None``); None passes only with ``allow_none``.
+    ValueError ``"{name}: expected a positive integer, got 0"`` otherwise."""
+    if value is None and allow_none:
+        return None
+    if not _is_int(value) or (minimum is not None and value < minimum):
+        raise ValueError(f"{name}: expected {describe_int(minimum, allow_none)}, got {_shown(value)}")
+    return int(value)
+
+
+def check_real(name, value, *, minimum=None, maximum=None, min_open=False, max_open=False,
+               allow_none=False):
+    """``value`` as a float: a real number (int, float, NumPy scalar; never a bool or a str),
+    finite, and within ``[minimum, maximum]`` (an open end with ``min_open`` / ``max_open``;
+    None for no bound); None passes only with ``allow_none``. ValueError
+    ``"{name}: expected a finite number in [0, 1), got nan"`` otherwise."""
+    if value is None and allow_none:
+        return None
+    ok = _is_real(value)
+    if ok:
+        try:
+            number = float(value)
+        except OverflowError:                    # an int too large for a float: not finite
+            ok = False
+        else:
+            ok = (math.isfinite(number)
+                  and (minimum is None or (number > minimum if min_open else number >= minimum))
+                  and (maximum is None or (number < maximum if max_open else number <= maximum)))
+    if not ok:
+        what = describe_real(minimum=minimum, maximum=maximum, min_open=min_open,
+                             max_open=max_open, allow_none=allow_none)
+        raise ValueError(f"{name}: expected {what}, got {_shown(value)}")
+    return number

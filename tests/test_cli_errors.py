@@ -206,6 +206,21 @@ def test_eval_outputs_must_not_name_inputs(ckpt, pair, capsys, no_decoding, opti
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("option,name", [("--metrics-json", "metrics.jsonl"), ("--out", "last.npz"),
+                                         ("--out", "last.json"), ("--metrics-json", "step_4.json")])
+def test_eval_outputs_never_replace_a_runs_files(ckpt, pair, capsys, no_decoding, option, name):
+    """The review's case: evaluating run/best with --metrics-json run/metrics.jsonl replaced the
+    run's training log, and --out run/last.npz its newest checkpoint."""
+    out, _ = ckpt
+    src, ref = pair
+    path = out / name
+    before = path.read_bytes() if path.exists() else None
+    assert main(["eval", "--checkpoint", str(out), "--src", str(src), "--ref", str(ref),
+                 option, str(path)]) == 1
+    one_line_error(capsys, f"{option} {path}", "named like a run's own file")
+    assert (path.read_bytes() if path.exists() else None) == before
+
+
 def test_eval_out_and_metrics_json_must_differ(ckpt, pair, capsys, no_decoding, tmp_path):
     out, _ = ckpt
     src, ref = pair

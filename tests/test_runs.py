@@ -100,7 +100,7 @@ def test_toy_metrics_json_is_checked_before_training(tmp_path, capsys):
     one_line_error(capsys, "--metrics-json", "is a file, not a folder")
     assert not (tmp_path / "run").exists()
     assert toy(tmp_path / "run", "--metrics-json", str(tmp_path / "run" / "last.json")) == 1
-    one_line_error(capsys, "--metrics-json", "would replace a file of the run")
+    one_line_error(capsys, "--metrics-json", "is named like a run's own file")
 
 
 @pytest.mark.parametrize("extra,option", [

@@ -10,6 +10,7 @@ from ..training.metrics import corpus_bleu, exact_match
 from ..training.multi30k import evaluate_checkpoint
 from .common import (check_writable, non_negative_float, positive_int, read_lines,
                      refuse_output_over_inputs, resolve_checkpoint, write_json, write_lines)
+from .runs import refuse_output_named_like_a_run_file
 
 LENGTH_PENALTY = 0.6                             # beam search's alpha unless --length-penalty
 
@@ -61,6 +62,7 @@ def check_outputs(args, checkpoint):
     for option, path in outputs:
         check_writable(option, path)
         refuse_output_over_inputs(option, path, _inputs(args, checkpoint))
+        refuse_output_named_like_a_run_file(option, path)
     if len(outputs) == 2:
         refuse_output_over_inputs("--metrics-json", args.metrics_json, outputs[:1])
 

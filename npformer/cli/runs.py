@@ -85,6 +85,15 @@ def is_run_file(path):
     return bool(_RUN_FILE.fullmatch(os.path.basename(os.fspath(path))))
 
 
+def refuse_output_named_like_a_run_file(option, path):
+    """A command's text output (``--metrics-json``, ``eval --out``) may never carry the name of a
+    run's file: written into a run folder it would replace that run's checkpoint or log."""
+    if is_run_file(path):
+        raise ValueError(f"{option} {path}: is named like a run's own file (best/last/averaged/"
+                         f"step_<N> .npz/.json, metrics.jsonl), which it could replace; choose "
+                         f"another name (nothing was written)")
+
+
 def remove_stale_temps(folder):
     """Remove the temporary files that killed checkpoint saves left in ``folder`` (only names
     ``.<name>.npz.<hex>.tmp`` / ``.<name>.json.<hex>.tmp``). Assumes one writer per run folder."""

@@ -5,7 +5,7 @@ import time
 from ..training.toy import TOY_MODEL, TOY_TRAIN, run_toy
 from .common import (add_model_args, add_train_args, check_writable, model_kwargs, non_negative_int,
                      train_kwargs, write_json)
-from .runs import TOY_MADE_BY, is_run_file, plan_run_folder
+from .runs import TOY_MADE_BY, plan_run_folder, refuse_output_named_like_a_run_file
 
 
 def add_parser(sub, name):
@@ -33,10 +33,7 @@ def run(args):
         raise ValueError("--resume: use `npformer train --dataset toy --resume CKPT` to continue a run")
     if args.metrics_json:                        # fail now, not after training
         check_writable("--metrics-json", args.metrics_json)
-        if is_run_file(args.metrics_json) and os.path.realpath(os.path.dirname(
-                os.path.abspath(args.metrics_json))) == os.path.realpath(args.out):
-            raise ValueError(f"--metrics-json {args.metrics_json}: would replace a file of the run "
-                             f"in --out {args.out}; write it elsewhere (nothing was written)")
+        refuse_output_named_like_a_run_file("--metrics-json", args.metrics_json)
     folder = plan_run_folder(args.out, "toy", overwrite=args.overwrite)
 
     def on_eval(rec):

@@ -57,6 +57,8 @@ def test_zero_lr_is_allowed(model):
     (dict(betas=(1.0, 0.999)), r"betas: expected two numbers in \[0, 1\)"),
     (dict(betas=(0.9,)), r"betas: expected two numbers in \[0, 1\)"),
     (dict(betas=0.9), r"betas: expected two numbers in \[0, 1\)"),
+    (dict(betas=("0.9", 0.999)), r"betas: expected two numbers in \[0, 1\)"),   # as check_real: no str
+    (dict(betas=(0.9, 0.99, 0.999)), r"betas: expected two numbers in \[0, 1\)"),
     (dict(eps=float("nan")), r"eps: expected a finite number >= 0, got nan"),
     (dict(eps=-1e-8), r"eps: expected a finite number >= 0"),
     (dict(weight_decay=float("inf")), r"weight_decay: expected a finite number >= 0, got inf"),
@@ -83,8 +85,11 @@ def test_step_count_of_a_loaded_state_is_checked(model):
     (lambda: WarmupInverseSqrtSchedule(float("nan"), 10), r"peak_lr: expected a finite positive"),
     (lambda: WarmupInverseSqrtSchedule(1e-3, 0), r"warmup_steps: expected a finite positive"),
     (lambda: WarmupCosineSchedule(1e-3, 10, 100, min_lr=-1.0),
-     r"min_lr: expected a finite number in \[0, peak_lr=0.001\], got -1.0"),
-    (lambda: WarmupCosineSchedule(1e-3, 10, 100, min_lr=1.0), r"min_lr: expected a finite number in"),
+     r"min_lr: expected a finite number >= 0, got -1.0"),
+    (lambda: WarmupCosineSchedule(1e-3, 10, 100, min_lr=1.0), r"min_lr: expected at most peak_lr=0.001, got 1.0"),
+    (lambda: WarmupCosineSchedule(1e-3, 200, 100), r"warmup_steps: expected at most total_steps=100, got 200"),
+    (lambda: WarmupCosineSchedule(1e-3, -1, 100), r"warmup_steps: expected a finite number >= 0, got -1"),
+    (lambda: WarmupCosineSchedule(1e-3, "10", 100), r"warmup_steps: expected a finite number >= 0, got '10'"),
     (lambda: WarmupCosineSchedule(1e-3, 10, 100, min_lr=float("nan")), r"min_lr: expected a finite"),
     (lambda: WarmupCosineSchedule(1e-3, 10, float("inf")), r"total_steps: expected a finite positive"),
 ])

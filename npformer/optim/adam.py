@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from .. import backend
+from ..validation import check_real
 
 
 class Adam:
@@ -25,14 +26,9 @@ class Adam:
 
     def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         self.lr = lr                                     # checked by the setter below
-        try:
-            beta1, beta2 = (float(b) for b in betas)
-        except (TypeError, ValueError):
-            raise ValueError(f"betas: expected two numbers in [0, 1), got {betas!r}") from None
-        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
-            raise ValueError(f"betas: expected two numbers in [0, 1), got {betas!r}")
-        eps = _finite("eps", eps, minimum=0.0)
-        weight_decay = _finite("weight_decay", weight_decay, minimum=0.0)
+        beta1, beta2 = check_betas(betas)
+        eps = check_real("eps", eps, minimum=0)
+        weight_decay = check_real("weight_decay", weight_decay, minimum=0)
         if model.flat_params is None:
             model.flatten_parameters()
         self.model = model
@@ -48,7 +44,7 @@ class Adam:
 
     @lr.setter
     def lr(self, value):
-        self._lr = _finite("lr", value, minimum=0.0)
+        self._lr = check_real("lr", value, minimum=0)
 
     def zero_grad(self):
         self.grads.fill(0)
@@ -98,14 +94,14 @@ class Adam:
         self.exp_avg_sq[...] = state["exp_avg_sq"]
 
 
-def _finite(name, value, minimum):
-    """``value`` as a float, which must be a finite real number >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name}: expected a finite number >= {minimum:g}, got {value!r}")
-    value = float(value)
-    if not (math.isfinite(value) and value >= minimum):
-        raise ValueError(f"{name}: expected a finite number >= {minimum:g}, got {value!r}")
-    return value
+def check_betas(betas, name="betas"):
+    """``(beta1, beta2)`` as floats: two finite numbers in [0, 1). One message for any other
+    shape or value, since a pair is what the reader has to fix."""
+    try:
+        beta1, beta2 = betas
+        return tuple(check_real(name, b, minimum=0, maximum=1, max_open=True) for b in (beta1, beta2))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected two numbers in [0, 1), got {betas!r}") from None
 
 
 class AdamW(Adam):

@@ -6,14 +6,13 @@ Use them by assigning before each step::
     opt.lr = schedule(opt.step_count + 1); opt.step()
 """
 import math
-import numbers
+
+from ..validation import check_real
 
 
 def _check_positive(name, value):
     """``value`` must be a finite real number > 0 (NaN, inf, bools and strings are refused)."""
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not (math.isfinite(value) and value > 0)):
-        raise ValueError(f"{name}: expected a finite positive number, got {value!r}")
+    check_real(name, value, minimum=0, min_open=True)
 
 
 class NoamSchedule:
@@ -52,12 +51,12 @@ class WarmupCosineSchedule:
     def __init__(self, peak_lr, warmup_steps, total_steps, min_lr=0.0):
         _check_positive("peak_lr", peak_lr)
         _check_positive("total_steps", total_steps)
-        if not 0 <= warmup_steps <= total_steps:
-            raise ValueError(f"warmup_steps: expected a number in [0, total_steps={total_steps}], "
-                             f"got {warmup_steps}")
-        if (isinstance(min_lr, bool) or not isinstance(min_lr, numbers.Real)
-                or not (math.isfinite(min_lr) and 0 <= min_lr <= peak_lr)):
-            raise ValueError(f"min_lr: expected a finite number in [0, peak_lr={peak_lr}], got {min_lr!r}")
+        check_real("warmup_steps", warmup_steps, minimum=0)
+        if warmup_steps > total_steps:
+            raise ValueError(f"warmup_steps: expected at most total_steps={total_steps}, got {warmup_steps!r}")
+        check_real("min_lr", min_lr, minimum=0)
+        if min_lr > peak_lr:       # worded as TrainConfig's "min_lr: expected at most lr=..."
+            raise ValueError(f"min_lr: expected at most peak_lr={peak_lr}, got {min_lr!r}")
         self.peak_lr, self.warmup_steps, self.total_steps, self.min_lr = (
             peak_lr, warmup_steps, total_steps, min_lr)
 

@@ -324,7 +324,7 @@ def _write_temp(final: Path, write, temps: list[Path]) -> tuple[Path, Any]:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        if e.filename is None:                   # a failed write()/fsync names no file: say which
+        if e.filename is None and e.errno is not None:   # write()/fsync name no file: say which
             raise OSError(e.errno, e.strerror, str(final)) from e
         raise
     return tmp, result
@@ -436,8 +436,9 @@ def _read_members(f, npz_path: Path) -> dict[str, np.ndarray]:
                 with zf.open(info) as member:
                     _check_npy_header(member, info, bad)
                     member.seek(0)
-                    arrays[name] = np.lib.format.read_array(
-                        member, allow_pickle=False, max_header_size=_MAX_NPY_HEADER)
+                    # the header's length is bounded above (numpy >= 1.24 bounds it too; its
+                    # max_header_size keyword is absent from the older numpy setup.cfg allows)
+                    arrays[name] = np.lib.format.read_array(member, allow_pickle=False)
     except CheckpointError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError,
@@ -486,7 +487,7 @@ def _check_npy_header(member, info: zipfile.ZipInfo, bad) -> None:
     header = member.read(header_len)
     read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
     try:
-        shape, _, dtype = read_header(io.BytesIO(length_bytes + header), max_header_size=_MAX_NPY_HEADER)
+        shape, _, dtype = read_header(io.BytesIO(length_bytes + header))   # length bounded above
     except (ValueError, TypeError, SyntaxError, RecursionError, tokenize.TokenError) as exc:
         # numpy's parser of the header text (a Python dict literal) fails in all these ways
         raise bad(f"{where}: corrupt npy header ({type(exc).__name__}: {exc})") from None

@@ -1,7 +1,6 @@
 """Input checks shared by the model and the tools. Each raises ValueError naming the argument,
 what was expected and what came: never a silent broadcast or a wrapped-around index."""
 import math
-import numbers
 
 import numpy as np
 
@@ -59,8 +58,10 @@ def _is_int(value):
 
 
 def _is_real(value):
-    """A Python or NumPy real number (int, float, Fraction...); not a bool, str or array."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    """A Python or NumPy int or float; not a bool, str, array (or Fraction/Decimal, which the
+    numeric code downstream does not expect)."""
+    return (isinstance(value, (int, float, np.integer, np.floating))
+            and not isinstance(value, (bool, np.bool_)))
 
 
 def _shown(value):

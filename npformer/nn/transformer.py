@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import functional as F
 from ..functional.activation_dropout import check_activation
-from ..validation import check_array, check_same_batch, check_token_ids
+from ..validation import check_array, check_int, check_real, check_same_batch, check_token_ids
 from .decoder import Decoder
 from .dropout import Dropout
 from .embedding import Embedding
@@ -186,16 +186,6 @@ def check_config(**config):
     return _checked_config(**bound.arguments)
 
 
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return int(value)
-
-
-def _is_real(value):
-    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
-
-
 def _checked_config(*, src_vocab_size, tgt_vocab_size, d_model, n_heads, d_ff, n_encoder_layers,
                  n_decoder_layers, dropout, max_len, pad_id, norm_first, activation,
                  layer_norm_eps, qk_dim, tie_embeddings, dtype, seed):
@@ -207,7 +197,7 @@ def _checked_config(*, src_vocab_size, tgt_vocab_size, d_model, n_heads, d_ff, n
                  n_decoder_layers=n_decoder_layers, max_len=max_len)
     if qk_dim is not None:
         sizes["qk_dim"] = qk_dim
-    sizes = {name: _positive_int(name, value) for name, value in sizes.items()}
+    sizes = {name: check_int(name, value) for name, value in sizes.items()}
     d_model, n_heads = sizes["d_model"], sizes["n_heads"]
     if d_model % n_heads:
         raise ValueError(f"d_model: expected a multiple of n_heads={n_heads}, got {d_model}")
@@ -217,10 +207,8 @@ def _checked_config(*, src_vocab_size, tgt_vocab_size, d_model, n_heads, d_ff, n
     n_ids = min(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
     if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or not 0 <= pad_id < n_ids:
         raise ValueError(f"pad_id: expected an id in [0, {n_ids}), got {pad_id!r}")
-    if not (_is_real(dropout) and 0.0 <= dropout < 1.0):
-        raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
-    if not (_is_real(layer_norm_eps) and math.isfinite(layer_norm_eps) and layer_norm_eps > 0):
-        raise ValueError(f"layer_norm_eps: expected a finite number > 0, got {layer_norm_eps!r}")
+    dropout = check_real("dropout", dropout, minimum=0, maximum=1, max_open=True)
+    layer_norm_eps = check_real("layer_norm_eps", layer_norm_eps, minimum=0, min_open=True)
     if not isinstance(activation, str):
         raise ValueError(f"activation: expected a str such as 'relu', got {activation!r}")
     check_activation(activation)
@@ -233,13 +221,12 @@ def _checked_config(*, src_vocab_size, tgt_vocab_size, d_model, n_heads, d_ff, n
         raise ValueError(f"dtype: expected float32 or float64, got {dtype!r}") from None
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+    seed = check_int("seed", seed, minimum=0)
     return dict(
         src_vocab_size=sizes["src_vocab_size"], tgt_vocab_size=sizes["tgt_vocab_size"],
         d_model=d_model, n_heads=n_heads, d_ff=sizes["d_ff"],
         n_encoder_layers=sizes["n_encoder_layers"], n_decoder_layers=sizes["n_decoder_layers"],
-        dropout=float(dropout), max_len=sizes["max_len"], pad_id=int(pad_id),
-        norm_first=bool(norm_first), activation=activation, layer_norm_eps=float(layer_norm_eps),
+        dropout=dropout, max_len=sizes["max_len"], pad_id=int(pad_id),
+        norm_first=bool(norm_first), activation=activation, layer_norm_eps=layer_norm_eps,
         qk_dim=sizes.get("qk_dim"), tie_embeddings=bool(tie_embeddings), dtype=dtype.name,
-        seed=int(seed))
+        seed=seed)

@@ -1,6 +1,8 @@
 """Early stopping on a validation metric."""
 import math
 
+from ..validation import check_int
+
 
 class EarlyStopping:
     """Stop after ``patience`` evaluations without an improvement of more than ``min_delta``.
@@ -12,8 +14,7 @@ class EarlyStopping:
     def __init__(self, patience=None, mode="max", min_delta=0.0):
         if mode not in ("max", "min"):
             raise ValueError(f"mode: expected 'max' or 'min', got {mode!r}")
-        if patience is not None and (not isinstance(patience, int) or patience < 1):
-            raise ValueError(f"patience: expected a positive integer or None, got {patience!r}")
+        patience = check_int("patience", patience, allow_none=True)
         self.patience, self.mode, self.min_delta = patience, mode, min_delta
         self.best = -math.inf if mode == "max" else math.inf
         self.bad_evals = 0

@@ -2,66 +2,63 @@
 ``type=`` functions that check numeric options as they are parsed, and the checks that keep a
 command's outputs off its inputs."""
 import argparse
-import math
 import os
 import sys
 
 from ..checkpoint import CheckpointError, checkpoint_paths
 from ..data.textfile import decode_utf8, write_text_atomic
+from ..validation import check_int, check_real, describe_int, describe_real
 
 
 # ----------------------------------------------------------------------------------------------
 # argparse type= functions: a bad value ends in "argument --layers: expected a positive integer,
-# got '0'" (argparse adds the option's name), before any work starts.
+# got '0'" (argparse adds the option's name), before any work starts. The rules and their wording
+# are npformer.validation's check_int / check_real, as for the library's own arguments.
 
-def _integer(text, lowest, what):
+def _integer(text, minimum):
+    """``text`` parsed as an int that ``check_int(minimum=...)`` accepts."""
     try:
-        value = int(text)
-    except ValueError:                           # "abc", "0.5", "1e3", "", 5000 digits
-        value = None
-    if value is None or value < lowest:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
-
-
-def _real(text, ok, what):
-    try:
-        value = float(text)
+        return check_int("", int(text), minimum)     # int(): "abc", "0.5", "1e3", "", 5000 digits
     except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or not ok(value):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(f"expected {describe_int(minimum)}, got {text!r}") from None
+
+
+def _real(text, **bounds):
+    """``text`` parsed as a float that ``check_real(**bounds)`` accepts."""
+    try:
+        return check_real("", float(text), **bounds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {describe_real(**bounds)}, got {text!r}") from None
 
 
 def positive_int(text):
     """An integer >= 1."""
-    return _integer(text, 1, "a positive integer")
+    return _integer(text, 1)
 
 
 def non_negative_int(text):
     """An integer >= 0."""
-    return _integer(text, 0, "a non-negative integer")
+    return _integer(text, 0)
 
 
 def finite_float(text):
     """Any finite number (not nan, inf or -inf)."""
-    return _real(text, lambda v: True, "a finite number")
+    return _real(text)
 
 
 def positive_float(text):
     """A finite number > 0."""
-    return _real(text, lambda v: v > 0, "a finite number > 0")
+    return _real(text, minimum=0, min_open=True)
 
 
 def non_negative_float(text):
     """A finite number >= 0."""
-    return _real(text, lambda v: v >= 0, "a finite number >= 0")
+    return _real(text, minimum=0)
 
 
 def probability(text):
     """A number in [0, 1) (dropout, label smoothing)."""
-    return _real(text, lambda v: 0 <= v < 1, "a number in [0, 1)")
+    return _real(text, minimum=0, maximum=1, max_open=True)
 
 
 def resolve_checkpoint(path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import npformer as nf
-from npformer.cli import evaluate, main as cli_main, toy, translate
+from npformer.cli import common as cli_common, evaluate, main as cli_main, toy, translate
 from npformer.cli.main import main
 from npformer.data import textfile
 from npformer.training.checkpointing import save_model_checkpoint
@@ -97,7 +97,10 @@ def test_min_lr_above_lr_names_both(capsys, monkeypatch):
 
 @pytest.mark.parametrize("option,value", [("--max-len", "1000000000"), ("--d-model", "1000000"),
                                           ("--layers", "1000000000")])
-def test_a_model_too_big_for_memory_is_refused_before_training(capsys, tmp_path, option, value):
+def test_a_model_too_big_for_memory_is_refused_before_training(capsys, tmp_path, monkeypatch,
+                                                               option, value):
+    # pinned, so that on a host with hundreds of GiB these are still refused, not allocated
+    monkeypatch.setattr(cli_common, "physical_memory", lambda: 8 << 30)
     assert main(["toy", "--quiet", "--out", str(tmp_path / "run"), option, value]) == 1
     one_line_error(capsys, f"{option} {value}", "GiB of memory", "choose smaller values")
     assert not (tmp_path / "run").exists()

@@ -156,8 +156,11 @@ def test_an_input_inside_the_run_folder_named_like_a_run_file_is_refused(tmp_pat
                                        encoding="utf-8")
     argv = text_files[:]
     argv[argv.index("--src-file") + 1] = str(run / "metrics.jsonl")
-    assert main(argv + ["--out", str(run)]) == 1
-    one_line_error(capsys, f"--src-file {run / 'metrics.jsonl'}: is a file of the run")
+    for extra in ([], ["--overwrite"]):          # --overwrite would delete the input itself
+        assert main(argv + ["--out", str(run), *extra]) == 1
+        one_line_error(capsys, f"--src-file {run / 'metrics.jsonl'}: is a file of the run")
+        assert (run / "metrics.jsonl").read_text(encoding="utf-8") == \
+            (tmp_path / "s.txt").read_text(encoding="utf-8")
 
 
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):

@@ -142,7 +142,8 @@ def is_toy_run(folder):
     return all(_checkpoint_made_by(path) == TOY_MADE_BY for path in marked)
 
 
-def _same_folder(a, b):
+def _same_path(a, b):
+    """Whether two paths name one file or folder (symlinks and ``..`` resolved)."""
     return os.path.realpath(a) == os.path.realpath(b)
 
 
@@ -174,7 +175,7 @@ def plan_run_folder(out, command, overwrite=False, resume=None):
         raise ValueError(f"--out {out}: is a file; expected a run folder (nothing was written)")
     files = run_files(out)
     shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
-    if resume is not None and _same_folder(os.path.dirname(os.path.abspath(resume)), out):
+    if resume is not None and _same_path(os.path.dirname(os.path.abspath(resume)), out):
         if overwrite:
             raise ValueError(f"--overwrite: would remove the run in {out} that --resume {resume} "
                              f"continues; leave --overwrite out to resume it in its own folder")
@@ -191,9 +192,10 @@ def plan_run_folder(out, command, overwrite=False, resume=None):
                          f"choose another --out, or give --overwrite to replace it (nothing was "
                          f"written)")
     last = os.path.join(out, "last")
-    raise ValueError(f"--out {out}: already holds a run ({shown}); give --resume {last} to "
-                     f"continue it, --overwrite to replace it, or another --out (nothing was "
-                     f"written)")
+    resume = (f"give --resume {last} to continue it, " if os.path.exists(last + ".npz")
+              else "")                           # a run that diverged may have no checkpoint
+    raise ValueError(f"--out {out}: already holds a run ({shown}); {resume}give --overwrite to "
+                     f"replace it, or another --out (nothing was written)")
 
 
 def _check_resuming_the_newest(resume, out):
@@ -201,7 +203,7 @@ def _check_resuming_the_newest(resume, out):
     ``last``: refuse that (resume ``last``, or write the continuation elsewhere)."""
     from ..checkpoint import checkpoint_paths, load_checkpoint
     last = os.path.join(out, "last")
-    if not os.path.exists(last + ".npz") or _same_file(checkpoint_paths(resume)[0], last + ".npz"):
+    if not os.path.exists(last + ".npz") or _same_path(checkpoint_paths(resume)[0], last + ".npz"):
         return
     try:
         step = load_checkpoint(last)[1]["training"]["step"]
@@ -214,15 +216,11 @@ def _check_resuming_the_newest(resume, out):
                          f"{last}, or give another --out (nothing was written)")
 
 
-def _same_file(a, b):
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
 def refuse_inputs_in_run(out, inputs):
     """No input file may be one of the files the run writes into ``out``: ``inputs`` are
     (option, path) pairs; ValueError naming the first that is."""
     for option, path in inputs:
-        if path and is_run_file(path) and _same_folder(os.path.dirname(os.path.abspath(path)), out):
+        if path and is_run_file(path) and _same_path(os.path.dirname(os.path.abspath(path)), out):
             raise ValueError(f"{option} {path}: is a file of the run that --out {out} writes; "
                              f"give the input from another place (nothing was written)")
 

@@ -137,7 +137,7 @@ def checkpoint_text_settings(loaded):
                                                                            SUBWORD_TOKENIZER):
         raise ValueError(f"checkpoint {loaded.path}: not a Multi30k model (its metadata has no "
                          f"dataset 'multi30k' / tokenizer {TOKENIZER!r} or {SUBWORD_TOKENIZER!r}; got "
-                         f"{ {k: v for k, v in extra.items() if k != 'subword_model'} or 'none'}); "
+                         f"dataset {extra.get('dataset')!r:.40}, tokenizer {extra.get('tokenizer')!r:.40}); "
                          f"evaluate it with --src/--ref instead")
     for key in ("src_lang", "tgt_lang"):
         if extra.get(key) not in LANGUAGES:

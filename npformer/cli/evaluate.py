@@ -4,6 +4,7 @@ import json
 
 from ..checkpoint import checkpoint_paths
 from ..data.multi30k import LANGUAGES, resolve_data_dir
+from ..decoding.search import LENGTH_PENALTY     # beam search's alpha unless --length-penalty
 from ..decoding.translator import Translator
 from ..training.checkpointing import load_model_checkpoint
 from ..training.metrics import corpus_bleu, exact_match
@@ -12,7 +13,6 @@ from .common import (check_writable, non_negative_float, positive_int, read_line
                      refuse_output_over_inputs, resolve_checkpoint, write_json, write_lines)
 from .runs import refuse_output_named_like_a_run_file
 
-LENGTH_PENALTY = 0.6                             # beam search's alpha unless --length-penalty
 
 
 def add_parser(sub, name):

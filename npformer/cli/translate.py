@@ -4,13 +4,13 @@ import time
 
 import numpy as np
 
+from ..decoding.search import LENGTH_PENALTY     # beam search's alpha unless --length-penalty
 from ..decoding.translator import format_trace
 from ..training.checkpointing import load_model_checkpoint
 from ..training.multi30k import translator_for
 from .common import (non_negative_float, non_negative_int, positive_float, positive_int, read_lines,
                      resolve_checkpoint)
 
-LENGTH_PENALTY = 0.6                             # beam search's alpha unless --length-penalty
 TEMPERATURE = 1.0                                # --sample's unless --temperature
 
 

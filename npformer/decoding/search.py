@@ -17,6 +17,7 @@ from ..validation import check_token_ids
 from .cache import IncrementalDecoder
 
 BOS_ID, EOS_ID = 1, 2
+LENGTH_PENALTY = 0.6        # beam search's default alpha (GNMT's value), also the CLI's default
 
 
 @dataclass
@@ -173,7 +174,7 @@ def _top_candidates(cand, n):
     return np.take_along_axis(part, order, axis=1)
 
 
-def beam_search(model, src, beam_size=4, length_penalty=0.6, max_new_tokens=None,
+def beam_search(model, src, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_tokens=None,
                 bos_id=BOS_ID, eos_id=EOS_ID):
     """Keep the ``beam_size`` best prefixes per sentence; return the best finished one.
 

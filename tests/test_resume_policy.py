@@ -162,3 +162,28 @@ def test_a_final_validation_between_scheduled_ones_does_not_change_early_stoppin
     again = resumed.fit()
     assert (again["stop_reason"], again["step"]) == ("early_stopping", summary["step"])
     np.testing.assert_array_equal(resumed.model.flat_params, straight.model.flat_params)
+
+
+def test_a_resume_over_other_text_of_the_same_lengths_is_refused(tmp_path):
+    """The batch sampler checks only the lengths of the pairs; the checkpoint also records a
+    CRC of their token ids, so other text with the same line lengths cannot continue a run."""
+    from npformer.nn import Transformer
+    from npformer.training.toy import toy_data
+    from npformer.training.trainer import TrainConfig, Trainer
+
+    data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
+
+    def trainer(train_pairs):
+        model = Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2,
+                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16)
+        return Trainer(model, data.src_vocab, data.tgt_vocab, train_pairs, data.valid,
+                       TrainConfig(epochs=2, max_steps=2, batch_size=16, quiet=True,
+                                   out_dir=str(tmp_path)))
+
+    trainer(data.train).fit()
+    other = list(data.train)
+    other[0] = (other[0][0], " ".join(reversed(other[0][1].split())))   # same length, other ids
+    assert other[0] != data.train[0]
+    with pytest.raises(ValueError, match="training or validation pairs differ from its run's"):
+        trainer(other).resume(str(tmp_path / "last"))
+    trainer(data.train).resume(str(tmp_path / "last"))                 # the same data resumes

@@ -29,7 +29,7 @@ that decide how long training goes on (``--max-steps``, ``--epochs``, ``--time-b
 ``--patience``, ``--target``), when it validates and what it keeps and reports
 (``--eval-every``, ``--keep-last``, ``--average-last``, ``--quiet``), and where the same data
 files now lie (``--data-dir``, ``--src-file``, ``--tgt-file``, ``--valid-src``, ``--valid-tgt``;
-the batch sampler still checks that the training data is the same). None of these changes the
+the checkpoint's CRC of the token ids still holds the pairs to be the same). None of these changes the
 numerics of a step: the model, the data and its vocabulary, the batches, the optimizer, the
 learning-rate schedule, the loss, the dropout and the seeds stay the checkpoint's, so a resumed
 run takes exactly the steps the uninterrupted run would have taken. (The one coupling: the cosine

@@ -18,6 +18,7 @@ import os
 import re
 import time
 import warnings
+import zlib
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -260,8 +261,20 @@ class Trainer:
     def training_state(self):
         return {"step": self.step, "epoch": self.epoch, "sampler": self.sampler.state_dict(),
                 "early_stopping": self.stopper.state_dict(), "config": self.config.to_dict(),
-                "seconds": self.elapsed(),
+                "seconds": self.elapsed(), "data_crc32": self.data_fingerprint(),
                 "best_value": self.best_value if math.isfinite(self.best_value) else None}
+
+    def data_fingerprint(self):
+        """CRC-32 of the token ids of every training and validation pair, in order. A resume
+        compares it with the checkpoint's, so the same options over other text (same line
+        lengths or not) cannot continue a run."""
+        crc = 0
+        for pairs in (self.train_ids, self.valid_ids):
+            for src, tgt in pairs:
+                crc = zlib.crc32(np.asarray(tgt, dtype=np.int64).tobytes(),
+                                 zlib.crc32(np.asarray(src, dtype=np.int64).tobytes(), crc))
+            crc = zlib.crc32(b"|", crc)          # the split between training and validation
+        return crc
 
     def elapsed(self):
         """Wall time of this run so far, earlier sessions of a resumed run included."""
@@ -280,6 +293,11 @@ class Trainer:
         """Continue from a checkpoint saved by ``save``: weights, optimizer, RNG, counters, data position."""
         loaded = load_model_checkpoint(path)
         check_compatible(loaded, self.model.config, self.src_vocab, self.tgt_vocab)
+        recorded = (loaded.meta.get("training") or {}).get("data_crc32")   # older: absent
+        if recorded is not None and recorded != self.data_fingerprint():
+            raise ValueError(f"checkpoint {loaded.path}: the training or validation pairs differ "
+                             f"from its run's (their token ids do not match its data_crc32); a "
+                             f"resume continues the same data, so start a new run for other data")
         training = restore_training_state(loaded, self.model, self.optimizer)
         try:
             self.step, self.epoch = int(training["step"]), int(training["epoch"])

@@ -305,7 +305,9 @@ def _sha256_head(f, n: int):
 def _write_temp(final: Path, write, temps: list[Path]) -> tuple[Path, Any]:
     """Create a fresh temp file next to ``final``, fill it with ``write(f)``, flush and fsync it.
 
-    Returns ``(temp_path, whatever write returned)``.
+    Returns ``(temp_path, whatever write returned)``. The file has mode 0o666 less the umask, as
+    ``open(final, "w")`` would give. ``npformer.data.textfile.write_text_atomic`` writes with
+    this function too (this module stays loadable on its own, so the writer lives here).
     """
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     for _ in range(16):

@@ -776,3 +776,16 @@ def test_rng_errors():
     missing = {k: v for k, v in arrays.items() if k != "rng/int/state/inc"}
     with pytest.raises(CheckpointError, match="not a valid PCG64 state"):
         rng_from_arrays(missing, "rng")
+
+
+def test_checkpoint_files_get_the_mode_open_would(tmp_path):
+    """Checkpoints and text outputs share one temp-file writer (checkpoint._write_temp):
+    0o666 less the umask, as open(path, "w") would give, and no temporary file left."""
+    old = os.umask(0o027)
+    try:
+        npz, js = save_checkpoint(tmp_path / "ckpt", {"w": np.arange(3.0)}, {"n": 1})
+    finally:
+        os.umask(old)
+    for path in (npz, js):
+        assert os.stat(path).st_mode & 0o777 == 0o640, path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.json", "ckpt.npz"]

@@ -3,6 +3,8 @@ called a file, and a failed write (a full disk) names its path and leaves the ol
 import errno
 import gzip
 import json
+import os
+import stat
 
 import pytest
 
@@ -66,6 +68,31 @@ def test_write_text_atomic_creates_folders_and_replaces(tmp_path):
     write_text_atomic(path, "one\n")
     write_text_atomic(path, "two\n")
     assert path.read_text() == "two\n"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_write_text_atomic_gives_the_mode_open_would(tmp_path, umask):
+    """eval --out, --metrics-json and saved vocabularies came out -rw------- (mkstemp's 0600)
+    where open(path, "w") gave 0o666 less the umask."""
+    old = os.umask(umask)
+    try:
+        write_text_atomic(tmp_path / "out.txt", "x\n")
+        Vocab.build([["a"]]).save(tmp_path / "vocab.json")
+        with open(tmp_path / "plain.txt", "w") as f:
+            f.write("x\n")
+    finally:
+        os.umask(old)
+    for name in ("out.txt", "vocab.json", "plain.txt"):
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o666 & ~umask, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "plain.txt", "vocab.json"]
+
+
+def test_write_text_atomic_refuses_unencodable_text_and_leaves_nothing(tmp_path):
+    path = tmp_path / "out.txt"
+    path.write_text("old\n")
+    with pytest.raises(UnicodeEncodeError):
+        write_text_atomic(path, "a lone surrogate \udc80")
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
 def test_download_into_a_file_is_refused(tmp_path):

@@ -4,13 +4,19 @@
   line and the byte offset, never a silent replacement) and drops a leading byte-order mark,
   which some editors write and which would otherwise stick to the first word.
 * ``write_text_atomic`` writes a whole file under a temporary name next to it and renames it
-  into place, so a full disk or a crash leaves the previous file as it was.
+  into place, so a full disk or a crash leaves the previous file as it was; it writes with the
+  same temp-file writer as ``npformer.checkpoint``.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+from pathlib import Path
+
+# the writer every atomic save shares: a fresh ``.NAME.<hex>.tmp`` beside the file (mode 0o666
+# less the umask, as open() gives), fsync-ed, a failed write() naming the final path; then the
+# folder's fsync. npformer.checkpoint holds them because it must stay loadable on its own.
+from ..checkpoint import _fsync_dir, _write_temp
 
 __all__ = ["BOM", "decode_utf8", "write_text_atomic"]
 
@@ -38,25 +44,25 @@ def decode_utf8(data: bytes, name: str) -> str:
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path``, creating its folder if needed, all or nothing.
 
-    The text goes to a temporary file in the same folder, is flushed to disk, and only then
-    replaces ``path``; if anything fails (no space left, say) the temporary file is removed and
-    an existing ``path`` is unchanged. An ``OSError`` raised while writing names ``path``.
+    The text goes to a temporary file in the same folder (checkpoint's ``_write_temp``), is
+    flushed to disk, and only then replaces ``path``; the folder is fsync-ed so the rename lasts
+    too. If anything fails (no space left, say) the temporary file is removed and an existing
+    ``path`` is unchanged. An ``OSError`` raised while writing names ``path``. The file gets the
+    mode ``open(path, "w")`` would give a new file (0o666 less the umask).
     """
     path = os.fspath(path)
+    data = text.encode("utf-8")
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+    temps: list[Path] = []
     try:
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as err:
-            if err.filename is None and err.errno is not None:   # a write() error names nothing
-                raise OSError(err.errno, err.strerror, path) from err
-            raise
+        tmp, _ = _write_temp(Path(path), lambda f: f.write(data), temps)
         os.replace(tmp, path)
+        temps.remove(tmp)
+        _fsync_dir(parent)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for tmp in temps:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass

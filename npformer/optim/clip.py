@@ -6,16 +6,20 @@ import numpy as np
 from ..validation import check_real
 
 
+def grad_norm(model):
+    """||g||, the L2 norm of every parameter's gradient at once (inf or NaN if one is not finite)."""
+    if model.flat_grads is None:
+        model.flatten_parameters()
+    return float(np.sqrt(np.dot(model.flat_grads, model.flat_grads)))
+
+
 def clip_grad_norm(model, max_norm):
     """Scale all gradients by min(1, max_norm / (||g|| + 1e-6)), ||g|| the L2 norm over every
     parameter at once. Returns the norm before clipping: inf or NaN when a gradient is not finite
     (the gradients are then left as they are; the training loop stops on it)."""
     check_real("max_norm", max_norm, minimum=0, min_open=True)
-    if model.flat_grads is None:
-        model.flatten_parameters()
-    grads = model.flat_grads
-    total = float(np.sqrt(np.dot(grads, grads)))
+    total = grad_norm(model)
     coef = max_norm / (total + 1e-6)
     if math.isfinite(total) and coef < 1.0:      # a non-finite norm is reported, not scaled in
-        grads *= coef
+        model.flat_grads *= coef
     return total

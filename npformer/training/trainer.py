@@ -13,7 +13,6 @@ validation checkpoints (``step_<N>``) for checkpoint averaging (``npformer.train
 """
 import glob
 import math
-import numbers
 import os
 import re
 import time
@@ -27,7 +26,9 @@ from ..data.batching import BatchSampler, iterate_batches, make_batch
 from ..decoding.translator import Translator, whitespace_tokenize
 from ..loss import cross_entropy
 from ..optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
-                     clip_grad_norm)
+                     clip_grad_norm, grad_norm)
+from ..optim.adam import check_betas
+from ..validation import check_int, check_real
 from .checkpointing import (check_compatible, load_model_checkpoint, restore_training_state,
                             save_model_checkpoint)
 from .early_stopping import EarlyStopping
@@ -36,11 +37,6 @@ from .progress import progress_bar
 
 SCHEDULES = ("inverse_sqrt", "cosine", "noam", "constant")
 STOP_METRICS = ("exact_match", "bleu", "loss")
-
-
-def _real(value):
-    """A real number (int or float, not a bool)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 class TrainingDiverged(ValueError):
@@ -76,49 +72,32 @@ class TrainConfig:
     keep_last: int = None            # keep the last N validation checkpoints step_<N> (averaging)
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size", "warmup_steps", "eval_every", "log_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "warmup_steps" else 1):
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        for name in ("epochs", "batch_size", "eval_every", "log_every", "accum_steps"):
+            setattr(self, name, check_int(name, getattr(self, name)))
         for name in ("max_steps", "max_tokens", "eval_every_steps", "keep_last"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"{name}: expected a positive integer or None, got {value!r}")
-        if not isinstance(self.accum_steps, int) or isinstance(self.accum_steps, bool) or self.accum_steps < 1:
-            raise ValueError(f"accum_steps: expected a positive integer, got {self.accum_steps!r}")
-        if self.time_budget is not None and not (_real(self.time_budget)
-                                                 and math.isfinite(self.time_budget)
-                                                 and self.time_budget > 0):
-            raise ValueError(f"time_budget: expected a finite positive number of seconds or None, "
-                             f"got {self.time_budget!r}")
+            setattr(self, name, check_int(name, getattr(self, name), allow_none=True))
+        self.warmup_steps = check_int("warmup_steps", self.warmup_steps, minimum=0)
+        self.seed = check_int("seed", self.seed, minimum=0)
+        self.time_budget = check_real("time_budget", self.time_budget, minimum=0, min_open=True,
+                                      allow_none=True)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule: expected one of {SCHEDULES}, got {self.schedule!r}")
-        if not (_real(self.lr) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr: expected a finite number > 0, got {self.lr!r}")
-        if not (_real(self.min_lr) and math.isfinite(self.min_lr) and self.min_lr >= 0):
-            raise ValueError(f"min_lr: expected a finite number >= 0, got {self.min_lr!r}")
+        self.lr = check_real("lr", self.lr, minimum=0, min_open=True)
+        self.min_lr = check_real("min_lr", self.min_lr, minimum=0)
         if self.schedule == "cosine" and self.min_lr > self.lr:     # the cosine falls lr -> min_lr
             raise ValueError(f"min_lr: expected at most lr={self.lr!r} (the cosine schedule falls "
                              f"from lr to min_lr), got {self.min_lr!r}")
-        if self.clip_norm is not None and not (_real(self.clip_norm) and math.isfinite(self.clip_norm)
-                                               and self.clip_norm > 0):
-            raise ValueError(f"clip_norm: expected a finite number > 0 or None (no clipping), "
-                             f"got {self.clip_norm!r}")
-        if not (_real(self.weight_decay) and math.isfinite(self.weight_decay)
-                and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay: expected a finite number >= 0, got {self.weight_decay!r}")
-        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else None
-        if betas is None or len(betas) != 2 or not all(_real(b) and 0 <= b < 1 for b in betas):
-            raise ValueError(f"betas: expected two numbers in [0, 1), got {self.betas!r}")
-        if self.target is not None and not (_real(self.target) and math.isfinite(self.target)):
-            raise ValueError(f"target: expected a finite number or None, got {self.target!r}")
+        self.clip_norm = check_real("clip_norm", self.clip_norm, minimum=0, min_open=True,
+                                    allow_none=True)             # None: no clipping
+        self.weight_decay = check_real("weight_decay", self.weight_decay, minimum=0)
+        self.betas = check_betas(self.betas)
+        self.target = check_real("target", self.target, allow_none=True)
         if self.optimizer not in ("adam", "adamw"):
             raise ValueError(f"optimizer: expected 'adam' or 'adamw', got {self.optimizer!r}")
         if self.stop_metric not in STOP_METRICS:
             raise ValueError(f"stop_metric: expected one of {STOP_METRICS}, got {self.stop_metric!r}")
-        if not (_real(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
-            raise ValueError(f"label_smoothing: expected a number in [0, 1), got {self.label_smoothing!r}")
-        self.betas = betas
+        self.label_smoothing = check_real("label_smoothing", self.label_smoothing, minimum=0,
+                                          maximum=1, max_open=True)
 
     def to_dict(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -220,8 +199,7 @@ class Trainer:
         if cfg.clip_norm is not None:
             self.grad_norm = clip_grad_norm(model, cfg.clip_norm)    # the norm before clipping
         else:
-            grads = model.flat_grads
-            self.grad_norm = float(np.sqrt(np.dot(grads, grads)))
+            self.grad_norm = grad_norm(model)
         if not (math.isfinite(loss) and math.isfinite(self.grad_norm)):
             return float(loss)                   # no update from non-finite values
         self.step += 1

@@ -180,3 +180,18 @@ def test_blas_threads_option(capsys):
     assert e.value.code == 2
     assert "--blas-threads: expected a positive integer" in capsys.readouterr().err
     assert main(["--blas-threads", "1", "gradcheck", "--only", "relu"]) == 0
+
+
+def test_help_never_shows_default_none_and_toy_has_no_resume(capsys):
+    """train's recipe-dependent options read "default from the dataset's recipe", not "None";
+    toy (a demo that always starts afresh) offers no --resume it would refuse."""
+    for name in COMMANDS:
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        assert "default None" not in capsys.readouterr().out, name
+    with pytest.raises(SystemExit):
+        main(["toy", "--help"])
+    assert "--resume" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "options left out keep the checkpoint's values" in " ".join(capsys.readouterr().out.split())

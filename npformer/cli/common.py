@@ -172,7 +172,6 @@ def add_train_args(p, defaults):
     g.add_argument("--target", type=finite_float, default=defaults.get("target"),
                    help="stop once the validation --stop-metric reaches this (default %(default)s)")
     g.add_argument("--seed", type=non_negative_int, default=0)
-    g.add_argument("--resume", metavar="CKPT", help="continue a run from its checkpoint (bit for bit)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

@@ -29,8 +29,6 @@ def add_parser(sub, name):
 
 def run(args):
     start = time.perf_counter()
-    if args.resume:
-        raise ValueError("--resume: use `npformer train --dataset toy --resume CKPT` to continue a run")
     if args.metrics_json:                        # fail now, not after training
         check_writable("--metrics-json", args.metrics_json)
         refuse_output_named_like_a_run_file("--metrics-json", args.metrics_json)

@@ -1,4 +1,6 @@
 """``npformer train``: train on the toy corpus, on a pair of parallel text files, or on Multi30k."""
+import argparse
+import copy
 import os
 
 from ..data.vocab import Vocab
@@ -28,8 +30,19 @@ _NEED_VALIDATION = ("eval_every_steps", "patience", "target", "stop_metric", "ke
                     "average_last")
 
 
+class _RecipeDefaults(argparse.HelpFormatter):
+    """Help text: an option left unset takes the chosen dataset's recipe, not "None"."""
+
+    def _expand_help(self, action):
+        if action.default is None and "%(default)" in (action.help or ""):
+            action = copy.copy(action)
+            action.default = "from the dataset's recipe"
+        return super()._expand_help(action)
+
+
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="train a model (toy corpus, parallel text files or Multi30k)",
+    p = sub.add_parser(name, formatter_class=_RecipeDefaults,
+                       help="train a model (toy corpus, parallel text files or Multi30k)",
                        description="Train a Transformer. --dataset toy uses the built-in corpus; "
                                    "--src-file/--tgt-file train on parallel text, one sentence a "
                                    "line, whitespace-tokenised (validation on --valid-src/--valid-tgt); "
@@ -84,6 +97,11 @@ def add_parser(sub, name):
     add_model_args(p, {k: None for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers",
                                           "dropout", "max_len")})
     add_train_args(p, {k: None for k in _TRAIN_KEYS})
+    p.add_argument("--resume", metavar="CKPT",
+                   help="continue the run of this checkpoint, bit for bit: options left out keep "
+                        "the checkpoint's values; only --max-steps, --epochs, --time-budget, "
+                        "--patience, --target, --eval-every, --keep-last, --average-last, --quiet "
+                        "and the data files' locations may change (docs/reliability.md)")
     # None = not given, so that a resume can tell the options given from those to take from the
     # checkpoint (npformer.cli.runs); fill_defaults sets the recipe's values afterwards
     p.set_defaults(run=run, seed=None)

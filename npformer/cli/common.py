@@ -2,6 +2,7 @@
 ``type=`` functions that check numeric options as they are parsed, and the checks that keep a
 command's outputs off its inputs."""
 import argparse
+import copy
 import os
 import sys
 
@@ -97,6 +98,24 @@ def read_lines(path):
     if lines[-1] == "":                          # the text ends with a newline, or is empty
         lines.pop()
     return lines
+
+
+class NoneDefaultFormatter(argparse.HelpFormatter):
+    """Help text: an option whose default is None shows ``none_text`` instead of "None"."""
+
+    none_text = "none"
+
+    def _expand_help(self, action):
+        if action.default is None and "%(default)" in (action.help or ""):
+            action = copy.copy(action)
+            action.default = self.none_text
+        return super()._expand_help(action)
+
+
+class RecipeDefaultsFormatter(NoneDefaultFormatter):
+    """For ``train``: an option left unset takes the chosen dataset's recipe."""
+
+    none_text = "from the dataset's recipe"
 
 
 def add_model_args(p, defaults):

@@ -3,13 +3,14 @@ import os
 import time
 
 from ..training.toy import TOY_MODEL, TOY_TRAIN, run_toy
-from .common import (add_model_args, add_train_args, check_writable, model_kwargs, non_negative_int,
-                     train_kwargs, write_json)
+from .common import (NoneDefaultFormatter, add_model_args, add_train_args, check_writable,
+                     model_kwargs, non_negative_int, train_kwargs, write_json)
 from .runs import TOY_MADE_BY, plan_run_folder, refuse_output_named_like_a_run_file
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="train the built-in Chinese->English toy model in one command",
+    p = sub.add_parser(name, formatter_class=NoneDefaultFormatter,
+                       help="train the built-in Chinese->English toy model in one command",
                        description="Generate the toy corpus, build vocabularies, train a small "
                                    "Transformer, report exact match on the training and held-out "
                                    "pairs and print example translations.")

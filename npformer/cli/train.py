@@ -1,6 +1,4 @@
 """``npformer train``: train on the toy corpus, on a pair of parallel text files, or on Multi30k."""
-import argparse
-import copy
 import os
 
 from ..data.vocab import Vocab
@@ -10,8 +8,9 @@ from ..training.multi30k import (MULTI30K_MODEL, MULTI30K_TRAIN, build_trainer, 
                                  load_multi30k)
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_data
 from ..training.trainer import TrainConfig, Trainer, step_checkpoints
-from .common import (add_model_args, add_train_args, model_kwargs, positive_float, positive_int,
-                     read_lines, refuse_output_over_inputs, train_kwargs)
+from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, model_kwargs,
+                     positive_float, positive_int, read_lines, refuse_output_over_inputs,
+                     train_kwargs)
 from .runs import (RECORDED_OPTIONS, TRAIN_MADE_BY, apply_resume_policy, flag, plan_run_folder,
                    refuse_inputs_in_run)
 
@@ -30,18 +29,8 @@ _NEED_VALIDATION = ("eval_every_steps", "patience", "target", "stop_metric", "ke
                     "average_last")
 
 
-class _RecipeDefaults(argparse.HelpFormatter):
-    """Help text: an option left unset takes the chosen dataset's recipe, not "None"."""
-
-    def _expand_help(self, action):
-        if action.default is None and "%(default)" in (action.help or ""):
-            action = copy.copy(action)
-            action.default = "from the dataset's recipe"
-        return super()._expand_help(action)
-
-
 def add_parser(sub, name):
-    p = sub.add_parser(name, formatter_class=_RecipeDefaults,
+    p = sub.add_parser(name, formatter_class=RecipeDefaultsFormatter,
                        help="train a model (toy corpus, parallel text files or Multi30k)",
                        description="Train a Transformer. --dataset toy uses the built-in corpus; "
                                    "--src-file/--tgt-file train on parallel text, one sentence a "

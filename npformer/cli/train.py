@@ -271,8 +271,8 @@ def run(args):
         apply_resume_policy(args, saved.meta, args.resume)
     trainer = build(args, saved, given)          # bad data and options are reported first
     folder = plan_run_folder(args.out, "train", overwrite=args.overwrite, resume=args.resume)
-    if args.resume:
-        trainer.resume(args.resume)
+    if saved is not None:
+        trainer.resume(saved)                    # the checkpoint loaded (and checked) above
     trainer.check_work_left()                    # before the folder is touched
     folder.prepare()
 

@@ -29,8 +29,8 @@ from ..optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInve
                      clip_grad_norm, grad_norm)
 from ..optim.adam import check_betas
 from ..validation import check_int, check_real
-from .checkpointing import (check_compatible, load_model_checkpoint, restore_training_state,
-                            save_model_checkpoint)
+from .checkpointing import (LoadedCheckpoint, check_compatible, load_model_checkpoint,
+                            restore_training_state, save_model_checkpoint)
 from .early_stopping import EarlyStopping
 from .metrics import MetricsLog, corpus_bleu, exact_match
 from .progress import progress_bar
@@ -267,9 +267,11 @@ class Trainer:
         return save_model_checkpoint(path, self.model, self.src_vocab, self.tgt_vocab,
                                      self.optimizer, self.training_state(), extra=self.extra)
 
-    def resume(self, path):
-        """Continue from a checkpoint saved by ``save``: weights, optimizer, RNG, counters, data position."""
-        loaded = load_model_checkpoint(path)
+    def resume(self, checkpoint):
+        """Continue from a checkpoint saved by ``save`` (a path, or the ``LoadedCheckpoint`` a
+        caller already loaded): weights, optimizer, RNG, counters, data position."""
+        loaded = (checkpoint if isinstance(checkpoint, LoadedCheckpoint)
+                  else load_model_checkpoint(checkpoint))
         check_compatible(loaded, self.model.config, self.src_vocab, self.tgt_vocab)
         recorded = (loaded.meta.get("training") or {}).get("data_crc32")   # older: absent
         if recorded is not None and recorded != self.data_fingerprint():

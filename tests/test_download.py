@@ -2,6 +2,7 @@
 
 import functools
 import hashlib
+import os
 import http.server
 import socket
 import threading
@@ -154,6 +155,10 @@ def test_custom_files_mapping(serve, tmp_path):
     paths = download_multi30k(tmp_path / "dest", base_url=server.url,
                               files={"test_2017_flickr.de.gz": digest}, progress=False)
     assert [p.read_bytes() for p in paths] == [b"abc"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert paths[0].stat().st_mode & 0o777 == 0o666 & ~umask    # not mkstemp's 0600
+    assert [p.name for p in (tmp_path / "dest").iterdir()] == ["test_2017_flickr.de.gz"]
 
 
 @pytest.mark.parametrize("kwargs, match", [

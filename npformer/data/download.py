@@ -14,7 +14,6 @@ import hashlib
 import http.client
 import os
 import sys
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tqdm import tqdm
+
+from ..checkpoint import _fsync_dir, _write_temp
 
 __all__ = ["MULTI30K_FILES", "DEFAULT_BASE_URL", "DownloadError", "download_multi30k", "sha256_file"]
 
@@ -80,56 +81,50 @@ class DownloadError(OSError):
     """The server could not be reached or the transfer broke off (the message names the URL)."""
 
 
-def _write(out, block, dest: Path) -> None:
-    """Write ``block`` (or, for None, flush and fsync) to the temporary file of ``dest``; an
-    OSError (a full disk, say) names ``dest``, since a failed ``write()`` names no file."""
-    try:
-        if block is None:
-            out.flush()
-            os.fsync(out.fileno())
-        else:
-            out.write(block)
-    except OSError as err:
-        raise OSError(err.errno, err.strerror, str(dest)) from err
-
-
 def _fetch(url: str, dest: Path, expected: str, timeout: float, progress: bool) -> None:
-    """Stream ``url`` into a temporary file next to ``dest``, check sha256, rename into place."""
-    name = dest.name
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
+    """Stream ``url`` into a temporary file next to ``dest``, check sha256, rename into place.
+
+    The temporary file is the checkpoints' (``npformer.checkpoint._write_temp``): created with
+    the user's umask, fsync-ed, and a failed write names ``dest``."""
+    temps: list[Path] = []
     try:
-        digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
-            try:
-                response = urllib.request.urlopen(url, timeout=timeout)
-            except (OSError, http.client.HTTPException) as err:   # URLError is an OSError
-                raise DownloadError(f"could not download {url}: {err}") from err
-            with response:
-                length = response.headers.get("Content-Length")
-                total = int(length) if length and length.isdigit() else None
-                with tqdm(total=total, unit="B", unit_scale=True, desc=name,
-                          disable=not progress, file=sys.stderr) as bar:
-                    while True:
-                        try:
-                            block = response.read(_CHUNK)
-                        except (OSError, http.client.HTTPException) as err:
-                            raise DownloadError(f"could not download {url}: {err}") from err
-                        if not block:
-                            break
-                        digest.update(block)
-                        _write(out, block, dest)
-                        bar.update(len(block))
-            _write(out, None, dest)                       # flush and fsync
-        actual = digest.hexdigest()
+        tmp, actual = _write_temp(dest, lambda out: _stream(url, out, dest.name, timeout, progress),
+                                  temps)
         if actual != expected:
             raise ValueError(
-                f"{name} downloaded from {url} has the wrong sha256: "
+                f"{dest.name} downloaded from {url} has the wrong sha256: "
                 f"expected {expected}, got {actual}"
             )
         os.replace(tmp, dest)
+        temps.remove(tmp)
+        _fsync_dir(dest.parent)
     finally:
-        tmp.unlink(missing_ok=True)     # after os.replace the temporary name is gone already
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+
+
+def _stream(url: str, out, name: str, timeout: float, progress: bool) -> str:
+    """Copy the body of ``url`` into ``out``; return its sha256 (hex)."""
+    digest = hashlib.sha256()
+    try:
+        response = urllib.request.urlopen(url, timeout=timeout)
+    except (OSError, http.client.HTTPException) as err:   # URLError is an OSError
+        raise DownloadError(f"could not download {url}: {err}") from err
+    with response:
+        length = response.headers.get("Content-Length")
+        total = int(length) if length and length.isdigit() else None
+        with tqdm(total=total, unit="B", unit_scale=True, desc=name,
+                  disable=not progress, file=sys.stderr) as bar:
+            while True:
+                try:
+                    block = response.read(_CHUNK)
+                except (OSError, http.client.HTTPException) as err:
+                    raise DownloadError(f"could not download {url}: {err}") from err
+                if not block:
+                    return digest.hexdigest()
+                digest.update(block)
+                out.write(block)                  # an OSError here is named by _write_temp
+                bar.update(len(block))
 
 
 def download_multi30k(

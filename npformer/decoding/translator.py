@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .search import beam_search, greedy_decode, sample_decode
+from .search import LENGTH_PENALTY, beam_search, greedy_decode, sample_decode
 
 METHODS = ("greedy", "beam", "sample")
 
@@ -75,7 +75,7 @@ class Translator:
             encoded.append((ids, unknown, cut))
         return encoded
 
-    def translate(self, sentences, method="greedy", beam_size=4, length_penalty=0.6,
+    def translate(self, sentences, method="greedy", beam_size=4, length_penalty=LENGTH_PENALTY,
                   temperature=1.0, top_k=None, rng=None, truncate=False, max_new_tokens=None):
         """Translate a list of source strings; returns one ``Translation`` each, in order."""
         if isinstance(sentences, str):

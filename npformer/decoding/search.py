@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import functional as F
-from ..validation import check_token_ids
+from ..validation import check_int, check_real, check_token_ids
 from .cache import IncrementalDecoder
 
 BOS_ID, EOS_ID = 1, 2
@@ -137,10 +137,8 @@ def sample_decode(model, src, temperature=1.0, top_k=None, rng=None, max_new_tok
 
     ``probs`` of the hypotheses are those of the model (temperature 1), not of the sampler.
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature: expected a positive number, got {temperature!r}")
-    if top_k is not None and (not isinstance(top_k, (int, np.integer)) or top_k < 1):
-        raise ValueError(f"top_k: expected a positive integer or None, got {top_k!r}")
+    temperature = check_real("temperature", temperature, minimum=0, min_open=True)
+    top_k = check_int("top_k", top_k, allow_none=True)
     if rng is None:
         rng = np.random.default_rng()
     if not isinstance(rng, np.random.Generator):
@@ -183,14 +181,12 @@ def beam_search(model, src, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_
     (running sentences * beam_size) rows through the cache; a sentence leaves the batch as soon
     as no open prefix can beat its best finished hypothesis.
     """
-    if not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
-        raise ValueError(f"beam_size: expected a positive integer, got {beam_size!r}")
+    beam_size = check_int("beam_size", beam_size)
     vocab = model.config["tgt_vocab_size"]
     if beam_size > vocab:                        # more beams than tokens buys nothing, costs memory
         raise ValueError(f"beam_size: expected at most the target vocabulary size {vocab}, "
                          f"got {beam_size}")
-    if not length_penalty >= 0:
-        raise ValueError(f"length_penalty: expected a non-negative number, got {length_penalty!r}")
+    length_penalty = check_real("length_penalty", length_penalty, minimum=0)
     src = _check_src(model, src)
     max_new = _check_max_new(model, src, max_new_tokens)
     b, k = src.shape[0], int(beam_size)

@@ -1,13 +1,12 @@
 """Dropout module: active in train mode, identity in eval mode."""
 from ..backend import ops
+from ..validation import check_real
 from .module import Module
 
 
 def check_probability(p):
-    """p if it is a dropout probability in [0, 1), else ValueError."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout: expected a probability in [0, 1), got {p}")
-    return p
+    """p as a float if it is a dropout probability (a finite number in [0, 1)), else ValueError."""
+    return check_real("dropout", p, minimum=0, maximum=1, max_open=True)
 
 
 class Dropout(Module):

@@ -175,12 +175,35 @@ def save_checkpoint(path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, A
         temps.remove(json_tmp)
         _fsync_dir(npz_path.parent)
     finally:
-        for tmp in temps:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+        _remove_temps(temps)
     return npz_path, json_path
+
+
+def write_file_atomic(final: Path, write, check=None):
+    """One file, all or nothing: ``write(f)`` fills a temporary file beside ``final`` (see
+    ``_write_temp``), ``check(result)`` may refuse what was written (raise), then one rename
+    makes it ``final`` and the folder is fsync-ed. On any failure ``final`` is unchanged and the
+    temporary file is gone. Returns what ``write`` returned."""
+    final = Path(final)
+    temps: list[Path] = []
+    try:
+        tmp, result = _write_temp(final, write, temps)
+        if check is not None:
+            check(result)
+        os.replace(tmp, final)
+        temps.remove(tmp)
+        _fsync_dir(final.parent)
+        return result
+    finally:
+        _remove_temps(temps)
+
+
+def _remove_temps(temps) -> None:
+    for tmp in temps:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
 
 
 def _check_arrays(arrays) -> None:

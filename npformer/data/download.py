@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..checkpoint import _fsync_dir, _write_temp
+from ..checkpoint import write_file_atomic
 
 __all__ = ["MULTI30K_FILES", "DEFAULT_BASE_URL", "DownloadError", "download_multi30k", "sha256_file"]
 
@@ -84,23 +84,14 @@ class DownloadError(OSError):
 def _fetch(url: str, dest: Path, expected: str, timeout: float, progress: bool) -> None:
     """Stream ``url`` into a temporary file next to ``dest``, check sha256, rename into place.
 
-    The temporary file is the checkpoints' (``npformer.checkpoint._write_temp``): created with
+    The file is written as checkpoints are (``npformer.checkpoint.write_file_atomic``): with
     the user's umask, fsync-ed, and a failed write names ``dest``."""
-    temps: list[Path] = []
-    try:
-        tmp, actual = _write_temp(dest, lambda out: _stream(url, out, dest.name, timeout, progress),
-                                  temps)
+    def check(actual):
         if actual != expected:
-            raise ValueError(
-                f"{dest.name} downloaded from {url} has the wrong sha256: "
-                f"expected {expected}, got {actual}"
-            )
-        os.replace(tmp, dest)
-        temps.remove(tmp)
-        _fsync_dir(dest.parent)
-    finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
+            raise ValueError(f"{dest.name} downloaded from {url} has the wrong sha256: "
+                             f"expected {expected}, got {actual}")
+
+    write_file_atomic(dest, lambda out: _stream(url, out, dest.name, timeout, progress), check)
 
 
 def _stream(url: str, out, name: str, timeout: float, progress: bool) -> str:

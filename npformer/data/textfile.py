@@ -16,7 +16,7 @@ from pathlib import Path
 # the writer every atomic save shares: a fresh ``.NAME.<hex>.tmp`` beside the file (mode 0o666
 # less the umask, as open() gives), fsync-ed, a failed write() naming the final path; then the
 # folder's fsync. npformer.checkpoint holds them because it must stay loadable on its own.
-from ..checkpoint import _fsync_dir, _write_temp
+from ..checkpoint import write_file_atomic
 
 __all__ = ["BOM", "decode_utf8", "write_text_atomic"]
 
@@ -44,7 +44,7 @@ def decode_utf8(data: bytes, name: str) -> str:
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path``, creating its folder if needed, all or nothing.
 
-    The text goes to a temporary file in the same folder (checkpoint's ``_write_temp``), is
+    The text goes to a temporary file in the same folder (checkpoint's ``write_file_atomic``), is
     flushed to disk, and only then replaces ``path``; the folder is fsync-ed so the rename lasts
     too. If anything fails (no space left, say) the temporary file is removed and an existing
     ``path`` is unchanged. An ``OSError`` raised while writing names ``path``. The file gets the
@@ -54,15 +54,4 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     data = text.encode("utf-8")
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, exist_ok=True)
-    temps: list[Path] = []
-    try:
-        tmp, _ = _write_temp(Path(path), lambda f: f.write(data), temps)
-        os.replace(tmp, path)
-        temps.remove(tmp)
-        _fsync_dir(parent)
-    finally:
-        for tmp in temps:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+    write_file_atomic(Path(path), lambda f: f.write(data))

@@ -21,7 +21,9 @@ def _gather(ids, w, scale, out):
 
 @kernel(parallel=True)
 def _scatter_add(ids, dout, scale, padding_idx, n_threads, dw):
-    """dw[ids[n]] += scale * dout[n]. Threads own disjoint column blocks, so repeated ids never race."""
+    """dw[ids[n]] += scale * dout[n]. Threads own disjoint column blocks, so repeated ids never
+    race, and every dw[i, c] sums its tokens in token order whatever the number of blocks: the
+    result's bits do not depend on the thread count."""
     n_tok, d = dout.shape
     n_blocks = max(1, min(d, n_threads))
     for blk in prange(n_blocks):

@@ -3,7 +3,6 @@
 Same names, shapes and cache as :mod:`npformer.functional.layernorm`; the statistics and the
 normalisation of a row are computed together instead of in five NumPy passes.
 """
-import numba
 import numpy as np
 from numba import prange
 
@@ -34,18 +33,23 @@ def _layernorm_fwd(x, gamma, beta, eps, y, xhat, rstd):
             y[r, c] = xh * gamma[c] + beta[c]
 
 
+# Rows per chunk of the backward's dgamma/dbeta partial sums. Fixed, so the order of the sums, and
+# with it every bit of the result, depends on the shape alone: 1, 2 or 64 threads give the same.
+CHUNK_ROWS = 32
+
+
 @kernel(parallel=True)
-def _layernorm_bwd(dy, xhat, rstd, gamma, n_threads, dx, dgamma, dbeta):
+def _layernorm_bwd(dy, xhat, rstd, gamma, dx, dgamma, dbeta):
     """dy (N, D) -> dx (N, D) in place; dgamma, dbeta (D,) filled (not accumulated).
 
-    Rows are split into one chunk per thread; each chunk sums its own dgamma/dbeta partials,
-    which are added at the end (no two threads write the same entry)."""
+    Rows are split into chunks of ``CHUNK_ROWS``; each chunk sums its own dgamma/dbeta partials
+    (no two threads write the same entry), which are then added in chunk order."""
     n, d = dy.shape
-    n_chunks = max(1, min(n, 4 * n_threads))
+    n_chunks = max(1, (n + CHUNK_ROWS - 1) // CHUNK_ROWS)
     part_g = np.zeros((n_chunks, d), dtype=dgamma.dtype)
     part_b = np.zeros((n_chunks, d), dtype=dgamma.dtype)
     for ch in prange(n_chunks):
-        start, stop = ch * n // n_chunks, (ch + 1) * n // n_chunks
+        start, stop = ch * CHUNK_ROWS, min(n, (ch + 1) * CHUNK_ROWS)
         for r in range(start, stop):
             mean_g = 0.0
             mean_gx = 0.0
@@ -91,6 +95,5 @@ def layernorm_backward(dy, cache):
     dx = np.empty_like(dy2)
     dgamma = np.empty(d, dtype=xhat.dtype)
     dbeta = np.empty(d, dtype=xhat.dtype)
-    _layernorm_bwd(dy2, xhat.reshape(-1, d), rstd.reshape(-1), gamma, numba.get_num_threads(),
-                   dx, dgamma, dbeta)
+    _layernorm_bwd(dy2, xhat.reshape(-1, d), rstd.reshape(-1), gamma, dx, dgamma, dbeta)
     return dx.reshape(xhat.shape), dgamma, dbeta

@@ -51,3 +51,21 @@ def test_dropout_backward_rejects_a_wrong_shape():
     _, cache = K.dropout_forward(np.ones((3, 4)), 0.5, np.random.default_rng(0))
     with pytest.raises(ValueError, match="dout"):
         K.dropout_backward(np.ones((4, 3)), cache)
+
+
+def test_scatter_add_bits_do_not_depend_on_the_thread_count():
+    """Threads split the columns, never the tokens: each entry sums its tokens in token order."""
+    import numba
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50, size=(128, 14))                # many repeated ids
+    dout = rng.standard_normal((128, 14, 256)).astype(np.float32)
+    cache = K.embedding_forward(ids, np.zeros((50, 256), np.float32), 16.0)[1]
+    before = numba.get_num_threads()
+    results = []
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(threads)
+            results.append(K.embedding_backward(dout, cache, padding_idx=0))
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(results[-1], results[0])

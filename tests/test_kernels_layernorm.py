@@ -48,3 +48,25 @@ def test_wrong_shapes_are_rejected():
     _, cache = K.layernorm_forward(x, np.ones(5), np.zeros(5))
     with pytest.raises(ValueError, match="dy"):
         K.layernorm_backward(np.zeros((3, 5)), cache)
+
+
+@pytest.mark.parametrize("n_rows", [1, 7, 33, 1920])
+def test_backward_bits_do_not_depend_on_the_thread_count(n_rows):
+    """dgamma and dbeta sum over rows in chunks: the chunks must be fixed by the shape, not by
+    the number of threads, so a run on 1 thread and on 2 gives the same bits."""
+    import numba
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n_rows, 256)).astype(np.float32)
+    gamma, beta = rng.standard_normal(256).astype(np.float32), np.zeros(256, np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    _, cache = K.layernorm_forward(x, gamma, beta)
+    before = numba.get_num_threads()
+    results = []
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(threads)
+            results.append(K.layernorm_backward(dy, cache))
+    finally:
+        numba.set_num_threads(before)
+    for got, first in zip(results[-1], results[0]):
+        np.testing.assert_array_equal(got, first)

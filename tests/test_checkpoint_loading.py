@@ -182,9 +182,9 @@ def test_restore_round_trip(ckpt):
     ("optim/exp_avg_sq", lambda a: np.full_like(a, np.inf), f"array 'optim/exp_avg_sq' holds"),
     ("optim/exp_avg_sq", lambda a: -a - 1, "array 'optim/exp_avg_sq' holds negative values"),
     ("optim/exp_avg", lambda a: a.astype(np.float64), "array 'optim/exp_avg' is float64; expected float32"),
-    ("optim/step_count", lambda a: np.asarray(-1, np.int64), "'optim/step_count' is int64 [] -1; expected a non-negative int64 scalar"),
-    ("optim/step_count", lambda a: np.asarray(1.5), "'optim/step_count' is float64 [] 1.5"),
-    ("optim/step_count", lambda a: np.asarray([1, 2], np.int64), "'optim/step_count' is int64 [2]"),
+    ("optim/step_count", lambda a: np.asarray(-1, np.int64), "optimizer state does not fit (optimizer state_dict: entry 'step_count' expected a non-negative integer scalar"),
+    ("optim/step_count", lambda a: np.asarray(1.5), "entry 'step_count' expected a non-negative integer scalar, got float64"),
+    ("optim/step_count", lambda a: np.asarray([1, 2], np.int64), "entry 'step_count' expected a non-negative integer scalar, got int64 (2,)"),
     ("rng/model/str/bit_generator", lambda a: np.frombuffer(b"Nonsense", np.uint8),
      "bad dropout RNG state"),
 ])

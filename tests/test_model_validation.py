@@ -66,7 +66,7 @@ def test_parameter_shapes_of_a_huge_config_allocate_nothing():
     (dict(dropout=-0.1), r"dropout: expected a finite number in \[0, 1\), got -0.1"),
     (dict(dropout=True), r"dropout: expected a finite number in \[0, 1\), got True"),
     (dict(dropout="0.1"), r"dropout: expected a finite number in \[0, 1\), got '0.1'"),
-    (dict(pad_id=True), r"pad_id: expected an id in \[0, 10\), got True"),
+    (dict(pad_id=True), r"pad_id: expected a non-negative integer, got True"),
     (dict(norm_first="no"), r"norm_first: expected True or False, got 'no'"),
     (dict(tie_embeddings=1), r"tie_embeddings: expected True or False, got 1"),
     (dict(activation=None), r"activation: expected a str such as 'relu', got None"),

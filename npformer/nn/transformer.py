@@ -205,7 +205,8 @@ def _checked_config(*, src_vocab_size, tgt_vocab_size, d_model, n_heads, d_ff, n
         raise ValueError(f"n_heads: expected a divisor of d_model={d_model} and qk_dim={qk_dim}, "
                          f"got {n_heads}")
     n_ids = min(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
-    if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or not 0 <= pad_id < n_ids:
+    pad_id = check_int("pad_id", pad_id, minimum=0)
+    if pad_id >= n_ids:
         raise ValueError(f"pad_id: expected an id in [0, {n_ids}), got {pad_id!r}")
     dropout = check_real("dropout", dropout, minimum=0, maximum=1, max_open=True)
     layer_norm_eps = check_real("layer_norm_eps", layer_norm_eps, minimum=0, min_open=True)
@@ -226,7 +227,7 @@ def _checked_config(*, src_vocab_size, tgt_vocab_size, d_model, n_heads, d_ff, n
         src_vocab_size=sizes["src_vocab_size"], tgt_vocab_size=sizes["tgt_vocab_size"],
         d_model=d_model, n_heads=n_heads, d_ff=sizes["d_ff"],
         n_encoder_layers=sizes["n_encoder_layers"], n_decoder_layers=sizes["n_decoder_layers"],
-        dropout=dropout, max_len=sizes["max_len"], pad_id=int(pad_id),
+        dropout=dropout, max_len=sizes["max_len"], pad_id=pad_id,
         norm_first=bool(norm_first), activation=activation, layer_norm_eps=layer_norm_eps,
         qk_dim=sizes.get("qk_dim"), tie_embeddings=bool(tie_embeddings), dtype=dtype.name,
         seed=seed)

@@ -204,12 +204,8 @@ def restore_training_state(loaded, model, optimizer):
 
 
 def _check_optimizer_state(optim, dtype, name):
-    """Adam's moments must have the model's dtype and be finite (exp_avg_sq also >= 0), and
-    step_count must be a non-negative int64 scalar, as ``save_model_checkpoint`` writes them."""
+    """Adam's moments must have the model's dtype and be finite (exp_avg_sq also >= 0), as
+    ``save_model_checkpoint`` writes them (``Adam.load_state_dict`` checks step_count itself)."""
     for key, minimum in (("exp_avg", None), ("exp_avg_sq", 0)):
         if key in optim:
             _check_tensor(optim[key], _OPTIM + key, dtype, name, minimum)
-    step = optim.get("step_count")
-    if step is not None and not (step.dtype == np.int64 and step.shape == () and step >= 0):
-        raise CheckpointError(f"checkpoint {name}: array {_OPTIM + 'step_count'!r} is {step.dtype} "
-                              f"{list(step.shape)} {str(step):.40}; expected a non-negative int64 scalar")

@@ -167,8 +167,6 @@ def fill_defaults(args, dataset):
     if args.average_last is not None and args.average_last > args.keep_last:
         raise ValueError(f"--average-last {args.average_last}: cannot exceed --keep-last "
                          f"{args.keep_last} (only that many checkpoints are kept)")
-    if args.time_budget is not None and not args.time_budget > 0:
-        raise ValueError(f"--time-budget: expected a positive number of minutes, got {args.time_budget}")
 
 
 def _check_vocabularies(src_vocab, tgt_vocab, min_freq):

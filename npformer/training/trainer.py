@@ -153,6 +153,7 @@ class Trainer:
         self.seconds_before = 0.0               # wall time of earlier sessions (resumed runs)
         self.history = []                       # validation records
         self.log = None
+        self._data_crc32 = None                 # data_fingerprint(), once asked for
 
     # -- data ----------------------------------------------------------------------------------
     def encode_pairs(self, pairs, name):
@@ -245,7 +246,12 @@ class Trainer:
     def data_fingerprint(self):
         """CRC-32 of the token ids of every training and validation pair, in order. A resume
         compares it with the checkpoint's, so the same options over other text (same line
-        lengths or not) cannot continue a run."""
+        lengths or not) cannot continue a run. Computed once: the pairs are fixed at __init__."""
+        if self._data_crc32 is None:
+            self._data_crc32 = self._crc32_of_pairs()
+        return self._data_crc32
+
+    def _crc32_of_pairs(self):
         crc = 0
         for pairs in (self.train_ids, self.valid_ids):
             for src, tgt in pairs:

@@ -8,6 +8,7 @@ import sys
 
 from ..checkpoint import CheckpointError, checkpoint_paths
 from ..data.textfile import decode_utf8, write_text_atomic
+from ..decoding.search import LENGTH_PENALTY
 from ..validation import check_int, check_real, describe_int, describe_real
 
 
@@ -98,6 +99,14 @@ def read_lines(path):
     if lines[-1] == "":                          # the text ends with a newline, or is empty
         lines.pop()
     return lines
+
+
+def beam_length_penalty(args):
+    """``--length-penalty`` of translate/eval: refused without ``--beam`` (it would be ignored);
+    beam search's own default when unset."""
+    if args.beam is None and args.length_penalty is not None:
+        raise ValueError("--length-penalty: only used with --beam N (it would be ignored)")
+    return LENGTH_PENALTY if args.length_penalty is None else args.length_penalty
 
 
 class NoneDefaultFormatter(argparse.HelpFormatter):

@@ -4,13 +4,14 @@ import json
 
 from ..checkpoint import checkpoint_paths
 from ..data.multi30k import LANGUAGES, resolve_data_dir
-from ..decoding.search import LENGTH_PENALTY     # beam search's alpha unless --length-penalty
+from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
 from ..decoding.translator import Translator
 from ..training.checkpointing import load_model_checkpoint
 from ..training.metrics import corpus_bleu, exact_match
 from ..training.multi30k import evaluate_checkpoint
-from .common import (check_writable, non_negative_float, positive_int, read_lines,
-                     refuse_output_over_inputs, resolve_checkpoint, write_json, write_lines)
+from .common import (beam_length_penalty, check_writable, non_negative_float, positive_int,
+                     read_lines, refuse_output_over_inputs, resolve_checkpoint, write_json,
+                     write_lines)
 from .runs import refuse_output_named_like_a_run_file
 
 
@@ -69,7 +70,7 @@ def check_outputs(args, checkpoint):
 
 def run_multi30k(args, loaded):
     result = evaluate_checkpoint(loaded, args.data_dir, args.split, beam=args.beam,
-                                 length_penalty=_length_penalty(args))
+                                 length_penalty=beam_length_penalty(args))
     figures = {k: v for k, v in result.items() if k not in ("hypotheses", "sources", "references")}
     figures["checkpoint"] = loaded.path
     summary = [f"{result['split']} {result['src']}->{result['tgt']}, {result['sentences']} "
@@ -92,10 +93,6 @@ def _report(args, figures, hypotheses, summary):
     return 0
 
 
-def _length_penalty(args):
-    return LENGTH_PENALTY if args.length_penalty is None else args.length_penalty
-
-
 def check_options(args):
     """Refuse combinations that would be silently ignored or cannot work, before any work."""
     if args.dataset == "multi30k":
@@ -107,8 +104,7 @@ def check_options(args):
                              f"Multi30k files)")
     elif not (args.src and args.ref):
         raise ValueError("--src and --ref: both are needed (or --dataset multi30k)")
-    if args.beam is None and args.length_penalty is not None:
-        raise ValueError("--length-penalty: only used with --beam N (it would be ignored)")
+    beam_length_penalty(args)
 
 
 def run(args):
@@ -126,7 +122,7 @@ def run(args):
     translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab)
     hyps = [t.text for t in translator.translate(
         src, method="beam" if args.beam else "greedy", beam_size=args.beam or 4,
-        length_penalty=_length_penalty(args), truncate=args.truncate)]
+        length_penalty=beam_length_penalty(args), truncate=args.truncate)]
     refs = [" ".join(r.split()) for r in ref]
     figures = {"sentences": len(src), "exact_match": exact_match(hyps, refs),
                "bleu": corpus_bleu(hyps, refs)}

@@ -4,12 +4,12 @@ import time
 
 import numpy as np
 
-from ..decoding.search import LENGTH_PENALTY     # beam search's alpha unless --length-penalty
+from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
 from ..decoding.translator import format_trace
 from ..training.checkpointing import load_model_checkpoint
 from ..training.multi30k import translator_for
-from .common import (non_negative_float, non_negative_int, positive_float, positive_int, read_lines,
-                     resolve_checkpoint)
+from .common import (beam_length_penalty, non_negative_float, non_negative_int, positive_float,
+                     positive_int, read_lines, resolve_checkpoint)
 
 TEMPERATURE = 1.0                                # --sample's unless --temperature
 
@@ -53,8 +53,7 @@ def check_options(args):
                               ("--seed", args.seed)):
             if value is not None:
                 raise ValueError(f"{option}: only used with --sample (it would be ignored)")
-    if args.beam is None and args.length_penalty is not None:
-        raise ValueError("--length-penalty: only used with --beam N (it would be ignored)")
+    beam_length_penalty(args)
     if args.sentences and args.input:
         raise ValueError("--input: give sentences either as arguments or with --input, not both")
 
@@ -71,8 +70,7 @@ def run(args):
     translator = translator_for(loaded, batch_size=args.batch_size)
     start = time.perf_counter()
     results = translator.translate(lines, method=method, beam_size=args.beam or 4,
-                                   length_penalty=(LENGTH_PENALTY if args.length_penalty is None
-                                                   else args.length_penalty),
+                                   length_penalty=beam_length_penalty(args),
                                    temperature=(TEMPERATURE if args.temperature is None
                                                 else args.temperature), top_k=args.top_k,
                                    rng=np.random.default_rng(args.seed), truncate=args.truncate)

@@ -1,5 +1,5 @@
 """Every user mistake at the command line ends in one line on stderr naming the option or file and a
-non-zero exit; a bug ends in one line pointing at a saved traceback. Tiny untrained checkpoints;
+non-zero exit; a bug ends in one line pointing at a saved traceback. The shared tiny run (conftest);
 training is never started."""
 import errno
 import io
@@ -9,28 +9,14 @@ import tempfile
 import numpy as np
 import pytest
 
-import npformer as nf
-from npformer.cli import common as cli_common, evaluate, main as cli_main, toy, translate
+from npformer.cli import common as cli_common, evaluate, main as cli_main, toy
 from npformer.cli.main import main
 from npformer.data import textfile
-from npformer.training.checkpointing import save_model_checkpoint
-from npformer.training.toy import toy_data
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    """An untrained tiny checkpoint (run/best) and a few of its training pairs."""
-    out = tmp_path_factory.mktemp("run")
-    data = toy_data(seed=2, n_train=16, n_heldout=2, n_valid=2)
-    model = nf.Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=8, n_heads=2,
-                           d_ff=8, n_encoder_layers=1, n_decoder_layers=1, max_len=12)
-    save_model_checkpoint(out / "best", model, data.src_vocab, data.tgt_vocab)
-    return out, data
 
 
 @pytest.fixture
-def pair(ckpt, tmp_path):
-    _, data = ckpt
+def pair(run_dir, tmp_path):
+    _, data = run_dir
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("".join(zh + "\n" for zh, _ in data.train[:3]), encoding="utf-8")
     ref.write_text("".join(en + "\n" for _, en in data.train[:3]), encoding="utf-8")
@@ -163,22 +149,22 @@ def test_os_errors_name_their_file(capsys, monkeypatch):
                                           (["--temperature", "0.5"], "--temperature"),
                                           (["--seed", "3"], "--seed"),
                                           (["--length-penalty", "1.0"], "--length-penalty")])
-def test_translate_refuses_options_of_another_method(ckpt, capsys, extra, option):
-    out, data = ckpt
+def test_translate_refuses_options_of_another_method(run_dir, capsys, extra, option):
+    out, data = run_dir
     assert main(["translate", "--checkpoint", str(out), *extra, data.train[0][0]]) == 1
     one_line_error(capsys, option, "only used with")
 
 
-def test_translate_with_their_method_accepts_them(ckpt, capsys):
-    out, data = ckpt
+def test_translate_with_their_method_accepts_them(run_dir, capsys):
+    out, data = run_dir
     zh = data.train[0][0]
     assert main(["translate", "--checkpoint", str(out), "--sample", "--top-k", "2",
                  "--temperature", "0.5", "--seed", "3", zh]) == 0
     assert main(["translate", "--checkpoint", str(out), "--beam", "2", "--length-penalty", "1", zh]) == 0
 
 
-def test_eval_refuses_length_penalty_without_beam(ckpt, pair, capsys):
-    out, _ = ckpt
+def test_eval_refuses_length_penalty_without_beam(run_dir, pair, capsys):
+    out, _ = run_dir
     src, ref = pair
     assert main(["eval", "--checkpoint", str(out), "--src", str(src), "--ref", str(ref),
                  "--length-penalty", "1"]) == 1
@@ -198,8 +184,8 @@ def no_decoding(monkeypatch):
 @pytest.mark.parametrize("option,target", [("--out", "src"), ("--out", "ref"),
                                            ("--metrics-json", "ref"), ("--out", "npz"),
                                            ("--metrics-json", "json")])
-def test_eval_outputs_must_not_name_inputs(ckpt, pair, capsys, no_decoding, option, target):
-    out, _ = ckpt
+def test_eval_outputs_must_not_name_inputs(run_dir, pair, capsys, no_decoding, option, target):
+    out, _ = run_dir
     src, ref = pair
     path = {"src": src, "ref": ref, "npz": out / "best.npz", "json": out / "best.json"}[target]
     before = path.read_bytes()
@@ -211,10 +197,10 @@ def test_eval_outputs_must_not_name_inputs(ckpt, pair, capsys, no_decoding, opti
 
 @pytest.mark.parametrize("option,name", [("--metrics-json", "metrics.jsonl"), ("--out", "last.npz"),
                                          ("--out", "last.json"), ("--metrics-json", "step_4.json")])
-def test_eval_outputs_never_replace_a_runs_files(ckpt, pair, capsys, no_decoding, option, name):
+def test_eval_outputs_never_replace_a_runs_files(run_dir, pair, capsys, no_decoding, option, name):
     """The review's case: evaluating run/best with --metrics-json run/metrics.jsonl replaced the
     run's training log, and --out run/last.npz its newest checkpoint."""
-    out, _ = ckpt
+    out, _ = run_dir
     src, ref = pair
     path = out / name
     before = path.read_bytes() if path.exists() else None
@@ -224,8 +210,8 @@ def test_eval_outputs_never_replace_a_runs_files(ckpt, pair, capsys, no_decoding
     assert (path.read_bytes() if path.exists() else None) == before
 
 
-def test_eval_out_and_metrics_json_must_differ(ckpt, pair, capsys, no_decoding, tmp_path):
-    out, _ = ckpt
+def test_eval_out_and_metrics_json_must_differ(run_dir, pair, capsys, no_decoding, tmp_path):
+    out, _ = run_dir
     src, ref = pair
     same = str(tmp_path / "same.txt")
     assert main(["eval", "--checkpoint", str(out), "--src", str(src), "--ref", str(ref),
@@ -233,8 +219,8 @@ def test_eval_out_and_metrics_json_must_differ(ckpt, pair, capsys, no_decoding, 
     one_line_error(capsys, "--metrics-json", "--out")
 
 
-def test_eval_unwritable_output_fails_before_decoding(ckpt, pair, capsys, no_decoding, tmp_path):
-    out, _ = ckpt
+def test_eval_unwritable_output_fails_before_decoding(run_dir, pair, capsys, no_decoding, tmp_path):
+    out, _ = run_dir
     src, ref = pair
     (tmp_path / "file").write_text("x")
     assert main(["eval", "--checkpoint", str(out), "--src", str(src), "--ref", str(ref),
@@ -242,9 +228,9 @@ def test_eval_unwritable_output_fails_before_decoding(ckpt, pair, capsys, no_dec
     one_line_error(capsys, "--metrics-json", "is a file, not a folder")
 
 
-def test_eval_full_disk_names_the_output_and_keeps_the_old_one(ckpt, pair, capsys, tmp_path,
+def test_eval_full_disk_names_the_output_and_keeps_the_old_one(run_dir, pair, capsys, tmp_path,
                                                                monkeypatch):
-    out, _ = ckpt
+    out, _ = run_dir
     src, ref = pair
     hyps = tmp_path / "hyps.txt"
     hyps.write_text("old\n")
@@ -256,8 +242,8 @@ def test_eval_full_disk_names_the_output_and_keeps_the_old_one(ckpt, pair, capsy
     assert hyps.read_text() == "old\n"
 
 
-def test_plot_out_that_is_a_file_is_refused(ckpt, capsys, tmp_path):
-    out, _ = ckpt
+def test_plot_out_that_is_a_file_is_refused(run_dir, capsys, tmp_path):
+    out, _ = run_dir
     (tmp_path / "plots").write_text("x")
     assert main(["plot", "--metrics", str(out / "missing.jsonl"), "--out",
                  str(tmp_path / "plots")]) == 1
@@ -277,8 +263,8 @@ def _stdin(monkeypatch, data):
                                                        errors="surrogateescape"))
 
 
-def test_stdin_that_is_not_utf8_is_refused_like_input(ckpt, capsys, monkeypatch, tmp_path):
-    out, data = ckpt
+def test_stdin_that_is_not_utf8_is_refused_like_input(run_dir, capsys, monkeypatch, tmp_path):
+    out, data = run_dir
     raw = data.train[0][0].encode("utf-8") + b"\n\xff\xfe\n"
     _stdin(monkeypatch, raw)
     assert main(["translate", "--checkpoint", str(out)]) == 1
@@ -289,8 +275,8 @@ def test_stdin_that_is_not_utf8_is_refused_like_input(ckpt, capsys, monkeypatch,
     one_line_error(capsys, "in.txt, line 2: not valid UTF-8", f"at offset {offset}")
 
 
-def test_a_byte_order_mark_does_not_stick_to_the_first_word(ckpt, capsys, monkeypatch, tmp_path):
-    out, data = ckpt
+def test_a_byte_order_mark_does_not_stick_to_the_first_word(run_dir, capsys, monkeypatch, tmp_path):
+    out, data = run_dir
     text = "".join(zh + "\n" for zh, _ in data.train[:2])
     assert main(["translate", "--checkpoint", str(out), *text.splitlines()]) == 0
     expected = capsys.readouterr().out
@@ -304,8 +290,8 @@ def test_a_byte_order_mark_does_not_stick_to_the_first_word(ckpt, capsys, monkey
     assert got.out == expected and "unknown" not in got.err
 
 
-def test_a_data_dir_that_is_a_file(ckpt, capsys, tmp_path):
-    out, _ = ckpt
+def test_a_data_dir_that_is_a_file(run_dir, capsys, tmp_path):
+    out, _ = run_dir
     (tmp_path / "data").write_text("x")
     assert main(["eval", "--checkpoint", str(out), "--dataset", "multi30k",
                  "--data-dir", str(tmp_path / "data")]) == 1

@@ -1,6 +1,6 @@
 """Every user mistake at the command line ends in one line on stderr naming the option or file and a
-non-zero exit; a bug ends in one line pointing at a saved traceback. The shared tiny run (conftest);
-training is never started."""
+non-zero exit; a bug ends in one line pointing at a saved traceback. The tests use the shared tiny
+run of conftest and never start a training of their own."""
 import errno
 import io
 import sys

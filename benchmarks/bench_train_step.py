@@ -1,25 +1,43 @@
 """Time one full training step (forward, loss, backward, Adam) of npformer (Numba and NumPy
-backends) and PyTorch eager on the same architecture, thread count and batch, in one run.
+backends) and PyTorch eager on the same architecture, cores and batch, in one run.
 
-    python benchmarks/bench_train_step.py [--config base|big] [--repeats 7] [--threads 2]
-                                          [--blas-threads 1] [--profile] [--choices]
+    python benchmarks/bench_train_step.py [--config tiny|base|big] [--repeats 7] [--cores N]
+                                          [--runtime-call] [--nondeterministic]
+                                          [--profile] [--choices] [--only IMPL ...]
 
 Each implementation runs in its own subprocess, so its peak resident memory
-(``resource.getrusage``) is its own. Prints ms/step (median after warm-up), tokens/s (source +
-target tokens), achieved GFLOP/s (FLOPs counted analytically) and peak RSS, and ratios vs PyTorch.
-PyTorch is skipped, with a message, when it is not installed.
+(``resource.getrusage``) is its own. Prints ms/step (median after two warm-up steps), tokens/s
+(source + target tokens), achieved GFLOP/s (matrix-product FLOPs counted analytically), peak RSS,
+and each implementation's speed relative to PyTorch eager in the same run. PyTorch is skipped,
+with a message, when it is not installed.
 
-npformer runs under its runtime policy (``npformer.backend.configure_runtime``): Numba kernels on
-``--threads``, BLAS on ``--blas-threads`` (default 1, the policy), freed memory kept for reuse.
-PyTorch gets ``torch.set_num_threads(--threads)``. ``--profile`` prints, for the npformer numba
-path, the 22 functions with the most own time over the timed steps (cProfile). ``--choices``
-prints, for the same path, what the matmul dispatcher measured and picked for every product
-shape of the step.
+Cores: the workers inherit this process's CPU affinity; ``--cores N`` re-executes them pinned to
+the first N CPUs of that affinity with ``taskset -c`` (CPUs 0-(N-1) on an unrestricted machine).
+The workers inherit the environment as it is (no thread variable is set for them); the header
+prints the cores used and the thread variables that are set.
+
+npformer runs as the README's library example does: no runtime call, its runtime
+(``npformer.runtime``) applies itself on first use of the engine, deterministic dispatch.
+``--runtime-call`` calls ``nf.configure_runtime(keep_memory=True)`` first, as the CLI does;
+``--nondeterministic`` calls ``npformer.runtime.set_deterministic(False)`` before the first step
+(the matmul dispatcher times its candidates once per shape and keeps the fastest). The output
+shows the numba worker's ``npformer.runtime.describe()`` (thread policy and BLAS in force) once.
+PyTorch gets ``torch.set_num_threads(N)``, N = the CPUs in its affinity.
+
+``--profile`` prints, for the npformer numba path, the 22 functions with the most own time over
+the timed steps (cProfile). ``--choices`` prints, for the same path, the variant picked for every
+product shape of the step (``npformer.runtime.choices()``) and, where the dispatcher measured
+them (``--nondeterministic``), the candidates' times.
+
+Configs: ``tiny`` is Transformer-Tiny (4+4 layers, d_model 128, 4 heads, FFN 256, source and
+target vocabularies of 10,000, batch 256 x 14 source x 15 target tokens); ``base`` and ``big``
+are as defined in ``CONFIGS`` below.
 """
 import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -28,12 +46,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 CONFIGS = {
+    "tiny": dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4,
+                 src_vocab_size=10000, tgt_vocab_size=10000, batch=256, src_len=14, tgt_len=15),
     "base": dict(d_model=256, n_heads=8, d_ff=512, n_encoder_layers=3, n_decoder_layers=3,
                  src_vocab_size=7853, tgt_vocab_size=5893, batch=128, src_len=14, tgt_len=15),
     "big": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6,
                 src_vocab_size=7853, tgt_vocab_size=5893, batch=32, src_len=14, tgt_len=15),
 }
 IMPLEMENTATIONS = ("npformer-numba", "npformer-numpy", "torch-eager")
+THREAD_VARS = ("NPFORMER_NUM_THREADS", "NPFORMER_RUNTIME", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS",
+               "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_THREADING_LAYER")
+
+
+def affinity():
+    """The CPUs this process may run on, sorted."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def cpu_list(cpus):
+    """taskset's list syntax for ``cpus``: ranges where consecutive ("0-3,8")."""
+    parts, start = [], None
+    for i, cpu in enumerate(cpus):
+        if start is None:
+            start = cpu
+        if i + 1 == len(cpus) or cpus[i + 1] != cpu + 1:
+            parts.append(str(start) if start == cpu else f"{start}-{cpu}")
+            start = None
+    return ",".join(parts)
 
 
 def step_flops(c):
@@ -73,24 +114,37 @@ def time_steps(step, repeats):
 
 
 def print_choices():
-    """The matmul dispatcher's trials and picks, one line per product signature (to stderr)."""
+    """The variant used for every product key of the step and, where the dispatcher measured
+    them (non-deterministic mode), the candidates' best times (to stderr)."""
     import importlib
-    dispatcher = importlib.import_module("npformer.kernels.matmul")
-    for sig, times in dispatcher.timings().items():
-        cells = ", ".join(f"{name} {1e3 * t:.3f}" for name, t in sorted(times.items(), key=lambda x: x[1]))
-        print(f"{str(sig[:-5] if sig[0] != 'large' else sig[:4]):48s} {str(sig[-5:-2]):18s} "
-              f"-> {dispatcher._choice[sig]:20s} ({cells} ms)", file=sys.stderr)
+    from npformer import runtime
+    dispatcher = importlib.import_module("npformer.kernels.matmul")   # the module, not the function
+    picks, timings = runtime.choices(), dispatcher.timings()
+    print(f"{len(picks)} product keys ({'measured' if timings else 'no timings: deterministic'}"
+          f" dispatch)", file=sys.stderr)
+    for key in sorted(picks):
+        cells = ""
+        if key in timings:
+            cells = "  (" + ", ".join(f"{name} {1e3 * t:.3f}" for name, t in
+                                      sorted(timings[key].items(), key=lambda x: x[1])) + " ms)"
+        print(f"{key:52s} -> {picks[key]}{cells}", file=sys.stderr)
+    for key in sorted(set(timings) - set(picks)):
+        print(f"{key:52s} -> (timed, not recorded) {timings[key]}", file=sys.stderr)
 
 
-def run_npformer(c, backend_name, repeats, threads, blas_threads, profile=False, choices=False):
+def run_npformer(c, backend_name, args):
     import numpy as np
 
     sys.path.insert(0, str(ROOT))
     import npformer as nf
     from npformer import backend
 
+    numba = backend_name == "numba"
     backend.set_backend(backend_name)
-    backend.configure_runtime(threads=threads, blas_threads=blas_threads)
+    if args.runtime_call:
+        nf.configure_runtime(keep_memory=True)               # as the CLI does
+    if args.nondeterministic:
+        nf.runtime.set_deterministic(False)
     model = nf.Transformer(c["src_vocab_size"], c["tgt_vocab_size"], d_model=c["d_model"],
                            n_heads=c["n_heads"], d_ff=c["d_ff"],
                            n_encoder_layers=c["n_encoder_layers"],
@@ -105,23 +159,25 @@ def run_npformer(c, backend_name, repeats, threads, blas_threads, profile=False,
         _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
         model.backward(dlogits)
         opt.step()
-    if not profile:
-        times = time_steps(train_step, repeats)
-        if choices:
-            print_choices()
-        return times
-    import cProfile
-    import io
-    import pstats
-    prof = cProfile.Profile()
-    times = time_steps(lambda: (prof.enable(), train_step(), prof.disable()), repeats)
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
-    print(out.getvalue(), file=sys.stderr)
-    return times
+    if args.profile and numba:
+        import cProfile
+        import io
+        import pstats
+        prof = cProfile.Profile()
+        times = time_steps(lambda: (prof.enable(), train_step(), prof.disable()), args.repeats)
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
+        print(out.getvalue(), file=sys.stderr)
+    else:
+        times = time_steps(train_step, args.repeats)
+    if args.choices and numba:
+        print_choices()
+    # the runtime in force during the steps (the numba backend applied it on first use; read
+    # afterwards so that reading it changes nothing the steps saw)
+    return times, (nf.runtime.describe() if numba else None)
 
 
-def run_torch(c, threads, repeats):
+def run_torch(c, repeats):
     import numpy as np
     import torch
 
@@ -129,7 +185,7 @@ def run_torch(c, threads, repeats):
     sys.path.insert(0, str(ROOT))
     from torch_reference import ReferenceSeq2Seq
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(len(affinity()))
     torch.manual_seed(0)
     config = dict(c, dropout=0.1, pad_id=0, activation="relu", layer_norm_eps=1e-5,
                   norm_first=False, tie_embeddings=False, max_len=64)
@@ -145,73 +201,112 @@ def run_torch(c, threads, repeats):
                                                  label_smoothing=0.1)
         loss.backward()
         opt.step()
-    return time_steps(train_step, repeats)
+    times = time_steps(train_step, repeats)
+    return times, {"torch_threads": torch.get_num_threads()}
 
 
 def worker(args):
     c = CONFIGS[args.config]
     if args.worker == "torch-eager":
-        times = run_torch(c, args.threads, args.repeats)
+        times, info = run_torch(c, args.repeats)
     else:
-        numba = args.worker == "npformer-numba"
-        times = run_npformer(c, args.worker.split("-")[1], args.repeats, args.threads,
-                             args.blas_threads, args.profile and numba, args.choices and numba)
+        times, info = run_npformer(c, args.worker.split("-")[1], args)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss      # Linux: kilobytes
-    print(json.dumps({"times": times, "peak_mb": peak_kb / 1024}))
+    print(json.dumps({"times": times, "peak_mb": peak_kb / 1024, "cpus": affinity(),
+                      "info": info}, default=str))
 
 
-def launch(name, args):
-    env = dict(os.environ)
-    for var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(args.threads)
+def launch(name, args, pin):
+    """Run one implementation in a subprocess (pinned with taskset to ``pin`` if given)."""
     cmd = [sys.executable, __file__, "--worker", name, "--config", args.config,
-           "--repeats", str(args.repeats), "--threads", str(args.threads),
-           "--blas-threads", str(args.blas_threads)] + (["--profile"] if args.profile else []) \
-        + (["--choices"] if args.choices else [])
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+           "--repeats", str(args.repeats)]
+    for flag in ("runtime_call", "nondeterministic", "profile", "choices"):
+        if getattr(args, flag):
+            cmd.append("--" + flag.replace("_", "-"))
+    if pin is not None:
+        cmd = ["taskset", "-c", cpu_list(pin)] + cmd
+    out = subprocess.run(cmd, capture_output=True, text=True)       # the environment as it is
     if out.returncode != 0:
         if name == "torch-eager" and "No module named 'torch'" in out.stderr:
             print("torch-eager: skipped, PyTorch is not installed")
             return None
         raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")
-    if (args.profile or args.choices) and out.stderr.strip():
-        print(f"--- {'profile' if args.profile else 'matmul choices'} of {name} ---\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if res["info"] is not None:
+        label = "npformer.runtime.describe()" if name.startswith("npformer") else "torch"
+        print(f"{name} on CPUs {cpu_list(res['cpus'])}: {label} {json.dumps(res['info'])}")
+    if out.stderr.strip():
+        parts = [w for w, on in (("profile", args.profile), ("matmul choices", args.choices))
+                 if on and name == "npformer-numba"]
+        what = " and ".join(parts) or "stderr"
+        print(f"--- {what} of {name} ---\n{out.stderr.rstrip()}")
+    return res
+
+
+def fail(message):
+    """A one-line error, exit status 2 (as argparse's)."""
+    print(f"{Path(__file__).name}: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--config", choices=sorted(CONFIGS), default="base")
     ap.add_argument("--repeats", type=int, default=7, help="timed steps per implementation (>= 5)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--blas-threads", type=int, default=1,
-                    help="npformer's BLAS threads (default 1: npformer's policy)")
+    ap.add_argument("--cores", type=int, metavar="N",
+                    help="pin the workers to the first N CPUs of this process's affinity "
+                         "(taskset -c); default: they inherit the affinity")
+    ap.add_argument("--runtime-call", action="store_true",
+                    help="call nf.configure_runtime(keep_memory=True) first, as the CLI does "
+                         "(default: no call, the runtime applies itself)")
+    ap.add_argument("--nondeterministic", action="store_true",
+                    help="npformer.runtime.set_deterministic(False) before the first step "
+                         "(measured matmul dispatch)")
     ap.add_argument("--profile", action="store_true", help="cProfile the npformer numba steps")
     ap.add_argument("--choices", action="store_true",
-                    help="print the matmul dispatcher's picks for the npformer numba step")
+                    help="print the matmul variant picked per product key for the npformer "
+                         "numba step (and the timings, where measured)")
     ap.add_argument("--only", choices=IMPLEMENTATIONS, action="append",
                     help="run only these implementations (repeatable)")
     ap.add_argument("--worker", choices=IMPLEMENTATIONS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.repeats < 5:
         ap.error(f"--repeats: expected at least 5, got {args.repeats}")
-    if args.threads < 1 or args.blas_threads < 1:
-        ap.error(f"--threads, --blas-threads: expected positive counts, got {args.threads}, "
-                 f"{args.blas_threads}")
     if args.worker:
         return worker(args)
+
+    cpus = affinity()
+    pin = None
+    if args.cores is not None:
+        if args.cores < 1 or args.cores > len(cpus):
+            fail(f"--cores {args.cores}: expected 1 to {len(cpus)}, the CPUs this process may "
+                 f"use ({cpu_list(cpus)})")
+        if shutil.which("taskset") is None:
+            fail(f"--cores {args.cores}: needs taskset (util-linux), which is not on PATH")
+        pin = cpus[:args.cores]
+    cores = len(pin if pin is not None else cpus)
 
     c = CONFIGS[args.config]
     flops = step_flops(c)
     tokens = c["batch"] * (c["src_len"] + c["tgt_len"])
     print(f"config {args.config}: {c}")
+    where = (f"pinned with taskset -c {cpu_list(pin)}" if pin is not None
+             else f"inherited affinity, CPUs {cpu_list(cpus)}")
+    mode = ("nf.configure_runtime(keep_memory=True)" if args.runtime_call
+            else "no runtime call (applies itself)")
+    mode += ", non-deterministic dispatch" if args.nondeterministic else ", deterministic dispatch"
+    env = ", ".join(f"{v}={os.environ[v]}" for v in THREAD_VARS if v in os.environ) or "none"
     print(f"{flops / 1e9:.1f} GFLOP/step (matrix products), {tokens} tokens/step, "
-          f"{args.threads} threads (npformer BLAS: {args.blas_threads}), median of {args.repeats} "
-          f"steps after 2 warm-up steps; load average {os.getloadavg()[0]:.2f}")
+          f"{cores} core{'s' * (cores != 1)} ({where}); median of {args.repeats} steps after 2 "
+          f"warm-up steps")
+    print(f"npformer: {mode}; torch: set_num_threads({cores}); variables set: {env}; "
+          f"load average {os.getloadavg()[0]:.2f}")
     results = {}
     for name in args.only or IMPLEMENTATIONS:
-        res = launch(name, args)
+        res = launch(name, args, pin)
         if res is not None:
+            if len(res["cpus"]) != cores:
+                print(f"note: {name} ran on {len(res['cpus'])} CPUs, not {cores}")
             results[name] = res
     print(f"{'implementation':16s} {'ms/step':>9s} {'(min)':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} "
           f"{'peak RSS MB':>12s} {'vs torch':>9s}")

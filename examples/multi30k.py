@@ -8,7 +8,6 @@ The full recipe and its measured figures are in docs/multi30k.md.
 """
 import argparse
 
-from npformer.cli.threads import set_blas_threads
 from npformer.training.checkpointing import load_model_checkpoint
 from npformer.training.multi30k import build_trainer, evaluate_checkpoint, load_multi30k
 
@@ -21,7 +20,6 @@ def main():
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-time budget of training")
     parser.add_argument("--out", default="runs/example-multi30k")
     args = parser.parse_args()
-    set_blas_threads(1)      # small matrices: one BLAS thread is fastest on a busy machine
 
     # 1. data: raw sentence pairs; vocabularies (min_freq 2) from the lowercased training side
     data = load_multi30k(args.data_dir, args.src, args.tgt)

@@ -3,7 +3,6 @@
     python examples/toy_translation.py            # ~20 s on 2 CPU cores
 """
 import npformer as nf
-from npformer.cli.threads import set_blas_threads
 from npformer.decoding.translator import Translator
 from npformer.training.checkpointing import load_model_checkpoint
 from npformer.training.metrics import exact_match
@@ -12,7 +11,6 @@ from npformer.training.trainer import TrainConfig, Trainer
 
 
 def main():
-    set_blas_threads(1)      # tiny matrices: one BLAS thread is fastest (see npformer/cli/threads.py)
     # 1. data: 3000 training pairs; held-out pairs use combinations never seen in training
     data = toy_data(seed=0)
     print(f"{len(data.train)} training pairs, e.g. {data.train[0]}")

@@ -4,13 +4,18 @@ The same names and signatures as :mod:`npformer.functional`, so the modules can 
 Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
 cross-entropy, embedding scatter-add, dropout, the feed-forward block's activation + dropout,
 the Adam update); every matrix product goes
-through ``matmul``, which measures BLAS against a Numba kernel once per shape and keeps the
-faster; the masks and head reshapes are the reference functions themselves. Caches of a
-kernel forward only fit the same kernel's backward.
+through ``matmul``, which computes each product shape by the variant ``npformer.runtime``'s
+dispatch table fixes for it; the masks and head reshapes are the reference functions themselves.
+Caches of a kernel forward only fit the same kernel's backward.
+
+Importing this package is the engine's first use: it applies ``npformer.runtime`` (its thread
+policy and dispatch table; ``NPFORMER_RUNTIME=off`` opts out).
 """
 from npformer.functional import (ACTIVATIONS, causal_mask, decoder_self_mask, gelu_backward,
                                  gelu_forward, merge_heads, padding_mask, relu_backward,
                                  relu_forward, softmax_backward, softmax_forward, split_heads)
+
+from npformer import runtime
 
 from .activation_dropout import activation_dropout_backward, activation_dropout_forward
 from .adam import adam_step
@@ -21,6 +26,8 @@ from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax
 from .matmul import matmul
+
+runtime.ensure()
 
 __all__ = [
     "ACTIVATIONS", "activation_dropout_backward", "activation_dropout_forward",

@@ -1,19 +1,17 @@
 """Scaled dot-product attention: the six matrix products per head by single-threaded BLAS or
-a register-blocked Numba kernel, whichever measures faster, and one fused Numba pass for
-everything between them, on both cores.
+a register-blocked Numba kernel (the dispatch table's choice), and one fused Numba pass for
+everything between them, over the runtime's worker threads.
 
 Same maths, names and shapes as :func:`npformer.functional.attention_forward` /
 ``attention_backward`` (see docs/backprop.md#attention). Every product goes through the matmul
-dispatcher, limited to its thread-safe candidates:
+dispatcher, limited to its thread-safe variants:
 
 - ``P v``, ``P'^T dout``, ``dS k``, ``dS^T q`` (rows of the second operand contiguous along d):
   BLAS or :mod:`npformer.kernels.blocked_matmul`, which keeps a 4 x 32 block of the result in
-  vector registers (offered for d >= 32). On the parts below it measures 2-2.5x faster than
-  BLAS at T <= 32, where BLAS's per-matrix cost is a large share of a (16-32) x 32 product.
+  vector registers (offered for d >= 32); at T <= 32 BLAS's per-matrix cost is a large share of
+  a (16-32) x 32 product, which the blocked kernel does not pay.
 - ``q k^T`` and ``dout v^T`` (a transposed second operand, of Tk columns): BLAS, possibly on a
-  contiguous copy of that operand (OpenBLAS multiplies by a transposed matrix ~2x slower at
-  T=64), or, for Tk >= 32, the blocked kernel on such a copy; here it picks BLAS at T <= 16
-  and the blocked kernel at T = 32 and 64 (BENCHMARKS.md).
+  contiguous copy of that operand, or, for Tk >= 32, the blocked kernel on such a copy.
 
 What the reference also does slowly is the element-wise work between the products
 (``np.where`` for the mask, max, exp, sum, divide, dropout; five more passes in backward), each
@@ -21,11 +19,12 @@ a pass over all B*H*Tq*Tk scores in memory. Here:
 
 - The heads are computed in parts of about ``CHUNK_BYTES`` of scores (a few batch elements, or
   heads when B = 1), so a part's scores stay in L2 from the product that writes them, through
-  the Numba pass, to the product that reads them.
-- This thread and one helper Python thread take the parts in turn, each the next one not yet
-  taken (``np.matmul`` and the ``nogil`` kernels release the GIL; a waiting thread blocks, it
-  does not spin). The Numba passes are serial for that reason: two threads must not enter
-  Numba's parallel pool at once.
+  the Numba pass, to the product that reads them. The parts depend on the shape alone.
+- The runtime's worker threads (``npformer.runtime.run_parts``) take the parts in turn, each the
+  next one not yet taken (``np.matmul`` and the ``nogil`` kernels release the GIL; a waiting
+  thread blocks, it does not spin). Parts write disjoint outputs, so the bits do not depend on
+  which thread computed what. The Numba passes are serial for that reason: several threads
+  must not enter Numba's parallel pool at once.
 - The Numba pass works row by row: scale + mask, the row maximum (eight running maxima, which
   vectorise), exp + sum, normalise + dropout forward; backward: dropout + softmax backward +
   scale backward. float32 rows use a vectorisable ``exp``
@@ -37,15 +36,14 @@ afterwards is a free reshape; :func:`attention_backward_into` writes dq, dk, dv 
 caller's buffers (the self-attention module passes three slices of one (B, T, 3D) array).
 """
 import math
-import threading
 
 import numpy as np
 from numba import njit
 
+from npformer import runtime
 from npformer.aligned import empty_aligned
 from npformer.functional.dropout import keep_mask
 
-from . import _helper_thread
 from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
 from .matmul import THREAD_SAFE, matmul
@@ -187,18 +185,18 @@ def _mask4(mask, full):
 
 
 def _parts(shape, itemsize):
-    """How the heads are divided: (parts, two_threads). parts lists (axis, lo, hi), axis 0 = B or
+    """How the heads are divided: (parts, parallel). parts lists (axis, lo, hi), axis 0 = B or
     1 = H (when B = 1); each part's scores take about CHUNK_BYTES, so they stay in the core's L2
     cache from the product that writes them to the one that reads them, and there are at least
     two parts when there are two batch elements (or heads). Below SPLIT_MIN scores everything
-    runs on this thread (two_threads is False)."""
+    runs on this thread (parallel is False). The parts depend on the shape alone."""
     n_b, n_h, tq, tk = shape
     axis, n = (0, n_b) if n_b > 1 else (1, n_h)
     step = max(1, CHUNK_BYTES // max(1, tq * tk * itemsize * (n_h if axis == 0 else 1)))
-    two_threads = n >= 2 and n_b * n_h * tq * tk >= SPLIT_MIN
-    if two_threads:
+    parallel = n >= 2 and n_b * n_h * tq * tk >= SPLIT_MIN
+    if parallel:
         step = min(step, -(-n // 2))
-    return [(axis, lo, min(lo + step, n)) for lo in range(0, n, step)], two_threads
+    return [(axis, lo, min(lo + step, n)) for lo in range(0, n, step)], parallel
 
 
 def _part(x, part):
@@ -209,28 +207,11 @@ def _part(x, part):
     return x[lo:hi] if axis == 0 else x[:, lo:hi]
 
 
-def _run(parts, two_threads, fn):
-    """fn(part) for every part. With two threads, this thread and the helper thread each take the
-    next part nobody has taken until none is left, so a thread that the machine slows down
-    simply does fewer parts."""
-    if not two_threads:
-        for part in parts:
-            fn(part)
-        return
-    todo, lock = iter(parts), threading.Lock()
-
-    def work():
-        while True:
-            with lock:
-                part = next(todo, None)
-            if part is None:
-                return
-            fn(part)
-    job = _helper_thread.submit(work)
-    try:
-        work()
-    finally:
-        job.result()
+def _run(parts, parallel, fn):
+    """fn(part) for every part: on the runtime's worker threads when ``parallel`` (each takes the
+    next part nobody has taken, so a thread the machine slows down simply does fewer), else on
+    this thread. Parts write disjoint outputs, so who computes which changes no bit."""
+    runtime.run_parts(fn, parts, max_workers=None if parallel else 1)
 
 
 def _flat(x, shape):

@@ -6,6 +6,8 @@ import numba
 import numpy as np
 from numba import prange
 
+from npformer import runtime
+
 from ._jit import kernel
 from npformer.functional.embedding import sinusoidal_positions  # noqa: F401  (same names)
 
@@ -52,5 +54,5 @@ def embedding_backward(dout, cache, padding_idx=None):
     dw = np.zeros(w_shape, dtype=dout.dtype)
     dout2 = np.ascontiguousarray(dout.reshape(-1, w_shape[1]))       # (B*T, D)
     _scatter_add(flat, dout2, dout.dtype.type(scale), -1 if padding_idx is None else padding_idx,
-                 numba.get_num_threads(), dw)
+                 runtime.kernel_threads() or numba.get_num_threads(), dw)
     return dw

@@ -1,44 +1,48 @@
-"""Matrix products with a measured choice per shape: BLAS through NumPy, or a small Numba kernel.
+"""Matrix products, each by a variant fixed per product shape: BLAS through NumPy, or a Numba kernel.
 
-``matmul(a, b, out=None)`` computes ``a @ b`` for 2-D or equally-batched 3-D/4-D operands. The
-first time a *shape signature* appears (shapes, dtype, which operands are transposed views,
-whether ``out`` is a strided view), every candidate runs a few times and the fastest is kept in
-memory for that signature; later calls go straight to it. Candidates:
+``matmul(a, b, out=None)`` computes ``a @ b`` for 2-D or equally-batched 3-D/4-D operands. Each
+product has a *key* (:func:`product_key`: dtype, which operands are transposed views, whether
+``out`` is a strided view, the shapes) and the dispatch table of ``npformer.runtime`` fixes one
+variant per key:
 
-- ``"blas"``: ``np.matmul`` as given (NumPy hands each matrix to OpenBLAS);
+- ``"blas"``: ``np.matmul`` as given (NumPy hands each matrix to the BLAS);
 - ``"blas-contiguous"``: ``np.matmul`` after copying strided operands to contiguous ones (NumPy
   takes a slower path for some transposed batched views);
 - ``"numba"``: :func:`_gemm_rows` / :func:`_gemm_rows_nt`, row-parallel Numba kernels with no
-  per-call BLAS overhead (and none of BLAS's thread hand-offs);
+  per-call BLAS overhead;
 - ``"numba-blocked"``: :func:`npformer.kernels.blocked_matmul.blocked_matmul`, a serial,
   register-blocked Numba kernel in explicit 16-lane vectors (offered where N >= 32; a ``b``
   whose rows are strided, such as ``w.T`` or ``k^T``, is first copied into cache-line aligned
-  rows, and so is a 2-D ``b`` whose rows are merely misaligned). It wins on attention's many
-  small products, where BLAS's per-matrix cost dominates, and wherever OpenBLAS runs narrower
-  vector kernels than the CPU has (on these machines the environment pins OpenBLAS to its AVX2
-  "Haswell" kernels while the CPU has AVX-512: BENCHMARKS.md);
-- ``"blas-split"`` / ``"numba-blocked-split"`` (large 2-D products only): the rows split in two
-  halves, one computed by a helper Python thread, each half by single-threaded BLAS or the
-  blocked kernel. This is how npformer uses two cores for the big GEMMs (see
-  ``npformer.backend``): a waiting Python thread blocks, where OpenBLAS's own threads spin and,
-  on a busy machine, fall back to 4 ms scheduler ticks.
+  rows). It pays on attention's many small products, where BLAS's per-matrix cost dominates,
+  and wherever the BLAS runs narrower vector kernels than the CPU has (an OpenBLAS pinned to its
+  AVX2 "Haswell" kernels on an AVX-512 CPU). A large 2-D product runs in row parts on the
+  runtime's worker threads.
+
+Variants round differently, so which one computes a product is part of a run's numerics. In
+deterministic mode (the default) no clock decides: the variant is the one recorded by a resumed
+checkpoint, else the one a calibrated table (``npformer calibrate``) holds, else :func:`rule`'s,
+which reads the shape and the machine's features only. ``npformer.runtime.set_deterministic(False)``
+times the offered variants once per key and keeps the fastest (``timings()`` returns the
+measurements; ``npformer calibrate`` writes them into a table).
+
+Threads never change the bits: BLAS's thread count does not (a product is divided between BLAS
+threads by rows and columns of the result, never along the shared dimension; tests check it on
+the installed BLAS), and the blocked kernel computes every row of the result the same way
+whichever part holds it. The policy (``npformer.runtime.ThreadPolicy``) gives a product BLAS
+threads by its size, one for small ones.
 
 Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix skip the row-parallel
-``"numba"`` kernel (no cache blocking: a trial on the (1920 x 256) @ (256 x 5893) generator
-product would cost ~0.1 s) and try BLAS and the blocked kernel, 2-D ones each on one and on two
-threads.
-Their signature rounds the sizes up to multiples of 256 (one trial per bucket, not per batch
-length).
-``timings()`` returns every measurement (the benchmark prints them).
+``"numba"`` kernel (no cache blocking), and their key rounds the sizes up to multiples of 256
+(one choice per bucket, not per batch length).
 """
 import time
 
 import numpy as np
 from numba import prange
 
+from npformer import runtime
 from npformer.aligned import empty_aligned, rows_aligned
 
-from . import _helper_thread
 from ._jit import kernel
 from ._product_operands import check_operands
 from .blocked_matmul import BLOCK_COLS, run_blocked
@@ -49,8 +53,7 @@ _BUCKET = 256                    # large products: one decision per size bucket
 TRIAL_LIMIT = 1 << 28            # multiply-adds of a whole batched product worth a trial
 TRIALS = 3                       # timed calls per candidate (the fastest counts)
 
-_choice = {}                     # signature -> name of the fastest candidate
-_timings = {}                    # signature -> {candidate: seconds}
+_timings = {}                    # key -> {variant: seconds}, of products timed in this process
 
 
 @kernel(parallel=True)
@@ -102,25 +105,6 @@ def _blas_contiguous(a, b, out):
     return np.matmul(np.ascontiguousarray(a), np.ascontiguousarray(b), out=out)
 
 
-def _split_rows(product, a, b, out):
-    """product(a, b, out) with the rows of a 2-D product split between this thread and one
-    helper thread (a thread that waits blocks; it does not spin). Other shapes: product as is."""
-    if a.ndim != 2 or a.shape[0] < 2:
-        return product(a, b, out)
-    if out is None:
-        out = empty_aligned((a.shape[0], b.shape[1]), a.dtype)
-    h = a.shape[0] // 2
-    job = _helper_thread.submit(product, a[h:], b, out[h:])
-    product(a[:h], b, out[:h])
-    job.result()
-    return out
-
-
-def _blas_split(a, b, out):
-    """Single-threaded BLAS on both cores, each on half the rows."""
-    return _split_rows(_blas, a, b, out)
-
-
 def _numba(a, b, out):
     a3 = np.ascontiguousarray(_as_batched(a))
     direct = out is not None and out.flags.c_contiguous                 # else a copy at the end
@@ -170,16 +154,32 @@ def _numba_blocked(a, b, out):
     return run_blocked(a, b, out)
 
 
-def _numba_blocked_split(a, b, out):
-    """The blocked kernel on both cores, each on half the rows (b copied once, if at all)."""
-    if _blocked_offered(a, b):
-        b = _aligned_rows(b)
-    return _split_rows(_numba_blocked, a, b, out)
+def _numba_blocked_parts(a, b, out):
+    """The blocked kernel with the rows of a 2-D product split between the runtime's worker
+    threads. Each row of the result is computed the same way whichever part holds it, so the
+    bits do not depend on the number of parts."""
+    if a.ndim != 2 or not _blocked_offered(a, b) or runtime.workers() < 2 or a.shape[0] < 64:
+        return _numba_blocked(a, b, out)
+    b = _aligned_rows(b)
+    if out is None or (out.shape[-1] > 1 and out.strides[-1] != out.itemsize):
+        target = empty_aligned((a.shape[0], b.shape[1]), a.dtype)
+    else:
+        target = out
+    m = a.shape[0]
+    n = min(runtime.workers(), m // 32)
+    bounds = [m * i // n for i in range(n + 1)]
+    runtime.run_parts(lambda i: run_blocked(a[bounds[i]:bounds[i + 1]], b,
+                                            target[bounds[i]:bounds[i + 1]]), range(n))
+    if out is not None and target is not out:
+        out[...] = target
+        return out
+    return target
 
 
-CANDIDATES = {"blas": _blas, "blas-contiguous": _blas_contiguous, "numba": _numba,
-              "blas-split": _blas_split, "numba-blocked": _numba_blocked,
-              "numba-blocked-split": _numba_blocked_split}
+VARIANTS = {"blas": _blas, "blas-contiguous": _blas_contiguous, "numba": _numba,
+            "numba-blocked": _numba_blocked}
+THREAD_SAFE = ("blas", "blas-contiguous", "numba-blocked")   # may run on several threads at once
+runtime.register_variants(VARIANTS)
 
 
 def _layout(x):
@@ -195,93 +195,181 @@ def _bucket(n):
     return -(-n // _BUCKET) * _BUCKET
 
 
-def _signature(a, b, out, candidates=None):
-    """Exact shapes for small products; large 2-D ones by sizes rounded up to multiples of 256
-    (training sees a new row count N = B*T with almost every batch, and one decision per
-    bucket is enough there: both candidates are BLAS)."""
-    layouts = (a.dtype.str, _layout(a), _layout(b), None if out is None else _layout(out),
-               None if candidates is None else tuple(sorted(candidates)))
+def product_key(a, b, out=None, candidates=None):
+    """The dispatch table's key of a product: dtype, layouts of a, b and out (C, T, R, S or -),
+    and the shapes; large 2-D products by their sizes rounded up to multiples of 256 (training
+    sees a new row count B*T with almost every batch). "safe" marks a product limited to the
+    ``THREAD_SAFE`` variants. E.g. ``"<f4 CT- L2048x256x768"``,
+    ``"<f4 RTR 64x8x15x32@64x8x32x15 safe"``."""
+    layouts = _layout(a) + _layout(b) + ("-" if out is None else _layout(out))
     if a.ndim == 2 and a.shape[0] * a.shape[1] * b.shape[1] > MEASURE_LIMIT:
-        return ("large", _bucket(a.shape[0]), _bucket(a.shape[1]), _bucket(b.shape[1])) + layouts
-    return (a.shape, b.shape) + layouts
+        shapes = f"L{_bucket(a.shape[0])}x{_bucket(a.shape[1])}x{_bucket(b.shape[1])}"
+    else:
+        shapes = "x".join(map(str, a.shape)) + "@" + "x".join(map(str, b.shape))
+    return f"{a.dtype.str} {layouts} {shapes}" + (" safe" if candidates is not None else "")
 
 
-def _measure(sig, a, b, out, names):
+def _offered(a, b, candidates):
+    """The variants worth considering for a @ b, BLAS first."""
+    per_matrix = a.shape[-2] * a.shape[-1] * b.shape[-1]
+    if per_matrix > MEASURE_LIMIT:               # no cache blocking in "numba": too slow to try
+        names = ["blas"] + (["numba-blocked"] if _blocked_offered(a, b) else [])
+    elif per_matrix * (a.size // a.shape[-2] // a.shape[-1]) > TRIAL_LIMIT:
+        names = ["blas"]
+    else:
+        names = ["blas", "numba"]
+        if _layout(a) != "C" or _layout(b) != "C":
+            names.insert(1, "blas-contiguous")
+        if _blocked_offered(a, b):
+            names.append("numba-blocked")
+    if candidates is not None:
+        names = [n for n in names if n in candidates] or ["blas"]
+    return names
+
+
+# OpenBLAS kernel families with AVX-512 code (threadpoolctl's "architecture").
+AVX512_BLAS = ("SkylakeX", "Cooperlake", "SapphireRapids")
+
+
+def rule(names, features):
+    """The deterministic choice among the offered ``names``, from the machine's ``features``
+    (``npformer.runtime.rule_features``): the blocked kernel where the CPU has AVX-512 but the
+    BLAS runs narrower (AVX2) kernels, as an OpenBLAS pinned to "Haswell" or "Zen" does; BLAS
+    everywhere else. No clock is read."""
+    blas_arch = features.get("blas_arch")
+    narrow_blas = bool(features.get("avx512f")) and blas_arch is not None \
+        and blas_arch not in AVX512_BLAS
+    if narrow_blas and "numba-blocked" in names:
+        return "numba-blocked"
+    return "blas"
+
+
+def _measure(key, a, b, out, names, run):
     results = {}
     for name in names:
-        fn = CANDIDATES[name]
-        fn(a, b, out)                                         # warm-up (compiles the kernel once)
+        run(name, a, b, out)                                # warm-up (compiles the kernel once)
         best = np.inf
         for _ in range(TRIALS):
             t0 = time.perf_counter()
-            fn(a, b, out)
+            run(name, a, b, out)
             best = min(best, time.perf_counter() - t0)
         results[name] = best
-    _timings[sig] = results
-    _choice[sig] = min(results, key=results.get)
-    return _choice[sig]
+    _timings[key] = results
+    return min(results, key=results.get)
 
 
-THREAD_SAFE = ("blas", "blas-contiguous", "numba-blocked")   # may run on several threads at once
+PART_MACS = 1 << 24              # a large product's cells: at least this many multiply-adds
+MAX_PARTS = 16                   # ... and at most this many cells
+_ROW_ALIGN, _COL_ALIGN = 16, 64  # cell edges: multiples of BLAS's register blocks
+
+
+def product_grid(m, k, n):
+    """(row bounds, column bounds) of the cells a large 2-D product (M, K) @ (K, N) is divided
+    into: at most ``MAX_PARTS`` cells of at least ``PART_MACS`` multiply-adds, shaped so that
+    the operands are read (packed) the fewest times (``pc * M*K + pr * K*N`` for pr x pc cells).
+
+    A function of the shape alone: the cells, and so every bit of the result, are the same on
+    1 core or 64. (A BLAS divides a product between its own threads by the thread count, and
+    some, such as OpenBLAS's AVX-512 float64 kernels, round the edges of each share
+    differently: the bits would depend on the cores.)"""
+    parts = max(1, min(MAX_PARTS, m * k * n // PART_MACS))
+    best = (None, 1, 1)
+    for pr in range(1, parts + 1):
+        pc = parts // pr
+        if pr > 1 and m // pr < 2 * _ROW_ALIGN:
+            break
+        if pc > 1 and n // pc < 2 * _COL_ALIGN:
+            continue
+        cost = pc * m * k + pr * k * n
+        if best[0] is None or cost < best[0]:
+            best = (cost, pr, pc)
+    _, pr, pc = best
+
+    def bounds(total, count, align):
+        return [0] + [total * i // count // align * align for i in range(1, count)] + [total]
+    return bounds(m, pr, _ROW_ALIGN), bounds(n, pc, _COL_ALIGN)
+
+
+def _blas_cells(product, a, b, out):
+    """product(a, b, out) of a large 2-D product, cell by cell (:func:`product_grid`), the cells
+    shared by the runtime's workers, each by single-threaded BLAS."""
+    rows, cols = product_grid(a.shape[0], a.shape[1], b.shape[1])
+    if len(rows) == 2 and len(cols) == 2:
+        with runtime.blas_scope():
+            return product(a, b, out)
+    cells = [(r0, r1, c0, c1) for r0, r1 in zip(rows, rows[1:]) for c0, c1 in zip(cols, cols[1:])]
+    runtime.run_parts(lambda c: product(a[c[0]:c[1]], b[:, c[2]:c[3]], out[c[0]:c[1], c[2]:c[3]]),
+                      cells)
+    return out
+
+
+def _run_main(name, a, b, out):
+    """A product on the calling thread's behalf: a large 2-D one in cells fixed by its shape
+    (BLAS) or in row parts (the blocked kernel) over the runtime's workers; BLAS on npformer's
+    thread count (one) in every case."""
+    if a.ndim == 2 and name in ("blas", "blas-contiguous"):
+        return _blas_cells(VARIANTS[name], a, b, out)
+    with runtime.blas_scope():
+        if name == "numba-blocked":
+            return _numba_blocked_parts(a, b, out)
+        return VARIANTS[name](a, b, out)
+
+
+def _run_safe(name, a, b, out):
+    """A product inside a part of parallel work (the caller set BLAS to one thread)."""
+    return VARIANTS[name](a, b, out)
 
 
 def matmul(a, b, out=None, candidates=None):
-    """a @ b by the implementation measured fastest for this shape signature.
+    """a @ b by the variant the dispatch table holds for this product's key.
 
     Shape: a (..., M, K), b (..., K, N) with equal leading (batch) shapes -> (..., M, N); ``out``
-    (optional) receives the result and may be a strided view. ``candidates`` (names from
-    ``CANDIDATES``) limits the choice, e.g. to ``THREAD_SAFE`` for code that already runs on
-    two threads: the Numba kernels use Numba's thread pool, which two threads must not enter
-    at once, and ``blas-split`` would start a third thread.
+    (optional) receives the result and may be a strided view. ``candidates`` limits the variants
+    to ``THREAD_SAFE`` ones, for code that already runs on several threads (attention's parts):
+    such a call computes on the calling thread alone.
 
-    An ``out`` that overlaps a or b receives a copy of the product: no candidate writes into
-    memory it is still reading (the split ones read all of b while writing half of out), and
-    the first call's trials write into ``out``. Empty operands go to NumPy, which defines them
-    (K = 0 gives zeros)."""
+    The variant: one fixed earlier for this key (in this process, by a resumed checkpoint or by a
+    calibrated table), else :func:`rule`'s; with ``npformer.runtime.set_deterministic(False)``,
+    the fastest of the offered ones, timed once per key.
+
+    An ``out`` that overlaps a or b receives a copy of the product (no variant writes into memory
+    it is still reading). Empty operands go to NumPy, which defines them (K = 0 gives zeros)."""
     check_operands(a, b, out, "matmul")
+    if candidates is not None and not set(candidates) <= set(THREAD_SAFE):
+        raise ValueError(f"matmul: candidates: expected names from {THREAD_SAFE}, got "
+                         f"{candidates!r}")
     if a.size == 0 or b.size == 0:
         return np.matmul(a, b, out=out)
     if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
         out[...] = matmul(a, b, candidates=candidates)
         return out
-    sig = _signature(a, b, out, candidates)
-    name = _choice.get(sig)
-    if name is None:
-        per_matrix = a.shape[-2] * a.shape[-1] * b.shape[-1]
-        if per_matrix > MEASURE_LIMIT:
-            names = ["blas", "blas-split"] if a.ndim == 2 else ["blas"]
-            if _blocked_offered(a, b):
-                names += ["numba-blocked", "numba-blocked-split"] if a.ndim == 2 else ["numba-blocked"]
-        elif per_matrix * (a.size // a.shape[-2] // a.shape[-1]) > TRIAL_LIMIT:
-            names = ["blas"]
-        else:
-            names = ["blas", "numba"]
-            if _layout(a) != "C" or _layout(b) != "C":
-                names.insert(1, "blas-contiguous")
-            if _blocked_offered(a, b):
-                names.append("numba-blocked")
-        if candidates is not None:
-            names = [n for n in names if n in candidates] or ["blas"]
+    key = product_key(a, b, out, candidates)
+    name = runtime.dispatch_choice(key)
     if out is None:                  # aligned, so that products reading this result load whole
         out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)      # lines (and the trials')
+    run = _run_main if candidates is None else _run_safe
     if name is None:
-        name = _measure(sig, a, b, out, names) if len(names) > 1 else names[0]
-        _choice[sig] = name
-    return CANDIDATES[name](a, b, out)
+        names = _offered(a, b, candidates)
+        if runtime.is_deterministic() or len(names) == 1:
+            name = rule(names, runtime.rule_features())
+        else:
+            name = _measure(key, a, b, out, names, run)
+        runtime.remember(key, name)
+    return run(name, a, b, out)
 
 
 def choice(a, b, out=None, candidates=None):
-    """The candidate ``matmul`` uses (or would measure and use) for these operands."""
-    sig = _signature(a, b, out, candidates)
-    return _choice.get(sig)
+    """The variant ``matmul`` uses for these operands, or None if it has not chosen yet."""
+    return runtime.dispatch_choice(product_key(a, b, out, candidates))
 
 
 def timings():
-    """{signature: {candidate: best seconds}} of every shape measured so far in this process."""
-    return {sig: dict(t) for sig, t in _timings.items()}
+    """{key: {variant: best seconds}} of every product timed in this process (non-deterministic
+    mode and ``npformer calibrate``)."""
+    return {key: dict(t) for key, t in _timings.items()}
 
 
 def reset():
-    """Forget every measurement (e.g. after changing the thread counts)."""
-    _choice.clear()
+    """Forget every choice and timing of this process (tests, and ``npformer calibrate``)."""
     _timings.clear()
+    runtime.forget_choices()

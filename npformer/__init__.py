@@ -9,17 +9,18 @@
     opt = nf.Adam(model, lr=1e-3); opt.step()
 """
 from . import functional, interop, nn, optim
-from .backend import configure_runtime, get_backend, set_backend
+from .backend import get_backend, set_backend
 from .gradcheck import GradcheckResult, gradcheck
 from .loss import cross_entropy
 from .nn import Transformer
 from .optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
                     clip_grad_norm)
+from .runtime import configure_runtime, set_deterministic
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Adam", "AdamW", "GradcheckResult", "configure_runtime", "NoamSchedule", "Transformer", "WarmupCosineSchedule",
     "WarmupInverseSqrtSchedule", "clip_grad_norm", "cross_entropy", "functional", "get_backend",
-    "gradcheck", "interop", "nn", "optim", "set_backend",
+    "gradcheck", "interop", "nn", "optim", "set_backend", "set_deterministic",
 ]

@@ -19,19 +19,31 @@ def multi30k_dir():
 @pytest.fixture
 def dispatcher_prefers(monkeypatch):
     """dispatcher_prefers("numba-blocked"): from now on the matmul dispatcher takes that
-    candidate wherever it is offered (and its first candidate elsewhere), instead of timing them,
-    so a test can hold a particular kernel against the reference whatever this machine finds
-    fastest. The dispatcher's memory is cleared before and after."""
+    variant wherever it is offered (and BLAS elsewhere) instead of its rules' choice, so a test
+    can hold a particular kernel against the reference whatever this machine's rules choose.
+    The dispatcher's choices are cleared before and after."""
     import importlib
     dispatcher = importlib.import_module("npformer.kernels.matmul")
 
     def prefer(name):
-        def measure(sig, a, b, out, names):
-            dispatcher._choice[sig] = name if name in names else names[0]
-            return dispatcher._choice[sig]
         dispatcher.reset()
-        monkeypatch.setattr(dispatcher, "_measure", measure)
+        monkeypatch.setattr(dispatcher, "rule", lambda names, features: name if name in names
+                            else names[0])
     yield prefer
+    dispatcher.reset()
+
+
+@pytest.fixture
+def nondeterministic():
+    """The matmul dispatcher in non-deterministic mode (it times the variants) for one test; its
+    choices are cleared before and after, and deterministic mode restored."""
+    import importlib
+    from npformer import runtime
+    dispatcher = importlib.import_module("npformer.kernels.matmul")
+    dispatcher.reset()
+    runtime.set_deterministic(False)
+    yield dispatcher
+    runtime.set_deterministic(True)
     dispatcher.reset()
 
 

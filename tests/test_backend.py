@@ -1,6 +1,5 @@
 """npformer.backend: switching, the environment variable, and whole-model agreement of the NumPy
 and Numba paths (gradients, gradient checks)."""
-import importlib
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 import npformer as nf
-from npformer import backend
+from npformer import backend, runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,7 +144,6 @@ def test_wide_heads_through_the_blocked_kernel_agree_and_gradcheck(restore_backe
                                                                    dispatcher_prefers):
     """The whole model with every offered product forced onto numba-blocked: the same loss,
     logits and gradients as the NumPy backend, and a central-difference check in float64."""
-    dispatcher = importlib.import_module("npformer.kernels.matmul")
     src, tgt_in, tgt_out = batch()
     results = []
     for name in ("numpy", "numba"):
@@ -158,7 +156,7 @@ def test_wide_heads_through_the_blocked_kernel_agree_and_gradcheck(restore_backe
         model.zero_grad()
         model.backward(dlogits)
         results.append((loss, logits, model.flat_grads.copy()))
-    assert list(dispatcher._choice.values()).count("numba-blocked") >= 8   # forced, and it ran
+    assert list(runtime.choices().values()).count("numba-blocked") >= 8   # forced, and it ran
     (loss_np, logits_np, g_np), (loss_nb, logits_nb, g_nb) = results
     assert abs(loss_np - loss_nb) <= 1e-12
     np.testing.assert_allclose(logits_nb, logits_np, rtol=0, atol=1e-12)
@@ -168,71 +166,3 @@ def test_wide_heads_through_the_blocked_kernel_agree_and_gradcheck(restore_backe
     src, tgt_in = rng.integers(1, 13, size=(2, 5)), rng.integers(1, 40, size=(2, 4))
     result = gradcheck_whole_model(model, src, tgt_in)
     assert result.ok, result
-
-
-def test_configure_runtime_sets_threads_and_rejects_bad_counts():
-    import numba
-    previous = numba.get_num_threads()
-    try:
-        result = backend.configure_runtime(threads=1, blas_threads=1)
-        assert result["threads"] == 1 and numba.get_num_threads() == 1
-        assert result["blas_threads"] == 1 and result["blas_set"] in (True, False)
-    finally:
-        numba.set_num_threads(previous)
-    with pytest.raises(ValueError, match="threads"):
-        backend.set_numba_threads(numba.config.NUMBA_NUM_THREADS + 1)
-    with pytest.raises(ValueError, match="blas_threads"):
-        backend.set_blas_threads(0)
-    with pytest.raises(ValueError, match="blas_threads"):
-        backend.set_blas_threads(True)
-
-
-def test_blas_thread_setting_reaches_openblas():
-    """With NumPy's OpenBLAS wheels, the setter is found and the count read back matches."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="2")
-    code = ("import ctypes, numpy; from npformer import backend\n"
-            "ok = backend.set_blas_threads(1)\n"
-            "libs = backend._openblas_libraries()\n"
-            "get = [getattr(ctypes.CDLL(p), n, None) for p in libs for n in "
-            "('scipy_openblas_get_num_threads64_', 'openblas_get_num_threads')]\n"
-            "get = [g for g in get if g]\n"
-            "print(ok, get[0]() if get else 'none')")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)
-    ok, count = out.stdout.split()
-    assert ok == "True" and count == "1"
-
-
-RUN_A_PARALLEL_KERNEL = """
-import numba, numpy as np
-from npformer import backend
-{setup}
-K = backend.load("numba")
-K.adam_step(*(np.ones(64, np.float32) for _ in range(4)), 1, 1e-3, 0.9, 0.98, 1e-9, 0.0, False)
-print(numba.threading_layer())
-"""
-
-
-@pytest.mark.parametrize("setup", [
-    "backend.configure_runtime()",                                  # the README's library use
-    "from npformer.cli import main  # noqa\nbackend.configure_runtime(blas_threads=None)",  # CLI
-    "backend.set_backend('numba'); backend.configure_runtime()",
-    "",                                                             # a kernel, nothing configured
-])
-def test_numba_runs_on_the_workqueue_layer_whatever_the_import_order(setup):
-    """configure_runtime() starts Numba's thread pool; before npformer.kernels was imported, it
-    used to start the spinning OpenMP layer (a base step 440 ms instead of 300)."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
-    out = subprocess.run([sys.executable, "-c", RUN_A_PARALLEL_KERNEL.format(setup=setup)],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "workqueue"
-
-
-def test_an_explicit_threading_layer_wins():
-    env = dict(os.environ, NUMBA_THREADING_LAYER="omp")
-    out = subprocess.run([sys.executable, "-c", RUN_A_PARALLEL_KERNEL.format(
-        setup="backend.configure_runtime()")], capture_output=True, text=True, env=env, cwd=ROOT,
-        timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "omp"

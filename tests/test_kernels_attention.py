@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npformer as nf
-from npformer import backend
+from npformer import backend, runtime
 from npformer import functional as F
 
 K = backend.load("numba")
@@ -129,15 +129,15 @@ def test_heads_split_in_parts_and_threads_match_reference(b, h, tq, tk, kind, dt
         close(g, g_ref, DTYPES[dtype])
 
 
-def test_parts_cover_every_head_once_and_use_two_threads():
+def test_parts_cover_every_head_once_and_run_in_parallel():
     shapes = [(128, 8, 64, 64), (128, 8, 16, 16), (3, 8, 40, 40), (1, 8, 64, 64), (1, 1, 64, 64)]
     for shape in shapes:
-        parts, two_threads = ATTENTION._parts(shape, 4)
+        parts, parallel = ATTENTION._parts(shape, 4)
         axis = 0 if shape[0] > 1 else 1
         covered = [i for _, lo, hi in parts for i in range(lo, hi)]
         assert covered == list(range(shape[axis]))
         assert all(a == axis for a, _, _ in parts)
-        assert two_threads == (shape[axis] > 1)            # both cores once there are 2 parts
+        assert parallel == (shape[axis] > 1)               # several threads once there are 2 parts
     assert ATTENTION._parts((2, 2, 3, 3), 4)[1] is False          # tiny: one thread only
 
 
@@ -162,22 +162,22 @@ def test_long_rows_match_reference(dtype, tk, kind):
 @given(b=st.integers(1, 4), h=st.integers(1, 3), tq=st.integers(1, 20), tk=st.integers(1, 20),
        d=st.sampled_from([32, 40, 64]), kind=st.sampled_from(["none", "padding", "causal_or_random"]),
        dtype=st.sampled_from(list(DTYPES)), dropout=st.sampled_from([0.0, 0.3]),
-       candidate=st.sampled_from(["numba-blocked", "blas"]), two_threads=st.booleans(),
+       candidate=st.sampled_from(["numba-blocked", "blas"]), parallel=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_kernel_equals_reference_with_each_product_kernel(dispatcher_prefers, b, h, tq, tk, d, kind,
-                                                         dtype, dropout, candidate, two_threads,
+                                                         dtype, dropout, candidate, parallel,
                                                          seed):
     """Head widths of 32 and more, where the dispatcher offers the register-blocked kernel for
     P v, P'^T dout, dS k and dS^T q: the kernel agrees with the reference whichever product
     kernel the dispatcher is made to take (on this machine it times numba-blocked fastest), on
-    one thread or with the parts shared by two."""
+    one thread or with the parts shared by the runtime's workers."""
     dispatcher_prefers(candidate)
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((b, h, tq, d), (b, h, tk, d), (b, h, tk, d)))
     mask = make_mask(rng, kind, b, tq, tk)
     out_ref, cache_ref = F.attention_forward(q, k, v, mask, dropout, np.random.default_rng(seed), True)
     with pytest.MonkeyPatch.context() as mp:
-        if two_threads:
+        if parallel:
             mp.setattr(ATTENTION, "SPLIT_MIN", 0)
             mp.setattr(ATTENTION, "CHUNK_BYTES", 1)             # one part per batch element
         out, cache = K.attention_forward(q, k, v, mask, dropout, np.random.default_rng(seed), True)
@@ -186,5 +186,4 @@ def test_kernel_equals_reference_with_each_product_kernel(dispatcher_prefers, b,
     close(out, out_ref, DTYPES[dtype])
     for g, g_ref in zip(grads, F.attention_backward(dout, cache_ref)):
         close(g, g_ref, DTYPES[dtype] * max(tq, tk))
-    dispatcher = importlib.import_module("npformer.kernels.matmul")
-    assert candidate in dispatcher._choice.values()           # the product kernel really ran
+    assert candidate in runtime.choices().values()            # the product kernel really ran

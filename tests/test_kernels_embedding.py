@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npformer import backend
+from npformer import backend, runtime
 from npformer import functional as F
 
 K = backend.load("numba")
@@ -60,12 +60,11 @@ def test_scatter_add_bits_do_not_depend_on_the_thread_count():
     ids = rng.integers(0, 50, size=(128, 14))                # many repeated ids
     dout = rng.standard_normal((128, 14, 256)).astype(np.float32)
     cache = K.embedding_forward(ids, np.zeros((50, 256), np.float32), 16.0)[1]
-    before = numba.get_num_threads()
     results = []
     try:
         for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
-            numba.set_num_threads(threads)
+            runtime.configure_runtime(threads=threads)
             results.append(K.embedding_backward(dout, cache, padding_idx=0))
     finally:
-        numba.set_num_threads(before)
+        runtime.configure_runtime()
     np.testing.assert_array_equal(results[-1], results[0])

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import npformer as nf
-from npformer import backend
+from npformer import backend, runtime
 from npformer import functional as F
 
 K = backend.load("numba")
@@ -60,13 +60,12 @@ def test_backward_bits_do_not_depend_on_the_thread_count(n_rows):
     gamma, beta = rng.standard_normal(256).astype(np.float32), np.zeros(256, np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
     _, cache = K.layernorm_forward(x, gamma, beta)
-    before = numba.get_num_threads()
     results = []
     try:
         for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
-            numba.set_num_threads(threads)
+            runtime.configure_runtime(threads=threads)
             results.append(K.layernorm_backward(dy, cache))
     finally:
-        numba.set_num_threads(before)
+        runtime.configure_runtime()
     for got, first in zip(results[-1], results[0]):
         np.testing.assert_array_equal(got, first)

@@ -12,7 +12,6 @@ import pytest
 
 import npformer as nf
 from npformer.cli.main import main
-from npformer.cli.threads import set_blas_threads
 from npformer.data.batching import make_batch
 from npformer.training.checkpointing import load_model_checkpoint
 from npformer.training.metrics import read_metrics_log, sacrebleu_scores
@@ -226,7 +225,6 @@ def test_smoke_multi30k_subset_learns(multi30k_dir, tmp_path):
     validation sentences rises above a low bar. Measured (2 busy cores, load ~2.5): 18-20 s of
     training, loss 7.07 -> 3.64, BLEU 6.40; an untrained model scores ~0.0. The bars leave
     about half of that as margin for changes in the kernels' rounding."""
-    set_blas_threads(1)      # as the CLI does: small matrices, busy cores (npformer/cli/threads.py)
     data = load_multi30k(multi30k_dir, "de", "en", subset=2000, valid_subset=300)
     trainer = build_trainer(
         data, dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,

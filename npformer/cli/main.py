@@ -19,13 +19,13 @@ import time
 import traceback
 import warnings
 
-from .. import backend
-from . import average, download, evaluate, gradcheck, plot, toy, train, translate
+from .. import runtime
+from . import average, calibrate, download, evaluate, gradcheck, plot, toy, train, translate
 from .common import positive_int
-from .threads import set_blas_threads
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
-            "gradcheck": gradcheck, "plot": plot, "download": download, "average": average}
+            "gradcheck": gradcheck, "plot": plot, "download": download, "average": average,
+            "calibrate": calibrate}
 EXIT_INTERNAL = 70                               # EX_SOFTWARE: a bug, not the user's mistake
 
 
@@ -41,9 +41,13 @@ class Parser(argparse.ArgumentParser):
 def build_parser():
     parser = Parser(
         prog="npformer", description="An encoder-decoder Transformer in NumPy: train, translate, inspect.")
+    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                        help="cores to use (default: every core this process may use, after "
+                             "its affinity, cgroup quota and $OMP_NUM_THREADS / "
+                             "$NUMBA_NUM_THREADS)")
     parser.add_argument("--blas-threads", type=positive_int, default=None, metavar="N",
-                        help="threads for NumPy's BLAS (default 1, or $OPENBLAS_NUM_THREADS if "
-                             "set): tiny matrices run fastest on one thread")
+                        help="BLAS threads for every matrix product (default: sized by the "
+                             "product, one for small ones)")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of any error (also: NPFORMER_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -103,12 +107,11 @@ def main(argv=None):
     warnings.showwarning = _show_warning
     prefix = f"npformer {args.command}"
     try:
-        blas = args.blas_threads
-        if blas is None and "OPENBLAS_NUM_THREADS" not in os.environ:
-            blas = 1                             # the policy (npformer.backend); the user's env wins
-        if blas is not None:
-            set_blas_threads(blas)               # validates: the message names --blas-threads
-        backend.configure_runtime(blas_threads=None)   # Numba threads and memory; BLAS set above
+        opted_out = os.environ.get(runtime.ENV_SWITCH, "").strip().lower() in ("off", "0")
+        if args.threads or args.blas_threads or not opted_out:
+            # the CLI's process is npformer's own: it also keeps freed memory for reuse
+            runtime.configure_runtime(threads=args.threads, blas_threads=args.blas_threads,
+                                      keep_memory=True)
         return args.run(args) or 0
     except KeyboardInterrupt:
         print(f"{prefix}: interrupted", file=sys.stderr)

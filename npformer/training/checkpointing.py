@@ -2,14 +2,16 @@
 
 Arrays: ``model/<parameter name>``, ``optim/{step_count,exp_avg,exp_avg_sq}``, ``rng/model/...``
 (the dropout generator). Metadata: ``{"kind": "npformer-model", "config": model.config,
-"src_vocab": [...], "tgt_vocab": [...], "training": {...}}``, where ``training`` holds the
-trainer's counters, the batch sampler's position and the early-stopping state, so a resumed run
-continues bit for bit.
+"src_vocab": [...], "tgt_vocab": [...], "training": {...}, "runtime": {...}}``, where
+``training`` holds the trainer's counters, the batch sampler's position and the early-stopping
+state, and ``runtime`` the matrix-product variants in force (``npformer.runtime.record``), so a
+resumed run continues bit for bit.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
+from .. import runtime
 from ..checkpoint import (CheckpointError, checkpoint_paths, load_checkpoint, rng_from_arrays,
                           rng_state_to_arrays, save_checkpoint)
 from ..data.vocab import Vocab
@@ -28,7 +30,7 @@ def save_model_checkpoint(path, model, src_vocab, tgt_vocab, optimizer=None, tra
         arrays.update({_OPTIM + k: np.asarray(v) for k, v in optimizer.state_dict().items()})
         arrays.update(rng_state_to_arrays(model.rng, _RNG))
     meta = {"kind": KIND, "config": dict(model.config), "src_vocab": src_vocab.tokens,
-            "tgt_vocab": tgt_vocab.tokens}
+            "tgt_vocab": tgt_vocab.tokens, "runtime": runtime.record()}
     if training is not None:
         meta["training"] = training
     if extra:

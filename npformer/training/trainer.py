@@ -22,6 +22,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .. import runtime
+from ..backend import ops
 from ..data.batching import BatchSampler, iterate_batches, make_batch
 from ..decoding.translator import Translator, whitespace_tokenize
 from ..loss import cross_entropy
@@ -154,6 +156,7 @@ class Trainer:
         self.history = []                       # validation records
         self.log = None
         self._data_crc32 = None                 # data_fingerprint(), once asked for
+        self.bit_exact_resume = True            # False once resumed with other kernel variants
 
     # -- data ----------------------------------------------------------------------------------
     def encode_pairs(self, pairs, name):
@@ -275,7 +278,9 @@ class Trainer:
 
     def resume(self, checkpoint):
         """Continue from a checkpoint saved by ``save`` (a path, or the ``LoadedCheckpoint`` a
-        caller already loaded): weights, optimizer, RNG, counters, data position."""
+        caller already loaded): weights, optimizer, RNG, counters, data position, and the
+        matrix-product variants the run computed with (``bit_exact_resume`` is False, after a
+        warning, where some of them are no longer available)."""
         loaded = (checkpoint if isinstance(checkpoint, LoadedCheckpoint)
                   else load_model_checkpoint(checkpoint))
         check_compatible(loaded, self.model.config, self.src_vocab, self.tgt_vocab)
@@ -285,6 +290,8 @@ class Trainer:
                              f"from its run's (their token ids do not match its data_crc32); a "
                              f"resume continues the same data, so start a new run for other data")
         training = restore_training_state(loaded, self.model, self.optimizer)
+        ops()                                    # the active backend's kernels, loaded
+        self.bit_exact_resume = runtime.adopt(loaded.meta.get("runtime"), loaded.path)
         try:
             self.step, self.epoch = int(training["step"]), int(training["epoch"])
             self.sampler.load_state_dict(training["sampler"])

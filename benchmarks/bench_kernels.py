@@ -4,13 +4,12 @@
 
 Prints one row per kernel: reference ms, kernel ms (medians after a warm-up call, which also
 compiles), and the speed-up. Attention is timed forward+backward at B=128, H=8, d_head=32 and
-T = S in {16, 32, 64}, with a key-padding mask. Both run under npformer's runtime policy
-(``npformer.backend.configure_runtime``: Numba on --threads, BLAS on 1 thread, freed memory
-reused).
+T = S in {16, 32, 64}, with a key-padding mask. Both run under npformer's runtime
+(``npformer.configure_runtime(threads=--threads)``).
 
 A second table shows the matmul dispatcher (``npformer.kernels.matmul``): for each product shape
-the best-of-3 time of every candidate it measured (BLAS through NumPy, BLAS on contiguous
-copies, the Numba kernel, BLAS split over two threads) and the one it picked.
+the variant its deterministic rules choose, and the best-of-3 time of every variant it offers
+(measured in non-deterministic mode, as ``npformer calibrate`` does).
 """
 import argparse
 import os
@@ -149,7 +148,8 @@ def main():
 
     from npformer import backend
     F, K = backend.load("numpy"), backend.load("numba")
-    policy = backend.configure_runtime(threads=args.threads)
+    from npformer import runtime
+    policy = runtime.configure_runtime(threads=args.threads)
     print(f"policy: {policy}; load average {os.getloadavg()[0]:.2f}")
     print(f"{'kernel':55s} {'numpy ms':>10s} {'numba ms':>10s} {'speed-up':>9s}")
     for name, ref, ker in cases(np, F, K, np.dtype(args.dtype)):
@@ -158,14 +158,21 @@ def main():
 
     import importlib
     dispatcher = importlib.import_module("npformer.kernels.matmul")
-    dispatcher.reset()
-    names = list(dispatcher.CANDIDATES)
-    print(f"\n{'matmul shape':45s} " + " ".join(f"{n:>15s}" for n in names) + "   picked")
+    names = list(dispatcher.VARIANTS)
+    print(f"\n{'matmul shape':45s} " + " ".join(f"{n:>15s}" for n in names)
+          + "   rules' choice / fastest")
     for label, a, b in matmul_shapes(np, np.dtype(args.dtype)):
+        dispatcher.reset()
         dispatcher.matmul(a, b)
-        times = dispatcher.timings().get(dispatcher._signature(a, b, None), {})
+        ruled = dispatcher.choice(a, b)
+        dispatcher.reset()
+        runtime.set_deterministic(False)
+        dispatcher.matmul(a, b)
+        runtime.set_deterministic(True)
+        times = dispatcher.timings().get(dispatcher.product_key(a, b), {})
         cells = " ".join(f"{1e3 * times[n]:13.3f}ms" if n in times else f"{'-':>15s}" for n in names)
-        print(f"{label:45s} {cells}   {dispatcher.choice(a, b)}", flush=True)
+        print(f"{label:45s} {cells}   {ruled} / {dispatcher.choice(a, b)}", flush=True)
+    dispatcher.reset()
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 

@@ -209,10 +209,14 @@ def product_key(a, b, out=None, candidates=None):
     return f"{a.dtype.str} {layouts} {shapes}" + (" safe" if candidates is not None else "")
 
 
+def _is_large(a, b):
+    return a.shape[-2] * a.shape[-1] * b.shape[-1] > MEASURE_LIMIT
+
+
 def _offered(a, b, candidates):
     """The variants worth considering for a @ b, BLAS first."""
     per_matrix = a.shape[-2] * a.shape[-1] * b.shape[-1]
-    if per_matrix > MEASURE_LIMIT:               # no cache blocking in "numba": too slow to try
+    if _is_large(a, b):                          # no cache blocking in "numba": too slow to try
         names = ["blas"] + (["numba-blocked"] if _blocked_offered(a, b) else [])
     elif per_matrix * (a.size // a.shape[-2] // a.shape[-1]) > TRIAL_LIMIT:
         names = ["blas"]
@@ -231,17 +235,28 @@ def _offered(a, b, candidates):
 AVX512_BLAS = ("SkylakeX", "Cooperlake", "SapphireRapids")
 
 
-def rule(names, features):
-    """The deterministic choice among the offered ``names``, from the machine's ``features``
-    (``npformer.runtime.rule_features``): the blocked kernel where the CPU has AVX-512 but the
-    BLAS runs narrower (AVX2) kernels, as an OpenBLAS pinned to "Haswell" or "Zen" does; BLAS
-    everywhere else. No clock is read."""
+def rule(names, features, large=False, b_layout="C"):
+    """The deterministic choice among the offered ``names`` for a product, from the machine's
+    ``features`` (``npformer.runtime.rule_features``), whether the product is ``large`` (more
+    than ``MEASURE_LIMIT`` multiply-adds per matrix) and the layout of b. No clock is read.
+
+    - A CPU with AVX-512 whose BLAS runs narrower (AVX2) kernels, as an OpenBLAS pinned to
+      "Haswell" or "Zen" does: the blocked kernel wherever it is offered (16-lane vectors
+      against 8).
+    - A CPU with AVX-512 and a BLAS that uses it: the blocked kernel for large products whose b
+      has contiguous rows (its row parts share the workers at no cost, where BLAS's cells
+      each pack b again); BLAS for the rest (a transposed b would first be copied, and a small
+      product is too small to split).
+    - Anything else (AVX2 CPUs, where the kernel's 16-lane vectors take two registers each, or a
+      BLAS that threadpoolctl cannot name): BLAS."""
+    if "numba-blocked" not in names or not features.get("avx512f"):
+        return "blas"
     blas_arch = features.get("blas_arch")
-    narrow_blas = bool(features.get("avx512f")) and blas_arch is not None \
-        and blas_arch not in AVX512_BLAS
-    if narrow_blas and "numba-blocked" in names:
+    if blas_arch is None:
+        return "blas"
+    if blas_arch not in AVX512_BLAS:
         return "numba-blocked"
-    return "blas"
+    return "numba-blocked" if large and b_layout == "C" else "blas"
 
 
 def _measure(key, a, b, out, names, run):
@@ -351,7 +366,7 @@ def matmul(a, b, out=None, candidates=None):
     if name is None:
         names = _offered(a, b, candidates)
         if runtime.is_deterministic() or len(names) == 1:
-            name = rule(names, runtime.rule_features())
+            name = rule(names, runtime.rule_features(), large=_is_large(a, b), b_layout=_layout(b))
         else:
             name = _measure(key, a, b, out, names, run)
         runtime.remember(key, name)

@@ -166,6 +166,7 @@ _state = {
     "rule_features": None,   # the facts the rules read: this machine's, or a resumed run's
     "pool": None,
     "variants": None,        # the matmul variants this version has (register_variants)
+    "noted": set(),          # thread settings already warned about
 }
 
 
@@ -195,9 +196,12 @@ def _numba_max():
 
 
 def _policy_from_machine():
+    """The policy for this process's cores; each contradicting setting warned about once."""
     cores, notes = available_cores()
     for note in notes:
-        _warn(f"npformer runtime: {note}")
+        if note not in _state["noted"]:
+            _state["noted"].add(note)
+            _warn(f"npformer runtime: {note}")
     return thread_policy(cores, numba_max=_numba_max())
 
 
@@ -326,9 +330,17 @@ def _blas_controllers():
 
 
 def blas_info():
-    """[(internal_api, version, architecture)] of the BLAS libraries NumPy loaded."""
+    """[(internal_api, version, architecture)] of the BLAS libraries loaded in this process,
+    NumPy's first (others, such as SciPy's, follow in a fixed order)."""
+    import numpy
+    home = os.path.dirname(os.path.dirname(os.path.abspath(numpy.__file__)))
+    numpy_libs = os.path.join(home, "numpy.libs")
+
+    def order(c):
+        path = os.path.abspath(getattr(c, "filepath", "") or "")
+        return (not path.startswith(numpy_libs), path)
     return [(c.internal_api, c.version, getattr(c, "architecture", None))
-            for c in _blas_controllers()]
+            for c in sorted(_blas_controllers(), key=order)]
 
 
 def blas_scope():

@@ -27,7 +27,7 @@ def dispatcher_prefers(monkeypatch):
 
     def prefer(name):
         dispatcher.reset()
-        monkeypatch.setattr(dispatcher, "rule", lambda names, features: name if name in names
+        monkeypatch.setattr(dispatcher, "rule", lambda names, features, **shape: name if name in names
                             else names[0])
     yield prefer
     dispatcher.reset()

@@ -64,8 +64,10 @@ def test_rules_choose_by_cpu_and_blas_kernels_only():
     avx512_cpu = {"avx512f": True, "avx2": True}
     assert M.rule(names, dict(avx512_cpu, blas_arch="Haswell")) == "numba-blocked"   # pinned AVX2
     assert M.rule(names, dict(avx512_cpu, blas_arch="Zen")) == "numba-blocked"
-    assert M.rule(names, dict(avx512_cpu, blas_arch="SkylakeX")) == "blas"
-    assert M.rule(names, {"avx512f": False, "avx2": True, "blas_arch": "Haswell"}) == "blas"
+    assert M.rule(names, dict(avx512_cpu, blas_arch="SkylakeX")) == "blas"                # small
+    assert M.rule(names, dict(avx512_cpu, blas_arch="SkylakeX"), large=True) == "numba-blocked"
+    assert M.rule(names, dict(avx512_cpu, blas_arch="SkylakeX"), large=True, b_layout="T") == "blas"
+    assert M.rule(names, {"avx512f": False, "avx2": True, "blas_arch": "Haswell"}, large=True) == "blas"
     assert M.rule(names, dict(avx512_cpu, blas_arch=None)) == "blas"        # a BLAS we cannot see
     assert M.rule(["blas"], dict(avx512_cpu, blas_arch="Haswell")) == "blas"  # not offered
 

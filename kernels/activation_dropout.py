@@ -17,6 +17,11 @@ from npformer.functional.dropout import keep_mask
 from ._jit import kernel
 
 _CODES = {"relu": 0, "gelu": 1}   # the activation, as the kernels receive it
+# Elements per parallel task, fixed: Numba would otherwise give each thread one range of its own,
+# and where a range ends decides which elements LLVM computes in its vector loop and which in
+# the scalar one after it; with a vector library (SVML) their erf and exp round differently.
+# Fixed blocks make every element's arithmetic depend on its index alone, not on the threads.
+BLOCK = 4096
 _GELU = _CODES["gelu"]
 _NO_MASK = np.ones(1, dtype=bool)
 
@@ -27,15 +32,17 @@ def _forward(h, code, keep, scale, use_dropout, consts, out):
     consts = (1/2, 1/sqrt(2), 1/sqrt(2 pi)) in h's dtype, so float32 stays float32."""
     one = scale / scale
     half, inv_sqrt2 = consts[0], consts[1]
-    for i in prange(h.shape[0]):
-        x = h[i]
-        if code == _GELU:
-            y = x * (half * (one + math.erf(x * inv_sqrt2)))
-        else:
-            y = x if x > 0 else x - x                 # (x - x: a zero of x's dtype)
-        if use_dropout:
-            y = y * scale if keep[i] else y - y
-        out[i] = y
+    n = h.shape[0]
+    for blk in prange((n + BLOCK - 1) // BLOCK):
+        for i in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
+            x = h[i]
+            if code == _GELU:
+                y = x * (half * (one + math.erf(x * inv_sqrt2)))
+            else:
+                y = x if x > 0 else x - x             # (x - x: a zero of x's dtype)
+            if use_dropout:
+                y = y * scale if keep[i] else y - y
+            out[i] = y
 
 
 @kernel(parallel=True)
@@ -43,17 +50,19 @@ def _backward(dout, h, code, keep, scale, use_dropout, consts, dh):
     """dh = act'(h) * dout * keep * scale over flat arrays (consts as in _forward)."""
     one = scale / scale
     half, inv_sqrt2, inv_sqrt2pi = consts[0], consts[1], consts[2]
-    for i in prange(h.shape[0]):
-        g = dout[i]
-        if use_dropout:
-            g = g * scale if keep[i] else g - g
-        x = h[i]
-        if code == _GELU:
-            cdf = half * (one + math.erf(x * inv_sqrt2))
-            g = g * (cdf + x * math.exp(-half * x * x) * inv_sqrt2pi)
-        elif not x > 0:
-            g = g - g
-        dh[i] = g
+    n = h.shape[0]
+    for blk in prange((n + BLOCK - 1) // BLOCK):
+        for i in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
+            g = dout[i]
+            if use_dropout:
+                g = g * scale if keep[i] else g - g
+            x = h[i]
+            if code == _GELU:
+                cdf = half * (one + math.erf(x * inv_sqrt2))
+                g = g * (cdf + x * math.exp(-half * x * x) * inv_sqrt2pi)
+            elif not x > 0:
+                g = g - g
+            dh[i] = g
 
 
 def _consts(dtype):

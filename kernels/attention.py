@@ -55,8 +55,8 @@ CHUNK_BYTES = 1 << 19            # scores per part, sized to stay in L2 between 
 @njit(inline="always", fastmath=FASTMATH, cache=True)
 def _row_max(x, n, neg_inf):
     """max(x[:n]) in eight independent running maxima. One running maximum is a chain of
-    dependent compares that LLVM does not vectorise (measured: 60% of the softmax pass at T=64);
-    eight chains run in parallel and cost ~0.3 of it."""
+    dependent compares that LLVM does not vectorise (it dominated the softmax pass at T=64);
+    eight chains run in parallel."""
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = neg_inf
     n8 = n - n % 8
     for j in range(0, n8, 8):

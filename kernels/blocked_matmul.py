@@ -17,10 +17,8 @@ for L1 (K > ``K_CHUNK``, as in a weight gradient dW = dY^T X, whose K is the num
 tokens), the product is summed over chunks of K: the first chunk stores its block, the others
 add theirs to what is stored.
 
-Measured on these 2-core AVX-512 machines, where the environment pins OpenBLAS to its AVX2
-kernels (BENCHMARKS.md): 2.5x faster than BLAS on attention's products at T=16, 2.2x at T=32,
-1.8x at T=64; on the base model's linear layers (`bench_train_step.py --choices`) 1.1-1.6x on
-one thread and 1.15-1.45x split over two.
+Where it beats BLAS (an AVX-512 CPU whose BLAS runs AVX2 kernels; attention's small
+products) is for the dispatcher's rules and BENCHMARKS.md to say.
 
 Edges without remainder loops: the last row block of a tile and the last column panel are moved
 back to end at the last row / column, so they overlap the block before them (a tile of fewer
@@ -33,9 +31,9 @@ Operands: ``a`` any strides (its entries are read one by one, so ``a`` may be a 
 view); ``b`` and ``out`` with unit stride along their last axis (rows are read and written as
 vectors), best 64-byte aligned (``npformer.aligned.empty_aligned``). The wrapper
 :func:`blocked_matmul` checks this; the matmul dispatcher offers the kernel as
-``"numba-blocked"`` and keeps it only for shapes where it measures faster than BLAS. Serial and
-``nogil``: attention runs it on two Python threads, and the dispatcher's
-``"numba-blocked-split"`` runs two halves of the rows.
+``"numba-blocked"``. Serial and ``nogil``: attention's parts run it on several Python threads
+at once, and the dispatcher gives each worker thread a part of a large product's rows (every row
+is computed the same way whichever part holds it).
 """
 import numpy as np
 from numba import njit

@@ -1,4 +1,4 @@
-"""Linear layer forward/backward with every product through the measured dispatcher
+"""Linear layer forward/backward with every product through the matmul dispatcher
 (:func:`npformer.kernels.matmul.matmul`), and a backward that adds the weight gradients into the
 caller's accumulators through reused scratch buffers.
 

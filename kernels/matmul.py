@@ -25,11 +25,11 @@ which reads the shape and the machine's features only. ``npformer.runtime.set_de
 times the offered variants once per key and keeps the fastest (``timings()`` returns the
 measurements; ``npformer calibrate`` writes them into a table).
 
-Threads never change the bits: BLAS's thread count does not (a product is divided between BLAS
-threads by rows and columns of the result, never along the shared dimension; tests check it on
-the installed BLAS), and the blocked kernel computes every row of the result the same way
-whichever part holds it. The policy (``npformer.runtime.ThreadPolicy``) gives a product BLAS
-threads by its size, one for small ones.
+Threads never change the bits. A large 2-D product is cut into cells fixed by its shape
+(:func:`product_grid`), which the runtime's worker threads share, each cell by single-threaded
+BLAS: a BLAS given several threads divides a product by their number, and OpenBLAS's AVX-512
+float64 kernels round the edges of each share differently. The blocked kernel computes every row
+of the result the same way whichever part holds it, so its row parts are simply one per worker.
 
 Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix skip the row-parallel
 ``"numba"`` kernel (no cache blocking), and their key rounds the sizes up to multiples of 256
@@ -54,6 +54,8 @@ TRIAL_LIMIT = 1 << 28            # multiply-adds of a whole batched product wort
 TRIALS = 3                       # timed calls per candidate (the fastest counts)
 
 _timings = {}                    # key -> {variant: seconds}, of products timed in this process
+_ruled = {}                      # key -> the rules' variant (what deterministic mode computes with)
+_checked = set()                 # (key, variant) pairs known to fit their product
 
 
 @kernel(parallel=True)
@@ -129,8 +131,8 @@ def _blocked_offered(a, b):
 def _aligned_rows(b):
     """b itself if its rows have unit stride and start cache lines, or if it is a batch of
     small matrices with unit-stride rows (attention's heads: a copy per call costs more than the
-    misalignment); else a copy whose rows do (vector loads that straddle two lines measured 35%
-    slower on a linear layer's product; ``w.T`` is copied here)."""
+    misalignment); else a copy whose rows do (vector loads that straddle two cache lines are
+    slower; ``w.T`` is copied here)."""
     unit = b.shape[-1] == 1 or b.strides[-1] == b.itemsize
     if unit and (b.ndim > 2 or rows_aligned(b)):
         return b
@@ -192,7 +194,9 @@ def _layout(x):
 
 
 def _bucket(n):
-    return -(-n // _BUCKET) * _BUCKET
+    """n rounded up to a multiple of 256; below 256 n itself (the variants offered depend on
+    whether N >= 32, and a small size is worth its own choice)."""
+    return n if n < _BUCKET else -(-n // _BUCKET) * _BUCKET
 
 
 def product_key(a, b, out=None, candidates=None):
@@ -360,22 +364,37 @@ def matmul(a, b, out=None, candidates=None):
         return out
     key = product_key(a, b, out, candidates)
     name = runtime.dispatch_choice(key)
+    if name is not None and (key, name) not in _checked:      # from a table or a checkpoint
+        offered = _offered(a, b, candidates)
+        if name in offered:
+            _checked.add((key, name))
+        else:
+            runtime.refuse_choice(key, name, f"cannot compute (it offers {offered})")
+            name = None
     if out is None:                  # aligned, so that products reading this result load whole
         out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)      # lines (and the trials')
     run = _run_main if candidates is None else _run_safe
     if name is None:
         names = _offered(a, b, candidates)
+        _ruled[key] = rule(names, runtime.rule_features(), large=_is_large(a, b),
+                           b_layout=_layout(b))
         if runtime.is_deterministic() or len(names) == 1:
-            name = rule(names, runtime.rule_features(), large=_is_large(a, b), b_layout=_layout(b))
+            name = _ruled[key]
         else:
             name = _measure(key, a, b, out, names, run)
         runtime.remember(key, name)
+        _checked.add((key, name))
     return run(name, a, b, out)
 
 
 def choice(a, b, out=None, candidates=None):
     """The variant ``matmul`` uses for these operands, or None if it has not chosen yet."""
     return runtime.dispatch_choice(product_key(a, b, out, candidates))
+
+
+def rule_choices():
+    """{key: variant} the rules chose (or would have chosen, where timed) in this process."""
+    return dict(_ruled)
 
 
 def timings():
@@ -387,4 +406,6 @@ def timings():
 def reset():
     """Forget every choice and timing of this process (tests, and ``npformer calibrate``)."""
     _timings.clear()
+    _ruled.clear()
+    _checked.clear()
     runtime.forget_choices()

@@ -1,9 +1,8 @@
 """Arrays whose rows start on cache lines.
 
-A 64-byte vector load from an address that is not a multiple of 64 touches two cache lines.
-Measured on a (1920 x 256) @ (256 x 768) product in the Numba backend's blocked kernel: rows of
-b that start 4, 16 or 32 bytes past a cache line made it 35% slower (5.2 ms instead of 3.9).
-NumPy aligns its arrays to 16 bytes only, so the arrays that feed matrix products (the model's
+A 64-byte vector load from an address that is not a multiple of 64 touches two cache lines,
+which slows the Numba backend's blocked kernel down on every row of b that starts past a cache
+line (docs/kernels.md, "Alignment"). NumPy aligns its arrays to 16 bytes only, so the arrays that feed matrix products (the model's
 flat parameter buffer, the kernels' outputs) are allocated here.
 """
 import numpy as np

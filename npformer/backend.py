@@ -19,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import runtime
+
 BACKENDS = ("numba", "numpy")
 _MODULES = {"numba": "npformer.kernels", "numpy": "npformer.functional"}
 _state = {"name": None, "ops": None}
@@ -63,7 +65,9 @@ def load(name):
 def set_backend(name):
     """Select the backend ("numba" or "numpy") for every module from now on. Returns the name."""
     name = _check(name, "set_backend(name)")
-    _state["ops"] = load(name)
+    module = load(name)
+    # the reference's products run on npformer's BLAS thread count, as the kernels' do
+    _state["ops"] = runtime.BlasScoped(module) if name == "numpy" else module
     _state["name"] = name
     return name
 

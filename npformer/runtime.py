@@ -28,13 +28,17 @@ share differently: OpenBLAS's AVX-512 float64 kernels give other bits on 1, 2 or
 
 It applies itself on first use of the engine (when the kernels load), not on ``import npformer``;
 set ``NPFORMER_RUNTIME=off`` to leave threads entirely to NumPy's and Numba's defaults (the
-numerics stay deterministic), or call :func:`configure_runtime` to override the policy.
-Process-wide settings (glibc ``mallopt``, :func:`keep_freed_memory`) happen only where asked for.
+variants are still chosen without a clock, but the BLAS then shares products between its own
+threads, whose number can change float64 bits), or call :func:`configure_runtime` to override
+the policy. The one process-wide setting made without asking is Numba's threading layer
+(``workqueue``, only where ``NUMBA_THREADING_LAYER`` does not name one: it must be chosen before
+Numba's pool starts); others (glibc ``mallopt``, :func:`keep_freed_memory`) only where asked for.
 
 The reasoning and the costs are in docs/kernels.md ("Threads and determinism").
 """
 import contextlib
 import ctypes
+import functools
 import ctypes.util
 import hashlib
 import json
@@ -352,20 +356,62 @@ def blas_scope():
     return blas_threads(_state["blas_threads"])
 
 
+_blas_lock = threading.Lock()
+_blas_hold = {"saved": [], "counts": []}     # counts in force, outermost first (see blas_threads)
+
+
 @contextlib.contextmanager
 def blas_threads(n):
-    """BLAS on ``n`` threads inside the block, the previous count restored after it."""
-    changed = []
-    for c in _blas_controllers():
-        before = c.get_num_threads()
-        if before != n:
-            c.set_num_threads(n)
-            changed.append((c, before))
+    """BLAS on ``n`` threads inside the block. BLAS's thread count is one setting for the whole
+    process, so the blocks of every thread count together: the first to enter saves the user's
+    setting, the last to leave puts it back, and a nested block with another count restores the
+    enclosing block's on exit."""
+    with _blas_lock:
+        counts = _blas_hold["counts"]
+        if not counts:
+            _blas_hold["saved"] = [(c, c.get_num_threads()) for c in _blas_controllers()]
+            current = None
+        else:
+            current = counts[-1]
+        if n != current:
+            for c, before in _blas_hold["saved"]:
+                if current is not None or before != n:
+                    c.set_num_threads(n)
+        counts.append(n)
     try:
         yield
     finally:
-        for c, before in changed:
-            c.set_num_threads(before)
+        with _blas_lock:
+            counts.pop()
+            if not counts:
+                for c, before in _blas_hold["saved"]:
+                    if before != n:
+                        c.set_num_threads(before)
+            elif counts[-1] != n:
+                for c, _ in _blas_hold["saved"]:
+                    c.set_num_threads(counts[-1])
+
+
+class BlasScoped:
+    """A namespace of functions (the NumPy reference backend) each run inside :func:`blas_scope`,
+    so that its products, like the kernels', do not depend on BLAS's thread count. ``module``
+    is the namespace itself."""
+
+    def __init__(self, module):
+        self.module = module
+        self.__name__ = module.__name__
+
+    def __getattr__(self, name):
+        value = getattr(self.module, name)
+        if not callable(value) or isinstance(value, type):
+            return value
+
+        @functools.wraps(value)
+        def scoped(*args, **kwargs):
+            with blas_scope():
+                return value(*args, **kwargs)
+        setattr(self, name, scoped)                  # looked up once
+        return scoped
 
 
 def kernel_threads():
@@ -391,29 +437,43 @@ def workers():
     return policy().workers if managed() else 1
 
 
+_in_part = threading.local()                 # set while a thread computes a part
+
+
 def run_parts(fn, parts, max_workers=None):
     """fn(part) for every part, on this thread and up to ``workers() - 1`` helper threads (at most
     ``max_workers`` in all), each taking the next part nobody has taken (a thread the machine
     slows down simply does fewer). BLAS runs on npformer's count inside (:func:`blas_scope`; one
-    unless configured: the parts are the parallelism). The parts must write disjoint outputs: then which thread computes a part
-    changes nothing in the result. Helpers must not enter Numba's parallel pool: parts run
-    serial kernels. Exceptions propagate."""
+    unless configured: the parts are the parallelism). The parts must write disjoint outputs:
+    then which thread computes a part changes nothing in the result. Helpers must not enter
+    Numba's parallel pool: parts run serial kernels. A part that itself calls ``run_parts`` runs
+    its parts inline. The first exception stops the handing out of parts and propagates."""
     parts = list(parts)
     n = min(len(parts), workers(), max_workers or len(parts))
+    if getattr(_in_part, "active", False):
+        n = 1
     with blas_scope():
         if n <= 1:
             for part in parts:
                 fn(part)
             return
-        todo, lock = iter(parts), threading.Lock()
+        todo, lock, failed = iter(parts), threading.Lock(), []
 
         def work():
-            while True:
-                with lock:
-                    part = next(todo, None)
-                if part is None:
-                    return
-                fn(part)
+            _in_part.active = True
+            try:
+                while not failed:
+                    with lock:
+                        part = next(todo, None)
+                    if part is None:
+                        return
+                    try:
+                        fn(part)
+                    except BaseException:
+                        failed.append(True)
+                        raise
+            finally:
+                _in_part.active = False
         jobs = [_executor().submit(work) for _ in range(n - 1)]
         try:
             work()
@@ -449,9 +509,10 @@ def rule_features():
 
 
 def machine_id():
-    """A short fingerprint of this CPU and BLAS (a table calibrated elsewhere does not fit)."""
+    """A short fingerprint of this CPU and NumPy's BLAS (a table calibrated elsewhere, or a
+    checkpoint written elsewhere, may not compute the same way here)."""
     f = machine_features()
-    blas = blas_info()
+    blas = blas_info()[:1]
     text = json.dumps([f["cpu"], f["avx2"], f["avx512f"], f["blas_arch"],
                        [list(map(str, b)) for b in blas], platform.machine()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -556,13 +617,28 @@ def use_table(path):
 
 def dispatch_choice(key):
     """The variant fixed for a product key (adopted from a checkpoint, made earlier in this
-    process, or from the table), or None: the caller applies its rules and :func:`remember`s."""
+    process, or from the table in force), or None: the caller applies its rules and
+    :func:`remember`s. The caller also checks that the variant can compute its product."""
     name = _state["adopted"].get(key) or _state["used"].get(key)
     if name is None:
         name = _state["table"].get(key)
         if name is not None:
             _state["used"][key] = name
     return name
+
+
+def refuse_choice(key, name, why):
+    """A fixed choice that cannot be used (a table or checkpoint naming a variant this product
+    cannot use): warn once per key and forget it; the caller's rules choose instead."""
+    for source in ("adopted", "used", "table"):
+        if _state[source].get(key) == name:
+            del _state[source][key]
+    note = ("dispatch", key, name)
+    if note not in _state["noted"]:
+        _state["noted"].add(note)
+        _warn(f"the dispatch table in force ({_state['table_source'] or 'this process'}) names "
+              f"variant {name!r} for product {key}, which {why}; using the built-in rules instead"
+              f" (a resumed run is then no longer bit-exact)")
 
 
 def remember(key, name):
@@ -587,16 +663,18 @@ def record():
     """What a checkpoint stores so that a resume computes with the same variants: the choices
     made so far, the table in force, the features the rules read, and the mode."""
     return {"format": RECORD_FORMAT, "deterministic": _state["deterministic"],
-            "features": rule_features(), "table": dict(_state["table"]),
-            "choices": {**_state["adopted"], **_state["used"]}}
+            "machine": machine_id(), "features": rule_features(), "table": dict(_state["table"]),
+            "choices": {**_state["used"], **_state["adopted"]}}
 
 
 def adopt(rec, where):
     """Use the choices recorded by :func:`record` in checkpoint ``where`` from now on.
 
-    Returns True if the resumed run computes as the recorded one did. Choices naming a variant
-    this version lacks are dropped with a warning (the rules choose instead), and so is a record
-    from another mode or another machine's rules: then the run goes on, but not bit for bit."""
+    The record's choices and table become the ones in force (a table calibrated since is not
+    consulted), and the rules read the recorded machine features. Returns True if the resumed
+    run computes as the recorded one did. Choices naming a variant this version lacks are
+    dropped with a warning (the rules choose instead); a record from non-deterministic mode or
+    from another CPU or BLAS warns too: then the run goes on, but not bit for bit."""
     if rec is None:
         return True                                  # a checkpoint from before the runtime record
     exact = True
@@ -622,7 +700,16 @@ def adopt(rec, where):
         exact = False
         _warn(f"checkpoint {where}: was trained with set_deterministic(False); its resume is "
               f"not bit-exact")
-    if isinstance(rec.get("features"), dict):
-        _state["rule_features"] = dict(machine_features(), **rec["features"])
+    if rec.get("machine") not in (None, machine_id()):
+        exact = False
+        _warn(f"checkpoint {where}: was written on another CPU or BLAS ({rec.get('machine')!r}, "
+              f"this machine is {machine_id()!r}); it resumes with the same product variants, "
+              f"but the BLAS's kernels may round differently, so not necessarily bit for bit")
+    features = rec.get("features")
+    _state["rule_features"] = (dict(machine_features(), **features)
+                               if isinstance(features, dict) else None)
+    _state["table"] = {}                         # the record's table is among ``merged``
+    _state["table_source"] = f"checkpoint {where}"
     _state["adopted"] = merged
+    _state["used"].clear()
     return exact

@@ -169,7 +169,7 @@ def test_kernel_equals_reference_with_each_product_kernel(dispatcher_prefers, b,
                                                          seed):
     """Head widths of 32 and more, where the dispatcher offers the register-blocked kernel for
     P v, P'^T dout, dS k and dS^T q: the kernel agrees with the reference whichever product
-    kernel the dispatcher is made to take (on this machine it times numba-blocked fastest), on
+    kernel the dispatcher is made to take, on
     one thread or with the parts shared by the runtime's workers."""
     dispatcher_prefers(candidate)
     rng = np.random.default_rng(seed)

@@ -104,6 +104,8 @@ def test_candidates_limit_the_choice_and_get_their_own_key(nondeterministic):
 
 
 def test_large_products_try_blas_and_the_blocked_kernel_once_per_size_bucket(nondeterministic):
+    """Sizes from 256 up are rounded up to multiples of 256 in the key (one choice per bucket);
+    smaller ones are exact (N < 32 and N >= 32 offer different variants)."""
     k = M.MEASURE_LIMIT // (4 * 64) + 1
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((4, k)), rng.standard_normal((k, 64))   # float64: exact enough
@@ -114,12 +116,13 @@ def test_large_products_try_blas_and_the_blocked_kernel_once_per_size_bucket(non
     ((key, times),) = M.timings().items()
     assert set(times) == {"blas", "numba-blocked"} and key.split()[-1].startswith("L")
     assert M.choice(a, b) in times
-    M.matmul(np.ones((5, k), np.float32), b)                  # 5 rows: same bucket, no new trial
-    assert len(M.timings()) == 1
+    M.matmul(np.ones((300, k), np.float32), b)                # 300 rows: bucket 512, trials
+    M.matmul(np.ones((400, k), np.float32), b)                # 400 rows: bucket 512, no trial
+    assert len(M.timings()) == 2 and M.product_key(np.ones((400, k)), b).endswith("L512x16640x64")
     narrow = np.ones((2 * k, 31), np.float32)                 # N < 32: BLAS only, nothing timed
     np.testing.assert_array_equal(M.matmul(np.ones((8, 2 * k), np.float32), narrow),
                                   np.full((8, 31), 2 * k, np.float32))
-    assert len(M.timings()) == 1
+    assert len(M.timings()) == 2
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -133,14 +136,14 @@ def test_blocked_row_parts_give_the_same_bits_on_any_number_of_workers(dtype):
     before = runtime.policy()
     try:
         for workers in (2, 3, 16):
-            runtime._state["policy"] = runtime.thread_policy(workers)
+            runtime._state["policy"] = runtime.thread_policy(workers, numba_max=1)
             np.testing.assert_array_equal(M._numba_blocked_parts(a, b, None), whole)
     finally:
         runtime._state["policy"] = before
 
 
 @pytest.mark.parametrize("shape", [((700, 96), (96, 1500)), ((2000, 512), (512, 300)),
-                                   ((256, 1920), (1920, 512)), ((8, 256), (256, 768))])
+                                   ((256, 1920), (1920, 512)), ((64, 2048), (2048, 512))])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_large_products_give_the_same_bits_on_any_number_of_workers(shape, dtype):
     """A large product is divided into cells fixed by its shape, each computed by single-threaded
@@ -158,7 +161,7 @@ def test_large_products_give_the_same_bits_on_any_number_of_workers(shape, dtype
     results = []
     try:
         for workers in (1, 2, 3, 16):
-            runtime._state["policy"] = runtime.thread_policy(workers)
+            runtime._state["policy"] = runtime.thread_policy(workers, numba_max=1)
             with runtime.blas_threads(workers):          # the scope inside sets BLAS to one thread
                 results.append(M._run_main("blas", a, b, np.empty((a.shape[0], b.shape[1]), dtype)))
     finally:

@@ -65,8 +65,8 @@ def run(args):
         print(f"length {length}: {len(runtime.choices())} product shapes timed so far", flush=True)
     choices, timings = runtime.choices(), dispatcher.timings()
     runtime.write_table(out, choices, timings)
-    ruled = {k: v for k, v in choices.items()
-             if v != dispatcher.rule(list(timings.get(k, {v: 0})), runtime.machine_features())}
+    rules = dispatcher.rule_choices()
+    ruled = {k: v for k, v in choices.items() if rules.get(k, v) != v}
     print(f"wrote {out}: {len(choices)} product shapes, {len(ruled)} of them computed by another "
           f"variant than the built-in rules would choose")
     return 0

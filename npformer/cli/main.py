@@ -46,8 +46,9 @@ def build_parser():
                              "its affinity, cgroup quota and $OMP_NUM_THREADS / "
                              "$NUMBA_NUM_THREADS)")
     parser.add_argument("--blas-threads", type=positive_int, default=None, metavar="N",
-                        help="BLAS threads for every matrix product (default: sized by the "
-                             "product, one for small ones)")
+                        help="BLAS threads inside each matrix product (default 1: large "
+                             "products are cut into cells the cores share; more BLAS threads "
+                             "can change float64 results with their number)")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of any error (also: NPFORMER_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -3,14 +3,19 @@ import math
 
 import numpy as np
 
+from .. import runtime
 from ..validation import check_real
 
 
 def grad_norm(model):
-    """||g||, the L2 norm of every parameter's gradient at once (inf or NaN if one is not finite)."""
+    """||g||, the L2 norm of every parameter's gradient at once (inf or NaN if one is not finite).
+
+    The sum of squares runs inside npformer's BLAS scope (one thread): a BLAS shares a dot
+    product between its threads, and the partial sums' order would follow their number."""
     if model.flat_grads is None:
         model.flatten_parameters()
-    return float(np.sqrt(np.dot(model.flat_grads, model.flat_grads)))
+    with runtime.blas_scope():
+        return float(np.sqrt(np.dot(model.flat_grads, model.flat_grads)))
 
 
 def clip_grad_norm(model, max_norm):

@@ -15,6 +15,8 @@ import math
 import numpy as np
 from numba import prange
 
+from npformer.aligned import empty_aligned
+
 from ._fastexp import exp32
 from ._jit import kernel
 from npformer.functional.loss import log_softmax  # noqa: F401  (same public names as the reference)
@@ -89,7 +91,7 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.
 def cross_entropy_backward(cache, dloss=1.0):
     """dL/dz = (softmax(z) - q) * dloss / count on non-ignored rows, 0 on ignored rows. (N, V)."""
     logits, lse, safe_targets, valid, count, eps = cache
-    grad = np.empty_like(logits)
+    grad = empty_aligned(logits.shape, logits.dtype)         # large: from npformer's pool
     if count == 0:
         grad.fill(0)
         return grad

@@ -36,3 +36,28 @@ def test_zeros_aligned_and_the_flat_parameter_buffer():
     assert model.flat_grads.ctypes.data % ALIGNMENT == 0 and not model.flat_grads.any()
     weights = [p.data for name, p in model.named_parameters() if p.data.ndim == 2]
     assert weights and all(rows_aligned(w) for w in weights)      # all sizes here: whole lines
+
+
+def test_large_buffers_are_reused_only_once_nothing_references_them():
+    """The pool hands a large buffer out again once its array (and every view of it) is gone,
+    never while any view lives; arrays from it never share memory with each other."""
+    from npformer import aligned as A
+    A.release_pool()
+    shape = (A.POOL_MIN_BYTES // 4 + 100,)
+    a = A.empty_aligned(shape, np.float32)
+    b = A.empty_aligned(shape, np.float32)
+    assert not np.shares_memory(a, b)
+    first = a.ctypes.data
+    view = a[10:20]
+    del a
+    c = A.empty_aligned(shape, np.float32)                  # a's buffer is still seen by `view`
+    assert not np.shares_memory(c, view) and not np.shares_memory(c, b)
+    del view, c
+    d = A.empty_aligned((shape[0] - 50,), np.float32)        # a's buffer is idle now: reused
+    assert d.ctypes.data == first
+    assert not np.shares_memory(d, b) and d.ctypes.data % A.ALIGNMENT == 0
+    d[:] = 1.0
+    assert (d == 1.0).all() and b.shape == shape
+    del d, b
+    A.release_pool()
+    assert A._pool == []

@@ -5,10 +5,11 @@ The reference materialises log p, exp(log p) and the gradient: three (N, V) arra
 at N = 1920, V = 5893). Here the forward keeps one number per row (log-sum-exp) and the backward
 writes the gradient straight into the one (N, V) array it returns.
 
-Both passes are row-parallel kernels that read each row once: the forward sums exp(z - max)
-per row, the backward writes (softmax - q) * factor. float32 rows use the vectorisable
-``_fastexp.exp32`` (rows of V ~ 6000 are long vector loops); float64 rows use ``math.exp``. The
-row maxima come from NumPy's SIMD ``max``.
+Both passes are row-parallel kernels. The forward takes each row while it sits in L2: its
+maximum (eight running maxima, which vectorise), its sum (for label smoothing's mean) and the
+sum of exp(z - max); the backward writes (softmax - q) * factor. float32 rows use the
+vectorisable ``_fastexp.exp32`` (rows of V ~ 6000 are long vector loops); float64 rows use
+``math.exp``.
 """
 import math
 
@@ -19,22 +20,32 @@ from npformer.aligned import empty_aligned
 
 from ._fastexp import exp32
 from ._jit import kernel
+from .attention import _row_max
 from npformer.functional.loss import log_softmax  # noqa: F401  (same public names as the reference)
 
 @kernel(parallel=True)
-def _row_sum_exp(z, row_max, fast_exp, out):
-    """out[r] = sum_c exp(z[r, c] - row_max[r]); z (N, V), row_max and out (N,)."""
+def _row_stats(z, fast_exp, with_sum, row_max, sum_exp, row_sum):
+    """Per row r of z (N, V): row_max[r] = max_c z[r, c], sum_exp[r] = sum_c exp(z[r, c] -
+    row_max[r]) and, if ``with_sum``, row_sum[r] = sum_c z[r, c]. One task per row: the row is
+    read from memory once and then from cache."""
     n, vocab = z.shape
     for r in prange(n):
-        m = row_max[r]
+        row = z[r]
+        m = _row_max(row, vocab, -np.inf)
         acc = m - m                                          # 0 in the dtype of z
         if fast_exp:
             for c in range(vocab):
-                acc += exp32(z[r, c] - m)
+                acc += exp32(row[c] - m)
         else:
             for c in range(vocab):
-                acc += math.exp(z[r, c] - m)
-        out[r] = acc
+                acc += math.exp(row[c] - m)
+        row_max[r] = m
+        sum_exp[r] = acc
+        if with_sum:
+            total = m - m
+            for c in range(vocab):
+                total += row[c]
+            row_sum[r] = total
 
 
 @kernel(parallel=True)
@@ -75,14 +86,15 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.
         raise ValueError(f"targets: expected class ids in [0, {vocab}) or ignore_index, got "
                          f"{safe_targets.min()}..{safe_targets.max()}")
     count = int(valid.sum())
-    row_max = logits.max(axis=1)                              # (N,)
-    sum_exp = np.empty(n, dtype=logits.dtype)
-    _row_sum_exp(logits, row_max, logits.dtype == np.float32, sum_exp)
+    row_max, sum_exp, row_sum = (np.empty(n, dtype=logits.dtype) for _ in range(3))
+    if n:
+        _row_stats(logits, logits.dtype == np.float32, bool(label_smoothing), row_max, sum_exp,
+                   row_sum)
     lse = row_max + np.log(sum_exp)                           # (N,) log-sum-exp
     nll = lse - logits[np.arange(n), safe_targets]            # -log p[target]
     per_row = (1.0 - label_smoothing) * nll.astype(np.float64)
     if label_smoothing:
-        mean_z = logits.mean(axis=1)                          # mean_k(-log p_k) = lse - mean_k z_k
+        mean_z = row_sum / vocab                              # mean_k(-log p_k) = lse - mean_k z_k
         per_row += label_smoothing * (lse - mean_z)
     loss = float(per_row[valid].sum() / count) if count else 0.0
     return loss, (logits, lse, safe_targets, valid, count, float(label_smoothing))

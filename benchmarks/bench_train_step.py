@@ -18,7 +18,8 @@ prints the cores used and the thread variables that are set.
 
 npformer runs as the README's library example does: no runtime call, its runtime
 (``npformer.runtime``) applies itself on first use of the engine, deterministic dispatch.
-``--runtime-call`` calls ``nf.configure_runtime(keep_memory=True)`` first, as the CLI does;
+``--runtime-call`` calls ``nf.configure_runtime(keep_memory=True)`` first (glibc keeps freed
+memory for reuse: a process-wide setting the runtime makes only when asked);
 ``--nondeterministic`` calls ``npformer.runtime.set_deterministic(False)`` before the first step
 (the matmul dispatcher times its candidates once per shape and keeps the fastest). The output
 shows the numba worker's ``npformer.runtime.describe()`` (thread policy and BLAS in force) once.
@@ -142,7 +143,7 @@ def run_npformer(c, backend_name, args):
     numba = backend_name == "numba"
     backend.set_backend(backend_name)
     if args.runtime_call:
-        nf.configure_runtime(keep_memory=True)               # as the CLI does
+        nf.configure_runtime(keep_memory=True)               # process-wide mallopt, on request
     if args.nondeterministic:
         nf.runtime.set_deterministic(False)
     model = nf.Transformer(c["src_vocab_size"], c["tgt_vocab_size"], d_model=c["d_model"],
@@ -257,7 +258,7 @@ def main():
                     help="pin the workers to the first N CPUs of this process's affinity "
                          "(taskset -c); default: they inherit the affinity")
     ap.add_argument("--runtime-call", action="store_true",
-                    help="call nf.configure_runtime(keep_memory=True) first, as the CLI does "
+                    help="call nf.configure_runtime(keep_memory=True) first (glibc mallopt) "
                          "(default: no call, the runtime applies itself)")
     ap.add_argument("--nondeterministic", action="store_true",
                     help="npformer.runtime.set_deterministic(False) before the first step "

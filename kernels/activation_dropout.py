@@ -34,15 +34,17 @@ def _forward(h, code, keep, scale, use_dropout, consts, out):
     half, inv_sqrt2 = consts[0], consts[1]
     n = h.shape[0]
     for blk in prange((n + BLOCK - 1) // BLOCK):
-        for i in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
-            x = h[i]
+        lo = blk * BLOCK
+        hb, kb, ob = h[lo:lo + BLOCK], keep[lo:lo + BLOCK], out[lo:lo + BLOCK]
+        for i in range(hb.shape[0]):                  # (block views indexed from 0: LLVM can
+            x = hb[i]                                 #  see no index is negative, and vectorises)
             if code == _GELU:
                 y = x * (half * (one + math.erf(x * inv_sqrt2)))
             else:
                 y = x if x > 0 else x - x             # (x - x: a zero of x's dtype)
             if use_dropout:
-                y = y * scale if keep[i] else y - y
-            out[i] = y
+                y = y * scale if kb[i] else y - y
+            ob[i] = y
 
 
 @kernel(parallel=True)
@@ -52,17 +54,19 @@ def _backward(dout, h, code, keep, scale, use_dropout, consts, dh):
     half, inv_sqrt2, inv_sqrt2pi = consts[0], consts[1], consts[2]
     n = h.shape[0]
     for blk in prange((n + BLOCK - 1) // BLOCK):
-        for i in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
-            g = dout[i]
+        lo = blk * BLOCK
+        gb, hb, kb, db = dout[lo:lo + BLOCK], h[lo:lo + BLOCK], keep[lo:lo + BLOCK], dh[lo:lo + BLOCK]
+        for i in range(hb.shape[0]):
+            g = gb[i]
             if use_dropout:
-                g = g * scale if keep[i] else g - g
-            x = h[i]
+                g = g * scale if kb[i] else g - g
+            x = hb[i]
             if code == _GELU:
                 cdf = half * (one + math.erf(x * inv_sqrt2))
                 g = g * (cdf + x * math.exp(-half * x * x) * inv_sqrt2pi)
             elif not x > 0:
                 g = g - g
-            dh[i] = g
+            db[i] = g
 
 
 def _consts(dtype):

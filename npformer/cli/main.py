@@ -108,11 +108,8 @@ def main(argv=None):
     warnings.showwarning = _show_warning
     prefix = f"npformer {args.command}"
     try:
-        opted_out = os.environ.get(runtime.ENV_SWITCH, "").strip().lower() in ("off", "0")
-        if args.threads or args.blas_threads or not opted_out:
-            # the CLI's process is npformer's own: it also keeps freed memory for reuse
-            runtime.configure_runtime(threads=args.threads, blas_threads=args.blas_threads,
-                                      keep_memory=True)
+        if args.threads or args.blas_threads:        # else the runtime applies itself
+            runtime.configure_runtime(threads=args.threads, blas_threads=args.blas_threads)
         return args.run(args) or 0
     except KeyboardInterrupt:
         print(f"{prefix}: interrupted", file=sys.stderr)

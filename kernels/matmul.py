@@ -239,10 +239,15 @@ def _offered(a, b, candidates):
 AVX512_BLAS = ("SkylakeX", "Cooperlake", "SapphireRapids")
 
 
-def rule(names, features, large=False, b_layout="C"):
+def rule(names, features, large=False, b_layout="C", batched=False, n_cols=0):
     """The deterministic choice among the offered ``names`` for a product, from the machine's
     ``features`` (``npformer.runtime.rule_features``), whether the product is ``large`` (more
-    than ``MEASURE_LIMIT`` multiply-adds per matrix) and the layout of b. No clock is read.
+    than ``MEASURE_LIMIT`` multiply-adds per matrix), the layout of b, whether it is a batch of
+    matrices and its number of columns N. No clock is read.
+
+    First, for a batch of small products whose b is a transposed view with N >= 64 (attention's
+    ``q k^T`` at 64 keys and more): BLAS on a contiguous copy of b, wherever BLAS is chosen
+    below (NumPy hands such views to BLAS matrix by matrix, transposed, the slow way round).
 
     - A CPU with AVX-512 whose BLAS runs narrower (AVX2) kernels, as an OpenBLAS pinned to
       "Haswell" or "Zen" does: the blocked kernel wherever it is offered (16-lane vectors
@@ -253,14 +258,16 @@ def rule(names, features, large=False, b_layout="C"):
       product is too small to split).
     - Anything else (AVX2 CPUs, where the kernel's 16-lane vectors take two registers each, or a
       BLAS that threadpoolctl cannot name): BLAS."""
+    blas = ("blas-contiguous" if batched and b_layout == "T" and n_cols >= 64
+            and "blas-contiguous" in names else "blas")
     if "numba-blocked" not in names or not features.get("avx512f"):
-        return "blas"
+        return blas
     blas_arch = features.get("blas_arch")
     if blas_arch is None:
-        return "blas"
+        return blas
     if blas_arch not in AVX512_BLAS:
         return "numba-blocked"
-    return "numba-blocked" if large and b_layout == "C" else "blas"
+    return "numba-blocked" if large and b_layout == "C" else blas
 
 
 def _measure(key, a, b, out, names, run):
@@ -377,7 +384,7 @@ def matmul(a, b, out=None, candidates=None):
     if name is None:
         names = _offered(a, b, candidates)
         _ruled[key] = rule(names, runtime.rule_features(), large=_is_large(a, b),
-                           b_layout=_layout(b))
+                           b_layout=_layout(b), batched=a.ndim > 2, n_cols=b.shape[-1])
         if runtime.is_deterministic() or len(names) == 1:
             name = _ruled[key]
         else:

@@ -234,9 +234,10 @@ def use_workqueue_threads():
 
 def keep_freed_memory():
     """Ask glibc to keep freed memory for reuse instead of returning it to the OS, so a new
-    activation array reuses already-mapped pages instead of faulting fresh ones in. A
-    process-wide setting: only :func:`configure_runtime` ``(keep_memory=True)`` and the CLI make
-    it. Returns False where there is no glibc."""
+    activation array reuses already-mapped pages instead of faulting fresh ones in (npformer's
+    own large arrays come from ``npformer.aligned``'s pool anyway). A process-wide setting: made
+    only by :func:`configure_runtime` ``(keep_memory=True)``. Returns False where there is no
+    glibc."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
@@ -311,7 +312,7 @@ def is_deterministic():
 
 
 def describe():
-    """What the runtime does here, as a dict (the CLI's ``calibrate`` and the benchmarks print it)."""
+    """What the runtime does here, as a dict (the benchmarks print it)."""
     pol = policy()
     return {"managed": _state["managed"], "cores": pol.cores, "kernel_threads": pol.kernel_threads,
             "workers": pol.workers, "blas_threads": _state["blas_threads"],

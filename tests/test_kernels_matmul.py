@@ -70,6 +70,11 @@ def test_rules_choose_by_cpu_and_blas_kernels_only():
     assert M.rule(names, {"avx512f": False, "avx2": True, "blas_arch": "Haswell"}, large=True) == "blas"
     assert M.rule(names, dict(avx512_cpu, blas_arch=None)) == "blas"        # a BLAS we cannot see
     assert M.rule(["blas"], dict(avx512_cpu, blas_arch="Haswell")) == "blas"  # not offered
+    qk = ["blas", "blas-contiguous", "numba-blocked"]                # attention's q k^T
+    skylake = dict(avx512_cpu, blas_arch="SkylakeX")
+    assert M.rule(qk, skylake, b_layout="T", batched=True, n_cols=64) == "blas-contiguous"
+    assert M.rule(qk, skylake, b_layout="T", batched=True, n_cols=32) == "blas"
+    assert M.rule(qk, skylake, b_layout="T", batched=False, n_cols=64) == "blas"
 
 
 def test_dispatcher_measures_once_and_keeps_the_fastest(nondeterministic):

@@ -201,8 +201,8 @@ def _bucket(n):
 
 def product_key(a, b, out=None, candidates=None):
     """The dispatch table's key of a product: dtype, layouts of a, b and out (C, T, R, S or -),
-    and the shapes; large 2-D products by their sizes rounded up to multiples of 256 (training
-    sees a new row count B*T with almost every batch). "safe" marks a product limited to the
+    and the shapes; large 2-D products by their sizes, those from 256 up rounded up to multiples
+    of 256 (training sees a new row count B*T with almost every batch). "safe" marks a product limited to the
     ``THREAD_SAFE`` variants. E.g. ``"<f4 CT- L2048x256x768"``,
     ``"<f4 RTR 64x8x15x32@64x8x32x15 safe"``."""
     layouts = _layout(a) + _layout(b) + ("-" if out is None else _layout(out))

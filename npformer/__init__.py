@@ -10,17 +10,20 @@
 """
 from . import functional, interop, nn, optim
 from .backend import get_backend, set_backend
+from .configs import TransformerConfig
 from .gradcheck import GradcheckResult, gradcheck
 from .loss import cross_entropy
 from .nn import Transformer
 from .optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
                     clip_grad_norm)
+from .registry import build_model
 from .runtime import configure_runtime, set_deterministic
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Adam", "AdamW", "GradcheckResult", "configure_runtime", "NoamSchedule", "Transformer", "WarmupCosineSchedule",
-    "WarmupInverseSqrtSchedule", "clip_grad_norm", "cross_entropy", "functional", "get_backend",
-    "gradcheck", "interop", "nn", "optim", "set_backend", "set_deterministic",
+    "Adam", "AdamW", "GradcheckResult", "NoamSchedule", "Transformer", "TransformerConfig",
+    "WarmupCosineSchedule", "WarmupInverseSqrtSchedule", "build_model", "clip_grad_norm",
+    "configure_runtime", "cross_entropy", "functional", "get_backend", "gradcheck", "interop",
+    "nn", "optim", "set_backend", "set_deterministic",
 ]

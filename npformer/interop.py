@@ -35,9 +35,9 @@ def from_torch_name(name):
 
 
 def _check_torch_layout(model):
-    qk_dim = model.config.get("qk_dim")
-    if qk_dim is not None and qk_dim != model.config["d_model"]:
-        raise ValueError(f"interop: qk_dim={qk_dim} differs from d_model={model.config['d_model']}; "
+    qk_dim = model.config.qk_dim
+    if qk_dim is not None and qk_dim != model.config.d_model:
+        raise ValueError(f"interop: qk_dim={qk_dim} differs from d_model={model.config.d_model}; "
                          f"torch.nn.Transformer has no such layout")
 
 
@@ -51,7 +51,7 @@ def to_torch_state_dict(model, grads=False):
     out = {}
     for name, p in model.named_parameters():
         out[to_torch_name(name)] = (p.grad if grads else p.data).copy()
-    if model.config.get("tie_embeddings"):
+    if model.config.tie_embeddings:
         out["generator.weight"] = out["tgt_embed.weight"].copy()
     return out
 
@@ -64,7 +64,7 @@ def load_torch_state_dict(model, state_dict):
     """
     _check_torch_layout(model)
     ours = {from_torch_name(k): v for k, v in state_dict.items()}
-    if model.config.get("tie_embeddings") and "generator.weight" in ours:
+    if model.config.tie_embeddings and "generator.weight" in ours:
         gen = np.asarray(ours.pop("generator.weight"))
         emb = ours.get("tgt_embed.weight")
         if emb is not None and (np.shape(gen) != np.shape(emb) or not np.array_equal(gen, np.asarray(emb))):

@@ -339,7 +339,7 @@ def test_tampered_checkpoint_loads_cleanly_or_is_refused_naming_the_file(tamperi
         except CheckpointError as e:
             assert str(path) in str(e), (description, str(e))
             return
-        dtype = np.dtype(loaded.model.config["dtype"])
+        dtype = np.dtype(loaded.model.config.dtype)
         for name, p in loaded.model.named_parameters():
             assert p.data.dtype == dtype and np.isfinite(p.data).all(), (description, name)
         try:

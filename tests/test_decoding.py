@@ -155,7 +155,7 @@ def test_beam_wider_than_the_vocabulary_is_refused():
     """`translate --beam 1000000000` went into the search (and towards a MemoryError)."""
     model = make_model()
     src = random_src(np.random.default_rng(0), 1, 3)
-    vocab = model.config["tgt_vocab_size"]
+    vocab = model.config.tgt_vocab_size
     beam_search(model, src, beam_size=vocab, max_new_tokens=2)          # as wide as allowed
     with pytest.raises(ValueError, match=f"beam_size: expected at most the target vocabulary "
                                          f"size {vocab}, got {10**9}"):

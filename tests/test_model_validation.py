@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import npformer as nf
-from npformer.nn.transformer import check_config
+from npformer import TransformerConfig
 
 BASE = dict(src_vocab_size=10, tgt_vocab_size=12, d_model=8, n_heads=2, d_ff=16,
             n_encoder_layers=1, n_decoder_layers=1, max_len=6)
@@ -36,16 +36,16 @@ def test_parameter_shapes_are_the_models(cfg):
     """parameter_shapes never drifts from the model: same names, same order, same shapes."""
     model = nf.Transformer(**cfg)
     expected = [(name, p.shape) for name, p in model.named_parameters()]
-    assert list(nf.Transformer.parameter_shapes(**cfg).items()) == expected
-    assert check_config(**cfg) == model.config
+    assert list(TransformerConfig(**cfg).parameter_shapes().items()) == expected
+    assert TransformerConfig(**cfg) == model.config
 
 
 def test_parameter_shapes_of_a_huge_config_allocate_nothing():
-    shapes = nf.Transformer.parameter_shapes(src_vocab_size=10**9, tgt_vocab_size=10**9,
-                                             d_model=10**6, max_len=10**9)
+    shapes = TransformerConfig(src_vocab_size=10**9, tgt_vocab_size=10**9, d_model=10**6,
+                               max_len=10**9).parameter_shapes()
     assert shapes["src_embed.weight"] == (10**9, 10**6)
     with pytest.raises(TypeError):
-        nf.Transformer.parameter_shapes(src_vocab_size=10, tgt_vocab_size=10, d_modell=8)
+        TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_modell=8)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -78,12 +78,14 @@ def test_constructor_and_parameter_shapes_reject_bad_configuration(kwargs, match
     with pytest.raises(ValueError, match=match):
         nf.Transformer(**cfg)
     with pytest.raises(ValueError, match=match):
-        nf.Transformer.parameter_shapes(**cfg)
+        TransformerConfig(**cfg)
+    with pytest.raises(ValueError, match=match):
+        TransformerConfig.from_dict({"arch": "transformer", **cfg})
 
 
 def test_numpy_integers_are_sizes():
     model = nf.Transformer(**{**BASE, "d_model": np.int64(8), "n_encoder_layers": np.int32(2)})
-    assert model.config["d_model"] == 8 and type(model.config["n_encoder_layers"]) is int
+    assert model.config.d_model == 8 and type(model.config.n_encoder_layers) is int
 
 
 def batch():

@@ -103,7 +103,7 @@ def test_five_optimizer_steps_match_torch(opt_name, weight_decay, norm_first, sm
         torch_step(ref, src, tgt_in, tgt_out, smoothing)[1].backward()
         ref_opt.step()
     ours = nf.interop.to_torch_state_dict(model)
-    d = model.config["d_model"]
+    d = model.config.d_model
     for name, p in ref.named_parameters():
         theirs = p.detach().numpy()
         if name.endswith("in_proj_bias"):

@@ -152,7 +152,7 @@ def test_mismatched_config_or_vocabulary_is_a_clear_error(tmp_path, data):
     trainer.save(tmp_path / "ckpt")
     loaded = load_model_checkpoint(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match=r"config d_model: checkpoint has 16, expected 32"):
-        check_compatible(loaded, {**loaded.model.config, "d_model": 32})
+        check_compatible(loaded, loaded.model.config.replace(d_model=32))
     other = Vocab(data.tgt_vocab.tokens + ["zebra"])
     with pytest.raises(CheckpointError, match=r"tgt vocabulary differs.*zebra"):
         check_compatible(loaded, tgt_vocab=other)

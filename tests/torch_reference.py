@@ -44,7 +44,7 @@ def build_reference(model, dtype):
     """A ReferenceSeq2Seq with the npformer model's configuration and weights."""
     from npformer.interop import to_torch_state_dict
 
-    ref = ReferenceSeq2Seq(model.config).to(dtype)
+    ref = ReferenceSeq2Seq(model.config.to_dict()).to(dtype)
     state = {k: torch.from_numpy(v) for k, v in to_torch_state_dict(model).items()}
     missing, unexpected = ref.load_state_dict(state, strict=False)
     assert not unexpected, unexpected

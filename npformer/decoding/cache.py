@@ -64,10 +64,10 @@ class IncrementalDecoder:
 
     def __init__(self, model):
         self.model = model
-        self.n_heads = model.config["n_heads"]
-        self.norm_first = model.config["norm_first"]
-        self.eps = model.config["layer_norm_eps"]
-        self.act_forward, _ = F.ACTIVATIONS[model.config["activation"]]
+        self.n_heads = model.config.n_heads
+        self.norm_first = model.config.norm_first
+        self.eps = model.config.layer_norm_eps
+        self.act_forward, _ = F.ACTIVATIONS[model.config.activation]
         self.layers = list(model.decoder.layers)
 
     def start(self, src):

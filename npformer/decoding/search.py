@@ -29,7 +29,7 @@ class Hypothesis:
 
 
 def _check_src(model, src):
-    return check_token_ids("src", src, model.config["src_vocab_size"], model.max_len)
+    return check_token_ids("src", src, model.config.src_vocab_size, model.max_len)
 
 
 def default_max_new_tokens(model, src):
@@ -182,7 +182,7 @@ def beam_search(model, src, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_
     as no open prefix can beat its best finished hypothesis.
     """
     beam_size = check_int("beam_size", beam_size)
-    vocab = model.config["tgt_vocab_size"]
+    vocab = model.config.tgt_vocab_size
     if beam_size > vocab:                        # more beams than tokens buys nothing, costs memory
         raise ValueError(f"beam_size: expected at most the target vocabulary size {vocab}, "
                          f"got {beam_size}")

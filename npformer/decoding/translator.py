@@ -40,11 +40,11 @@ class Translator:
     def __init__(self, model, src_vocab, tgt_vocab, tokenize=whitespace_tokenize,
                  detokenize=" ".join, batch_size=500):
         cfg = model.config
-        if len(src_vocab) != cfg["src_vocab_size"]:
-            raise ValueError(f"src_vocab: expected {cfg['src_vocab_size']} tokens (the model's "
+        if len(src_vocab) != cfg.src_vocab_size:
+            raise ValueError(f"src_vocab: expected {cfg.src_vocab_size} tokens (the model's "
                              f"src_vocab_size), got {len(src_vocab)}")
-        if len(tgt_vocab) != cfg["tgt_vocab_size"]:
-            raise ValueError(f"tgt_vocab: expected {cfg['tgt_vocab_size']} tokens (the model's "
+        if len(tgt_vocab) != cfg.tgt_vocab_size:
+            raise ValueError(f"tgt_vocab: expected {cfg.tgt_vocab_size} tokens (the model's "
                              f"tgt_vocab_size), got {len(tgt_vocab)}")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")

@@ -52,7 +52,7 @@ def average_checkpoints(paths, out):
         loaded = load_model_checkpoint(path)
         try:
             # the initial-weights seed is the one config entry that may differ
-            config = {**first.model.config, "seed": loaded.model.config.get("seed")}
+            config = first.model.config.replace(seed=loaded.model.config.seed)
             check_compatible(loaded, config, first.src_vocab, first.tgt_vocab)
         except CheckpointError as e:
             raise CheckpointError(f"cannot average {path} with {first.path}: {e}") from None

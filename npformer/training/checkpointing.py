@@ -1,7 +1,7 @@
 """Model and training checkpoints on top of ``npformer.checkpoint`` (atomic npz + JSON).
 
 Arrays: ``model/<parameter name>``, ``optim/{step_count,exp_avg,exp_avg_sq}``, ``rng/model/...``
-(the dropout generator). Metadata: ``{"kind": "npformer-model", "config": model.config,
+(the dropout rng). Metadata: ``{"kind": "npformer-model", "config": model.config.to_dict(),
 "src_vocab": [...], "tgt_vocab": [...], "training": {...}, "runtime": {...}}``, where
 ``training`` holds the trainer's counters, the batch sampler's position and the early-stopping
 state, and ``runtime`` the matrix-product variants in force (``npformer.runtime.record``), so a
@@ -15,8 +15,7 @@ from .. import runtime
 from ..checkpoint import (CheckpointError, checkpoint_paths, load_checkpoint, rng_from_arrays,
                           rng_state_to_arrays, save_checkpoint)
 from ..data.vocab import Vocab
-from ..nn import Transformer
-from ..nn.transformer import check_config
+from ..registry import build_model, config_from_dict
 
 KIND = "npformer-model"
 _MODEL, _OPTIM, _RNG = "model/", "optim/", "rng/model"
@@ -29,7 +28,7 @@ def save_model_checkpoint(path, model, src_vocab, tgt_vocab, optimizer=None, tra
     if optimizer is not None:
         arrays.update({_OPTIM + k: np.asarray(v) for k, v in optimizer.state_dict().items()})
         arrays.update(rng_state_to_arrays(model.rng, _RNG))
-    meta = {"kind": KIND, "config": dict(model.config), "src_vocab": src_vocab.tokens,
+    meta = {"kind": KIND, "config": model.config.to_dict(), "src_vocab": src_vocab.tokens,
             "tgt_vocab": tgt_vocab.tokens, "runtime": runtime.record()}
     if training is not None:
         meta["training"] = training
@@ -40,7 +39,7 @@ def save_model_checkpoint(path, model, src_vocab, tgt_vocab, optimizer=None, tra
 
 @dataclass
 class LoadedCheckpoint:
-    model: Transformer
+    model: object                 # the model of the stored configuration's architecture
     src_vocab: Vocab
     tgt_vocab: Vocab
     meta: dict
@@ -76,15 +75,16 @@ def load_model_checkpoint(path):
         src_vocab, tgt_vocab = Vocab(meta["src_vocab"]), Vocab(meta["tgt_vocab"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {name}: bad vocabulary ({e})") from None
-    config = meta.get("config")
-    if not isinstance(config, dict):
-        raise CheckpointError(f"checkpoint {name}: expected a 'config' object, got {config!r:.60}")
+    stored = meta.get("config")
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"checkpoint {name}: expected a 'config' object, got {stored!r:.60}")
+    try:       # configurations stored before they named their architecture: the translator's
+        config = config_from_dict(stored, default_arch="transformer")
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {name}: cannot build the model from its config ({e})") from None
     weights = {k[len(_MODEL):]: v for k, v in arrays.items() if k.startswith(_MODEL)}
     _check_weights_fit_config(config, weights, name)
-    try:
-        model = Transformer(**config)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {name}: cannot build the model from its config ({e})") from None
+    model = build_model(config)
     check_vocab_sizes(model.config, src_vocab, tgt_vocab, name)
     try:
         model.load_state_dict(weights)
@@ -95,17 +95,13 @@ def load_model_checkpoint(path):
 
 
 def _check_weights_fit_config(config, weights, name):
-    """Compare the config with the stored weights without allocating anything (see
+    """Compare the (validated) config with the stored weights without allocating anything (see
     ``load_model_checkpoint``); raise CheckpointError naming every mismatch."""
-    try:
-        config = check_config(**config)             # defaults filled in, every value checked
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {name}: cannot build the model from its config ({e})") from None
-    layers = config["n_encoder_layers"] + config["n_decoder_layers"]
+    layers = config.layer_count()
     if layers > len(weights):      # each layer has parameters: don't even list a million of them
         raise CheckpointError(f"checkpoint {name}: the config claims {layers} layers but the file "
                               f"stores only {len(weights)} model arrays")
-    shapes = Transformer.parameter_shapes(**config)
+    shapes = config.parameter_shapes()
     missing = [k for k in shapes if k not in weights]
     unexpected = [_MODEL + k for k in weights if k not in shapes]
     wrong = [f"{_MODEL}{k}: the config implies shape {shape}, the file stores {weights[k].shape}"
@@ -115,14 +111,14 @@ def _check_weights_fit_config(config, weights, name):
                 ([f"unexpected {unexpected[:5]}"] if unexpected else []) + wrong[:5]
         raise CheckpointError(f"checkpoint {name}: the stored weights do not match its config: "
                               + "; ".join(parts))
-    dtype = np.dtype(config["dtype"])
+    dtype = np.dtype(config.dtype)
     for k, value in weights.items():
         _check_tensor(value, _MODEL + k, dtype, name)
-    table = config["max_len"] * config["d_model"] * dtype.itemsize
+    table = config.max_len * config.d_model * dtype.itemsize
     allowed = max(POSITION_TABLE_CEILING, sum(w.nbytes for w in weights.values()))
     if table > allowed:
         raise CheckpointError(
-            f"checkpoint {name}: config max_len={config['max_len']} needs a {table}-byte position "
+            f"checkpoint {name}: config max_len={config.max_len} needs a {table}-byte position "
             f"table (max_len x d_model x {dtype.itemsize}); a checkpoint may claim at most "
             f"{allowed} bytes for it (the larger of {POSITION_TABLE_CEILING} bytes and its "
             f"stored weights' bytes)")
@@ -145,17 +141,20 @@ def _check_tensor(value, key, dtype, name, minimum=None):
 
 def check_vocab_sizes(config, src_vocab, tgt_vocab, where):
     for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
-        if len(vocab) != config[f"{side}_vocab_size"]:
+        size = getattr(config, f"{side}_vocab_size")
+        if len(vocab) != size:
             raise CheckpointError(f"{where}: {side} vocabulary has {len(vocab)} tokens but the "
-                                  f"model config says {side}_vocab_size={config[f'{side}_vocab_size']}")
+                                  f"model config says {side}_vocab_size={size}")
 
 
 def check_compatible(loaded, config=None, src_vocab=None, tgt_vocab=None):
-    """Raise CheckpointError naming every config key / vocabulary that differs from the checkpoint."""
+    """Raise CheckpointError naming every config field / vocabulary that differs from the
+    checkpoint's. ``config``: a model configuration (``model.config``)."""
     problems = []
     if config is not None:
-        for key in sorted(set(config) | set(loaded.model.config)):
-            mine, theirs = config.get(key), loaded.model.config.get(key)
+        mine_all, theirs_all = config.to_dict(), loaded.model.config.to_dict()
+        for key in sorted(set(mine_all) | set(theirs_all)):
+            mine, theirs = mine_all.get(key), theirs_all.get(key)
             if mine != theirs:
                 problems.append(f"config {key}: checkpoint has {theirs!r}, expected {mine!r}")
     for side, vocab, saved in (("src", src_vocab, loaded.src_vocab), ("tgt", tgt_vocab, loaded.tgt_vocab)):
@@ -184,7 +183,7 @@ def restore_training_state(loaded, model, optimizer):
     if not optim:
         raise CheckpointError(f"checkpoint {name}: holds no optimizer state (saved for inference "
                               f"only?), cannot resume training from it")
-    _check_optimizer_state(optim, np.dtype(loaded.model.config["dtype"]), name)
+    _check_optimizer_state(optim, np.dtype(loaded.model.config.dtype), name)
     training = loaded.meta.get("training")
     if not isinstance(training, dict):
         raise CheckpointError(f"checkpoint {name}: no 'training' state in its metadata")

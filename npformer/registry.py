@@ -1,0 +1,46 @@
+"""The one registry of architectures: a configuration's ``arch`` name -> its configuration class
+and its model class. Checkpoints, averaging, the CLI and ``nf.build_model`` go through it, never
+through one model's class, so a new architecture is one ``register_architecture`` call away.
+
+    config = config_from_dict({"arch": "transformer", "src_vocab_size": 100, ...})
+    model = build_model(config)
+"""
+from .configs import ModelConfig, TransformerConfig
+from .nn.transformer import Transformer
+
+ARCHITECTURES = {}               # arch -> (configuration class, model class)
+
+
+def register_architecture(config_class, model_class):
+    """Make ``config_class.arch`` known: its configurations build ``model_class`` (which offers
+    ``from_config(config)``)."""
+    if not (isinstance(config_class, type) and issubclass(config_class, ModelConfig)
+            and isinstance(config_class.arch, str)):
+        raise ValueError(f"config_class: expected a ModelConfig subclass with an arch name, got "
+                         f"{config_class!r}")
+    ARCHITECTURES[config_class.arch] = (config_class, model_class)
+
+
+def config_from_dict(data, default_arch=None):
+    """The configuration a dict from ``config.to_dict()`` describes. ``default_arch`` is used
+    where the dict names none (stores written before configurations named their architecture).
+    ValueError for an unknown architecture, an unknown field or a bad value, naming it."""
+    if not isinstance(data, dict):
+        raise ValueError(f"config: expected a dict with an 'arch' entry, got {type(data).__name__}")
+    arch = data.get("arch", default_arch)
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch: expected one of {sorted(ARCHITECTURES)}, got {arch!r}")
+    return ARCHITECTURES[arch][0].from_dict({k: v for k, v in data.items() if k != "arch"})
+
+
+def build_model(config):
+    """A new model of ``config``'s architecture (weights drawn from its seed)."""
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"config: expected a model configuration such as TransformerConfig, got "
+                         f"{type(config).__name__}")
+    if config.arch not in ARCHITECTURES:
+        raise ValueError(f"arch: expected one of {sorted(ARCHITECTURES)}, got {config.arch!r}")
+    return ARCHITECTURES[config.arch][1].from_config(config)
+
+
+register_architecture(TransformerConfig, Transformer)

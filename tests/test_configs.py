@@ -1,0 +1,101 @@
+"""Model configurations and the registry: one dataclass per architecture, validated in one
+place, stored as a dict naming its architecture, built through ``nf.build_model``."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer import registry
+from npformer.configs import ModelConfig, TransformerConfig
+
+SMALL = dict(src_vocab_size=11, tgt_vocab_size=13, d_model=8, n_heads=2, d_ff=16,
+             n_encoder_layers=1, n_decoder_layers=2, max_len=9, dropout=0.0)
+
+
+def test_the_model_holds_its_configuration_and_build_model_gives_the_same_model():
+    model = nf.Transformer(**SMALL)
+    config = TransformerConfig(**SMALL)
+    assert model.config == config and isinstance(model.config, TransformerConfig)
+    built = nf.build_model(config)
+    assert type(built) is nf.Transformer and built.config == config
+    np.testing.assert_array_equal(built.flat_params, model.flat_params)   # same seed, same draws
+
+
+def test_to_dict_names_the_architecture_and_from_dict_restores_it():
+    config = TransformerConfig(**SMALL, dtype=np.float64, qk_dim=4)
+    stored = config.to_dict()
+    assert stored["arch"] == "transformer" and stored["dtype"] == "float64"
+    assert TransformerConfig.from_dict(stored) == config
+    assert registry.config_from_dict(stored) == config
+    lacking = {k: v for k, v in stored.items() if k not in ("norm_first", "layer_norm_eps")}
+    assert TransformerConfig.from_dict(lacking) == config.replace(norm_first=False,
+                                                                 layer_norm_eps=1e-5)
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"arch": "transformer", **SMALL, "d_modell": 8}, r"d_modell: not a field of the 'transformer'"),
+    ({"arch": "transformer", "tgt_vocab_size": 5}, r"src_vocab_size: required by the 'transformer'"),
+    ({"arch": "gpt9", **SMALL}, r"arch: expected one of \['transformer'\], got 'gpt9'"),
+    ({**SMALL, "d_model": 7}, r"d_model: expected a multiple of n_heads=2, got 7"),
+    (["not", "a", "dict"], r"config: expected a dict"),
+])
+def test_a_bad_stored_configuration_is_a_value_error_naming_the_field(data, match):
+    with pytest.raises(ValueError, match=match):
+        registry.config_from_dict(data, default_arch="transformer")
+
+
+def test_an_unnamed_architecture_needs_a_default():
+    with pytest.raises(ValueError, match="arch: expected one of"):
+        registry.config_from_dict(dict(SMALL))
+    assert registry.config_from_dict(dict(SMALL), default_arch="transformer") == \
+        TransformerConfig(**SMALL)
+
+
+def test_configurations_are_frozen_and_replace_validates_again():
+    config = TransformerConfig(**SMALL)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.d_model = 16
+    with pytest.raises(ValueError, match="n_heads: expected a divisor"):
+        config.replace(qk_dim=3)
+
+
+def test_a_new_architecture_is_one_registration_away(monkeypatch):
+    @dataclasses.dataclass(frozen=True)
+    class TinyConfig(ModelConfig):
+        arch = "tiny-test"
+        width: int = 3
+
+    class Tiny:
+        def __init__(self, config):
+            self.config = config
+
+        @classmethod
+        def from_config(cls, config):
+            return cls(config)
+    monkeypatch.setattr(registry, "ARCHITECTURES", dict(registry.ARCHITECTURES))
+    registry.register_architecture(TinyConfig, Tiny)
+    config = registry.config_from_dict({"arch": "tiny-test", "width": 5})
+    assert config == TinyConfig(width=5) and nf.build_model(config).config.width == 5
+    with pytest.raises(ValueError, match="config_class"):
+        registry.register_architecture(dict, Tiny)
+    with pytest.raises(ValueError, match="expected a model configuration"):
+        nf.build_model({"arch": "tiny-test"})
+
+
+def test_a_checkpoint_of_an_unknown_architecture_names_it(tmp_path):
+    from npformer.checkpoint import load_checkpoint, save_checkpoint
+    from npformer.data.vocab import Vocab
+    from npformer.training.checkpointing import (CheckpointError, load_model_checkpoint,
+                                                 save_model_checkpoint)
+    model = nf.Transformer(**SMALL)
+    vocab_src = Vocab(list(Vocab.SPECIALS) + [f"s{i}" for i in range(SMALL["src_vocab_size"] - 4)])
+    vocab_tgt = Vocab(list(Vocab.SPECIALS) + [f"t{i}" for i in range(SMALL["tgt_vocab_size"] - 4)])
+    save_model_checkpoint(tmp_path / "ok", model, vocab_src, vocab_tgt)
+    assert load_model_checkpoint(tmp_path / "ok").model.config == model.config
+    arrays, meta = load_checkpoint(tmp_path / "ok")
+    meta["config"]["arch"] = "mamba"
+    save_checkpoint(tmp_path / "other", arrays, meta)
+    with pytest.raises(CheckpointError, match=r"other.*arch: expected one of \['transformer'\], "
+                                              r"got 'mamba'"):
+        load_model_checkpoint(tmp_path / "other")

@@ -72,7 +72,7 @@ def cases(np, F, K, dtype):
     tg[:100] = 0
 
     def ce(ops):
-        return lambda: ops.cross_entropy_backward(ops.cross_entropy_forward(z, tg, 0, 0.1)[1])
+        return lambda: ops.cross_entropy_backward(1.0, ops.cross_entropy_forward(z, tg, 0, 0.1)[1])
     yield f"cross-entropy fwd+bwd ({n}, {vocab}), smoothing 0.1", ce(F), ce(K)
 
     ids = rng.integers(0, 7853, size=(128, 14))

@@ -1,6 +1,6 @@
 """Inverted dropout with the mask applied in one fused pass (docs/backprop.md#dropout).
 
-The keep-mask is drawn from the caller's generator exactly as the reference draws it, so the
+The keep-mask is drawn from the caller's ``rng`` exactly as the reference draws it, so the
 NumPy and Numba paths see identical masks for the same seed; only the multiply is compiled.
 """
 import numpy as np

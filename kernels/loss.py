@@ -100,7 +100,7 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.
     return loss, (logits, lse, safe_targets, valid, count, float(label_smoothing))
 
 
-def cross_entropy_backward(cache, dloss=1.0):
+def cross_entropy_backward(dloss, cache):
     """dL/dz = (softmax(z) - q) * dloss / count on non-ignored rows, 0 on ignored rows. (N, V)."""
     logits, lse, safe_targets, valid, count, eps = cache
     grad = empty_aligned(logits.shape, logits.dtype)         # large: from npformer's pool

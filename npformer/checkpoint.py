@@ -645,7 +645,7 @@ def rng_state_to_arrays(rng: np.random.Generator, prefix: str) -> dict[str, np.n
 def rng_from_arrays(arrays: Mapping[str, np.ndarray], prefix: str) -> np.random.Generator:
     """Rebuild the Generator saved by ``rng_state_to_arrays(rng, prefix)``.
 
-    Draws from the result continue exactly where the saved generator stopped. (The bit
+    Draws from the result continue exactly where the saved rng stopped. (The bit
     generator's ``seed_seq``, used only by ``spawn``, is not part of the state and is not restored.)
     """
     if not isinstance(arrays, Mapping):

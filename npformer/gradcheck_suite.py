@@ -72,11 +72,11 @@ def _checks(max_entries):
 
     def ce(z):
         loss, cache = F.cross_entropy_forward(z, targets, 0, 0.1)
-        return np.array(loss), lambda d: F.cross_entropy_backward(cache, float(d))
+        return np.array(loss), lambda d: F.cross_entropy_backward(float(d), cache)
 
     def softmax(s):
-        p = F.softmax_forward(s, smask)
-        return p, lambda d: F.softmax_backward(d, p)
+        p, cache = F.softmax_forward(s, smask)
+        return p, lambda d: F.softmax_backward(d, cache)
 
     def embedding(w):
         out, cache = F.embedding_forward(ids, w, np.sqrt(6))

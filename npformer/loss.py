@@ -31,4 +31,4 @@ def cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.0):
     f = ops()                                                     # NumPy reference or Numba kernel
     loss, cache = f.cross_entropy_forward(flat_logits, targets.reshape(-1), ignore_index,
                                           label_smoothing)
-    return loss, f.cross_entropy_backward(cache).reshape(logits.shape)
+    return loss, f.cross_entropy_backward(1.0, cache).reshape(logits.shape)

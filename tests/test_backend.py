@@ -82,7 +82,7 @@ def test_bad_environment_variable_is_an_error():
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_whole_model_gradients_agree_between_backends(restore_backend, dropout, norm_first):
-    """Dropout draws from the model's generator identically on both paths, so even with dropout
+    """Dropout draws from the model's rng identically on both paths, so even with dropout
     the two backends compute the same function."""
     loss_np, logits_np, g_np = gradients("numpy", dropout, norm_first)
     loss_nb, logits_nb, g_nb = gradients("numba", dropout, norm_first)

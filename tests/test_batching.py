@@ -52,8 +52,6 @@ def test_make_batch_small_example():
     assert b.tgt_out.tolist() == [[8, EOS, PAD, PAD], [9, 10, 11, EOS]]
     assert (b.n_src_tokens, b.n_tgt_tokens) == (3, 6)
     assert b.indices.tolist() == [0, 1] and len(b) == 2
-    assert b.src_key_padding_mask.tolist() == [[False, False], [False, True]]
-    assert b.tgt_key_padding_mask.tolist() == [[False, False, True, True], [False] * 4]
 
 
 @settings(max_examples=60)

@@ -19,7 +19,7 @@ def test_any_shape_and_sizes_not_divisible_by_four(shape):
     assert keep.shape == shape
 
 
-def test_same_seed_same_mask_and_the_generator_advances():
+def test_same_seed_same_mask_and_the_rng_advances():
     a, b = np.random.default_rng(5), np.random.default_rng(5)
     first = keep_mask((64, 33), 0.25, a)
     np.testing.assert_array_equal(first, keep_mask((64, 33), 0.25, b))
@@ -32,12 +32,12 @@ def test_p_near_one_keeps_almost_nothing_without_overflow():
 
 
 def test_units_are_independent_within_each_64_bit_word():
-    # four neighbouring units share one generator word; their keep decisions must not correlate
+    # four neighbouring units share one random word; their keep decisions must not correlate
     keep = keep_mask((200_000, 4), 0.5, np.random.default_rng(3)).astype(float)
     corr = np.corrcoef(keep.T)
     assert np.abs(corr[np.triu_indices(4, 1)]).max() < 0.01
 
 
-def test_a_32_bit_generator_is_refused():
+def test_a_32_bit_rng_is_refused():
     with pytest.raises(ValueError, match="MT19937"):
         keep_mask((4, 4), 0.1, np.random.Generator(np.random.MT19937(0)))

@@ -89,8 +89,8 @@ def test_masked_softmax():
     mask[1] = False                                             # a fully masked row
 
     def f(s):
-        p = F.softmax_forward(s, mask)
-        return p, lambda d: F.softmax_backward(d, p)
+        p, cache = F.softmax_forward(s, mask)
+        return p, lambda d: F.softmax_backward(d, cache)
     check(f, [rnd(rng, 3, 6)])
 
 
@@ -114,7 +114,7 @@ def test_cross_entropy_with_ignore_index(smoothing):
 
     def f(z):
         loss, cache = F.cross_entropy_forward(z, targets, 0, smoothing)
-        return np.array(loss), lambda d: F.cross_entropy_backward(cache, float(d))
+        return np.array(loss), lambda d: F.cross_entropy_backward(float(d), cache)
     check(f, [rnd(rng, 6, 7)])
 
 

@@ -86,7 +86,7 @@ def test_heldout_uses_combinations_never_seen_in_training(corpus):
 
 def test_heldout_vocabulary_is_a_subset_of_train_vocabulary(corpus):
     assert words(corpus.heldout) <= words(corpus.train)
-    for seed in range(5):   # a small training set covers few words: the generator must check
+    for seed in range(5):   # a small training set covers few words: generate_toy_corpus must check
         small = generate_toy_corpus(seed=seed, n_train=40, n_heldout=10)
         assert words(small.heldout) <= words(small.train)
 

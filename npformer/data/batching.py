@@ -36,16 +36,6 @@ class Batch:
     def __len__(self) -> int:
         return self.src.shape[0]
 
-    @property
-    def src_key_padding_mask(self) -> np.ndarray:
-        """(B, S) bool, True at padding (PyTorch's ``src_key_padding_mask`` convention)."""
-        return self.src == self.pad_id
-
-    @property
-    def tgt_key_padding_mask(self) -> np.ndarray:
-        """(B, T) bool, True at padding of ``tgt_in`` / ``tgt_out``."""
-        return self.tgt_out == self.pad_id
-
 
 def _check_int(value: object, name: str, minimum: int | None = None) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):

@@ -13,7 +13,7 @@ A step then costs one position's worth of projections plus attention over the ca
     logits = state.step(prev_ids)                     # (B,) -> (B, V), appends to the cache
 
 Only parameters are read from the model (``model.eval()`` semantics: no dropout), so the
-model's own forward caches and its dropout generator are left untouched.
+model's own forward caches and its dropout rng are left untouched.
 """
 import numpy as np
 

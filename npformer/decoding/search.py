@@ -54,7 +54,7 @@ def _log_softmax(logits, banned):
     return F.log_softmax(logits)
 
 
-def _finish(out_ids, out_probs, done, eos_id):
+def _finish(out_ids, out_probs, done):
     hyps = []
     for ids, probs, d in zip(out_ids, out_probs, done):
         score = float(np.sum(np.log(np.maximum(probs, 1e-300)))) if probs else 0.0
@@ -90,7 +90,7 @@ def _generate(model, src, choose, max_new_tokens, bos_id, eos_id):
             state.reorder(np.flatnonzero(keep))
             rows, nxt = rows[keep], nxt[keep]
         prev = nxt
-    return _finish(out_ids, out_probs, done, eos_id)
+    return _finish(out_ids, out_probs, done)
 
 
 def greedy_decode(model, src, max_new_tokens=None, bos_id=BOS_ID, eos_id=EOS_ID):
@@ -128,7 +128,7 @@ def greedy_decode_uncached(model, src, max_new_tokens=None, bos_id=BOS_ID, eos_i
         out_ids.append(seq[:n] if eos_id not in seq else seq[:n - 1])
         out_probs.append([float(p[r]) for p in probs[:n]])
         done.append(eos_id in seq)
-    return _finish(out_ids, out_probs, done, eos_id)
+    return _finish(out_ids, out_probs, done)
 
 
 def sample_decode(model, src, temperature=1.0, top_k=None, rng=None, max_new_tokens=None,

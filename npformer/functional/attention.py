@@ -31,7 +31,7 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.swapaxes(-1, -2)) * scale                # (B, H, Tq, Tk)
-    probs = softmax_forward(scores, mask)                     # (B, H, Tq, Tk)
+    probs, _ = softmax_forward(scores, mask)                  # (B, H, Tq, Tk); its cache is probs
     probs_d, drop_cache = dropout_forward(probs, dropout_p, rng, training)
     out = probs_d @ v                                         # (B, H, Tq, dv)
     return out, (q, k, v, probs, probs_d, drop_cache, scale)

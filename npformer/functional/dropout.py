@@ -21,7 +21,7 @@ def keep_mask(shape, p, rng):
     Both backends call this function, so they see the same masks for the same seed.
     """
     if isinstance(rng.bit_generator, np.random.MT19937):
-        raise ValueError("rng: expected a generator with 64 random bits per raw draw (PCG64, "
+        raise ValueError("rng: expected a numpy random Generator with 64 random bits per raw draw (PCG64, "
                          "as np.random.default_rng gives, Philox, SFC64), got MT19937 (32)")
     n = math.prod(shape)
     words = rng.bit_generator.random_raw((n + 3) // 4)      # (ceil(n / 4),) uint64

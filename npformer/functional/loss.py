@@ -34,7 +34,7 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.
     return loss, (logp, safe_targets, valid, count, label_smoothing)
 
 
-def cross_entropy_backward(cache, dloss=1.0):
+def cross_entropy_backward(dloss, cache):
     """dL/dz = (softmax(z) - q) / count on non-ignored rows, 0 on ignored rows,
     with q = (1 - eps) * onehot(target) + eps / V."""
     logp, safe_targets, valid, count, eps = cache

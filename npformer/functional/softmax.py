@@ -11,7 +11,8 @@ def softmax_forward(scores, mask=None):
     ``mask`` is boolean, broadcastable to ``scores``, True where the entry takes part. Masked
     entries get probability exactly 0 (they are set to -inf, never to a "small" number, which
     would leak probability). A row whose entries are all masked gives all zeros, not NaN.
-    Shape: scores (..., K) -> p (..., K).
+    Shape: scores (..., K) -> p (..., K). Returns ``(p, cache)``; the cache is p itself, all
+    the backward needs.
     """
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
@@ -21,13 +22,14 @@ def softmax_forward(scores, mask=None):
     total = e.sum(axis=-1, keepdims=True)
     total[total == 0] = 1.0                                   # all-masked rows: 0 / 1 = 0
     e /= total
-    return e
+    return e, e
 
 
-def softmax_backward(dp, p):
-    """For p = softmax(s): ds_i = p_i (dp_i - sum_j dp_j p_j).
+def softmax_backward(dp, cache):
+    """For p = softmax(s) (``cache`` is p): ds_i = p_i (dp_i - sum_j dp_j p_j).
 
     The Jacobian is diag(p) - p p^T; multiplying it by dp gives the line above. Masked entries
     have p = 0 and therefore get zero gradient, and all-zero rows stay zero.
     """
+    p = cache
     return p * (dp - (dp * p).sum(axis=-1, keepdims=True))

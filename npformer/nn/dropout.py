@@ -10,7 +10,7 @@ def check_probability(p):
 
 
 class Dropout(Module):
-    """Inverted dropout with probability ``p``, drawing from the model's shared generator."""
+    """Inverted dropout with probability ``p``, drawing from the model's shared ``rng``."""
 
     def __init__(self, p, *, rng):
         super().__init__()

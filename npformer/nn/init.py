@@ -1,4 +1,5 @@
-"""Weight initialisers (all take an explicit numpy Generator so a seed fixes the model)."""
+"""Weight initialisers (all take an explicit ``rng``, a numpy random Generator, so a seed fixes
+the model)."""
 import math
 
 import numpy as np

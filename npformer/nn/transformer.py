@@ -49,7 +49,7 @@ class Transformer(Module):
             qk_dim=qk_dim, tie_embeddings=tie_embeddings, dtype=dtype, seed=seed)
         dtype = np.dtype(cfg.dtype)
         self.dtype, self.pad_id, self.max_len, self.d_model = dtype, cfg.pad_id, cfg.max_len, cfg.d_model
-        # one random generator: it draws the initial weights, then every dropout mask
+        # one rng: it draws the initial weights, then every dropout mask
         # (checkpoints save its state, so a resumed run draws the same masks)
         self.rng = init_rng = np.random.default_rng(cfg.seed)
 
@@ -83,10 +83,10 @@ class Transformer(Module):
         return cls(**dataclasses.asdict(config))
 
     # -- pieces usable on their own (decoding uses them) --------------------------------------
-    def embed(self, embedding, dropout, ids, offset=0):
-        """scale * E[ids] + PE[offset:offset+T], then dropout. (B, T) -> (B, T, D)."""
+    def embed(self, embedding, dropout, ids):
+        """scale * E[ids] + PE[:T], then dropout. (B, T) -> (B, T, D)."""
         x = embedding.forward(ids)
-        x += self.positions[offset:offset + ids.shape[1]]
+        x += self.positions[:ids.shape[1]]
         return dropout.forward(x)
 
     def encode(self, src):

@@ -46,9 +46,6 @@ class Adam:
     def lr(self, value):
         self._lr = check_real("lr", value, minimum=0)
 
-    def zero_grad(self):
-        self.grads.fill(0)
-
     def step(self):
         """One update of every parameter from its current gradient."""
         beta1, beta2 = self.betas

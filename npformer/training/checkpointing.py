@@ -199,7 +199,7 @@ def restore_training_state(loaded, model, optimizer):
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: optimizer state does not fit ({e})") from None
     model.load_state_dict(loaded.model.state_dict())
-    # set the state in place: every Dropout holds a reference to this very generator
+    # set the state in place: every Dropout holds a reference to this very rng
     model.rng.bit_generator.state = state
     return training
 

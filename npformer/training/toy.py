@@ -37,7 +37,7 @@ class ToyData:
 def toy_data(seed=0, n_train=3000, n_heldout=300, n_valid=300):
     """Training, held-out and validation pairs plus vocabularies built from the training side."""
     corpus = generate_toy_corpus(seed, n_train, n_heldout + n_valid)
-    # the held-out pairs come from the generator one by one, so the first n_heldout are exactly
+    # generate_toy_corpus makes the held-out pairs one by one, so the first n_heldout are exactly
     # generate_toy_corpus(seed, n_train, n_heldout).heldout; the rest serve as validation
     heldout, valid = corpus.heldout[:n_heldout], corpus.heldout[n_heldout:]
     src_vocab = Vocab.build([zh.split() for zh, _ in corpus.train])

@@ -19,7 +19,7 @@ from .optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInver
 from .registry import build_model
 from .runtime import configure_runtime, set_deterministic
 
-__version__ = "0.1.0"
+from .version import VERSION as __version__
 
 __all__ = [
     "Adam", "AdamW", "GradcheckResult", "NoamSchedule", "Transformer", "TransformerConfig",

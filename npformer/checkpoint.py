@@ -94,7 +94,12 @@ __all__ = [
 ]
 
 FORMAT_NAME = "npformer-checkpoint"
-FORMAT_VERSION = 2  # 1: metadata only in the .json beside the npz; 2: metadata inside the npz
+FORMAT_VERSION = 3  # 1: metadata only in the .json beside the npz; 2: metadata inside the npz;
+                    # 3: a model checkpoint's metadata names its architecture, holds its
+                    #    vocabularies as one value and the npformer version that wrote it
+READABLE_VERSIONS = (2, 3)  # 2 loads as it is; its model metadata is migrated by the model layer
+# (the npformer version itself goes into a model checkpoint's metadata: this module imports
+# nothing of npformer, so that it can be loaded and tested on its own)
 META_NAME = "__meta__.json"  # reserved array name: the npz member holding the metadata
 _TRAILER = b"npformer-sha256:"  # the npz's zip comment: this, then 64 hex digits
 _DIGEST_LEN = 64  # hex digits of a sha256
@@ -550,8 +555,16 @@ def _parse_meta(member, npz_path: Path) -> dict:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise bad(f"expected an object with format {FORMAT_NAME!r}, got {got!r}")
     version = doc.get("format_version")
-    if type(version) is not int or version != FORMAT_VERSION:
-        raise bad(f"expected format_version {FORMAT_VERSION}, got {version!r}")
+    if type(version) is int and version > FORMAT_VERSION:
+        meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
+        writer = meta.get("npformer_version")
+        raise bad(f"format_version {version}, written by "
+                  f"{'npformer ' + str(writer) if writer else 'a newer npformer'}: newer than this "
+                  f"npformer reads (format versions {READABLE_VERSIONS[0]} to {FORMAT_VERSION}); "
+                  f"update npformer to load it")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise bad(f"expected format_version {' or '.join(map(str, READABLE_VERSIONS))}, got "
+                  f"{version!r}")
     index = doc.get("arrays")
     if not isinstance(index, dict) or not all(
         isinstance(v, dict) and isinstance(v.get("dtype"), str) and isinstance(v.get("shape"), list)

@@ -98,7 +98,7 @@ def test_round_trip_dtypes_and_unicode_meta(tmp_path):
         assert got_meta == meta
     copy = json.loads(json_path.read_text(encoding="utf-8"))  # the readable copy beside the npz
     assert "你好" in json_path.read_text(encoding="utf-8")  # readable, not \u escapes
-    assert copy["meta"] == meta and copy["format_version"] == FORMAT_VERSION == 2
+    assert copy["meta"] == meta and copy["format_version"] == FORMAT_VERSION == 3
     assert copy["arrays"]["model/decoder.embed.weight"] == {"dtype": "float64", "shape": [5, 3]}
 
 
@@ -326,8 +326,13 @@ def edit_doc(change):
         (lambda m: with_meta(m, b'{"format": "npformer-checkpoint", "format_ver'), "corrupt JSON"),
         (lambda m: with_meta(m, b"[1, 2, 3]"), "expected an object"),
         (edit_doc(lambda d: d.update(format="something-else")), "format 'npformer-checkpoint', got 'something-else'"),
-        (edit_doc(lambda d: d.update(format_version=1)), "format_version 2, got 1"),
-        (edit_doc(lambda d: d.update(format_version="2")), "format_version 2, got '2'"),
+        (edit_doc(lambda d: d.update(format_version=1)), "format_version 2 or 3, got 1"),
+        (edit_doc(lambda d: d.update(format_version="2")), "format_version 2 or 3, got '2'"),
+        (edit_doc(lambda d: d.update(format_version=4)),
+         r"format_version 4, written by a newer npformer: newer than this npformer reads"),
+        (edit_doc(lambda d: (d.update(format_version=9), d["meta"].update(npformer_version="2.0"))),
+         r"format_version 9, written by npformer 2\.0: newer than this npformer reads \(format "
+         r"versions 2 to 3\); update npformer"),
         (edit_doc(lambda d: d.update(arrays=[])), "'arrays' to map names"),
         (edit_doc(lambda d: d.update(meta=[1])), "'meta' to be an object"),
         (edit_doc(lambda d: d["arrays"]["a"].update(shape=[99])), r"array 'a' is float32 \[3\].*records float32 \[99\]"),

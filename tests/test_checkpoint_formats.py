@@ -40,6 +40,8 @@ def test_a_format_2_checkpoint_loads_as_the_translator_and_translates_as_before(
     assert isinstance(loaded.model.config, nf.TransformerConfig)
     assert loaded.model.config.to_dict()["arch"] == "transformer"
     assert (loaded.model.config.d_model, loaded.model.config.dtype) == (16, "float64")
+    assert "src_vocab" not in loaded.meta and set(loaded.meta["vocabularies"]) == {"src", "tgt"}
+    assert not loaded.vocabs.is_joint                        # format 2 stored two lists
     want = expected("format2_tiny.expected.json")
     translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab)
     assert [t.tokens for t in translator.translate(want["sentences"])] == want["greedy"]

@@ -295,8 +295,9 @@ def tamperings(draw):
     key = draw(st.sampled_from(["src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
                                 "n_encoder_layers", "n_decoder_layers", "dropout", "max_len",
                                 "pad_id", "norm_first", "activation", "layer_norm_eps", "qk_dim",
-                                "tie_embeddings", "dtype", "seed", "bogus"]))
-    meta_key = draw(st.sampled_from(["kind", "src_vocab", "tgt_vocab", "config", "training"]))
+                                "tie_embeddings", "dtype", "seed", "arch", "bogus"]))
+    meta_key = draw(st.sampled_from(["kind", "vocabularies", "config", "training",
+                                     "npformer_version"]))
 
     def edit(_):
         arrays, meta = dict(base["arrays"]), json.loads(json.dumps(base["meta"]))

@@ -95,7 +95,26 @@ def test_a_checkpoint_of_an_unknown_architecture_names_it(tmp_path):
     assert load_model_checkpoint(tmp_path / "ok").model.config == model.config
     arrays, meta = load_checkpoint(tmp_path / "ok")
     meta["config"]["arch"] = "mamba"
+    meta["npformer_version"] = "0.9.1"
     save_checkpoint(tmp_path / "other", arrays, meta)
-    with pytest.raises(CheckpointError, match=r"other.*arch: expected one of \['transformer'\], "
-                                              r"got 'mamba'"):
+    with pytest.raises(CheckpointError, match=r"other: holds a model of architecture 'mamba', "
+                                              r"written by npformer 0\.9\.1; this npformer "
+                                              r"\S+ knows \['transformer'\]"):
         load_model_checkpoint(tmp_path / "other")
+
+
+def test_checkpoints_store_the_vocabularies_as_one_value(tmp_path):
+    from npformer.checkpoint import load_checkpoint
+    from npformer.data.vocab import Vocab, Vocabularies
+    from npformer.training.checkpointing import load_model_checkpoint, save_model_checkpoint
+    joint = Vocab(list(Vocab.SPECIALS) + [f"w{i}" for i in range(9)])
+    model = nf.Transformer(**{**SMALL, "src_vocab_size": 13, "tgt_vocab_size": 13})
+    save_model_checkpoint(tmp_path / "joint", model, joint, joint)
+    _, meta = load_checkpoint(tmp_path / "joint")
+    assert meta["vocabularies"] == {"joint": joint.tokens} and meta["npformer_version"] == \
+        nf.__version__
+    loaded = load_model_checkpoint(tmp_path / "joint")
+    assert loaded.vocabs == Vocabularies.joint(joint) and loaded.vocabs.is_joint
+    assert loaded.src_vocab is loaded.tgt_vocab
+    with pytest.raises(ValueError, match="vocabularies: expected"):
+        Vocabularies.from_dict({"src": joint.tokens})

@@ -14,7 +14,7 @@ import numpy as np
 
 from .textfile import write_text_atomic
 
-__all__ = ["Vocab"]
+__all__ = ["Vocab", "Vocabularies"]
 
 _FORMAT = "npformer-vocab"
 _VERSION = 1
@@ -177,3 +177,50 @@ class Vocab:
             return cls.from_dict(d)
         except ValueError as e:
             raise ValueError(f"{os.fspath(path)!r} is not a valid vocabulary file: {e}") from e
+
+
+class Vocabularies:
+    """A model's vocabularies as one value: a source and a target vocabulary, or one joint
+    vocabulary that both sides share (held once). ``src`` and ``tgt`` are the sides either way.
+
+        Vocabularies(src_vocab, tgt_vocab)      Vocabularies.joint(vocab)
+    """
+
+    def __init__(self, src: Vocab, tgt: Vocab):
+        for side, vocab in (("src", src), ("tgt", tgt)):
+            if not isinstance(vocab, Vocab):
+                raise ValueError(f"{side}: expected a Vocab, got {type(vocab).__name__}")
+        self.src, self.tgt = src, tgt
+
+    @classmethod
+    def joint(cls, vocab: Vocab) -> "Vocabularies":
+        return cls(vocab, vocab)
+
+    @property
+    def is_joint(self) -> bool:
+        return self.src is self.tgt
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Vocabularies) and self.is_joint == other.is_joint
+                and self.src == other.src and self.tgt == other.tgt)
+
+    def __repr__(self) -> str:
+        if self.is_joint:
+            return f"Vocabularies.joint({len(self.src)} tokens)"
+        return f"Vocabularies(src={len(self.src)} tokens, tgt={len(self.tgt)} tokens)"
+
+    def to_dict(self) -> dict:
+        """{"joint": [tokens]} or {"src": [tokens], "tgt": [tokens]}, as checkpoints store it."""
+        if self.is_joint:
+            return {"joint": self.src.tokens}
+        return {"src": self.src.tokens, "tgt": self.tgt.tokens}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Vocabularies":
+        if isinstance(d, dict) and set(d) == {"joint"}:
+            return cls.joint(Vocab(d["joint"]))
+        if isinstance(d, dict) and set(d) == {"src", "tgt"}:
+            return cls(Vocab(d["src"]), Vocab(d["tgt"]))
+        found = sorted(d) if isinstance(d, dict) else type(d).__name__
+        raise ValueError(f"vocabularies: expected {{'joint': [...]}} or {{'src': [...], "
+                         f"'tgt': [...]}}, got {found}")

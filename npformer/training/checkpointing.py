@@ -1,11 +1,17 @@
 """Model and training checkpoints on top of ``npformer.checkpoint`` (atomic npz + JSON).
 
 Arrays: ``model/<parameter name>``, ``optim/{step_count,exp_avg,exp_avg_sq}``, ``rng/model/...``
-(the dropout rng). Metadata: ``{"kind": "npformer-model", "config": model.config.to_dict(),
-"src_vocab": [...], "tgt_vocab": [...], "training": {...}, "runtime": {...}}``, where
+(the dropout rng). Metadata (checkpoint format 3)::
+
+    {"kind": "npformer-model", "npformer_version": "0.1.0",
+     "config": {"arch": "transformer", ...},             # model.config.to_dict()
+     "vocabularies": {"src": [...], "tgt": [...]},       # or {"joint": [...]}
+     "training": {...}, "runtime": {...}, "extra": {...}}
+
 ``training`` holds the trainer's counters, the batch sampler's position and the early-stopping
 state, and ``runtime`` the matrix-product variants in force (``npformer.runtime.record``), so a
-resumed run continues bit for bit.
+resumed run continues bit for bit. Format-2 files (no architecture, no npformer version,
+``src_vocab``/``tgt_vocab`` lists) are migrated on load (:func:`migrate_meta`).
 """
 from dataclasses import dataclass
 
@@ -14,8 +20,9 @@ import numpy as np
 from .. import runtime
 from ..checkpoint import (CheckpointError, checkpoint_paths, load_checkpoint, rng_from_arrays,
                           rng_state_to_arrays, save_checkpoint)
-from ..data.vocab import Vocab
-from ..registry import build_model, config_from_dict
+from ..data.vocab import Vocabularies
+from ..registry import ARCHITECTURES, build_model, config_from_dict
+from ..version import VERSION
 
 KIND = "npformer-model"
 _MODEL, _OPTIM, _RNG = "model/", "optim/", "rng/model"
@@ -28,8 +35,10 @@ def save_model_checkpoint(path, model, src_vocab, tgt_vocab, optimizer=None, tra
     if optimizer is not None:
         arrays.update({_OPTIM + k: np.asarray(v) for k, v in optimizer.state_dict().items()})
         arrays.update(rng_state_to_arrays(model.rng, _RNG))
-    meta = {"kind": KIND, "config": model.config.to_dict(), "src_vocab": src_vocab.tokens,
-            "tgt_vocab": tgt_vocab.tokens, "runtime": runtime.record()}
+    vocabs = (Vocabularies.joint(src_vocab) if src_vocab is tgt_vocab
+              else Vocabularies(src_vocab, tgt_vocab))
+    meta = {"kind": KIND, "npformer_version": VERSION, "config": model.config.to_dict(),
+            "vocabularies": vocabs.to_dict(), "runtime": runtime.record()}
     if training is not None:
         meta["training"] = training
     if extra:
@@ -40,11 +49,31 @@ def save_model_checkpoint(path, model, src_vocab, tgt_vocab, optimizer=None, tra
 @dataclass
 class LoadedCheckpoint:
     model: object                 # the model of the stored configuration's architecture
-    src_vocab: Vocab
-    tgt_vocab: Vocab
-    meta: dict
+    vocabs: Vocabularies
+    meta: dict                    # in today's layout (a format-2 file's is migrated on load)
     arrays: dict
     path: str
+
+    @property
+    def src_vocab(self):
+        return self.vocabs.src
+
+    @property
+    def tgt_vocab(self):
+        return self.vocabs.tgt
+
+
+def migrate_meta(meta):
+    """A model checkpoint's metadata in today's layout (format 3). Format 2 stored the
+    configuration without its architecture (always the translator's) and the vocabularies as
+    two lists, ``src_vocab`` and ``tgt_vocab``; the npformer that wrote it is not recorded."""
+    if "vocabularies" in meta or "src_vocab" not in meta:
+        return meta
+    meta = dict(meta)
+    meta["vocabularies"] = {"src": meta.pop("src_vocab"), "tgt": meta.pop("tgt_vocab", None)}
+    if isinstance(meta.get("config"), dict):
+        meta["config"] = {"arch": "transformer", **meta["config"]}
+    return meta
 
 
 def _describe(path):
@@ -71,27 +100,35 @@ def load_model_checkpoint(path):
     name = _describe(path)
     if meta.get("kind") != KIND:
         raise CheckpointError(f"checkpoint {name}: expected kind {KIND!r}, got {meta.get('kind')!r}")
+    meta = migrate_meta(meta)
     try:
-        src_vocab, tgt_vocab = Vocab(meta["src_vocab"]), Vocab(meta["tgt_vocab"])
+        vocabs = Vocabularies.from_dict(meta.get("vocabularies"))
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {name}: bad vocabulary ({e})") from None
     stored = meta.get("config")
     if not isinstance(stored, dict):
         raise CheckpointError(f"checkpoint {name}: expected a 'config' object, got {stored!r:.60}")
-    try:       # configurations stored before they named their architecture: the translator's
-        config = config_from_dict(stored, default_arch="transformer")
+    arch = stored.get("arch")
+    if arch not in ARCHITECTURES:
+        writer = meta.get("npformer_version")
+        raise CheckpointError(
+            f"checkpoint {name}: holds a model of architecture {arch!r}, written by "
+            f"{'npformer ' + str(writer) if writer else 'an unknown npformer'}; this npformer "
+            f"{VERSION} knows {sorted(ARCHITECTURES)}")
+    try:
+        config = config_from_dict(stored)
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: cannot build the model from its config ({e})") from None
     weights = {k[len(_MODEL):]: v for k, v in arrays.items() if k.startswith(_MODEL)}
     _check_weights_fit_config(config, weights, name)
     model = build_model(config)
-    check_vocab_sizes(model.config, src_vocab, tgt_vocab, name)
+    check_vocab_sizes(model.config, vocabs.src, vocabs.tgt, name)
     try:
         model.load_state_dict(weights)
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: weights do not match its config ({e})") from None
     model.eval()
-    return LoadedCheckpoint(model, src_vocab, tgt_vocab, meta, arrays, name)
+    return LoadedCheckpoint(model, vocabs, meta, arrays, name)
 
 
 def _check_weights_fit_config(config, weights, name):

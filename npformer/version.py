@@ -1,0 +1,2 @@
+"""npformer's version (``npformer.__version__``): written into every checkpoint."""
+VERSION = "0.1.0"

@@ -12,7 +12,8 @@ import numpy as np
 
 from .. import backend, runtime
 from ..loss import cross_entropy
-from ..nn import Transformer
+from ..configs import TransformerConfig
+from ..registry import build_model
 from ..training.multi30k import MULTI30K_MODEL
 from .common import add_model_args, model_kwargs, positive_int
 
@@ -50,8 +51,8 @@ def run(args):
     runtime.use_table(None)                      # time every variant, whatever a table said
     runtime.forget_choices()
     runtime.set_deterministic(False)
-    model = Transformer(src_vocab_size=args.src_vocab, tgt_vocab_size=args.tgt_vocab,
-                        **model_kwargs(args))
+    model = build_model(TransformerConfig(src_vocab_size=args.src_vocab,
+                                          tgt_vocab_size=args.tgt_vocab, **model_kwargs(args)))
     model.train()
     rng = np.random.default_rng(0)
     for length in range(args.min_len, args.max_len_timed + 1):

@@ -2,7 +2,8 @@
 import os
 
 from ..data.vocab import Vocab
-from ..nn import Transformer
+from ..configs import TransformerConfig
+from ..registry import build_model
 from ..training.averaging import average_checkpoints
 from ..training.multi30k import (MULTI30K_MODEL, MULTI30K_TRAIN, build_trainer, checkpoint_subword,
                                  load_multi30k)
@@ -250,7 +251,9 @@ def build(args, saved=None, given=()):
         src_vocab, tgt_vocab = saved.src_vocab, saved.tgt_vocab
     else:
         _check_vocabularies(src_vocab, tgt_vocab, args.min_freq)
-    model = Transformer(len(src_vocab), len(tgt_vocab), seed=args.seed, **model_kwargs(args))
+    model = build_model(TransformerConfig(src_vocab_size=len(src_vocab),
+                                          tgt_vocab_size=len(tgt_vocab), seed=args.seed,
+                                          **model_kwargs(args)))
     config = TrainConfig(out_dir=args.out, **_config_kwargs(args))
     return Trainer(model, src_vocab, tgt_vocab, train, valid, config,
                    extra=_recorded(args, dataset))

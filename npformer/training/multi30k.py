@@ -25,7 +25,8 @@ from ..data.subword import SubwordTokenizer
 from ..data.tokenize import detokenize, tokenize
 from ..data.vocab import Vocab
 from ..decoding.translator import Translator, whitespace_tokenize
-from ..nn import Transformer
+from ..configs import TransformerConfig
+from ..registry import build_model
 from .metrics import sacrebleu_scores
 from .trainer import TrainConfig, Trainer
 
@@ -121,8 +122,9 @@ def bleu_against_raw(hypotheses, targets):
 def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0, extra=None):
     """A ``Trainer`` for ``data`` with the recipe's defaults, overridden by the kwargs.
     ``extra`` adds to the metadata every checkpoint carries (beside the text settings)."""
-    model = Transformer(len(data.src_vocab), len(data.tgt_vocab),
-                        **{**MULTI30K_MODEL, "seed": seed, **(model_kwargs or {})})
+    model = build_model(TransformerConfig(
+        src_vocab_size=len(data.src_vocab), tgt_vocab_size=len(data.tgt_vocab),
+        **{**MULTI30K_MODEL, "seed": seed, **(model_kwargs or {})}))
     config = TrainConfig(**{**MULTI30K_TRAIN, "seed": seed, **(train_kwargs or {})})
     tokenize, detokenize_units = data.tokenizers()
     return Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config,

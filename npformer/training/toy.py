@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from ..data.toy import generate_toy_corpus, toy_examples
 from ..data.vocab import Vocab
-from ..nn import Transformer
+from ..configs import TransformerConfig
+from ..registry import build_model
 from .checkpointing import load_model_checkpoint
 from .metrics import exact_match
 from .trainer import TrainConfig, Trainer
@@ -62,8 +63,9 @@ def run_toy(seed=0, model_kwargs=None, train_kwargs=None, out_dir=None, quiet=Fa
     ``extra`` goes into every checkpoint's metadata; ``before_fit()`` is called once the model
     and trainer are built, just before training writes anything."""
     data = toy_data(seed, n_train=n_train)
-    model = Transformer(len(data.src_vocab), len(data.tgt_vocab),
-                        **{**TOY_MODEL, "seed": seed, **(model_kwargs or {})})
+    model = build_model(TransformerConfig(
+        src_vocab_size=len(data.src_vocab), tgt_vocab_size=len(data.tgt_vocab),
+        **{**TOY_MODEL, "seed": seed, **(model_kwargs or {})}))
     config = TrainConfig(**{**TOY_TRAIN, "seed": seed, "out_dir": out_dir, "quiet": quiet,
                             **(train_kwargs or {})})
     trainer = Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config,

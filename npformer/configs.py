@@ -18,7 +18,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from .functional.activation_dropout import check_activation
-from .validation import check_int, check_real
+from .validation import check_flag, check_int, check_real
 
 
 class ModelConfig:
@@ -65,12 +65,6 @@ class ModelConfig:
         """How many layers the configuration asks for (each with parameters of its own): a
         checkpoint loader refuses a count beyond its stored arrays before listing them."""
         raise NotImplementedError
-
-
-def _check_flag(name, flag):
-    if not isinstance(flag, (bool, np.bool_)):
-        raise ValueError(f"{name}: expected True or False, got {flag!r}")
-    return bool(flag)
 
 
 def _check_dtype(dtype):
@@ -134,8 +128,8 @@ class TransformerConfig(ModelConfig):
         if not isinstance(self.activation, str):
             raise ValueError(f"activation: expected a str such as 'relu', got {self.activation!r}")
         check_activation(self.activation)
-        put("norm_first", _check_flag("norm_first", self.norm_first))
-        put("tie_embeddings", _check_flag("tie_embeddings", self.tie_embeddings))
+        put("norm_first", check_flag("norm_first", self.norm_first))
+        put("tie_embeddings", check_flag("tie_embeddings", self.tie_embeddings))
         put("dtype", _check_dtype(self.dtype))
         put("seed", check_int("seed", self.seed, minimum=0))
 

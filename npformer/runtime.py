@@ -51,6 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .validation import check_flag, check_int
+
 ENV_SWITCH = "NPFORMER_RUNTIME"                  # "off": leave threads to the libraries' defaults
 ENV_TABLE = "NPFORMER_DISPATCH_TABLE"            # path of the dispatch table (else the cache dir)
 THREAD_CAPS = ("NPFORMER_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
@@ -248,14 +250,6 @@ def keep_freed_memory():
     return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_threshold, 1 << 30))
 
 
-def _positive(value, name):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer or None, got {value!r}")
-    return value
-
-
 def configure_runtime(threads=None, blas_threads=None, keep_memory=False, deterministic=None):
     """Override the runtime's choices (everything else it decides on its own):
 
@@ -269,8 +263,8 @@ def configure_runtime(threads=None, blas_threads=None, keep_memory=False, determ
 
     It also turns the runtime on where ``NPFORMER_RUNTIME=off`` had turned it off. Returns a
     summary dict (:func:`describe`)."""
-    _positive(threads, "threads")
-    _positive(blas_threads, "blas_threads")
+    threads = check_int("threads", threads, allow_none=True)
+    blas_threads = check_int("blas_threads", blas_threads, allow_none=True)
     with _lock:
         ensure()
         if threads is None:
@@ -302,9 +296,7 @@ def set_deterministic(flag=True):
     process, on any number of threads. ``False`` lets the matmul dispatcher time its candidates
     once per shape and keep the fastest (the last percent of speed, different bits from run to
     run). Choices already made stay; call before the first step."""
-    if not isinstance(flag, bool):
-        raise ValueError(f"set_deterministic(flag): expected True or False, got {flag!r}")
-    _state["deterministic"] = flag
+    _state["deterministic"] = check_flag("set_deterministic(flag)", flag)
 
 
 def is_deterministic():

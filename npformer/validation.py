@@ -142,3 +142,11 @@ def check_real(name, value, *, minimum=None, maximum=None, min_open=False, max_o
                              max_open=max_open, allow_none=allow_none)
         raise ValueError(f"{name}: expected {what}, got {_shown(value)}")
     return number
+
+
+def check_flag(name, value):
+    """``value`` as a bool: True or False (NumPy's bool too, never 1 or "yes"). ValueError
+    ``"{name}: expected True or False, got 'no'"`` otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}: expected True or False, got {_shown(value)}")
+    return bool(value)

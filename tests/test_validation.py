@@ -1,5 +1,6 @@
 """The shared scalar checks (npformer.validation.check_int / check_real): what they accept, what
 they return, and the one wording every message uses."""
+import re
 import math
 from fractions import Fraction
 
@@ -97,3 +98,11 @@ def test_early_stopping_patience_accepts_numpy_ints_and_none():
     from npformer.training.early_stopping import EarlyStopping
     assert EarlyStopping(patience=np.int64(2)).patience == 2
     assert EarlyStopping(patience=None).patience is None
+
+
+def test_check_flag_takes_bools_only():
+    from npformer.validation import check_flag
+    assert check_flag("f", True) is True and check_flag("f", np.bool_(False)) is False
+    for bad in (1, 0, "yes", None, 1.0):
+        with pytest.raises(ValueError, match=f"f: expected True or False, got {re.escape(repr(bad))}"):
+            check_flag("f", bad)

@@ -23,7 +23,8 @@ memory for reuse: a process-wide setting the runtime makes only when asked);
 ``--nondeterministic`` calls ``npformer.runtime.set_deterministic(False)`` before the first step
 (the matmul dispatcher times its candidates once per shape and keeps the fastest). The output
 shows the numba worker's ``npformer.runtime.describe()`` (thread policy and BLAS in force) once.
-PyTorch gets ``torch.set_num_threads(N)``, N = the CPUs in its affinity.
+PyTorch gets ``torch.set_num_threads(N)``, N = the cores npformer's runtime counts (affinity,
+cgroup quota, thread caps: ``npformer.runtime.available_cores``).
 
 ``--profile`` prints, for the npformer numba path, the 22 functions with the most own time over
 the timed steps (cProfile). ``--choices`` prints, for the same path, the variant picked for every
@@ -186,7 +187,8 @@ def run_torch(c, repeats):
     sys.path.insert(0, str(ROOT))
     from torch_reference import ReferenceSeq2Seq
 
-    torch.set_num_threads(len(affinity()))
+    from npformer.runtime import available_cores
+    torch.set_num_threads(available_cores()[0])      # the cores npformer's policy uses, too
     torch.manual_seed(0)
     config = dict(c, dropout=0.1, pad_id=0, activation="relu", layer_norm_eps=1e-5,
                   norm_first=False, tie_embeddings=False, max_len=64)

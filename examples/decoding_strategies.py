@@ -13,7 +13,7 @@ from npformer.training.checkpointing import load_model_checkpoint
 
 def main(checkpoint="runs/toy/best", sentence="他 有 两只 黑色的 猫"):
     loaded = load_model_checkpoint(checkpoint)
-    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab)
+    translator = Translator(loaded.model, loaded.vocabs)
 
     (greedy,) = translator.translate([sentence])
     print(format_trace(greedy))                  # every chosen token with its probability

@@ -24,7 +24,7 @@ def main():
     # 1. data: raw sentence pairs; vocabularies (min_freq 2) from the lowercased training side
     data = load_multi30k(args.data_dir, args.src, args.tgt)
     print(f"{len(data.train)} training pairs, e.g. {data.train[0]}")
-    print(f"vocabularies: {len(data.src_vocab)} {args.src}, {len(data.tgt_vocab)} {args.tgt} tokens")
+    print(f"vocabularies: {len(data.vocabs.src)} {args.src}, {len(data.vocabs.tgt)} {args.tgt} tokens")
 
     # 2. model and trainer with the recipe's defaults (d_model 256, 3+3 layers, ~5,000-token
     #    batches, warm-up schedule, label smoothing 0.1), capped by wall time

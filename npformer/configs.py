@@ -66,6 +66,11 @@ class ModelConfig:
         checkpoint loader refuses a count beyond its stored arrays before listing them."""
         raise NotImplementedError
 
+    def vocab_sizes(self):
+        """``{side: size}`` of the vocabularies the model reads and writes ("src"/"tgt"), checked
+        against a ``Vocabularies`` value before the two are used together."""
+        raise NotImplementedError
+
 
 def _check_dtype(dtype):
     try:
@@ -174,3 +179,7 @@ class TransformerConfig(ModelConfig):
 
     def layer_count(self):
         return self.n_encoder_layers + self.n_decoder_layers
+
+    def vocab_sizes(self):
+        """The size of each vocabulary the model reads or writes (``Vocabularies.check_fits``)."""
+        return {"src": self.src_vocab_size, "tgt": self.tgt_vocab_size}

@@ -57,9 +57,9 @@ def run_dir(tmp_path_factory):
     from npformer.training.trainer import TrainConfig, Trainer
     out = tmp_path_factory.mktemp("run")
     data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
-    model = nf.Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2,
+    model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=12)
-    trainer = Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid,
+    trainer = Trainer(model, data.vocabs, data.train, data.valid,
                       TrainConfig(epochs=2, batch_size=32, quiet=True, out_dir=str(out), log_every=1))
     trainer.fit()
     return out, data

@@ -5,7 +5,7 @@ import pytest
 import npformer as nf
 from npformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from npformer.cli.main import main
-from npformer.data.vocab import Vocab
+from npformer.data.vocab import Vocab, Vocabularies
 from npformer.training.averaging import average_checkpoints, average_state_dicts
 from npformer.training.checkpointing import load_model_checkpoint, save_model_checkpoint
 
@@ -22,7 +22,7 @@ def save_three(tmp_path):
     paths = []
     for seed in (1, 2, 3):
         path = tmp_path / f"step_{seed}"
-        save_model_checkpoint(path, tiny(seed), SRC, TGT, extra={"src_lang": "de", "tgt_lang": "en"})
+        save_model_checkpoint(path, tiny(seed), Vocabularies(SRC, TGT), extra={"src_lang": "de", "tgt_lang": "en"})
         paths.append(path)
     return paths
 
@@ -41,7 +41,7 @@ def test_average_is_the_mean_of_every_parameter(tmp_path):
     assert not np.array_equal(loaded.model.flat_params, tiny(1).flat_params)
     assert loaded.meta["extra"]["src_lang"] == "de"
     assert loaded.meta["extra"]["averaged_from"] == [str(p) for p in paths]
-    assert loaded.src_vocab == SRC and loaded.tgt_vocab == TGT
+    assert loaded.vocabs.src == SRC and loaded.vocabs.tgt == TGT
 
 
 def test_average_of_one_checkpoint_is_itself(tmp_path):
@@ -53,7 +53,7 @@ def test_average_of_one_checkpoint_is_itself(tmp_path):
 
 def test_mismatched_config_is_an_error_naming_the_file(tmp_path):
     paths = save_three(tmp_path)
-    save_model_checkpoint(tmp_path / "wide", tiny(4, d_ff=16), SRC, TGT)
+    save_model_checkpoint(tmp_path / "wide", tiny(4, d_ff=16), Vocabularies(SRC, TGT))
     with pytest.raises(CheckpointError, match=r"wide.*d_ff: checkpoint has 16, expected 8"):
         average_checkpoints([paths[0], tmp_path / "wide"], tmp_path / "avg")
     assert not (tmp_path / "avg.npz").exists()
@@ -62,7 +62,7 @@ def test_mismatched_config_is_an_error_naming_the_file(tmp_path):
 def test_mismatched_vocabulary_is_an_error(tmp_path):
     paths = save_three(tmp_path)
     other = Vocab(list(Vocab.SPECIALS) + ["a", "man", "cat", "."])
-    save_model_checkpoint(tmp_path / "other", tiny(5), SRC, other)
+    save_model_checkpoint(tmp_path / "other", tiny(5), Vocabularies(SRC, other))
     with pytest.raises(CheckpointError, match=r"other.*tgt vocabulary differs"):
         average_checkpoints([paths[0], tmp_path / "other"], tmp_path / "avg")
 
@@ -89,7 +89,7 @@ def test_cli_average(tmp_path, capsys):
                                rtol=1e-6, atol=1e-7)
     assert main(["average", "--out", str(tmp_path / "c"), "--run", str(tmp_path), "--last", "5"]) == 1
     assert "holds 3 step_<N> checkpoints" in capsys.readouterr().err
-    save_model_checkpoint(tmp_path / "wide", tiny(4, d_ff=16), SRC, TGT)
+    save_model_checkpoint(tmp_path / "wide", tiny(4, d_ff=16), Vocabularies(SRC, TGT))
     assert main(["average", "--out", str(tmp_path / "d"), str(paths[0]), str(tmp_path / "wide")]) == 1
     assert "wide" in capsys.readouterr().err
 

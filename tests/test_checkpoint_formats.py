@@ -43,7 +43,7 @@ def test_a_format_2_checkpoint_loads_as_the_translator_and_translates_as_before(
     assert "src_vocab" not in loaded.meta and set(loaded.meta["vocabularies"]) == {"src", "tgt"}
     assert not loaded.vocabs.is_joint                        # format 2 stored two lists
     want = expected("format2_tiny.expected.json")
-    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab)
+    translator = Translator(loaded.model, loaded.vocabs)
     assert [t.tokens for t in translator.translate(want["sentences"])] == want["greedy"]
     assert [t.tokens for t in translator.translate(want["sentences"], method="beam",
                                                    beam_size=3)] == want["beam3"]
@@ -54,7 +54,7 @@ def test_a_format_2_training_checkpoint_resumes():
     data = toy_data(0, n_train=200, n_heldout=5, n_valid=5)
     loaded = load_model_checkpoint(DATA / "format2_tiny")
     model = nf.build_model(loaded.model.config)
-    trainer = Trainer(model, data.src_vocab, data.tgt_vocab, data.train, None,
+    trainer = Trainer(model, data.vocabs, data.train, None,
                       TrainConfig(max_steps=72, epochs=20, batch_size=32, lr=1e-2,
                                   warmup_steps=10, quiet=True))
     trainer.resume(loaded)
@@ -70,7 +70,7 @@ def test_the_shared_multi30k_checkpoint_translates_as_before(numpy_backend):
                     f"shared/checkpoints/m30k-de-en/README.md)")
     loaded = load_model_checkpoint(SHARED_M30K / "averaged")
     want = expected("m30k_de_en.expected.json")
-    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, tokenize=tokenize)
+    translator = Translator(loaded.model, loaded.vocabs, tokenize=tokenize)
     with pytest.warns(UserWarning, match="unknown words mapped to <unk>"):   # as before, too
         greedy = [t.tokens for t in translator.translate(want["sentences"])]
     with pytest.warns(UserWarning, match="unknown words mapped to <unk>"):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import npformer as nf
 from npformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from npformer.data.vocab import Vocab
+from npformer.data.vocab import Vocab, Vocabularies
 from npformer.training.checkpointing import (POSITION_TABLE_CEILING, load_model_checkpoint,
                                              restore_training_state, save_model_checkpoint)
 
@@ -41,7 +41,7 @@ def save_training_checkpoint(path):
     _, d = nf.cross_entropy(logits, np.array([[4, 5, 2]]))
     model.backward(d)
     optimizer.step()
-    save_model_checkpoint(path, model, SRC, TGT, optimizer=optimizer, training={"step": 1})
+    save_model_checkpoint(path, model, Vocabularies(SRC, TGT), optimizer=optimizer, training={"step": 1})
     return model
 
 

@@ -82,10 +82,10 @@ def test_missing_truncated_and_mismatched_checkpoints(run_dir, tmp_path, capsys)
     assert main(["translate", "--checkpoint", str(tmp_path / "cut"), "我"]) == 1
     assert "cut.npz" in capsys.readouterr().err
     # weights of another shape than the config says
-    model = nf.Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2,
+    model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=12)
     model.config = model.config.replace(d_ff=48)             # a config the weights do not fit
-    save_model_checkpoint(tmp_path / "bad", model, data.src_vocab, data.tgt_vocab)
+    save_model_checkpoint(tmp_path / "bad", model, data.vocabs)
     assert main(["translate", "--checkpoint", str(tmp_path / "bad"), "我"]) == 1
     err = capsys.readouterr().err
     assert "bad" in err and "do not match its config" in err

@@ -85,13 +85,13 @@ def test_a_new_architecture_is_one_registration_away(monkeypatch):
 
 def test_a_checkpoint_of_an_unknown_architecture_names_it(tmp_path):
     from npformer.checkpoint import load_checkpoint, save_checkpoint
-    from npformer.data.vocab import Vocab
+    from npformer.data.vocab import Vocab, Vocabularies
     from npformer.training.checkpointing import (CheckpointError, load_model_checkpoint,
                                                  save_model_checkpoint)
     model = nf.Transformer(**SMALL)
     vocab_src = Vocab(list(Vocab.SPECIALS) + [f"s{i}" for i in range(SMALL["src_vocab_size"] - 4)])
     vocab_tgt = Vocab(list(Vocab.SPECIALS) + [f"t{i}" for i in range(SMALL["tgt_vocab_size"] - 4)])
-    save_model_checkpoint(tmp_path / "ok", model, vocab_src, vocab_tgt)
+    save_model_checkpoint(tmp_path / "ok", model, Vocabularies(vocab_src, vocab_tgt))
     assert load_model_checkpoint(tmp_path / "ok").model.config == model.config
     arrays, meta = load_checkpoint(tmp_path / "ok")
     meta["config"]["arch"] = "mamba"
@@ -109,12 +109,12 @@ def test_checkpoints_store_the_vocabularies_as_one_value(tmp_path):
     from npformer.training.checkpointing import load_model_checkpoint, save_model_checkpoint
     joint = Vocab(list(Vocab.SPECIALS) + [f"w{i}" for i in range(9)])
     model = nf.Transformer(**{**SMALL, "src_vocab_size": 13, "tgt_vocab_size": 13})
-    save_model_checkpoint(tmp_path / "joint", model, joint, joint)
+    save_model_checkpoint(tmp_path / "joint", model, Vocabularies.joint(joint))
     _, meta = load_checkpoint(tmp_path / "joint")
     assert meta["vocabularies"] == {"joint": joint.tokens} and meta["npformer_version"] == \
         nf.__version__
     loaded = load_model_checkpoint(tmp_path / "joint")
     assert loaded.vocabs == Vocabularies.joint(joint) and loaded.vocabs.is_joint
-    assert loaded.src_vocab is loaded.tgt_vocab
+    assert loaded.vocabs.src is loaded.vocabs.tgt
     with pytest.raises(ValueError, match="vocabularies: expected"):
         Vocabularies.from_dict({"src": joint.tokens})

@@ -11,7 +11,8 @@ import pytest
 from npformer.data import download as download_module
 from npformer.data import textfile
 from npformer.data.download import download_multi30k, sha256_file
-from npformer.data.multi30k import load_split, read_lines
+from npformer.data.multi30k import load_split
+from npformer.data.textfile import read_lines, read_parallel
 from npformer.data.textfile import decode_utf8, write_text_atomic
 from npformer.data.vocab import Vocab
 
@@ -112,3 +113,19 @@ def test_download_write_failure_names_the_file_and_leaves_nothing(tmp_path, monk
                           files={"val.de.gz": sha256_file(served / "val.de.gz")})
     assert err.value.errno == errno.ENOSPC and err.value.filename == str(dest / "val.de.gz")
     assert list(dest.iterdir()) == []
+
+
+def test_read_lines_reads_gzip_and_every_line_end_and_read_parallel_checks_the_pairs(tmp_path):
+    (tmp_path / "a.gz").write_bytes(gzip.compress("eins\r\nzwei\rdrei\n".encode("utf-8")))
+    assert read_lines(tmp_path / "a.gz") == ["eins", "zwei", "drei"]
+    with pytest.raises(ValueError, match=r"nope\.txt: no such file"):
+        read_lines(tmp_path / "nope.txt")
+    (tmp_path / "b.txt").write_text("one\ntwo\nthree\n", encoding="utf-8")
+    assert read_parallel(tmp_path / "a.gz", tmp_path / "b.txt") == [
+        ("eins", "one"), ("zwei", "two"), ("drei", "three")]
+    (tmp_path / "c.txt").write_text("one\n \nthree\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"training data: line 2 is empty in .*c\.txt"):
+        read_parallel(tmp_path / "a.gz", tmp_path / "c.txt", "training data")
+    (tmp_path / "d.txt").write_text("one\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"data: .*a\.gz has 3 lines but .*d\.txt has 1"):
+        read_parallel(tmp_path / "a.gz", tmp_path / "d.txt")

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import npformer as nf
-from npformer.data.vocab import Vocab
+from npformer.data.vocab import Vocab, Vocabularies
 from npformer.decoding.cache import IncrementalDecoder
 from npformer.decoding.search import (beam_search, greedy_decode, greedy_decode_uncached,
                                       length_penalty_gnmt, sample_decode)
@@ -106,7 +106,7 @@ def toy_translator(max_len=24):
     tgt_vocab = Vocab(list(Vocab.SPECIALS) + [f"t{i}" for i in range(V_TGT - 4)])
     model = nf.Transformer(V_SRC, V_TGT, d_model=16, n_heads=4, d_ff=24, n_encoder_layers=1,
                            n_decoder_layers=1, max_len=max_len, seed=0).eval()
-    return Translator(model, src_vocab, tgt_vocab)
+    return Translator(model, Vocabularies(src_vocab, tgt_vocab))
 
 
 def test_translator_unknown_words_warn_and_become_unk():
@@ -136,8 +136,11 @@ def test_translator_too_long_errors_or_truncates_with_warning():
 
 def test_translator_rejects_mismatched_vocab_and_method():
     tr = toy_translator()
-    with pytest.raises(ValueError, match="tgt_vocab: expected 11"):
-        Translator(tr.model, tr.src_vocab, Vocab(list(Vocab.SPECIALS) + ["a"]))
+    with pytest.raises(ValueError, match="tgt vocabulary has 5 tokens but the model's "
+                                         "configuration says tgt_vocab_size=11"):
+        Translator(tr.model, Vocabularies(tr.vocabs.src, Vocab(list(Vocab.SPECIALS) + ["a"])))
+    with pytest.raises(ValueError, match="vocabs: expected a Vocabularies"):
+        Translator(tr.model, tr.vocabs.src)
     with pytest.raises(ValueError, match="method"):
         tr.translate(["s1"], method="nucleus")
 

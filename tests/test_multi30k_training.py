@@ -58,11 +58,11 @@ def toy():
 
 
 def toy_trainer(toy, dtype=np.float32, dropout=0.1, **cfg):
-    model = nf.Transformer(len(toy.src_vocab), len(toy.tgt_vocab), d_model=16, n_heads=2, d_ff=16,
+    model = nf.Transformer(len(toy.vocabs.src), len(toy.vocabs.tgt), d_model=16, n_heads=2, d_ff=16,
                            n_encoder_layers=1, n_decoder_layers=1, dropout=dropout, max_len=16,
                            dtype=dtype)
     config = TrainConfig(**{"lr": 3e-3, "warmup_steps": 4, "quiet": True, "log_every": 1, **cfg})
-    return Trainer(model, toy.src_vocab, toy.tgt_vocab, toy.train, toy.valid, config)
+    return Trainer(model, toy.vocabs, toy.train, toy.valid, config)
 
 
 def test_accumulated_gradient_equals_the_gradient_of_the_joined_batch(toy):
@@ -139,10 +139,10 @@ def test_new_config_values_are_checked():
 def test_recipe_builds_vocabularies_on_train_with_min_freq(mini_dir):
     data = load_multi30k(mini_dir, "en", "de", min_freq=2, subset=7)
     assert len(data.train) == 7 and len(data.valid) == 4
-    assert "dog" in data.src_vocab and "child" not in data.src_vocab   # child: once in 7 pairs
-    assert "hund" in data.tgt_vocab and "Hund" not in data.tgt_vocab    # lowercased
+    assert "dog" in data.vocabs.src and "child" not in data.vocabs.src   # child: once in 7 pairs
+    assert "hund" in data.vocabs.tgt and "Hund" not in data.vocabs.tgt    # lowercased
     cased = load_multi30k(mini_dir, "de", "en", lowercase=False, min_freq=1)
-    assert "Hund" in cased.src_vocab
+    assert "Hund" in cased.vocabs.src
     with pytest.raises(ValueError, match="subset"):
         load_multi30k(mini_dir, subset=0)
 

@@ -116,9 +116,9 @@ def test_resume_into_another_folder_holding_a_run_follows_the_folder_policy(run,
 def test_checkpoints_without_recorded_options_are_checked_against_their_config(tmp_path, capsys):
     data = toy_data(0)
     import npformer as nf
-    model = nf.Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2,
+    model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=32)
-    trainer = Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid,
+    trainer = Trainer(model, data.vocabs, data.train, data.valid,
                       TrainConfig(max_steps=2, quiet=True, lr=1e-3, schedule="constant",
                                   out_dir=str(tmp_path / "old")))
     trainer.fit()
@@ -145,11 +145,11 @@ def test_a_final_validation_between_scheduled_ones_does_not_change_early_stoppin
     data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
 
     def trainer(out, **kw):
-        model = Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2,
+        model = Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                             d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16, seed=0)
         config = TrainConfig(epochs=6, batch_size=16, patience=1, stop_metric="exact_match",
                              quiet=True, out_dir=str(out), **kw)
-        return Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config)
+        return Trainer(model, data.vocabs, data.train, data.valid, config)
 
     straight = trainer(tmp_path / "straight")
     summary = straight.fit()
@@ -174,9 +174,9 @@ def test_a_resume_over_other_text_of_the_same_lengths_is_refused(tmp_path):
     data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
 
     def trainer(train_pairs):
-        model = Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2,
+        model = Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                             d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16)
-        return Trainer(model, data.src_vocab, data.tgt_vocab, train_pairs, data.valid,
+        return Trainer(model, data.vocabs, train_pairs, data.valid,
                        TrainConfig(epochs=2, max_steps=2, batch_size=16, quiet=True,
                                    out_dir=str(tmp_path)))
 

@@ -69,7 +69,12 @@ def test_recipe_uses_pieces_for_both_vocabularies(mini_dir):  # noqa: F811
     data = load_multi30k(mini_dir, "de", "en", min_freq=1, subword=40)
     assert data.subword is not None and data.extra["tokenizer"] == "npformer-word+sentencepiece"
     tokenize, detokenize = data.tokenizers()
-    assert all(p in data.src_vocab for p in tokenize(data.train[0][0]))
+    # one joint SentencePiece model gives one joint vocabulary, held once
+    assert data.vocabs.is_joint and data.vocabs.src is data.vocabs.tgt
+    assert all(p in data.vocabs.src for p in tokenize(data.train[0][0]))
+    assert all(p in data.vocabs.tgt for p in tokenize(data.train[0][1]))
+    words = load_multi30k(mini_dir, "de", "en", min_freq=1)
+    assert not words.vocabs.is_joint
     assert detokenize(tokenize(data.train[0][1])) == data.train[0][1].lower()
     with pytest.raises(ValueError, match="subword"):
         load_multi30k(mini_dir, subword=0)
@@ -80,8 +85,10 @@ def test_cli_train_and_eval_with_subword(mini_dir, tmp_path, capsys):  # noqa: F
     assert main(["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--src", "de",
                  "--tgt", "en", "--max-steps", "4", "--max-tokens", "80", "--subword", "40",
                  "--min-freq", "1", "--out", str(run)] + TINY) == 0
-    assert "40 subword pieces" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "40 subword pieces" in out and "one joint vocabulary of" in out
     loaded = load_model_checkpoint(run / "last")
+    assert loaded.vocabs.is_joint and loaded.meta["vocabularies"].keys() == {"joint"}
     result = evaluate_checkpoint(loaded, mini_dir)               # the pieces come from the checkpoint
     assert result["sentences"] == 4 and all(isinstance(h, str) for h in result["hypotheses"])
     assert main(["eval", "--checkpoint", str(run / "last"), "--dataset", "multi30k",

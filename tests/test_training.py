@@ -4,7 +4,7 @@ import pytest
 
 import npformer as nf
 from npformer.checkpoint import CheckpointError
-from npformer.data.vocab import Vocab
+from npformer.data.vocab import Vocab, Vocabularies
 from npformer.training.checkpointing import (check_compatible, load_model_checkpoint,
                                              save_model_checkpoint)
 from npformer.training.early_stopping import EarlyStopping
@@ -19,7 +19,7 @@ def data():
 
 
 def tiny_model(data, seed=0, **kw):
-    return nf.Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2, d_ff=32,
+    return nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2, d_ff=32,
                           n_encoder_layers=1, n_decoder_layers=1, dropout=0.1, max_len=16,
                           seed=seed, **kw)
 
@@ -27,7 +27,7 @@ def tiny_model(data, seed=0, **kw):
 def make_trainer(data, **cfg):
     config = TrainConfig(**{"batch_size": 16, "lr": 3e-3, "warmup_steps": 4, "quiet": True,
                             "log_every": 2, **cfg})
-    return Trainer(tiny_model(data), data.src_vocab, data.tgt_vocab, data.train, data.valid, config)
+    return Trainer(tiny_model(data), data.vocabs, data.train, data.valid, config)
 
 
 def test_resume_is_bit_for_bit(tmp_path, data):
@@ -92,9 +92,18 @@ def test_train_config_rejects_bad_values():
         TrainConfig(label_smoothing=1.5)
 
 
+def test_trainer_and_checkpoints_take_the_vocabularies_as_one_value(tmp_path, data):
+    with pytest.raises(ValueError, match="vocabs: expected a Vocabularies"):
+        Trainer(tiny_model(data), data.vocabs.src, data.train, data.valid, TrainConfig(quiet=True))
+    wrong = Vocabularies(data.vocabs.tgt, data.vocabs.src)      # the sides swapped
+    with pytest.raises(ValueError, match="src vocabulary has"):
+        save_model_checkpoint(tmp_path / "x", tiny_model(data), wrong)
+    assert not (tmp_path / "x.npz").exists()
+
+
 def test_trainer_rejects_too_long_pairs(data):
     with pytest.raises(ValueError, match=r"train_pairs\[1\].*max_len=16"):
-        Trainer(tiny_model(data), data.src_vocab, data.tgt_vocab,
+        Trainer(tiny_model(data), data.vocabs,
                 [data.train[0], (" ".join(["我"] * 20), "i")], None, TrainConfig(quiet=True))
 
 
@@ -129,10 +138,10 @@ def test_early_stopping():
 def test_checkpoint_errors_name_the_file(tmp_path, data):
     model = tiny_model(data)
     path = tmp_path / "ckpt"
-    save_model_checkpoint(path, model, data.src_vocab, data.tgt_vocab)
+    save_model_checkpoint(path, model, data.vocabs)
     loaded = load_model_checkpoint(path)
     assert np.array_equal(loaded.model.flat_params, model.flat_params)
-    assert loaded.src_vocab == data.src_vocab and not loaded.model.training
+    assert loaded.vocabs.src == data.vocabs.src and not loaded.model.training
 
     with pytest.raises(CheckpointError, match=r"nope\.npz"):
         load_model_checkpoint(tmp_path / "nope")
@@ -153,15 +162,18 @@ def test_mismatched_config_or_vocabulary_is_a_clear_error(tmp_path, data):
     loaded = load_model_checkpoint(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match=r"config d_model: checkpoint has 16, expected 32"):
         check_compatible(loaded, loaded.model.config.replace(d_model=32))
-    other = Vocab(data.tgt_vocab.tokens + ["zebra"])
+    other = Vocab(data.vocabs.tgt.tokens + ["zebra"])
     with pytest.raises(CheckpointError, match=r"tgt vocabulary differs.*zebra"):
-        check_compatible(loaded, tgt_vocab=other)
-    bigger = Trainer(tiny_model(data, qk_dim=8), data.src_vocab, data.tgt_vocab, data.train,
+        check_compatible(loaded, vocabs=Vocabularies(data.vocabs.src, other))
+    with pytest.raises(CheckpointError, match=r"vocabularies differ: the checkpoint holds a "
+                                              r"source and a target vocabulary, expected one joint"):
+        check_compatible(loaded, vocabs=Vocabularies.joint(data.vocabs.src))
+    bigger = Trainer(tiny_model(data, qk_dim=8), data.vocabs, data.train,
                      data.valid, TrainConfig(quiet=True))
     with pytest.raises(CheckpointError, match=r"ckpt does not match this run.*qk_dim"):
         bigger.resume(tmp_path / "ckpt")
     # an inference-only checkpoint cannot be resumed
-    save_model_checkpoint(tmp_path / "infer", trainer.model, data.src_vocab, data.tgt_vocab)
+    save_model_checkpoint(tmp_path / "infer", trainer.model, data.vocabs)
     with pytest.raises(CheckpointError, match="no optimizer state"):
         make_trainer(data).resume(tmp_path / "infer")
 

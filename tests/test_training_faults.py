@@ -19,10 +19,10 @@ def data():
 
 
 def make_trainer(data, **cfg):
-    model = nf.Transformer(len(data.src_vocab), len(data.tgt_vocab), d_model=16, n_heads=2,
+    model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16, seed=0)
     config = TrainConfig(**{"batch_size": 16, "lr": 3e-3, "warmup_steps": 2, "quiet": True, **cfg})
-    return Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config)
+    return Trainer(model, data.vocabs, data.train, data.valid, config)
 
 
 @pytest.mark.parametrize("field,value", [

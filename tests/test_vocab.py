@@ -157,3 +157,37 @@ def test_load_rejects_files_that_are_not_vocabularies(tmp_path):
     bad_tokens.write_text(json.dumps({"format": "npformer-vocab", "version": 1, "tokens": ["a"]}))
     with pytest.raises(ValueError, match=r"bad\.json.*special tokens"):
         Vocab.load(bad_tokens)
+
+
+# ---- Vocabularies: a model's vocabularies as one value -----------------------------------------
+
+def test_vocabularies_build_one_per_side_or_one_joint():
+    from npformer.data.vocab import Vocabularies
+    pairs = [("ich habe".split(), "i have".split()), ("ich".split(), "i".split())]
+    two = Vocabularies.build(pairs)
+    assert not two.is_joint and two.src.tokens[4:] == ["ich", "habe"]
+    assert two.tgt.tokens[4:] == ["i", "have"]
+    assert [side for side, _ in two.sides()] == ["src", "tgt"]
+    joint = Vocabularies.build(pairs, joint=True)
+    assert joint.is_joint and joint.src is joint.tgt and [s for s, _ in joint.sides()] == ["joint"]
+    assert sorted(joint.src.tokens[4:]) == ["habe", "have", "i", "ich"]
+    assert Vocabularies.from_dict(joint.to_dict()) == joint != two
+    # a side left with only the special tokens cannot learn: the error names min_freq and the side
+    with pytest.raises(ValueError, match=r"min_freq 3: leaves the source vocabulary with only its 4"):
+        Vocabularies.build(pairs, min_freq=3)
+    with pytest.raises(ValueError, match=r"min_freq 3: leaves the joint vocabulary"):
+        Vocabularies.build(pairs, min_freq=3, joint=True)
+
+
+def test_vocabularies_check_fits_names_the_side_and_the_size():
+    from npformer.data.vocab import Vocabularies
+    src, tgt = Vocab(list(SPECIALS) + ["a"]), Vocab(list(SPECIALS) + ["b", "c"])
+    vocabs = Vocabularies(src, tgt)
+    assert Vocabularies.check_fits(vocabs, {"src": 5, "tgt": 6}) is vocabs
+    with pytest.raises(ValueError, match=r"where: the tgt vocabulary has 6 tokens but the model's "
+                                         r"configuration says tgt_vocab_size=5"):
+        Vocabularies.check_fits(vocabs, {"src": 5, "tgt": 5}, "where")
+    with pytest.raises(ValueError, match=r"vocabs: expected a Vocabularies .* got Vocab"):
+        Vocabularies.check_fits(src, {"src": 5})
+    with pytest.raises(ValueError, match=r"tgt: expected a Vocab, got list"):
+        Vocabularies(src, ["<pad>"])

@@ -4,10 +4,9 @@ command's outputs off its inputs."""
 import argparse
 import copy
 import os
-import sys
 
 from ..checkpoint import CheckpointError, checkpoint_paths
-from ..data.textfile import decode_utf8, write_text_atomic
+from ..data.textfile import write_text_atomic
 from ..decoding.search import LENGTH_PENALTY
 from ..validation import check_int, check_real, describe_int, describe_real
 
@@ -72,33 +71,6 @@ def resolve_checkpoint(path):
                                   f"(expected a run directory written by npformer toy/train --out)")
         return candidate
     return path
-
-
-def read_lines(path):
-    """Lines of a UTF-8 text file (or stdin for "-"), line ends and a leading byte-order mark
-    stripped; bytes that are not UTF-8 are an error naming the file (or ``<stdin>``), the line
-    and the byte offset."""
-    if path == "-":
-        stream = getattr(sys.stdin, "buffer", None)
-        if stream is None:                       # a text stream without bytes (a test's StringIO)
-            text = sys.stdin.read()
-            text = text[1:] if text.startswith("\ufeff") else text
-        else:
-            text = decode_utf8(stream.read(), "<stdin>")
-    else:
-        if os.path.isdir(path):
-            raise ValueError(f"{path}: is a folder, expected a text file")
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such file") from None
-        text = decode_utf8(data, path)
-    # universal newlines, as text-mode reading had: \n, \r\n and \r end a line
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    if lines[-1] == "":                          # the text ends with a newline, or is empty
-        lines.pop()
-    return lines
 
 
 def beam_length_penalty(args):

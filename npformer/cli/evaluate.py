@@ -4,13 +4,14 @@ import json
 
 from ..checkpoint import checkpoint_paths
 from ..data.multi30k import LANGUAGES, resolve_data_dir
+from ..data.textfile import read_lines
 from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
 from ..decoding.translator import Translator
 from ..training.checkpointing import load_model_checkpoint
 from ..training.metrics import corpus_bleu, exact_match
 from ..training.multi30k import evaluate_checkpoint
 from .common import (beam_length_penalty, check_writable, non_negative_float, positive_int,
-                     read_lines, refuse_output_over_inputs, resolve_checkpoint, write_json,
+                     refuse_output_over_inputs, resolve_checkpoint, write_json,
                      write_lines)
 from .runs import refuse_output_named_like_a_run_file
 
@@ -119,7 +120,7 @@ def run(args):
         raise ValueError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
     if not src:
         raise ValueError(f"--src {args.src}: no sentences")
-    translator = Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab)
+    translator = Translator(loaded.model, loaded.vocabs)
     hyps = [t.text for t in translator.translate(
         src, method="beam" if args.beam else "greedy", beam_size=args.beam or 4,
         length_penalty=beam_length_penalty(args), truncate=args.truncate)]

@@ -96,17 +96,17 @@ def plot_bleu_vs_time(plt, records, metrics_path, out_dir):
     return [path]
 
 
-def attention_maps(model, src_vocab, tgt_vocab, sentence):
+def attention_maps(model, vocabs, sentence):
     """Greedy-translate ``sentence``, re-run the model on (source, output) and collect
     ``attn_weights`` of every MultiHeadAttention: {name: (H, T, S)}, plus the token labels."""
     from ..decoding.translator import Translator
-    result = Translator(model, src_vocab, tgt_vocab).translate([sentence])[0]
-    src_ids, _ = src_vocab.encode_with_unknowns(sentence.split())
+    result = Translator(model, vocabs).translate([sentence])[0]
+    src_ids, _ = vocabs.src.encode_with_unknowns(sentence.split())
     if not src_ids:
         raise ValueError("--sentence: expected at least one word")
-    out_ids = [tgt_vocab.token_to_id(t) for t in result.tokens]
+    out_ids = [vocabs.tgt.token_to_id(t) for t in result.tokens]
     model.eval()
-    model.forward(np.array([src_ids]), np.array([[tgt_vocab.bos_id] + out_ids]))
+    model.forward(np.array([src_ids]), np.array([[vocabs.tgt.bos_id] + out_ids]))
     maps = {}
     for i, layer in enumerate(model.encoder.layers):
         maps[f"encoder.{i}.self_attn"] = layer.self_attn.attn_weights[0]
@@ -121,8 +121,7 @@ def attention_maps(model, src_vocab, tgt_vocab, sentence):
 def plot_attention(plt, ckpt, sentence, out_dir):
     from ..training.checkpointing import load_model_checkpoint
     loaded = load_model_checkpoint(resolve_checkpoint(ckpt))
-    maps, src_tokens, tgt_tokens, text = attention_maps(loaded.model, loaded.src_vocab,
-                                                        loaded.tgt_vocab, sentence)
+    maps, src_tokens, tgt_tokens, text = attention_maps(loaded.model, loaded.vocabs, sentence)
     paths = []
     use_cjk_font(plt, src_tokens + tgt_tokens)
     with warnings.catch_warnings():

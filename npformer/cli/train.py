@@ -1,17 +1,15 @@
 """``npformer train``: train on the toy corpus, on a pair of parallel text files, or on Multi30k."""
+import contextlib
 import os
+import re
 
-from ..data.vocab import Vocab
-from ..configs import TransformerConfig
-from ..registry import build_model
 from ..training.averaging import average_checkpoints
-from ..training.multi30k import (MULTI30K_MODEL, MULTI30K_TRAIN, build_trainer, checkpoint_subword,
-                                 load_multi30k)
-from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_data
-from ..training.trainer import TrainConfig, Trainer, step_checkpoints
+from ..training.files import files_trainer
+from ..training.multi30k import MULTI30K_MODEL, MULTI30K_TRAIN, multi30k_trainer
+from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_trainer
+from ..training.trainer import step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, model_kwargs,
-                     positive_float, positive_int, read_lines, refuse_output_over_inputs,
-                     train_kwargs)
+                     positive_float, positive_int, refuse_output_over_inputs, train_kwargs)
 from .runs import (RECORDED_OPTIONS, TRAIN_MADE_BY, apply_resume_policy, flag, plan_run_folder,
                    refuse_inputs_in_run)
 
@@ -97,20 +95,6 @@ def add_parser(sub, name):
     p.set_defaults(run=run, seed=None)
 
 
-def _read_pairs(src_path, tgt_path, what):
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise ValueError(f"{what}: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}")
-    pairs = []
-    for n, (s, t) in enumerate(zip(src, tgt), 1):
-        if not s.split() or not t.split():
-            raise ValueError(f"{what}: line {n} is empty in {src_path if not s.split() else tgt_path}")
-        pairs.append((s, t))
-    if not pairs:
-        raise ValueError(f"{what}: {src_path} is empty")
-    return pairs
-
-
 def dataset_name(args):
     dataset = args.dataset or ("files" if args.src_file else None)
     if dataset is None:
@@ -131,6 +115,10 @@ def check_dataset_options(args, dataset, given):
                     "--dataset files or multi30k")
             raise ValueError(f"{flag(dest)}: not used with --dataset {dataset} ({where}); it is "
                              f"only for {only}")
+    if dataset == "files" and not (args.src_file and args.tgt_file):
+        raise ValueError("--src-file and --tgt-file: both are needed for --dataset files")
+    if dataset == "files" and bool(args.valid_src) != bool(args.valid_tgt):
+        raise ValueError("--valid-src and --valid-tgt: give both or neither")
     if dataset == "files" and not (args.valid_src or args.valid_tgt):
         for dest in _NEED_VALIDATION:
             if dest in given:
@@ -170,37 +158,9 @@ def fill_defaults(args, dataset):
                          f"{args.keep_last} (only that many checkpoints are kept)")
 
 
-def _check_vocabularies(src_vocab, tgt_vocab, min_freq):
-    """A vocabulary of nothing but the special tokens cannot learn anything: refuse it."""
-    for side, vocab in (("source", src_vocab), ("target", tgt_vocab)):
-        if len(vocab) <= len(Vocab.SPECIALS):
-            raise ValueError(f"--min-freq {min_freq}: leaves the {side} vocabulary with only its "
-                             f"{len(Vocab.SPECIALS)} special tokens (no word of the training data "
-                             f"occurs {min_freq} times); give a smaller --min-freq")
-
-
-def load_dataset(args):
-    """(train pairs, valid pairs, src vocab, tgt vocab) for the toy or files datasets."""
-    dataset = dataset_name(args)
-    if dataset == "toy":
-        data = toy_data(args.seed)
-        return data.train, data.valid, data.src_vocab, data.tgt_vocab
-    if not (args.src_file and args.tgt_file):
-        raise ValueError("--src-file and --tgt-file: both are needed for --dataset files")
-    train = _read_pairs(args.src_file, args.tgt_file, "training data")
-    valid = []
-    if args.valid_src or args.valid_tgt:
-        if not (args.valid_src and args.valid_tgt):
-            raise ValueError("--valid-src and --valid-tgt: give both or neither")
-        valid = _read_pairs(args.valid_src, args.valid_tgt, "validation data")
-    src_vocab = Vocab.build([s.split() for s, _ in train], min_freq=args.min_freq)
-    tgt_vocab = Vocab.build([t.split() for _, t in train], min_freq=args.min_freq)
-    return train, valid, src_vocab, tgt_vocab
-
-
 def _config_kwargs(args):
     kwargs = train_kwargs(args)
-    kwargs.update(max_tokens=args.max_tokens, accum_steps=args.accum_steps,
+    kwargs.update(out_dir=args.out, max_tokens=args.max_tokens, accum_steps=args.accum_steps,
                   eval_every_steps=args.eval_every_steps, keep_last=args.keep_last,
                   time_budget=None if args.time_budget is None else args.time_budget * 60.0)
     return kwargs
@@ -213,50 +173,54 @@ def _recorded(args, dataset):
     return {"made_by": TRAIN_MADE_BY, "options": options}
 
 
+_PARAMETER = re.compile(r"([a-z][a-z_]*)(?=:| [^ ]+:| \()")
+
+
+@contextlib.contextmanager
+def _options_named():
+    """Around a recipe: its errors name its parameters (``min_freq 100000: ...``); where the
+    parameter is one of this command's options, the message names the option instead
+    (``--min-freq 100000: ...``)."""
+    try:
+        yield
+    except ValueError as e:
+        message = str(e)
+        name = _PARAMETER.match(message)
+        if type(e) is not ValueError or not name or name.group(1) not in RECORDED_OPTIONS:
+            raise
+        raise ValueError(flag(name.group(1)) + message[name.end(1):]) from None
+
+
 def build(args, saved=None, given=()):
-    """The Trainer that the options describe. ``saved``: the loaded checkpoint a resume
-    continues (its vocabularies and units are kept); ``given``: the options the user gave."""
+    """The Trainer that the options describe, from its dataset's recipe. ``saved``: the loaded
+    checkpoint a resume continues (the recipe keeps its vocabularies and units); ``given``: the
+    options the user gave."""
     dataset = dataset_name(args)
     check_dataset_options(args, dataset, given)
     fill_defaults(args, dataset)
     refuse_inputs_in_run(args.out, [("--src-file", args.src_file), ("--tgt-file", args.tgt_file),
                                     ("--valid-src", args.valid_src), ("--valid-tgt", args.valid_tgt)])
-    if dataset == "multi30k":
-        pieces = checkpoint_subword(saved) if saved is not None else None
-        data = load_multi30k(args.data_dir, args.src, args.tgt, lowercase=not args.cased,
-                             min_freq=args.min_freq, subset=args.subset,
-                             valid_subset=args.valid_subset,
-                             subword=None if saved is not None else args.subword)
-        if not data.valid:
-            raise ValueError(f"--data-dir {args.data_dir or '(default)'}: its val split holds no "
-                             f"sentences; training needs validation data")
-        if saved is not None:
-            data.src_vocab, data.tgt_vocab, data.subword = saved.src_vocab, saved.tgt_vocab, pieces
-            if pieces is not None:
-                data.lowercase = pieces.lowercase
-        else:
-            _check_vocabularies(data.src_vocab, data.tgt_vocab, args.min_freq)
-        trainer = build_trainer(data, model_kwargs(args),
-                                {**_config_kwargs(args), "out_dir": args.out}, seed=args.seed,
-                                extra=_recorded(args, dataset))
-        print(f"multi30k {args.src}->{args.tgt}: {len(data.train)} training pairs, "
-              f"{len(data.valid)} validation pairs, vocabularies {len(data.src_vocab)} / "
-              f"{len(data.tgt_vocab)} (min_freq {args.min_freq}"
-              f"{f', {len(data.subword)} subword pieces' if data.subword else ''}), "
-              f"{trainer.model.num_parameters():,} parameters, {len(trainer.sampler)} batches "
-              f"per epoch", flush=True)
-        return trainer
-    train, valid, src_vocab, tgt_vocab = load_dataset(args)
-    if saved is not None:                          # keep the checkpoint's vocabularies
-        src_vocab, tgt_vocab = saved.src_vocab, saved.tgt_vocab
-    else:
-        _check_vocabularies(src_vocab, tgt_vocab, args.min_freq)
-    model = build_model(TransformerConfig(src_vocab_size=len(src_vocab),
-                                          tgt_vocab_size=len(tgt_vocab), seed=args.seed,
-                                          **model_kwargs(args)))
-    config = TrainConfig(out_dir=args.out, **_config_kwargs(args))
-    return Trainer(model, src_vocab, tgt_vocab, train, valid, config,
-                   extra=_recorded(args, dataset))
+    common = dict(model_kwargs=model_kwargs(args), train_kwargs=_config_kwargs(args),
+                  seed=args.seed, extra=_recorded(args, dataset), saved=saved)
+    with _options_named():
+        if dataset == "toy":
+            return toy_trainer(**common)[0]
+        if dataset == "files":
+            return files_trainer(args.src_file, args.tgt_file, args.valid_src, args.valid_tgt,
+                                 args.min_freq, **common)[0]
+        trainer, data = multi30k_trainer(args.data_dir, args.src, args.tgt,
+                                         lowercase=not args.cased, min_freq=args.min_freq,
+                                         subset=args.subset, valid_subset=args.valid_subset,
+                                         subword=args.subword, **common)
+    vocabs = trainer.vocabs
+    sizes = (f"one joint vocabulary of {len(vocabs.src)}" if vocabs.is_joint else
+             f"vocabularies {len(vocabs.src)} / {len(vocabs.tgt)}")
+    print(f"multi30k {args.src}->{args.tgt}: {len(data.train)} training pairs, "
+          f"{len(data.valid)} validation pairs, {sizes} (min_freq {args.min_freq}"
+          f"{f', {len(data.subword)} subword pieces' if data.subword else ''}), "
+          f"{trainer.model.num_parameters():,} parameters, {len(trainer.sampler)} batches "
+          f"per epoch", flush=True)
+    return trainer
 
 
 def _existing(path):

@@ -4,12 +4,13 @@ import time
 
 import numpy as np
 
+from ..data.textfile import read_lines
 from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
 from ..decoding.translator import format_trace
 from ..training.checkpointing import load_model_checkpoint
 from ..training.multi30k import translator_for
 from .common import (beam_length_penalty, non_negative_float, non_negative_int, positive_float,
-                     positive_int, read_lines, resolve_checkpoint)
+                     positive_int, resolve_checkpoint)
 
 TEMPERATURE = 1.0                                # --sample's unless --temperature
 

@@ -18,19 +18,16 @@ Files may also be uncompressed (``NAME.de``). Get the data with ``npformer downl
 
 from __future__ import annotations
 
-import gzip
 import os
-import zlib
 from pathlib import Path
 
-from .textfile import decode_utf8
+from .textfile import read_lines
 
 __all__ = [
     "SPLITS",
     "LANGUAGES",
     "MissingDataError",
     "resolve_data_dir",
-    "read_lines",
     "load_split",
     "available_splits",
 ]
@@ -60,32 +57,6 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     if str(data_dir) == "":
         raise ValueError("data_dir must not be an empty string (pass None for the default)")
     return Path(data_dir).expanduser()
-
-
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a UTF-8 text file, gzip-compressed if its name ends in ``.gz``.
-
-    Only the line ending (``\\n`` or ``\\r\\n``) is removed; spaces inside and at the ends of
-    a line are kept, and so is everything but a leading UTF-8 byte-order mark. Raises
-    ``ValueError`` naming the file for a corrupt gzip stream or for bytes that are not UTF-8
-    (with the 1-based line number), and for a path that is a folder.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path}: is a folder, expected a text file")
-    data = path.read_bytes()
-    if path.name.endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as err:   # BadGzipFile is an OSError
-            raise ValueError(f"{path}: not a valid gzip file ({err})") from err
-    text = decode_utf8(data, str(path))
-    if text == "":
-        return []
-    lines = text.split("\n")          # not splitlines(): it also splits on \x85, \u2028 ...
-    if lines[-1] == "":               # the file ends with a newline
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _split_file(data_dir: Path, split: str, lang: str) -> Path | None:

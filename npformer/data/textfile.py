@@ -3,6 +3,9 @@
 * ``decode_utf8`` decodes strictly (a byte that is not UTF-8 is an error naming the source, the
   line and the byte offset, never a silent replacement) and drops a leading byte-order mark,
   which some editors write and which would otherwise stick to the first word.
+* ``read_lines`` reads a text file (gzip-compressed if its name ends in ``.gz``) or standard
+  input (``-``) into its lines; ``read_parallel`` reads two such files, line i of one translating
+  line i of the other, into (source, target) pairs.
 * ``write_text_atomic`` writes a whole file under a temporary name next to it and renames it
   into place, so a full disk or a crash leaves the previous file as it was; it writes with the
   same temp-file writer as ``npformer.checkpoint``.
@@ -10,7 +13,10 @@
 
 from __future__ import annotations
 
+import gzip
 import os
+import sys
+import zlib
 from pathlib import Path
 
 # the writer every atomic save shares: a fresh ``.NAME.<hex>.tmp`` beside the file (mode 0o666
@@ -18,7 +24,7 @@ from pathlib import Path
 # folder's fsync. npformer.checkpoint holds them because it must stay loadable on its own.
 from ..checkpoint import write_file_atomic
 
-__all__ = ["BOM", "decode_utf8", "write_text_atomic"]
+__all__ = ["BOM", "decode_utf8", "read_lines", "read_parallel", "write_text_atomic"]
 
 BOM = "\ufeff"
 
@@ -39,6 +45,63 @@ def decode_utf8(data: bytes, name: str) -> str:
             f"expected UTF-8 text"
         ) from None
     return text[1:] if text.startswith(BOM) else text
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """All lines of a UTF-8 text file (gzip-compressed if its name ends in ``.gz``), or of
+    standard input for ``"-"``.
+
+    Only the line ends are removed (``\\n``, ``\\r\\n`` or ``\\r``, as text-mode reading has
+    them; not the other characters ``str.splitlines`` splits on), and a leading byte-order mark.
+    Spaces inside and at the ends of a line are kept. Raises ``ValueError`` naming the file for a
+    missing file, a folder, a corrupt gzip stream, or bytes that are not UTF-8 (with the 1-based
+    line number and the byte offset).
+    """
+    if os.fspath(path) == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:                       # a text stream without bytes (a test's StringIO)
+            text = sys.stdin.read()
+            text = text[1:] if text.startswith(BOM) else text
+        else:
+            text = decode_utf8(stream.read(), "<stdin>")
+    else:
+        path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"{path}: is a folder, expected a text file")
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no such file") from None
+        if path.name.endswith(".gz"):
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError, zlib.error) as err:   # BadGzipFile is an OSError
+                raise ValueError(f"{path}: not a valid gzip file ({err})") from err
+        text = decode_utf8(data, str(path))
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines[-1] == "":                          # the text ends with a line end, or is empty
+        lines.pop()
+    return lines
+
+
+def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
+                  what: str = "data") -> list[tuple[str, str]]:
+    """(source, target) pairs from two text files of equal line counts, line i of one
+    translating line i of the other. ``what`` names the data in errors ("training data"): files
+    of different lengths, an empty line on either side, or no line at all are refused."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise ValueError(f"{what}: {os.fspath(src_path)} has {len(src)} lines but "
+                         f"{os.fspath(tgt_path)} has {len(tgt)}")
+    pairs = []
+    for n, (s, t) in enumerate(zip(src, tgt), 1):
+        if not s.split() or not t.split():
+            empty = src_path if not s.split() else tgt_path
+            raise ValueError(f"{what}: line {n} is empty in {os.fspath(empty)}")
+        pairs.append((s, t))
+    if not pairs:
+        raise ValueError(f"{what}: {os.fspath(src_path)} is empty")
+    return pairs
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

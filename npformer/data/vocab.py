@@ -184,6 +184,10 @@ class Vocabularies:
     vocabulary that both sides share (held once). ``src`` and ``tgt`` are the sides either way.
 
         Vocabularies(src_vocab, tgt_vocab)      Vocabularies.joint(vocab)
+        Vocabularies.build(pairs_of_token_lists, min_freq=2, joint=False)
+
+    A joint vocabulary is what a joint subword model (one SentencePiece model over both
+    languages) gives, and what sharing the source and target embeddings needs.
     """
 
     def __init__(self, src: Vocab, tgt: Vocab):
@@ -195,6 +199,48 @@ class Vocabularies:
     @classmethod
     def joint(cls, vocab: Vocab) -> "Vocabularies":
         return cls(vocab, vocab)
+
+    @classmethod
+    def build(cls, pairs: Iterable[tuple[Sequence[str], Sequence[str]]], min_freq: int = 1,
+              joint: bool = False) -> "Vocabularies":
+        """The vocabularies of tokenised (source tokens, target tokens) pairs: one per side, or
+        with ``joint=True`` one over both sides. Tokens seen fewer than ``min_freq`` times are
+        left out (``Vocab.build``). A vocabulary left with nothing but the special tokens could
+        not learn anything: ``ValueError`` naming ``min_freq`` and the side."""
+        pairs = list(pairs)
+        if joint:
+            vocabs = cls.joint(Vocab.build((tokens for pair in pairs for tokens in pair),
+                                           min_freq=min_freq))
+        else:
+            vocabs = cls(Vocab.build((s for s, _ in pairs), min_freq=min_freq),
+                         Vocab.build((t for _, t in pairs), min_freq=min_freq))
+        for side, vocab in vocabs.sides():
+            if len(vocab) <= len(Vocab.SPECIALS):
+                side = {"src": "source", "tgt": "target"}.get(side, side)
+                raise ValueError(f"min_freq {min_freq}: leaves the {side} vocabulary with only "
+                                 f"its {len(Vocab.SPECIALS)} special tokens (no token of the "
+                                 f"training data occurs {min_freq} times); give a smaller "
+                                 f"min_freq")
+        return vocabs
+
+    def sides(self) -> list[tuple[str, Vocab]]:
+        """[("joint", vocab)] or [("src", src), ("tgt", tgt)]: each vocabulary once."""
+        return [("joint", self.src)] if self.is_joint else [("src", self.src), ("tgt", self.tgt)]
+
+    @staticmethod
+    def check_fits(vocabs: object, sizes: dict, where: str = "vocabs") -> "Vocabularies":
+        """``vocabs`` if it is a ``Vocabularies`` whose sides have the sizes a model expects
+        (``sizes``: its configuration's ``vocab_sizes()``, e.g. ``{"src": 8000, "tgt": 8000}``);
+        else ``ValueError`` naming ``where``."""
+        if not isinstance(vocabs, Vocabularies):
+            raise ValueError(f"{where}: expected a Vocabularies (Vocabularies(src_vocab, "
+                             f"tgt_vocab) or Vocabularies.joint(vocab)), got {type(vocabs).__name__}")
+        for side, size in sizes.items():
+            n = len(getattr(vocabs, side))
+            if n != size:
+                raise ValueError(f"{where}: the {side} vocabulary has {n} tokens but the model's "
+                                 f"configuration says {side}_vocab_size={size}")
+        return vocabs
 
     @property
     def is_joint(self) -> bool:

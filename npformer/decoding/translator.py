@@ -1,6 +1,6 @@
 """Sentences in, sentences out: vocabulary lookup, batching by length, a search strategy.
 
-    translator = Translator(model, src_vocab, tgt_vocab)
+    translator = Translator(model, vocabs)       # vocabs: the model's Vocabularies
     results = translator.translate(["我 有 一个 苹果"])          # greedy
     results[0].text                                               # 'i have an apple'
     results = translator.translate(lines, method="beam", beam_size=4)
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..data.vocab import Vocabularies
 from .search import LENGTH_PENALTY, beam_search, greedy_decode, sample_decode
 
 METHODS = ("greedy", "beam", "sample")
@@ -35,20 +36,15 @@ def whitespace_tokenize(text):
 
 
 class Translator:
-    """Wraps a trained model and its two vocabularies (``npformer.data.vocab.Vocab``)."""
+    """Wraps a trained model and its vocabularies (``npformer.data.vocab.Vocabularies``: a
+    source and a target vocabulary, or one joint vocabulary)."""
 
-    def __init__(self, model, src_vocab, tgt_vocab, tokenize=whitespace_tokenize,
-                 detokenize=" ".join, batch_size=500):
-        cfg = model.config
-        if len(src_vocab) != cfg.src_vocab_size:
-            raise ValueError(f"src_vocab: expected {cfg.src_vocab_size} tokens (the model's "
-                             f"src_vocab_size), got {len(src_vocab)}")
-        if len(tgt_vocab) != cfg.tgt_vocab_size:
-            raise ValueError(f"tgt_vocab: expected {cfg.tgt_vocab_size} tokens (the model's "
-                             f"tgt_vocab_size), got {len(tgt_vocab)}")
+    def __init__(self, model, vocabs, tokenize=whitespace_tokenize, detokenize=" ".join,
+                 batch_size=500):
+        Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
-        self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
+        self.model, self.vocabs = model, vocabs
         self.tokenize, self.detokenize, self.batch_size = tokenize, detokenize, batch_size
 
     def encode_sources(self, sentences, truncate=False):
@@ -68,7 +64,7 @@ class Translator:
                 warnings.warn(f"sentence {n + 1}: {len(tokens)} tokens cut to max_len={max_len}",
                               stacklevel=3)
                 tokens = tokens[:max_len]
-            ids, unknown = self.src_vocab.encode_with_unknowns(tokens)
+            ids, unknown = self.vocabs.src.encode_with_unknowns(tokens)
             if unknown:
                 warnings.warn(f"sentence {n + 1}: unknown words mapped to <unk>: "
                               + ", ".join(repr(u) for u in unknown), stacklevel=3)
@@ -90,7 +86,7 @@ class Translator:
         todo.sort(key=lambda i: len(encoded[i][0]))                     # similar lengths together
         if method == "sample" and rng is None:
             rng = np.random.default_rng()
-        pad = self.src_vocab.pad_id
+        pad = self.vocabs.src.pad_id
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
             width = max(len(encoded[i][0]) for i in chunk)
@@ -105,9 +101,9 @@ class Translator:
                 hyps = sample_decode(self.model, src, temperature, top_k, rng, max_new_tokens)
             for i, hyp in zip(chunk, hyps):
                 r = results[i]
-                r.tokens = [self.tgt_vocab.id_to_token(t) for t in hyp.ids]   # as chosen
+                r.tokens = [self.vocabs.tgt.id_to_token(t) for t in hyp.ids]   # as chosen
                 r.probs, r.finished = hyp.probs, hyp.finished
-                r.text = self.detokenize(self.tgt_vocab.decode(hyp.ids))      # <pad>/<bos> dropped
+                r.text = self.detokenize(self.vocabs.tgt.decode(hyp.ids))      # <pad>/<bos> dropped
         return results
 
 

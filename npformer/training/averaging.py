@@ -5,9 +5,8 @@ out the noise of the final updates and usually gains a little BLEU for free::
 
     average_checkpoints(["run/step_900", "run/step_1050", "run/step_1200"], "run/averaged")
 
-The checkpoints must share the model config (the seed of the initial weights aside) and both
-vocabularies (else ``CheckpointError``
-naming the first checkpoint that differs). The result is an inference checkpoint (weights,
+The checkpoints must share the model config (the seed of the initial weights aside) and the
+vocabularies (else ``CheckpointError`` naming the first checkpoint that differs). The result is an inference checkpoint (weights,
 config, vocabularies and the metadata ``extra`` of the first checkpoint, plus the list of
 averaged files); it holds no optimizer state, so training cannot resume from it.
 """
@@ -53,7 +52,7 @@ def average_checkpoints(paths, out):
         try:
             # the initial-weights seed is the one config entry that may differ
             config = first.model.config.replace(seed=loaded.model.config.seed)
-            check_compatible(loaded, config, first.src_vocab, first.tgt_vocab)
+            check_compatible(loaded, config, first.vocabs)
         except CheckpointError as e:
             raise CheckpointError(f"cannot average {path} with {first.path}: {e}") from None
         states.append(loaded.model.state_dict())
@@ -61,5 +60,5 @@ def average_checkpoints(paths, out):
     model.load_state_dict(average_state_dicts(states))
     extra = dict(first.meta.get("extra") or {})
     extra["averaged_from"] = paths
-    save_model_checkpoint(out, model, first.src_vocab, first.tgt_vocab, extra=extra)
+    save_model_checkpoint(out, model, first.vocabs, extra=extra)
     return model

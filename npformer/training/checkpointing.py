@@ -28,15 +28,14 @@ KIND = "npformer-model"
 _MODEL, _OPTIM, _RNG = "model/", "optim/", "rng/model"
 
 
-def save_model_checkpoint(path, model, src_vocab, tgt_vocab, optimizer=None, training=None,
-                          extra=None):
-    """Write weights (+ optimizer state and RNG if given) and config/vocabularies. Returns paths."""
+def save_model_checkpoint(path, model, vocabs, optimizer=None, training=None, extra=None):
+    """Write the weights (+ the optimizer state and the dropout rng if ``optimizer`` is given),
+    the configuration and ``vocabs`` (a ``Vocabularies``). Returns the paths written."""
+    Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
     arrays = {_MODEL + name: value for name, value in model.state_dict().items()}
     if optimizer is not None:
         arrays.update({_OPTIM + k: np.asarray(v) for k, v in optimizer.state_dict().items()})
         arrays.update(rng_state_to_arrays(model.rng, _RNG))
-    vocabs = (Vocabularies.joint(src_vocab) if src_vocab is tgt_vocab
-              else Vocabularies(src_vocab, tgt_vocab))
     meta = {"kind": KIND, "npformer_version": VERSION, "config": model.config.to_dict(),
             "vocabularies": vocabs.to_dict(), "runtime": runtime.record()}
     if training is not None:
@@ -53,14 +52,6 @@ class LoadedCheckpoint:
     meta: dict                    # in today's layout (a format-2 file's is migrated on load)
     arrays: dict
     path: str
-
-    @property
-    def src_vocab(self):
-        return self.vocabs.src
-
-    @property
-    def tgt_vocab(self):
-        return self.vocabs.tgt
 
 
 def migrate_meta(meta):
@@ -122,7 +113,10 @@ def load_model_checkpoint(path):
     weights = {k[len(_MODEL):]: v for k, v in arrays.items() if k.startswith(_MODEL)}
     _check_weights_fit_config(config, weights, name)
     model = build_model(config)
-    check_vocab_sizes(model.config, vocabs.src, vocabs.tgt, name)
+    try:
+        Vocabularies.check_fits(vocabs, model.config.vocab_sizes(), f"checkpoint {name}")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     try:
         model.load_state_dict(weights)
     except ValueError as e:
@@ -176,17 +170,10 @@ def _check_tensor(value, key, dtype, name, minimum=None):
                               f"(min {value.min()!r}); expected >= {minimum}")
 
 
-def check_vocab_sizes(config, src_vocab, tgt_vocab, where):
-    for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
-        size = getattr(config, f"{side}_vocab_size")
-        if len(vocab) != size:
-            raise CheckpointError(f"{where}: {side} vocabulary has {len(vocab)} tokens but the "
-                                  f"model config says {side}_vocab_size={size}")
-
-
-def check_compatible(loaded, config=None, src_vocab=None, tgt_vocab=None):
+def check_compatible(loaded, config=None, vocabs=None):
     """Raise CheckpointError naming every config field / vocabulary that differs from the
-    checkpoint's. ``config``: a model configuration (``model.config``)."""
+    checkpoint's. ``config``: a model configuration (``model.config``); ``vocabs``: a
+    ``Vocabularies`` (a joint one matches only a joint one)."""
     problems = []
     if config is not None:
         mine_all, theirs_all = config.to_dict(), loaded.model.config.to_dict()
@@ -194,11 +181,16 @@ def check_compatible(loaded, config=None, src_vocab=None, tgt_vocab=None):
             mine, theirs = mine_all.get(key), theirs_all.get(key)
             if mine != theirs:
                 problems.append(f"config {key}: checkpoint has {theirs!r}, expected {mine!r}")
-    for side, vocab, saved in (("src", src_vocab, loaded.src_vocab), ("tgt", tgt_vocab, loaded.tgt_vocab)):
-        if vocab is not None and vocab != saved:
-            diff = sorted(set(vocab.tokens) ^ set(saved.tokens))[:5]
-            problems.append(f"{side} vocabulary differs ({len(saved)} tokens in the checkpoint, "
-                            f"{len(vocab)} expected; e.g. {diff})")
+    if vocabs is not None and vocabs.is_joint != loaded.vocabs.is_joint:
+        problems.append(f"vocabularies differ: the checkpoint holds "
+                        f"{'one joint vocabulary' if loaded.vocabs.is_joint else 'a source and a target vocabulary'}, "
+                        f"expected {'one joint vocabulary' if vocabs.is_joint else 'a source and a target vocabulary'}")
+    elif vocabs is not None:
+        for (side, vocab), (_, saved) in zip(vocabs.sides(), loaded.vocabs.sides()):
+            if vocab != saved:
+                diff = sorted(set(vocab.tokens) ^ set(saved.tokens))[:5]
+                problems.append(f"{side} vocabulary differs ({len(saved)} tokens in the "
+                                f"checkpoint, {len(vocab)} expected; e.g. {diff})")
     if problems:
         raise CheckpointError(f"checkpoint {loaded.path} does not match this run: " + "; ".join(problems))
 

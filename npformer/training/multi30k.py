@@ -4,6 +4,8 @@
     data = load_multi30k("../shared/data/multi30k", src="de", tgt="en")
     trainer = build_trainer(data, train_kwargs={"time_budget": 60 * 60, "out_dir": "runs/de-en"})
     trainer.fit()
+    # or both steps from the command line's options (and a checkpoint to resume), in one call:
+    trainer, data = multi30k_trainer("../shared/data/multi30k", "de", "en", subword=8000)
     scores = evaluate_checkpoint(load_model_checkpoint("runs/de-en/best"), data_dir, "test_2016_flickr")
 
 Tokenisation is the project's word tokenizer (``npformer.data.tokenize``), lowercased by default;
@@ -12,7 +14,7 @@ scores it against the RAW references (see docs/multi30k.md for the choice and it
 The languages and the tokenizer settings are saved in every checkpoint (metadata ``extra``), so
 evaluation and translation need only the checkpoint. With ``subword=N`` the words are further
 split into pieces by a joint SentencePiece model of N pieces (``npformer.data.subword``), whose
-bytes the checkpoint carries too.
+bytes the checkpoint carries too; both languages then share one joint vocabulary of its pieces.
 """
 import functools
 import time
@@ -23,7 +25,7 @@ from ..data.multi30k import LANGUAGES, load_split
 from ..data.subword import NAME as SUBWORD_TOKENIZER
 from ..data.subword import SubwordTokenizer
 from ..data.tokenize import detokenize, tokenize
-from ..data.vocab import Vocab
+from ..data.vocab import Vocabularies
 from ..decoding.translator import Translator, whitespace_tokenize
 from ..configs import TransformerConfig
 from ..registry import build_model
@@ -45,8 +47,7 @@ TOKENIZER = "npformer-word"
 class Multi30kData:
     train: list          # (source text, target text), raw
     valid: list
-    src_vocab: Vocab
-    tgt_vocab: Vocab
+    vocabs: Vocabularies # one per side over words; one joint vocabulary over subword pieces
     src: str             # language codes
     tgt: str
     lowercase: bool
@@ -84,34 +85,62 @@ def _check_count(name, value):
 
 
 def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2, subset=None,
-                  valid_subset=None, subword=None):
+                  valid_subset=None, subword=None, vocabs=None):
     """Training/validation pairs and vocabularies (built on the training pairs only).
 
     ``subset`` keeps the first N training pairs, ``valid_subset`` the first N of ``val``.
     ``subword`` (an int N) learns a joint SentencePiece model of N pieces on both sides of the
-    training pairs and uses its pieces as the units (needs the sentencepiece package).
-    Loader errors (missing folder or split, corrupt gzip, bad UTF-8, line counts) pass through.
+    training pairs and uses its pieces as the units (needs the sentencepiece package); it may
+    also be a ``SubwordTokenizer`` already learnt (a resumed run's, whose ``lowercase`` then
+    holds). Words get one vocabulary per language; a joint subword model gives one joint
+    vocabulary (``Vocabularies.joint``). ``vocabs``, if given, is used instead of building any
+    (a resumed run's). Loader errors (missing folder or split, corrupt gzip, bad UTF-8, line
+    counts) pass through.
     """
     _check_count("subset", subset)
     _check_count("valid_subset", valid_subset)
-    _check_count("subword", subword)
-    if subword is not None and subword < 16:
-        raise ValueError(f"subword: expected at least 16 pieces, got {subword}")
+    if not isinstance(subword, SubwordTokenizer):
+        _check_count("subword", subword)
+        if subword is not None and subword < 16:
+            raise ValueError(f"subword: expected at least 16 pieces, got {subword}")
     train = load_split(data_dir, "train", src, tgt)
     valid = load_split(data_dir, "val", src, tgt)
     if subset is not None:
         train = train[:subset]
     if valid_subset is not None:
         valid = valid[:valid_subset]
-    pieces = None
-    if subword is not None:
+    pieces = subword if isinstance(subword, SubwordTokenizer) else None
+    if pieces is not None:
+        lowercase = pieces.lowercase
+    elif subword is not None:
         pieces = SubwordTokenizer.train([s for s, _ in train] + [t for _, t in train], subword,
                                         lowercase=lowercase)
-    data = Multi30kData(train, valid, None, None, src, tgt, bool(lowercase), pieces)
-    tok = data.tokenizers()[0]
-    data.src_vocab = Vocab.build((tok(s) for s, _ in train), min_freq=min_freq)
-    data.tgt_vocab = Vocab.build((tok(t) for _, t in train), min_freq=min_freq)
+    data = Multi30kData(train, valid, vocabs, src, tgt, bool(lowercase), pieces)
+    if vocabs is None:
+        tok = data.tokenizers()[0]
+        data.vocabs = Vocabularies.build(((tok(s), tok(t)) for s, t in train), min_freq=min_freq,
+                                         joint=pieces is not None)
     return data
+
+
+def multi30k_trainer(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2, subset=None,
+                     valid_subset=None, subword=None, model_kwargs=None, train_kwargs=None,
+                     seed=0, extra=None, saved=None):
+    """The recipe's ``(Trainer, Multi30kData)`` from its options (those of ``load_multi30k`` and
+    ``build_trainer``). To resume, ``saved`` (a ``LoadedCheckpoint``) gives the vocabularies
+    and the subword model; the data is read again and the caller resumes the trainer from
+    ``saved`` when it is ready to."""
+    if saved is not None:
+        subword, vocabs = checkpoint_subword(saved), saved.vocabs
+    else:
+        vocabs = None
+    data = load_multi30k(data_dir, src, tgt, lowercase=lowercase, min_freq=min_freq,
+                         subset=subset, valid_subset=valid_subset, subword=subword,
+                         vocabs=vocabs)
+    if not data.valid:
+        raise ValueError(f"data_dir {data_dir or '(default)'}: its val split holds no "
+                         f"sentences; training needs validation data")
+    return build_trainer(data, model_kwargs, train_kwargs, seed=seed, extra=extra), data
 
 
 def bleu_against_raw(hypotheses, targets):
@@ -123,11 +152,11 @@ def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0, extra=None
     """A ``Trainer`` for ``data`` with the recipe's defaults, overridden by the kwargs.
     ``extra`` adds to the metadata every checkpoint carries (beside the text settings)."""
     model = build_model(TransformerConfig(
-        src_vocab_size=len(data.src_vocab), tgt_vocab_size=len(data.tgt_vocab),
+        src_vocab_size=len(data.vocabs.src), tgt_vocab_size=len(data.vocabs.tgt),
         **{**MULTI30K_MODEL, "seed": seed, **(model_kwargs or {})}))
     config = TrainConfig(**{**MULTI30K_TRAIN, "seed": seed, **(train_kwargs or {})})
     tokenize, detokenize_units = data.tokenizers()
-    return Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config,
+    return Trainer(model, data.vocabs, data.train, data.valid, config,
                    tokenize=tokenize, detokenize=detokenize_units, bleu=bleu_against_raw,
                    extra={**(extra or {}), **data.extra})
 
@@ -169,8 +198,7 @@ def translator_for(loaded, batch_size=200):
         tok, detok = pieces.tokenize, pieces.detokenize
     else:                                         # toy / files runs: whitespace-tokenised text
         tok, detok = whitespace_tokenize, " ".join
-    return Translator(loaded.model, loaded.src_vocab, loaded.tgt_vocab, tok, detok,
-                      batch_size=batch_size)
+    return Translator(loaded.model, loaded.vocabs, tok, detok, batch_size=batch_size)
 
 
 def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=None,

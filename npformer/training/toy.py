@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..data.toy import generate_toy_corpus, toy_examples
-from ..data.vocab import Vocab
+from ..data.vocab import Vocabularies
 from ..configs import TransformerConfig
 from ..registry import build_model
 from .checkpointing import load_model_checkpoint
@@ -31,19 +31,33 @@ class ToyData:
     train: list
     heldout: list
     valid: list
-    src_vocab: Vocab
-    tgt_vocab: Vocab
+    vocabs: Vocabularies     # Chinese source, English target
 
 
-def toy_data(seed=0, n_train=3000, n_heldout=300, n_valid=300):
-    """Training, held-out and validation pairs plus vocabularies built from the training side."""
+def toy_data(seed=0, n_train=3000, n_heldout=300, n_valid=300, vocabs=None):
+    """Training, held-out and validation pairs plus vocabularies built from the training side
+    (or ``vocabs`` if given: a resumed run's)."""
     corpus = generate_toy_corpus(seed, n_train, n_heldout + n_valid)
     # generate_toy_corpus makes the held-out pairs one by one, so the first n_heldout are exactly
     # generate_toy_corpus(seed, n_train, n_heldout).heldout; the rest serve as validation
     heldout, valid = corpus.heldout[:n_heldout], corpus.heldout[n_heldout:]
-    src_vocab = Vocab.build([zh.split() for zh, _ in corpus.train])
-    tgt_vocab = Vocab.build([en.split() for _, en in corpus.train])
-    return ToyData(corpus.train, heldout, valid, src_vocab, tgt_vocab)
+    if vocabs is None:
+        vocabs = Vocabularies.build((zh.split(), en.split()) for zh, en in corpus.train)
+    return ToyData(corpus.train, heldout, valid, vocabs)
+
+
+def toy_trainer(seed=0, model_kwargs=None, train_kwargs=None, extra=None, n_train=3000,
+                saved=None):
+    """The recipe's ``(Trainer, ToyData)``: the toy corpus of ``seed``, its vocabularies (or, to
+    resume, those of the ``LoadedCheckpoint`` ``saved``), a model of ``TOY_MODEL`` and a
+    training of ``TOY_TRAIN``, each overridden by the kwargs; ``extra`` goes into every
+    checkpoint's metadata. The caller resumes the trainer from ``saved`` when it is ready to."""
+    data = toy_data(seed, n_train=n_train, vocabs=None if saved is None else saved.vocabs)
+    model = build_model(TransformerConfig(
+        src_vocab_size=len(data.vocabs.src), tgt_vocab_size=len(data.vocabs.tgt),
+        **{**TOY_MODEL, "seed": seed, **(model_kwargs or {})}))
+    config = TrainConfig(**{**TOY_TRAIN, "seed": seed, **(train_kwargs or {})})
+    return Trainer(model, data.vocabs, data.train, data.valid, config, extra=extra), data
 
 
 @dataclass
@@ -62,14 +76,9 @@ def run_toy(seed=0, model_kwargs=None, train_kwargs=None, out_dir=None, quiet=Fa
     """Train the toy model and measure it. ``model_kwargs``/``train_kwargs`` override the defaults;
     ``extra`` goes into every checkpoint's metadata; ``before_fit()`` is called once the model
     and trainer are built, just before training writes anything."""
-    data = toy_data(seed, n_train=n_train)
-    model = build_model(TransformerConfig(
-        src_vocab_size=len(data.src_vocab), tgt_vocab_size=len(data.tgt_vocab),
-        **{**TOY_MODEL, "seed": seed, **(model_kwargs or {})}))
-    config = TrainConfig(**{**TOY_TRAIN, "seed": seed, "out_dir": out_dir, "quiet": quiet,
-                            **(train_kwargs or {})})
-    trainer = Trainer(model, data.src_vocab, data.tgt_vocab, data.train, data.valid, config,
-                      extra=extra)
+    trainer, data = toy_trainer(seed, model_kwargs, {"out_dir": out_dir, "quiet": quiet,
+                                                     **(train_kwargs or {})}, extra, n_train)
+    model = trainer.model
     if before_fit is not None:
         before_fit()
     start = time.perf_counter()

@@ -1,10 +1,11 @@
 """The training loop: batches, loss, backward, clipping, schedule, optimizer; plus periodic
 validation, a metrics log, best/last checkpoints, early stopping and bit-exact resuming.
 
-    trainer = Trainer(model, src_vocab, tgt_vocab, train_pairs, valid_pairs, TrainConfig(epochs=10))
+    trainer = Trainer(model, vocabs, train_pairs, valid_pairs, TrainConfig(epochs=10))
     summary = trainer.fit()                      # {'step': ..., 'best_exact_match': ..., ...}
 
-``train_pairs``/``valid_pairs`` are (source text, target text) pairs, tokenised by ``tokenize``.
+``train_pairs``/``valid_pairs`` are (source text, target text) pairs, tokenised by ``tokenize``;
+``vocabs`` is the model's ``Vocabularies`` (a source and a target vocabulary, or one joint one).
 
 For real data (``npformer.training.multi30k``): ``max_tokens`` batches by a padded-token budget,
 ``accum_steps`` sums the gradients of several batches before one update, ``eval_every_steps``
@@ -25,6 +26,7 @@ import numpy as np
 from .. import runtime
 from ..backend import ops
 from ..data.batching import BatchSampler, iterate_batches, make_batch
+from ..data.vocab import Vocabularies
 from ..decoding.translator import Translator, whitespace_tokenize
 from ..loss import cross_entropy
 from ..optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
@@ -120,12 +122,13 @@ def make_schedule(config, total_steps):
 class Trainer:
     """Trains ``model`` on text pairs. See ``TrainConfig`` for every knob."""
 
-    def __init__(self, model, src_vocab, tgt_vocab, train_pairs, valid_pairs=None, config=None,
+    def __init__(self, model, vocabs, train_pairs, valid_pairs=None, config=None,
                  tokenize=whitespace_tokenize, detokenize=" ".join, bleu=None, extra=None):
         """``bleu(hypotheses, target_texts) -> float`` scores validation translations (default:
         sacrebleu on the re-tokenised targets); ``extra`` is saved in every checkpoint's metadata
         (e.g. the languages and tokenizer of the run)."""
-        self.model, self.src_vocab, self.tgt_vocab = model, src_vocab, tgt_vocab
+        Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
+        self.model, self.vocabs = model, vocabs
         self.config = config = config or TrainConfig()
         self.tokenize, self.detokenize = tokenize, detokenize
         self.bleu, self.extra = bleu, extra
@@ -134,7 +137,7 @@ class Trainer:
             raise ValueError("train_pairs: expected at least one (source, target) pair, got none")
         self.train_ids = self.encode_pairs(self.train_pairs, "train_pairs")
         self.valid_ids = self.encode_pairs(self.valid_pairs, "valid_pairs") if self.valid_pairs else []
-        self.pad, self.bos, self.eos = tgt_vocab.pad_id, tgt_vocab.bos_id, tgt_vocab.eos_id
+        self.pad, self.bos, self.eos = vocabs.tgt.pad_id, vocabs.tgt.bos_id, vocabs.tgt.eos_id
         if config.max_tokens is not None:
             self.sampler = BatchSampler.from_pairs(self.train_ids, max_tokens=config.max_tokens,
                                                    seed=config.seed)
@@ -171,7 +174,7 @@ class Trainer:
             if len(src) > max_len or len(tgt) + 1 > max_len:
                 raise ValueError(f"{name}[{n}]: {len(src)} source / {len(tgt)} target tokens exceed "
                                  f"max_len={max_len} (target counts <eos>)")
-            out.append((self.src_vocab.encode(src), self.tgt_vocab.encode(tgt)))
+            out.append((self.vocabs.src.encode(src), self.vocabs.tgt.encode(tgt)))
         return out
 
     # -- one step --------------------------------------------------------------------------------
@@ -213,7 +216,7 @@ class Trainer:
 
     # -- validation ------------------------------------------------------------------------------
     def translator(self):
-        return Translator(self.model, self.src_vocab, self.tgt_vocab, self.tokenize, self.detokenize)
+        return Translator(self.model, self.vocabs, self.tokenize, self.detokenize)
 
     def evaluate(self, pairs, ids=None, batch_size=64):
         """{'loss', 'exact_match', 'bleu'} on (source, target) text pairs, greedy decoding."""
@@ -273,8 +276,7 @@ class Trainer:
             raise TrainingDiverged(f"step {self.step}: the weights hold non-finite values; "
                                    f"refusing to write them to {path}")
         self.saved_step = self.step
-        return save_model_checkpoint(path, self.model, self.src_vocab, self.tgt_vocab,
-                                     self.optimizer, self.training_state(), extra=self.extra)
+        return save_model_checkpoint(path, self.model, self.vocabs, self.optimizer, self.training_state(), extra=self.extra)
 
     def resume(self, checkpoint):
         """Continue from a checkpoint saved by ``save`` (a path, or the ``LoadedCheckpoint`` a
@@ -283,7 +285,7 @@ class Trainer:
         warning, where some of them are no longer available)."""
         loaded = (checkpoint if isinstance(checkpoint, LoadedCheckpoint)
                   else load_model_checkpoint(checkpoint))
-        check_compatible(loaded, self.model.config, self.src_vocab, self.tgt_vocab)
+        check_compatible(loaded, self.model.config, self.vocabs)
         recorded = (loaded.meta.get("training") or {}).get("data_crc32")   # older: absent
         if recorded is not None and recorded != self.data_fingerprint():
             raise ValueError(f"checkpoint {loaded.path}: the training or validation pairs differ "

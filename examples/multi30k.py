@@ -30,7 +30,7 @@ def main():
     #    batches, warm-up schedule, label smoothing 0.1), capped by wall time
     trainer = build_trainer(data, train_kwargs={"time_budget": args.minutes * 60, "out_dir": args.out,
                                                 "keep_last": 5})
-    print(f"{trainer.model.num_parameters():,} parameters, {len(trainer.sampler)} batches an epoch")
+    print(f"{trainer.model.num_parameters():,} parameters, {trainer.task.batches_per_epoch()} batches an epoch")
     trainer.fit(on_eval=lambda r: print(f"{r['seconds'] / 60:5.1f} min  step {r['step']:5d}  "
                                         f"valid BLEU {r['bleu']:.2f}", flush=True))
 

@@ -7,7 +7,8 @@ from npformer.decoding.translator import Translator
 from npformer.training.checkpointing import load_model_checkpoint
 from npformer.training.metrics import exact_match
 from npformer.training.toy import toy_data
-from npformer.training.trainer import TrainConfig, Trainer
+from npformer.training.trainer import TrainConfig
+from npformer.training.translation import translation_trainer
 
 
 def main():
@@ -24,7 +25,7 @@ def main():
     # 3. train: warm-up + cosine schedule, label smoothing, validation after every epoch
     config = TrainConfig(epochs=14, batch_size=64, lr=3e-3, warmup_steps=60, schedule="cosine",
                          min_lr=1e-4, label_smoothing=0.1, stop_metric="loss", out_dir="runs/example")
-    trainer = Trainer(model, data.vocabs, data.train, data.valid, config)
+    trainer = translation_trainer(model, data.vocabs, data.train, data.valid, config)
     trainer.fit(on_eval=lambda r: print(f"epoch {r['epoch']}: valid exact match {r['exact_match']:.3f}"))
 
     # 4. translate with the best checkpoint, as `npformer translate` would

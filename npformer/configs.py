@@ -68,8 +68,14 @@ class ModelConfig:
 
     def vocab_sizes(self):
         """``{side: size}`` of the vocabularies the model reads and writes ("src"/"tgt"), checked
-        against a ``Vocabularies`` value before the two are used together."""
+        against a ``Vocabularies`` value before the two are used together; {} for a model that
+        reads no tokens."""
         raise NotImplementedError
+
+    def derived_arrays(self):
+        """``{name: (bytes, why)}`` of the arrays a model computes from its configuration alone
+        (stored in no checkpoint): a loader bounds them by the file's size before building."""
+        return {}
 
 
 def _check_dtype(dtype):
@@ -183,3 +189,10 @@ class TransformerConfig(ModelConfig):
     def vocab_sizes(self):
         """The size of each vocabulary the model reads or writes (``Vocabularies.check_fits``)."""
         return {"src": self.src_vocab_size, "tgt": self.tgt_vocab_size}
+
+    def derived_arrays(self):
+        itemsize = np.dtype(self.dtype).itemsize
+        return {"position table": (self.max_len * self.d_model * itemsize,
+                                   f"max_len={self.max_len} needs a "
+                                   f"{self.max_len * self.d_model * itemsize}-byte position table "
+                                   f"(max_len x d_model x {itemsize})")}

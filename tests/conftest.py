@@ -54,12 +54,13 @@ def run_dir(tmp_path_factory):
     output at it must expect a refusal."""
     import npformer as nf
     from npformer.training.toy import toy_data
-    from npformer.training.trainer import TrainConfig, Trainer
+    from npformer.training.trainer import TrainConfig
+    from npformer.training.translation import translation_trainer
     out = tmp_path_factory.mktemp("run")
     data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
     model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=12)
-    trainer = Trainer(model, data.vocabs, data.train, data.valid,
+    trainer = translation_trainer(model, data.vocabs, data.train, data.valid,
                       TrainConfig(epochs=2, batch_size=32, quiet=True, out_dir=str(out), log_every=1))
     trainer.fit()
     return out, data

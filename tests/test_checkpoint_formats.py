@@ -17,7 +17,8 @@ from npformer.data.tokenize import tokenize
 from npformer.decoding.translator import Translator
 from npformer.training.checkpointing import load_model_checkpoint
 from npformer.training.toy import toy_data
-from npformer.training.trainer import TrainConfig, Trainer
+from npformer.training.trainer import TrainConfig
+from npformer.training.translation import translation_trainer
 
 DATA = Path(__file__).resolve().parent / "data"
 SHARED_M30K = Path(__file__).resolve().parents[1].parent / "shared" / "checkpoints" / "m30k-de-en"
@@ -54,7 +55,7 @@ def test_a_format_2_training_checkpoint_resumes():
     data = toy_data(0, n_train=200, n_heldout=5, n_valid=5)
     loaded = load_model_checkpoint(DATA / "format2_tiny")
     model = nf.build_model(loaded.model.config)
-    trainer = Trainer(model, data.vocabs, data.train, None,
+    trainer = translation_trainer(model, data.vocabs, data.train, None,
                       TrainConfig(max_steps=72, epochs=20, batch_size=32, lr=1e-2,
                                   warmup_steps=10, quiet=True))
     trainer.resume(loaded)

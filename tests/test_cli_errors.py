@@ -322,7 +322,7 @@ def test_a_failed_checkpoint_write_names_the_checkpoint(tmp_path, monkeypatch):
 
 
 def test_a_failed_metrics_write_names_the_log(tmp_path):
-    from npformer.training.metrics import MetricsLog
+    from npformer.training.metrics_log import MetricsLog
 
     class Full:
         def write(self, text):

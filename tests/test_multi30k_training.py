@@ -14,10 +14,12 @@ import npformer as nf
 from npformer.cli.main import main
 from npformer.data.batching import make_batch
 from npformer.training.checkpointing import load_model_checkpoint
-from npformer.training.metrics import read_metrics_log, sacrebleu_scores
+from npformer.training.metrics import sacrebleu_scores
+from npformer.training.metrics_log import read_metrics_log
 from npformer.training.multi30k import build_trainer, evaluate_checkpoint, load_multi30k
 from npformer.training.toy import toy_data
-from npformer.training.trainer import TrainConfig, Trainer, step_checkpoints
+from npformer.training.trainer import TrainConfig, step_checkpoints
+from npformer.training.translation import translation_trainer
 
 # ---------------------------------------------------------------------------------------------
 # a tiny Multi30k-shaped folder: the same file names, a few made-up sentences
@@ -62,12 +64,12 @@ def toy_trainer(toy, dtype=np.float32, dropout=0.1, **cfg):
                            n_encoder_layers=1, n_decoder_layers=1, dropout=dropout, max_len=16,
                            dtype=dtype)
     config = TrainConfig(**{"lr": 3e-3, "warmup_steps": 4, "quiet": True, "log_every": 1, **cfg})
-    return Trainer(model, toy.vocabs, toy.train, toy.valid, config)
+    return translation_trainer(model, toy.vocabs, toy.train, toy.valid, config)
 
 
 def test_accumulated_gradient_equals_the_gradient_of_the_joined_batch(toy):
     trainer = toy_trainer(toy, dtype=np.float64, dropout=0.0, clip_norm=None)
-    ids = trainer.train_ids
+    ids = trainer.task.train_ids
     parts = [ids[:5], ids[5:12]]                        # 2 batches of different lengths and sizes
     batches = [make_batch([s for s, _ in p], [t for _, t in p], 0, 1, 2) for p in parts]
     joined = make_batch([s for s, _ in ids[:12]], [t for _, t in ids[:12]], 0, 1, 2)
@@ -82,7 +84,7 @@ def test_accumulated_gradient_equals_the_gradient_of_the_joined_batch(toy):
 
 def test_accumulation_counts_updates_and_logs_throughput(toy, tmp_path):
     trainer = toy_trainer(toy, max_tokens=120, accum_steps=3, epochs=1, out_dir=str(tmp_path))
-    n_batches = len(trainer.sampler)
+    n_batches = trainer.task.batches_per_epoch()
     summary = trainer.fit()
     assert summary["step"] == -(-n_batches // 3)          # ceil: the last update may be shorter
     train = [r for r in read_metrics_log(tmp_path / "metrics.jsonl") if r["event"] == "train"]
@@ -102,7 +104,7 @@ def test_resume_with_token_batches_and_accumulation_is_bit_for_bit(toy, tmp_path
     assert resumed.step == 4 and resumed.seconds_before > 0
     resumed.fit()
     np.testing.assert_array_equal(resumed.model.flat_params, straight.model.flat_params)
-    assert resumed.sampler.state_dict() == straight.sampler.state_dict()
+    assert resumed.task.state_dict() == straight.task.state_dict()
 
 
 def test_step_validation_keeps_the_last_n_checkpoints(toy, tmp_path):
@@ -235,7 +237,7 @@ def test_smoke_multi30k_subset_learns(multi30k_dir, tmp_path):
     summary = trainer.fit()
     train = [r for r in read_metrics_log(tmp_path / "metrics.jsonl") if r["event"] == "train"]
     first, last = train[0]["loss"], train[-1]["loss"]
-    bleu = trainer.evaluate(data.valid)["bleu"]
+    bleu = trainer.evaluate()["bleu"]          # on data.valid
     print(f"smoke: {summary['step']} updates in {time.perf_counter() - start:.1f} s, "
           f"loss {first:.2f} -> {last:.2f}, val BLEU {bleu:.2f}")
     assert summary["step"] == SMOKE_STEPS
@@ -246,7 +248,7 @@ def test_smoke_multi30k_subset_learns(multi30k_dir, tmp_path):
 
 def test_plot_draws_bleu_against_wall_time(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from npformer.training.metrics import MetricsLog
+    from npformer.training.metrics_log import MetricsLog
     with MetricsLog(tmp_path / "metrics.jsonl") as log:
         log.log("train", step=10, loss=6.0)
         for step, seconds, bleu in ((60, 135.0, 0.1), (120, 250.0, 2.9), (180, 353.0, 6.9)):

@@ -8,7 +8,8 @@ from npformer.cli.main import main
 from npformer.cli.runs import RECORDED_OPTIONS, RESUME_MAY_CHANGE, recorded_options
 from npformer.training.checkpointing import load_model_checkpoint
 from npformer.training.toy import toy_data
-from npformer.training.trainer import TrainConfig, Trainer
+from npformer.training.trainer import TrainConfig
+from npformer.training.translation import translation_trainer
 
 TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--layers", "1", "--quiet"]
 
@@ -118,7 +119,7 @@ def test_checkpoints_without_recorded_options_are_checked_against_their_config(t
     import npformer as nf
     model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=32)
-    trainer = Trainer(model, data.vocabs, data.train, data.valid,
+    trainer = translation_trainer(model, data.vocabs, data.train, data.valid,
                       TrainConfig(max_steps=2, quiet=True, lr=1e-3, schedule="constant",
                                   out_dir=str(tmp_path / "old")))
     trainer.fit()
@@ -140,7 +141,8 @@ def test_a_final_validation_between_scheduled_ones_does_not_change_early_stoppin
 
     from npformer.nn import Transformer
     from npformer.training.toy import toy_data
-    from npformer.training.trainer import TrainConfig, Trainer
+    from npformer.training.trainer import TrainConfig
+    from npformer.training.translation import translation_trainer
 
     data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
 
@@ -149,7 +151,7 @@ def test_a_final_validation_between_scheduled_ones_does_not_change_early_stoppin
                             d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16, seed=0)
         config = TrainConfig(epochs=6, batch_size=16, patience=1, stop_metric="exact_match",
                              quiet=True, out_dir=str(out), **kw)
-        return Trainer(model, data.vocabs, data.train, data.valid, config)
+        return translation_trainer(model, data.vocabs, data.train, data.valid, config)
 
     straight = trainer(tmp_path / "straight")
     summary = straight.fit()
@@ -169,14 +171,15 @@ def test_a_resume_over_other_text_of_the_same_lengths_is_refused(tmp_path):
     CRC of their token ids, so other text with the same line lengths cannot continue a run."""
     from npformer.nn import Transformer
     from npformer.training.toy import toy_data
-    from npformer.training.trainer import TrainConfig, Trainer
+    from npformer.training.trainer import TrainConfig
+    from npformer.training.translation import translation_trainer
 
     data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
 
     def trainer(train_pairs):
         model = Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                             d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16)
-        return Trainer(model, data.vocabs, train_pairs, data.valid,
+        return translation_trainer(model, data.vocabs, train_pairs, data.valid,
                        TrainConfig(epochs=2, max_steps=2, batch_size=16, quiet=True,
                                    out_dir=str(tmp_path)))
 
@@ -184,6 +187,6 @@ def test_a_resume_over_other_text_of_the_same_lengths_is_refused(tmp_path):
     other = list(data.train)
     other[0] = (other[0][0], " ".join(reversed(other[0][1].split())))   # same length, other ids
     assert other[0] != data.train[0]
-    with pytest.raises(ValueError, match="training or validation pairs differ from its run's"):
+    with pytest.raises(ValueError, match="the translation task.s training or validation data differ from its run.s"):
         trainer(other).resume(str(tmp_path / "last"))
     trainer(data.train).resume(str(tmp_path / "last"))                 # the same data resumes

@@ -7,7 +7,7 @@ import pytest
 from npformer.cli.main import main
 from npformer.cli.runs import is_toy_run, remove_stale_temps, run_files
 from npformer.training.checkpointing import load_model_checkpoint
-from npformer.training.metrics import read_metrics_log
+from npformer.training.metrics_log import read_metrics_log
 from npformer.training.toy import toy_data
 
 TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--layers", "1", "--quiet"]

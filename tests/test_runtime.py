@@ -357,13 +357,14 @@ def test_calibrate_writes_a_table_the_next_process_uses(tmp_path):
 TRAIN_TOY = """
 import sys, numpy as np, npformer as nf
 from npformer.training.toy import TOY_MODEL, toy_data
-from npformer.training.trainer import TrainConfig, Trainer
+from npformer.training.trainer import TrainConfig
+from npformer.training.translation import translation_trainer
 steps, out, resume_from, save_to = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 data = toy_data(0, n_train=1000, n_heldout=10, n_valid=10)
 model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), **TOY_MODEL, seed=3)
 config = TrainConfig(max_steps=steps, batch_size=64, lr=3e-3, warmup_steps=20, label_smoothing=0.1,
                      clip_norm=1.0, quiet=True, eval_every=1000)
-trainer = Trainer(model, data.vocabs, data.train, None, config)
+trainer = translation_trainer(model, data.vocabs, data.train, None, config)
 if resume_from != "-":
     trainer.resume(resume_from)
 trainer.fit()

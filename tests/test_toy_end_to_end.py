@@ -3,7 +3,7 @@ metrics JSON must hold the promised figures, and the checkpoint must translate."
 import json
 
 from npformer.cli.main import main
-from npformer.training.metrics import read_metrics_log
+from npformer.training.metrics_log import read_metrics_log
 
 
 def test_short_toy_run_learns_and_translates(tmp_path, capsys):

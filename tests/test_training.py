@@ -8,9 +8,11 @@ from npformer.data.vocab import Vocab, Vocabularies
 from npformer.training.checkpointing import (check_compatible, load_model_checkpoint,
                                              save_model_checkpoint)
 from npformer.training.early_stopping import EarlyStopping
-from npformer.training.metrics import MetricsLog, corpus_bleu, exact_match, read_metrics_log
+from npformer.training.metrics import corpus_bleu, exact_match
+from npformer.training.metrics_log import MetricsLog, read_metrics_log
 from npformer.training.toy import toy_data
-from npformer.training.trainer import TrainConfig, Trainer
+from npformer.training.trainer import TrainConfig
+from npformer.training.translation import translation_trainer
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def tiny_model(data, seed=0, **kw):
 def make_trainer(data, **cfg):
     config = TrainConfig(**{"batch_size": 16, "lr": 3e-3, "warmup_steps": 4, "quiet": True,
                             "log_every": 2, **cfg})
-    return Trainer(tiny_model(data), data.vocabs, data.train, data.valid, config)
+    return translation_trainer(tiny_model(data), data.vocabs, data.train, data.valid, config)
 
 
 def test_resume_is_bit_for_bit(tmp_path, data):
@@ -49,7 +51,7 @@ def test_resume_is_bit_for_bit(tmp_path, data):
         assert np.array_equal(resumed.optimizer.state_dict()[key], straight.optimizer.state_dict()[key])
     assert resumed.optimizer.step_count == straight.optimizer.step_count
     assert resumed.model.rng.bit_generator.state == straight.model.rng.bit_generator.state
-    assert resumed.sampler.state_dict() == straight.sampler.state_dict()
+    assert resumed.task.state_dict() == straight.task.state_dict()
     # and the run did move: resuming from scratch would not give the same weights
     assert not np.array_equal(first.model.flat_params, straight.model.flat_params)
 
@@ -67,7 +69,7 @@ def test_fit_writes_metrics_log_best_and_last_and_early_stops(tmp_path, data):
     assert {"loss", "lr", "tokens_per_s", "step"} <= set(train_rec)
     best = load_model_checkpoint(tmp_path / "best")
     last = load_model_checkpoint(tmp_path / "last")
-    steps_per_epoch = len(trainer.sampler)
+    steps_per_epoch = trainer.task.batches_per_epoch()
     assert best.meta["training"]["step"] == steps_per_epoch           # kept from epoch 1
     assert last.meta["training"]["step"] == 2 * steps_per_epoch
 
@@ -77,9 +79,10 @@ def test_training_reduces_loss_and_target_stops(data):
     summary = trainer.fit()
     assert summary["stop_reason"] == "target" and summary["epoch"] == 1
     trainer = make_trainer(data, epochs=6, lr=1e-2, warmup_steps=8)
-    before = trainer.evaluate(data.train[:32])["loss"]
+    trainer.model.eval()                         # (fit puts it back in training mode)
+    before = trainer.task.evaluate(trainer.model, data.train[:32])["loss"]
     trainer.fit()
-    after = trainer.evaluate(data.train[:32])["loss"]
+    after = trainer.task.evaluate(trainer.model, data.train[:32])["loss"]
     assert after < 0.8 * before
 
 
@@ -94,7 +97,7 @@ def test_train_config_rejects_bad_values():
 
 def test_trainer_and_checkpoints_take_the_vocabularies_as_one_value(tmp_path, data):
     with pytest.raises(ValueError, match="vocabs: expected a Vocabularies"):
-        Trainer(tiny_model(data), data.vocabs.src, data.train, data.valid, TrainConfig(quiet=True))
+        translation_trainer(tiny_model(data), data.vocabs.src, data.train, data.valid, TrainConfig(quiet=True))
     wrong = Vocabularies(data.vocabs.tgt, data.vocabs.src)      # the sides swapped
     with pytest.raises(ValueError, match="src vocabulary has"):
         save_model_checkpoint(tmp_path / "x", tiny_model(data), wrong)
@@ -103,7 +106,7 @@ def test_trainer_and_checkpoints_take_the_vocabularies_as_one_value(tmp_path, da
 
 def test_trainer_rejects_too_long_pairs(data):
     with pytest.raises(ValueError, match=r"train_pairs\[1\].*max_len=16"):
-        Trainer(tiny_model(data), data.vocabs,
+        translation_trainer(tiny_model(data), data.vocabs,
                 [data.train[0], (" ".join(["我"] * 20), "i")], None, TrainConfig(quiet=True))
 
 
@@ -168,7 +171,7 @@ def test_mismatched_config_or_vocabulary_is_a_clear_error(tmp_path, data):
     with pytest.raises(CheckpointError, match=r"vocabularies differ: the checkpoint holds a "
                                               r"source and a target vocabulary, expected one joint"):
         check_compatible(loaded, vocabs=Vocabularies.joint(data.vocabs.src))
-    bigger = Trainer(tiny_model(data, qk_dim=8), data.vocabs, data.train,
+    bigger = translation_trainer(tiny_model(data, qk_dim=8), data.vocabs, data.train,
                      data.valid, TrainConfig(quiet=True))
     with pytest.raises(CheckpointError, match=r"ckpt does not match this run.*qk_dim"):
         bigger.resume(tmp_path / "ckpt")

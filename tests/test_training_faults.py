@@ -8,9 +8,10 @@ import pytest
 import npformer as nf
 from npformer.cli.main import main
 from npformer.training.checkpointing import load_model_checkpoint
-from npformer.training.metrics import read_metrics_log
+from npformer.training.metrics_log import read_metrics_log
 from npformer.training.toy import toy_data
-from npformer.training.trainer import TrainConfig, Trainer, TrainingDiverged
+from npformer.training.trainer import TrainConfig, TrainingDiverged
+from npformer.training.translation import translation_trainer
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def make_trainer(data, **cfg):
     model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16, seed=0)
     config = TrainConfig(**{"batch_size": 16, "lr": 3e-3, "warmup_steps": 2, "quiet": True, **cfg})
-    return Trainer(model, data.vocabs, data.train, data.valid, config)
+    return translation_trainer(model, data.vocabs, data.train, data.valid, config)
 
 
 @pytest.mark.parametrize("field,value", [
@@ -51,7 +52,7 @@ def test_a_non_finite_loss_stops_training_and_saves_nothing_from_it(data, tmp_pa
     good = (tmp_path / "last.npz").read_bytes()
     trainer.config.max_steps = 5
     trainer.model.flat_params[0] = np.nan        # the next forward pass gives a NaN loss
-    with pytest.raises(TrainingDiverged, match=r"^step 3: the training loss is nan.*step 2"):
+    with pytest.raises(TrainingDiverged, match=r"^task 'translation', step 3: the training loss is nan.*step 2"):
         trainer.fit()
     assert trainer.step == 2                     # the bad update was not applied
     assert (tmp_path / "last.npz").read_bytes() == good
@@ -78,7 +79,7 @@ def test_cli_exits_non_zero_naming_the_step_on_divergence(tmp_path, capsys):
                  "constant", "--max-steps", "20", "--d-model", "16", "--n-heads", "2", "--d-ff",
                  "32", "--layers", "1", "--quiet"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("npformer train: error: step ") and "loss is" in err
+    assert err.startswith("npformer train: error: task 'translation', step ") and "loss is" in err
     assert not (out / "last.npz").exists()
 
 

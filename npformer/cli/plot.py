@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 
-from ..training.metrics import read_metrics_log
+from ..training.metrics_log import read_metrics_log
 from ..checkpoint import checkpoint_paths
 from .common import check_writable, refuse_output_over_inputs, resolve_checkpoint
 

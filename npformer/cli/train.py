@@ -212,13 +212,13 @@ def build(args, saved=None, given=()):
                                          lowercase=not args.cased, min_freq=args.min_freq,
                                          subset=args.subset, valid_subset=args.valid_subset,
                                          subword=args.subword, **common)
-    vocabs = trainer.vocabs
+    vocabs = trainer.task.vocabs
     sizes = (f"one joint vocabulary of {len(vocabs.src)}" if vocabs.is_joint else
              f"vocabularies {len(vocabs.src)} / {len(vocabs.tgt)}")
     print(f"multi30k {args.src}->{args.tgt}: {len(data.train)} training pairs, "
           f"{len(data.valid)} validation pairs, {sizes} (min_freq {args.min_freq}"
           f"{f', {len(data.subword)} subword pieces' if data.subword else ''}), "
-          f"{trainer.model.num_parameters():,} parameters, {len(trainer.sampler)} batches "
+          f"{trainer.model.num_parameters():,} parameters, {trainer.task.batches_per_epoch()} batches "
           f"per epoch", flush=True)
     return trainer
 
@@ -251,7 +251,7 @@ def run(args):
     print(f"done: {summary['step']} steps, {summary['epoch']} epochs, {summary['seconds']:.1f} s, "
           f"stopped by {summary['stop_reason']}")
     best, last = os.path.join(args.out, "best"), os.path.join(args.out, "last")
-    shown = best if trainer.valid_pairs and _existing(best) else last if _existing(last) else None
+    shown = best if trainer.task.has_validation and _existing(best) else last if _existing(last) else None
     print(f"checkpoint: {shown}" if shown else "checkpoint: none written")
     if args.average_last:
         kept = step_checkpoints(args.out)[-args.average_last:]

@@ -5,7 +5,7 @@ Arrays: ``model/<parameter name>``, ``optim/{step_count,exp_avg,exp_avg_sq}``, `
 
     {"kind": "npformer-model", "npformer_version": "0.1.0",
      "config": {"arch": "transformer", ...},             # model.config.to_dict()
-     "vocabularies": {"src": [...], "tgt": [...]},       # or {"joint": [...]}
+     "vocabularies": {"src": [...], "tgt": [...]},       # or {"joint": [...]}; absent: none
      "training": {...}, "runtime": {...}, "extra": {...}}
 
 ``training`` holds the trainer's counters, the batch sampler's position and the early-stopping
@@ -30,14 +30,18 @@ _MODEL, _OPTIM, _RNG = "model/", "optim/", "rng/model"
 
 def save_model_checkpoint(path, model, vocabs, optimizer=None, training=None, extra=None):
     """Write the weights (+ the optimizer state and the dropout rng if ``optimizer`` is given),
-    the configuration and ``vocabs`` (a ``Vocabularies``). Returns the paths written."""
-    Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
+    the configuration and ``vocabs`` (a ``Vocabularies``; None for a model that reads no tokens,
+    whose configuration's ``vocab_sizes()`` is empty). Returns the paths written."""
+    if vocabs is not None or model.config.vocab_sizes():
+        Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
     arrays = {_MODEL + name: value for name, value in model.state_dict().items()}
     if optimizer is not None:
         arrays.update({_OPTIM + k: np.asarray(v) for k, v in optimizer.state_dict().items()})
         arrays.update(rng_state_to_arrays(model.rng, _RNG))
     meta = {"kind": KIND, "npformer_version": VERSION, "config": model.config.to_dict(),
-            "vocabularies": vocabs.to_dict(), "runtime": runtime.record()}
+            "runtime": runtime.record()}
+    if vocabs is not None:
+        meta["vocabularies"] = vocabs.to_dict()
     if training is not None:
         meta["training"] = training
     if extra:
@@ -48,7 +52,7 @@ def save_model_checkpoint(path, model, vocabs, optimizer=None, training=None, ex
 @dataclass
 class LoadedCheckpoint:
     model: object                 # the model of the stored configuration's architecture
-    vocabs: Vocabularies
+    vocabs: Vocabularies          # None for a model that reads no tokens
     meta: dict                    # in today's layout (a format-2 file's is migrated on load)
     arrays: dict
     path: str
@@ -93,7 +97,8 @@ def load_model_checkpoint(path):
         raise CheckpointError(f"checkpoint {name}: expected kind {KIND!r}, got {meta.get('kind')!r}")
     meta = migrate_meta(meta)
     try:
-        vocabs = Vocabularies.from_dict(meta.get("vocabularies"))
+        vocabs = (Vocabularies.from_dict(meta["vocabularies"]) if "vocabularies" in meta
+                  else None)             # a model that reads no tokens has none
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {name}: bad vocabulary ({e})") from None
     stored = meta.get("config")
@@ -114,7 +119,8 @@ def load_model_checkpoint(path):
     _check_weights_fit_config(config, weights, name)
     model = build_model(config)
     try:
-        Vocabularies.check_fits(vocabs, model.config.vocab_sizes(), f"checkpoint {name}")
+        if vocabs is not None or model.config.vocab_sizes():
+            Vocabularies.check_fits(vocabs, model.config.vocab_sizes(), f"checkpoint {name}")
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     try:
@@ -145,14 +151,13 @@ def _check_weights_fit_config(config, weights, name):
     dtype = np.dtype(config.dtype)
     for k, value in weights.items():
         _check_tensor(value, _MODEL + k, dtype, name)
-    table = config.max_len * config.d_model * dtype.itemsize
     allowed = max(POSITION_TABLE_CEILING, sum(w.nbytes for w in weights.values()))
-    if table > allowed:
-        raise CheckpointError(
-            f"checkpoint {name}: config max_len={config.max_len} needs a {table}-byte position "
-            f"table (max_len x d_model x {dtype.itemsize}); a checkpoint may claim at most "
-            f"{allowed} bytes for it (the larger of {POSITION_TABLE_CEILING} bytes and its "
-            f"stored weights' bytes)")
+    for nbytes, why in config.derived_arrays().values():
+        if nbytes > allowed:
+            raise CheckpointError(
+                f"checkpoint {name}: config {why}; a checkpoint may claim at most {allowed} bytes "
+                f"for it (the larger of {POSITION_TABLE_CEILING} bytes and its stored weights' "
+                f"bytes)")
 
 
 def _check_tensor(value, key, dtype, name, minimum=None):
@@ -181,7 +186,9 @@ def check_compatible(loaded, config=None, vocabs=None):
             mine, theirs = mine_all.get(key), theirs_all.get(key)
             if mine != theirs:
                 problems.append(f"config {key}: checkpoint has {theirs!r}, expected {mine!r}")
-    if vocabs is not None and vocabs.is_joint != loaded.vocabs.is_joint:
+    if vocabs is not None and loaded.vocabs is None:
+        problems.append("vocabularies differ: the checkpoint holds none")
+    elif vocabs is not None and vocabs.is_joint != loaded.vocabs.is_joint:
         problems.append(f"vocabularies differ: the checkpoint holds "
                         f"{'one joint vocabulary' if loaded.vocabs.is_joint else 'a source and a target vocabulary'}, "
                         f"expected {'one joint vocabulary' if vocabs.is_joint else 'a source and a target vocabulary'}")

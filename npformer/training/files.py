@@ -14,7 +14,8 @@ from ..configs import TransformerConfig
 from ..data.textfile import read_parallel
 from ..data.vocab import Vocabularies
 from ..registry import build_model
-from .trainer import TrainConfig, Trainer
+from .trainer import TrainConfig
+from .translation import translation_trainer
 
 
 @dataclass
@@ -53,4 +54,5 @@ def files_trainer(src_file, tgt_file, valid_src=None, valid_tgt=None, min_freq=1
                                           tgt_vocab_size=len(data.vocabs.tgt), seed=seed,
                                           **(model_kwargs or {})))
     config = TrainConfig(**{"seed": seed, **(train_kwargs or {})})
-    return Trainer(model, data.vocabs, data.train, data.valid, config, extra=extra), data
+    return translation_trainer(model, data.vocabs, data.train, data.valid, config,
+                               extra=extra), data

@@ -30,7 +30,8 @@ from ..decoding.translator import Translator, whitespace_tokenize
 from ..configs import TransformerConfig
 from ..registry import build_model
 from .metrics import sacrebleu_scores
-from .trainer import TrainConfig, Trainer
+from .trainer import TrainConfig
+from .translation import translation_trainer
 
 # 3+3 layers of d_model 256: the size the benchmarks time (BENCHMARKS.md, "base config").
 MULTI30K_MODEL = dict(d_model=256, n_heads=8, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
@@ -156,9 +157,9 @@ def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0, extra=None
         **{**MULTI30K_MODEL, "seed": seed, **(model_kwargs or {})}))
     config = TrainConfig(**{**MULTI30K_TRAIN, "seed": seed, **(train_kwargs or {})})
     tokenize, detokenize_units = data.tokenizers()
-    return Trainer(model, data.vocabs, data.train, data.valid, config,
-                   tokenize=tokenize, detokenize=detokenize_units, bleu=bleu_against_raw,
-                   extra={**(extra or {}), **data.extra})
+    return translation_trainer(model, data.vocabs, data.train, data.valid, config,
+                               tokenize=tokenize, detokenize=detokenize_units,
+                               bleu=bleu_against_raw, extra={**(extra or {}), **data.extra})
 
 
 def checkpoint_text_settings(loaded):

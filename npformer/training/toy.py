@@ -16,6 +16,7 @@ from ..registry import build_model
 from .checkpointing import load_model_checkpoint
 from .metrics import exact_match
 from .trainer import TrainConfig, Trainer
+from .translation import translation_trainer
 
 TOY_MODEL = dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,
                  dropout=0.1, max_len=32)
@@ -57,7 +58,8 @@ def toy_trainer(seed=0, model_kwargs=None, train_kwargs=None, extra=None, n_trai
         src_vocab_size=len(data.vocabs.src), tgt_vocab_size=len(data.vocabs.tgt),
         **{**TOY_MODEL, "seed": seed, **(model_kwargs or {})}))
     config = TrainConfig(**{**TOY_TRAIN, "seed": seed, **(train_kwargs or {})})
-    return Trainer(model, data.vocabs, data.train, data.valid, config, extra=extra), data
+    return translation_trainer(model, data.vocabs, data.train, data.valid, config,
+                               extra=extra), data
 
 
 @dataclass
@@ -87,7 +89,7 @@ def run_toy(seed=0, model_kwargs=None, train_kwargs=None, out_dir=None, quiet=Fa
     if out_dir is not None and os.path.exists(os.path.join(out_dir, "best.npz")):
         # report the figures of the checkpoint that is kept (the best validation epoch)
         model.load_state_dict(load_model_checkpoint(os.path.join(out_dir, "best")).model.state_dict())
-    translator = trainer.translator()
+    translator = trainer.task.translator(model)
     train_hyp = [t.text for t in translator.translate([zh for zh, _ in data.train])]
     held_hyp = [t.text for t in translator.translate([zh for zh, _ in data.heldout])]
     by_src = dict(zip((zh for zh, _ in data.heldout), held_hyp))

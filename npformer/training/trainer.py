@@ -1,46 +1,42 @@
-"""The training loop: batches, loss, backward, clipping, schedule, optimizer; plus periodic
-validation, a metrics log, best/last checkpoints, early stopping and bit-exact resuming.
+"""The training loop, for any task: updates (gradient accumulation, clipping, the learning-rate
+schedule, the optimizer), periodic validation, a metrics log and a progress bar, best/last/
+step checkpoints with bit-exact resuming, early stopping and a time budget.
 
-    trainer = Trainer(model, vocabs, train_pairs, valid_pairs, TrainConfig(epochs=10))
-    summary = trainer.fit()                      # {'step': ..., 'best_exact_match': ..., ...}
+    trainer = Trainer(model, task, TrainConfig(epochs=10))
+    summary = trainer.fit()                      # {'step': ..., 'best_loss': ..., ...}
 
-``train_pairs``/``valid_pairs`` are (source text, target text) pairs, tokenised by ``tokenize``;
-``vocabs`` is the model's ``Vocabularies`` (a source and a target vocabulary, or one joint one).
-
-For real data (``npformer.training.multi30k``): ``max_tokens`` batches by a padded-token budget,
+The task (``npformer.training.task``) brings the data, the loss and the metrics; this module
+imports nothing of any task (``npformer.training.translation`` is translation's).
 ``accum_steps`` sums the gradients of several batches before one update, ``eval_every_steps``
-validates inside an epoch, ``time_budget`` caps the wall time, and ``keep_last`` keeps the last N
-validation checkpoints (``step_<N>``) for checkpoint averaging (``npformer.training.averaging``).
+validates inside an epoch, ``save_every_steps`` checkpoints without validating, ``time_budget``
+caps the wall time, and ``keep_last`` keeps the last N ``step_<N>`` checkpoints for averaging
+(``npformer.training.averaging``). The collective operations (``npformer.training.collective``)
+are where a data-parallel run plugs in.
 """
 import glob
 import math
 import os
 import re
 import time
-import warnings
-import zlib
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from .. import runtime
 from ..backend import ops
-from ..data.batching import BatchSampler, iterate_batches, make_batch
-from ..data.vocab import Vocabularies
-from ..decoding.translator import Translator, whitespace_tokenize
-from ..loss import cross_entropy
 from ..optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
                      clip_grad_norm, grad_norm)
 from ..optim.adam import check_betas
 from ..validation import check_int, check_real
 from .checkpointing import (LoadedCheckpoint, check_compatible, load_model_checkpoint,
                             restore_training_state, save_model_checkpoint)
+from .collective import SingleProcess
 from .early_stopping import EarlyStopping
-from .metrics import MetricsLog, corpus_bleu, exact_match
+from .metrics_log import MetricsLog
 from .progress import progress_bar
+from .task import Task
 
 SCHEDULES = ("inverse_sqrt", "cosine", "noam", "constant")
-STOP_METRICS = ("exact_match", "bleu", "loss")
 
 
 class TrainingDiverged(ValueError):
@@ -63,22 +59,24 @@ class TrainConfig:
     clip_norm: float = 1.0           # None: no clipping
     seed: int = 0                    # batch order
     eval_every: int = 1              # validate every N epochs
-    stop_metric: str = "exact_match"
+    stop_metric: str = None          # one of the task's metrics (None: its first)
     patience: int = None             # early stopping after N validations without improvement
     target: float = None             # stop as soon as the validation metric reaches this value
     log_every: int = 10              # steps between "train" records of the metrics log
     out_dir: str = None              # best/last checkpoints and metrics.jsonl go here
     quiet: bool = False
     max_tokens: int = None           # batch by padded tokens (src + tgt) instead of batch_size
+    # batch_size, max_tokens and label_smoothing are the task's knobs: a recipe hands them to it
     accum_steps: int = 1             # batches whose gradients are summed before one update
     eval_every_steps: int = None     # also validate every N optimizer steps (inside epochs)
     time_budget: float = None        # seconds: stop training (then validate once) after this
-    keep_last: int = None            # keep the last N validation checkpoints step_<N> (averaging)
+    keep_last: int = None            # keep the last N step_<N> checkpoints (for averaging)
+    save_every_steps: int = None     # also checkpoint step_<N> every N updates, without validating
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "eval_every", "log_every", "accum_steps"):
             setattr(self, name, check_int(name, getattr(self, name)))
-        for name in ("max_steps", "max_tokens", "eval_every_steps", "keep_last"):
+        for name in ("max_steps", "max_tokens", "eval_every_steps", "keep_last", "save_every_steps"):
             setattr(self, name, check_int(name, getattr(self, name), allow_none=True))
         self.warmup_steps = check_int("warmup_steps", self.warmup_steps, minimum=0)
         self.seed = check_int("seed", self.seed, minimum=0)
@@ -98,8 +96,8 @@ class TrainConfig:
         self.target = check_real("target", self.target, allow_none=True)
         if self.optimizer not in ("adam", "adamw"):
             raise ValueError(f"optimizer: expected 'adam' or 'adamw', got {self.optimizer!r}")
-        if self.stop_metric not in STOP_METRICS:
-            raise ValueError(f"stop_metric: expected one of {STOP_METRICS}, got {self.stop_metric!r}")
+        if self.stop_metric is not None and not isinstance(self.stop_metric, str):
+            raise ValueError(f"stop_metric: expected a metric's name, got {self.stop_metric!r}")
         self.label_smoothing = check_real("label_smoothing", self.label_smoothing, minimum=0,
                                           maximum=1, max_open=True)
 
@@ -120,37 +118,31 @@ def make_schedule(config, total_steps):
 
 
 class Trainer:
-    """Trains ``model`` on text pairs. See ``TrainConfig`` for every knob."""
+    """Trains ``model`` on ``task`` (a ``npformer.training.task.Task``). See ``TrainConfig``."""
 
-    def __init__(self, model, vocabs, train_pairs, valid_pairs=None, config=None,
-                 tokenize=whitespace_tokenize, detokenize=" ".join, bleu=None, extra=None):
-        """``bleu(hypotheses, target_texts) -> float`` scores validation translations (default:
-        sacrebleu on the re-tokenised targets); ``extra`` is saved in every checkpoint's metadata
-        (e.g. the languages and tokenizer of the run)."""
-        Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
-        self.model, self.vocabs = model, vocabs
+    def __init__(self, model, task, config=None, extra=None, collective=None):
+        """``extra`` is saved in every checkpoint's metadata (e.g. the languages and tokenizer of
+        the run); ``collective`` is a data-parallel run's exchange (default: one process)."""
+        if not isinstance(task, Task):
+            raise ValueError(f"task: expected a npformer.training.task.Task (e.g. a "
+                             f"TranslationTask), got {type(task).__name__}")
+        self.model, self.task = model, task
         self.config = config = config or TrainConfig()
-        self.tokenize, self.detokenize = tokenize, detokenize
-        self.bleu, self.extra = bleu, extra
-        self.train_pairs, self.valid_pairs = list(train_pairs), list(valid_pairs or [])
-        if not self.train_pairs:
-            raise ValueError("train_pairs: expected at least one (source, target) pair, got none")
-        self.train_ids = self.encode_pairs(self.train_pairs, "train_pairs")
-        self.valid_ids = self.encode_pairs(self.valid_pairs, "valid_pairs") if self.valid_pairs else []
-        self.pad, self.bos, self.eos = vocabs.tgt.pad_id, vocabs.tgt.bos_id, vocabs.tgt.eos_id
-        if config.max_tokens is not None:
-            self.sampler = BatchSampler.from_pairs(self.train_ids, max_tokens=config.max_tokens,
-                                                   seed=config.seed)
-        else:
-            self.sampler = BatchSampler.from_pairs(self.train_ids, batch_size=config.batch_size,
-                                                   seed=config.seed)
+        self.extra, self.collective = extra, collective or SingleProcess()
+        task.check_model(model)
+        if config.stop_metric is None:
+            config.stop_metric = task.metrics[0]
+        if config.stop_metric not in task.metrics:
+            raise ValueError(f"stop_metric: expected one of the {task.name} task's metrics "
+                             f"{task.metrics}, got {config.stop_metric!r}")
         opt_cls = AdamW if config.optimizer == "adamw" else Adam
         self.optimizer = opt_cls(model, lr=config.lr, betas=config.betas, eps=1e-9,
                                  weight_decay=config.weight_decay)
-        total = config.max_steps or config.epochs * math.ceil(len(self.sampler) / config.accum_steps)
-        self.total_steps = total
-        self.schedule = make_schedule(config, total)
-        self.stopper = EarlyStopping(config.patience, "min" if config.stop_metric == "loss" else "max")
+        per_epoch = math.ceil(task.batches_per_epoch() / config.accum_steps)
+        self.total_steps = config.max_steps or config.epochs * per_epoch
+        self.schedule = make_schedule(config, self.total_steps)
+        minimize = config.stop_metric in task.minimize
+        self.stopper = EarlyStopping(config.patience, "min" if minimize else "max")
         self.best_value = self.stopper.best      # metric of the weights in ``best`` (any validation)
         self.step, self.epoch = 0, 0
         self.grad_norm = None                    # of the latest train_step, before clipping
@@ -158,51 +150,34 @@ class Trainer:
         self.seconds_before = 0.0               # wall time of earlier sessions (resumed runs)
         self.history = []                       # validation records
         self.log = None
-        self._data_crc32 = None                 # data_fingerprint(), once asked for
+        self._fingerprint = None                # task.fingerprint(), once asked for
+        self._validated_at = None               # step of the latest validation
         self.bit_exact_resume = True            # False once resumed with other kernel variants
 
-    # -- data ----------------------------------------------------------------------------------
-    def encode_pairs(self, pairs, name):
-        out = []
-        max_len = self.model.max_len
-        for n, pair in enumerate(pairs):
-            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-                raise ValueError(f"{name}[{n}]: expected a (source, target) pair of strings, got {pair!r:.60}")
-            src, tgt = (self.tokenize(pair[0]), self.tokenize(pair[1]))
-            if not src or not tgt:
-                raise ValueError(f"{name}[{n}]: expected non-empty source and target, got {pair!r:.60}")
-            if len(src) > max_len or len(tgt) + 1 > max_len:
-                raise ValueError(f"{name}[{n}]: {len(src)} source / {len(tgt)} target tokens exceed "
-                                 f"max_len={max_len} (target counts <eos>)")
-            out.append((self.vocabs.src.encode(src), self.vocabs.tgt.encode(tgt)))
-        return out
-
-    # -- one step --------------------------------------------------------------------------------
+    # -- one update ------------------------------------------------------------------------------
     def train_step(self, batch):
-        """Forward, loss, backward, clip, schedule, update. Returns the (smoothed) loss and
-        leaves the gradient norm (before clipping) in ``self.grad_norm``.
+        """One update from ``batch`` (or a list of batches, accumulated): every batch's loss and
+        backward, weighted by its share of the update's tokens; the collective reduction; then
+        clipping, the schedule and the optimizer. Returns the update's loss (the token-weighted
+        mean) and leaves the gradient norm before clipping in ``self.grad_norm``.
 
         If the loss or the gradient norm is not finite, the update is NOT applied (the weights,
         the optimizer and ``self.step`` stay as they were) and ``fit`` stops on it.
-
-        ``batch`` may be a list of batches (gradient accumulation): their gradients are summed,
-        each weighted by its share of the target tokens, so the update equals one step on the
-        concatenated batch (up to dropout masks and float rounding).
         """
         model, cfg = self.model, self.config
-        batches = batch if isinstance(batch, (list, tuple)) else [batch]
-        n_total = sum(b.n_tgt_tokens for b in batches)
+        batches = list(batch) if isinstance(batch, (list, tuple)) else [batch]
+        counts = [self._tokens(b) for b in batches]
+        n_total = self.collective.total_tokens(sum(counts))
+        if n_total == 0:
+            raise ValueError(f"task {self.task.name!r}, step {self.step + 1}: its batches hold no "
+                             f"tokens at all (tokens() gave 0 for every one); nothing to learn from")
         model.zero_grad()
         loss = 0.0
-        for b in batches:
-            logits = model.forward(b.src, b.tgt_in)                      # (B, T, V)
-            part, dlogits = cross_entropy(logits, b.tgt_out, ignore_index=self.pad,
-                                          label_smoothing=cfg.label_smoothing)
-            weight = b.n_tgt_tokens / n_total    # the loss is a mean over the batch's tokens
-            if len(batches) > 1:
-                dlogits *= weight
-            model.backward(dlogits)              # adds into every .grad
-            loss += float(part) * weight
+        for b, n in zip(batches, counts):
+            weight = n / n_total                 # this batch's share of the update's tokens
+            loss_sum = self.task.loss_and_backward(model, b, weight)
+            loss += (loss_sum / n) * weight if n else 0.0
+        loss = self.collective.reduce(model, loss)
         if cfg.clip_norm is not None:
             self.grad_norm = clip_grad_norm(model, cfg.clip_norm)    # the norm before clipping
         else:
@@ -214,57 +189,41 @@ class Trainer:
         self.optimizer.step()
         return float(loss)
 
-    # -- validation ------------------------------------------------------------------------------
-    def translator(self):
-        return Translator(self.model, self.vocabs, self.tokenize, self.detokenize)
+    def _tokens(self, batch):
+        """The task's token count of ``batch``, after checking the batch is of its type."""
+        task, step = self.task, self.step + 1
+        if not isinstance(batch, task.batch_type):
+            raise ValueError(f"task {task.name!r}, step {step}: batches() gave a "
+                             f"{type(batch).__name__}, expected a {task.batch_type.__name__}")
+        n = task.tokens(batch)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"task {task.name!r}, step {step}: tokens() gave {n!r}, expected "
+                             f"a count >= 0")
+        return int(n)
 
-    def evaluate(self, pairs, ids=None, batch_size=64):
-        """{'loss', 'exact_match', 'bleu'} on (source, target) text pairs, greedy decoding."""
-        ids = ids if ids is not None else self.encode_pairs(pairs, "pairs")
+    def evaluate(self):
+        """The task's metrics for the current weights (in eval mode, restored afterwards)."""
         was_training = self.model.training
         self.model.eval()
         try:
-            total, count = 0.0, 0
-            for start in range(0, len(ids), batch_size):
-                chunk = ids[start:start + batch_size]
-                b = make_batch([s for s, _ in chunk], [t for _, t in chunk], self.pad, self.bos, self.eos)
-                logits = self.model.forward(b.src, b.tgt_in)
-                loss, _ = cross_entropy(logits, b.tgt_out, ignore_index=self.pad)
-                total += float(loss) * b.n_tgt_tokens
-                count += b.n_tgt_tokens
-            with warnings.catch_warnings():      # real data: many sentences hold unknown words
-                warnings.filterwarnings("ignore", message=".*unknown words mapped to <unk>")
-                hyps = [t.text for t in self.translator().translate([s for s, _ in pairs])]
+            return self.task.evaluate(self.model)
         finally:
             self.model.train(was_training)
-        refs = [self.detokenize(self.tokenize(t)) for _, t in pairs]
-        bleu = self.bleu(hyps, [t for _, t in pairs]) if self.bleu else corpus_bleu(hyps, refs)
-        return {"loss": total / count, "exact_match": exact_match(hyps, refs),
-                "bleu": bleu, "hypotheses": hyps}
 
     # -- checkpoints -----------------------------------------------------------------------------
     def training_state(self):
-        return {"step": self.step, "epoch": self.epoch, "sampler": self.sampler.state_dict(),
+        # "sampler": the task's position in its epoch (a translation task's batch sampler)
+        return {"step": self.step, "epoch": self.epoch, "sampler": self.task.state_dict(),
                 "early_stopping": self.stopper.state_dict(), "config": self.config.to_dict(),
                 "seconds": self.elapsed(), "data_crc32": self.data_fingerprint(),
                 "best_value": self.best_value if math.isfinite(self.best_value) else None}
 
     def data_fingerprint(self):
-        """CRC-32 of the token ids of every training and validation pair, in order. A resume
-        compares it with the checkpoint's, so the same options over other text (same line
-        lengths or not) cannot continue a run. Computed once: the pairs are fixed at __init__."""
-        if self._data_crc32 is None:
-            self._data_crc32 = self._crc32_of_pairs()
-        return self._data_crc32
-
-    def _crc32_of_pairs(self):
-        crc = 0
-        for pairs in (self.train_ids, self.valid_ids):
-            for src, tgt in pairs:
-                crc = zlib.crc32(np.asarray(tgt, dtype=np.int64).tobytes(),
-                                 zlib.crc32(np.asarray(src, dtype=np.int64).tobytes(), crc))
-            crc = zlib.crc32(b"|", crc)          # the split between training and validation
-        return crc
+        """The task's data fingerprint (computed once: the data are fixed). A resume compares
+        it with the checkpoint's, so other data cannot continue a run."""
+        if self._fingerprint is None:
+            self._fingerprint = self.task.fingerprint()
+        return self._fingerprint
 
     def elapsed(self):
         """Wall time of this run so far, earlier sessions of a resumed run included."""
@@ -276,7 +235,21 @@ class Trainer:
             raise TrainingDiverged(f"step {self.step}: the weights hold non-finite values; "
                                    f"refusing to write them to {path}")
         self.saved_step = self.step
-        return save_model_checkpoint(path, self.model, self.vocabs, self.optimizer, self.training_state(), extra=self.extra)
+        return save_model_checkpoint(path, self.model, self.task.vocabs, self.optimizer,
+                                     self.training_state(), extra=self.extra)
+
+    def _save_step_checkpoint(self):
+        """``step_<N>``, keeping the last ``keep_last`` of them (all if keep_last is None)."""
+        self.save(os.path.join(self.config.out_dir, f"step_{self.step}"))
+        if self.config.keep_last:
+            for path in step_checkpoints(self.config.out_dir)[:-self.config.keep_last]:
+                for suffix in (".npz", ".json"):
+                    if os.path.exists(path + suffix):
+                        os.remove(path + suffix)
+
+    def step_checkpoints(self):
+        """Paths (without suffix) of the kept ``step_<N>`` checkpoints, oldest first."""
+        return step_checkpoints(self.config.out_dir)
 
     def resume(self, checkpoint):
         """Continue from a checkpoint saved by ``save`` (a path, or the ``LoadedCheckpoint`` a
@@ -285,18 +258,18 @@ class Trainer:
         warning, where some of them are no longer available)."""
         loaded = (checkpoint if isinstance(checkpoint, LoadedCheckpoint)
                   else load_model_checkpoint(checkpoint))
-        check_compatible(loaded, self.model.config, self.vocabs)
+        check_compatible(loaded, self.model.config, self.task.vocabs)
         recorded = (loaded.meta.get("training") or {}).get("data_crc32")   # older: absent
         if recorded is not None and recorded != self.data_fingerprint():
-            raise ValueError(f"checkpoint {loaded.path}: the training or validation pairs differ "
-                             f"from its run's (their token ids do not match its data_crc32); a "
+            raise ValueError(f"checkpoint {loaded.path}: the {self.task.name} task's training or "
+                             f"validation data differ from its run's (their token ids do not match its data_crc32); a "
                              f"resume continues the same data, so start a new run for other data")
         training = restore_training_state(loaded, self.model, self.optimizer)
         ops()                                    # the active backend's kernels, loaded
         self.bit_exact_resume = runtime.adopt(loaded.meta.get("runtime"), loaded.path)
         try:
             self.step, self.epoch = int(training["step"]), int(training["epoch"])
-            self.sampler.load_state_dict(training["sampler"])
+            self.task.load_state_dict(training["sampler"])
             self.stopper.load_state_dict(training.get("early_stopping", {}))
             best_value = training.get("best_value", self.stopper.state_dict()["best"])
             self.best_value = self.stopper.best if best_value is None else float(best_value)
@@ -308,79 +281,7 @@ class Trainer:
         self.model.train()
         return self
 
-    # -- the loop --------------------------------------------------------------------------------
-    def _validate(self, scheduled=True):
-        """Validate, log, and save ``last`` (and ``best`` when the metric is the best seen so far).
-
-        Only ``scheduled`` validations (every ``eval_every`` epochs or ``eval_every_steps``
-        updates) advance early stopping. The extra one of the final weights, when a run stops
-        between them, does not: a run stopped by ``--max-steps`` and resumed then takes the
-        same early-stopping decisions as the run that went straight through. It still saves
-        ``best`` if its weights are the best seen.
-        """
-        seconds = self.elapsed()                 # wall time at which the model had these weights
-        t0 = time.perf_counter()
-        result = self.evaluate(self.valid_pairs, self.valid_ids)
-        record = {k: v for k, v in result.items() if k != "hypotheses"}
-        record.update(step=self.step, epoch=self.epoch, seconds=round(seconds, 2),
-                      eval_seconds=round(time.perf_counter() - t0, 2))
-        self.history.append(record)
-        if self.log:
-            self.log.log("eval", **record)
-        value = result[self.config.stop_metric]
-        if scheduled:
-            self.stopper.step(value)
-        improved = self.stopper.better(value, self.best_value)
-        if improved:
-            self.best_value = value
-        if self.config.out_dir:
-            self.save(os.path.join(self.config.out_dir, "last"))
-            if improved:
-                self.save(os.path.join(self.config.out_dir, "best"))
-            if self.config.keep_last:
-                self.save(os.path.join(self.config.out_dir, f"step_{self.step}"))
-                self._prune_step_checkpoints()
-        return record
-
-    def step_checkpoints(self):
-        """Paths (without suffix) of the kept ``step_<N>`` checkpoints, oldest first."""
-        return step_checkpoints(self.config.out_dir)
-
-    def _prune_step_checkpoints(self):
-        for path in self.step_checkpoints()[:-self.config.keep_last]:
-            for suffix in (".npz", ".json"):
-                if os.path.exists(path + suffix):
-                    os.remove(path + suffix)
-
-    def _reached_target(self, record):
-        target = self.config.target
-        if target is None:
-            return False
-        value = record[self.config.stop_metric]
-        return value <= target if self.config.stop_metric == "loss" else value >= target
-
-    def _accumulated(self, batches):
-        """Group the batch stream into lists of ``accum_steps`` (the last of an epoch may be shorter)."""
-        group = []
-        for batch in batches:
-            group.append(batch)
-            if len(group) == self.config.accum_steps:
-                yield group
-                group = []
-        if group:
-            yield group
-
-    def _validate_and_report(self, on_eval):
-        """Validate; returns a stop reason ("target", "early_stopping") or None."""
-        record = self._validate()
-        if on_eval:
-            on_eval(record)
-        if self._reached_target(record):
-            return "target"
-        if self.stopper.should_stop:
-            return "early_stopping"
-        return None
-
+    # -- stop decisions --------------------------------------------------------------------------
     def check_work_left(self):
         """Raise ValueError if the run cannot train a single step more (a resumed checkpoint
         already reached max_steps, epochs, the time budget, early stopping or the target).
@@ -404,137 +305,225 @@ class Trainer:
                     f"after {self.stopper.bad_evals} validations without improvement; give a "
                     f"larger --patience")
         best = self.stopper.best
-        if cfg.target is not None and math.isfinite(best) and (
-                best <= cfg.target if cfg.stop_metric == "loss" else best >= cfg.target):
+        if cfg.target is not None and math.isfinite(best) and self._reaches_target(best):
             return (f"target {cfg.target} (--target): {where}, and its best {cfg.stop_metric} "
                     f"{best:g} already reached it")
         return None
 
-    def _stop_after_update(self, loss):
-        """The one place the loop decides, after each update, whether to stop: a non-finite
-        loss or gradient norm (the update was not applied), max_steps or the time budget."""
-        cfg = self.config
-        if not (math.isfinite(loss) and math.isfinite(self.grad_norm)):
-            return "non_finite"
-        if cfg.max_steps is not None and self.step >= cfg.max_steps:
-            return "max_steps"
-        if cfg.time_budget is not None and self.elapsed() >= cfg.time_budget:
-            return "time_budget"
-        return None
+    def _reaches_target(self, value):
+        if self.config.target is None:
+            return False
+        minimize = self.config.stop_metric in self.task.minimize
+        return value <= self.config.target if minimize else value >= self.config.target
+
+    def decide_stop(self, loss=None, record=None):
+        """The one place the loop decides to stop, after an update (``loss``) or a validation
+        (``record``): a non-finite loss or gradient norm (the update was not applied),
+        max_steps, the time budget, the target, early stopping; or None to go on. Every
+        decision passes through ``collective.agree`` so all processes of a run stop together."""
+        cfg, reason = self.config, None
+        if record is not None:
+            if self._reaches_target(record[cfg.stop_metric]):
+                reason = "target"
+            elif self.stopper.should_stop:
+                reason = "early_stopping"
+        elif not (math.isfinite(loss) and math.isfinite(self.grad_norm)):
+            reason = "non_finite"
+        elif cfg.max_steps is not None and self.step >= cfg.max_steps:
+            reason = "max_steps"
+        elif cfg.time_budget is not None and self.elapsed() >= cfg.time_budget:
+            reason = "time_budget"
+        return self.collective.agree(reason)
 
     def _non_finite_message(self, loss):
         saved = ("no checkpoint was written" if self.saved_step is None else
                  f"the latest checkpoint (step {self.saved_step}) is untouched")
         where = f" in {self.config.out_dir}" if self.config.out_dir else ""
-        return (f"step {self.step + 1}: the training loss is {loss} and the gradient norm "
-                f"{self.grad_norm}: training stopped without applying this update; {saved}{where}. "
-                f"Start a new run (another --out, or --overwrite) with a lower --lr or a --clip-norm")
+        return (f"task {self.task.name!r}, step {self.step + 1}: the training loss is {loss} and "
+                f"the gradient norm {self.grad_norm}: training stopped without applying this "
+                f"update; {saved}{where}. Start a new run (another --out, or --overwrite) with a "
+                f"lower --lr or a --clip-norm")
 
+    # -- validation ------------------------------------------------------------------------------
+    def validate(self, scheduled=True, on_eval=None):
+        """Evaluate, log, save ``last`` (and ``best`` when the stop metric is the best seen so
+        far, and ``step_<N>`` when ``keep_last`` asks); returns the record.
+
+        Only ``scheduled`` validations (every ``eval_every`` epochs or ``eval_every_steps``
+        updates) advance early stopping. The extra one of the final weights, when a run stops
+        between them, does not: a run stopped by ``--max-steps`` and resumed then takes the
+        same early-stopping decisions as the run that went straight through. It still saves
+        ``best`` if its weights are the best seen.
+        """
+        cfg, seconds = self.config, self.elapsed()   # wall time at which the model had these weights
+        t0 = time.perf_counter()
+        record = dict(self.evaluate())
+        record.update(step=self.step, epoch=self.epoch, seconds=round(seconds, 2),
+                      eval_seconds=round(time.perf_counter() - t0, 2),
+                      examples=self.task.examples())
+        self.history.append(record)
+        self._validated_at = self.step
+        if self.log:
+            self.log.log("eval", **record)
+        value = record[cfg.stop_metric]
+        if scheduled:
+            self.stopper.step(value)
+        improved = self.stopper.better(value, self.best_value)
+        if improved:
+            self.best_value = value
+        if cfg.out_dir:
+            self.save(os.path.join(cfg.out_dir, "last"))
+            if improved:
+                self.save(os.path.join(cfg.out_dir, "best"))
+            if cfg.keep_last:
+                self._save_step_checkpoint()
+        if on_eval:
+            on_eval(record)
+        return record
+
+    # -- the loop --------------------------------------------------------------------------------
     def fit(self, on_eval=None):
         """Train until epochs/max_steps, the time budget, early stopping or the target; returns
         a summary dict. When training stops by epochs, max_steps or the time budget and the
         final weights have not been validated, they are validated once (so ``best`` exists).
 
         A non-finite loss or gradient norm stops training without applying that update, saving
-        nothing from it, and raises ``TrainingDiverged`` naming the step. A run that has nothing
-        left to train (a resumed checkpoint already at max_steps, ...) is a ValueError before
-        anything is written.
-
-        ``on_eval(record)`` is called after each validation (the CLI prints it). The metrics log
-        gets "train" records every ``log_every`` steps with the loss, the learning rate and the
-        throughput on the real padded batches: ``tokens_per_s`` counts the target tokens the loss
-        sees, ``padded_tokens_per_s`` every cell of the padded source and target arrays.
+        nothing from it, and raises ``TrainingDiverged`` naming the task and the step. A run
+        that has nothing left to train (a resumed checkpoint already at max_steps, ...) is a
+        ValueError before anything is written. ``on_eval(record)`` is called after each
+        validation (the CLI prints it).
         """
-        cfg, model = self.config, self.model
+        cfg = self.config
         self.check_work_left()
+        self._open_log()
+        self.model.train()
+        self._start = start = time.perf_counter()
+        stop, self._failure = None, None
+        try:
+            while stop is None and self.epoch < cfg.epochs:
+                stop = self._train_epoch(on_eval)
+                if stop is None:
+                    self.epoch += 1
+                    if self.task.has_validation and not cfg.eval_every_steps \
+                            and self.epoch % cfg.eval_every == 0:
+                        stop = self.decide_stop(record=self.validate(on_eval=on_eval))
+            stop = stop or "epochs"
+            if self._failure is None:
+                self._finish(stop, on_eval)
+        except TrainingDiverged:                 # a save refused non-finite weights
+            stop = "non_finite"
+            raise
+        finally:
+            self._close_log(stop, start)
+        self.model.eval()
+        if self._failure is not None:
+            raise TrainingDiverged(self._failure)
+        best = self.best_value
+        return {"step": self.step, "epoch": self.epoch, "stop_reason": stop,
+                "seconds": time.perf_counter() - start,
+                f"best_{cfg.stop_metric}": best if math.isfinite(best) else None,
+                "history": self.history}
+
+    def _train_epoch(self, on_eval):
+        """The updates of the current epoch (from where a resume left it); returns a stop
+        reason, or None at the epoch's end."""
+        cfg, task, stop = self.config, self.task, None
+        bar = progress_bar(total=task.batches_per_epoch(), quiet=cfg.quiet,
+                           desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
+                           initial=task.state_dict().get("batches_done", 0))
+        meter = _Throughput()
+        for group in _groups(task.batches(self.epoch), cfg.accum_steps):
+            loss = self.train_step(group)
+            stop = self.decide_stop(loss=loss)
+            if stop == "non_finite":
+                self._failure = self._non_finite_message(loss)
+                break
+            meter.add(loss, sum(task.tokens(b) for b in group),
+                      sum(task.padded_tokens(b) for b in group))
+            bar.update(len(group))
+            if self.step % cfg.log_every == 0:
+                self._log_train(meter, bar)
+            if cfg.save_every_steps and cfg.out_dir and self.step % cfg.save_every_steps == 0:
+                self._save_step_checkpoint()
+            if stop is None and cfg.eval_every_steps and task.has_validation \
+                    and self.step % cfg.eval_every_steps == 0:
+                stop = self.decide_stop(record=self.validate(on_eval=on_eval))
+                meter.since = time.perf_counter()    # throughput excludes validation
+            if stop:
+                break
+        bar.close()
+        return stop
+
+    def _finish(self, stop, on_eval):
+        """After the last update: the final weights get a score if they have none (and a
+        stop by epochs, max_steps or the time budget left them unvalidated), then ``last``."""
+        if (stop in ("max_steps", "time_budget", "epochs") and self.task.has_validation
+                and self._validated_at != self.step):
+            self.validate(scheduled=False, on_eval=on_eval)
+        if self.config.out_dir:
+            self.save(os.path.join(self.config.out_dir, "last"))
+
+    # -- the metrics log -------------------------------------------------------------------------
+    def _open_log(self):
+        cfg = self.config
         if cfg.out_dir:
             os.makedirs(cfg.out_dir, exist_ok=True)
             self.log = MetricsLog(os.path.join(cfg.out_dir, "metrics.jsonl"), append=self.step > 0)
             if self.step == 0:                   # says who started the run (npformer.cli.runs)
                 self.log.log("start", made_by=(self.extra or {}).get("made_by"))
-        model.train()
-        self._start = start = time.perf_counter()
-        stop_reason = "epochs"
-        validated_at = None                      # step of the latest validation
-        failure = None
-        try:
-            while self.epoch < cfg.epochs:
-                self.sampler.set_epoch(self.epoch)
-                n_batches = len(self.sampler)
-                bar = progress_bar(total=n_batches, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
-                                   quiet=cfg.quiet, initial=self.sampler.state_dict()["batches_done"])
-                run_loss, run_tokens, run_padded, n_last = 0.0, 0, 0, 0
-                t_last = time.perf_counter()
-                stop = None
-                batches = iterate_batches(self.train_ids, self.sampler, self.pad, self.bos, self.eos)
-                for group in self._accumulated(batches):
-                    loss = self.train_step(group)
-                    stop = self._stop_after_update(loss)
-                    if stop == "non_finite":
-                        failure = self._non_finite_message(loss)
-                        break
-                    run_loss += loss
-                    run_tokens += sum(b.n_tgt_tokens for b in group)
-                    run_padded += sum(b.src.size + b.tgt_out.size for b in group)
-                    n_last += 1
-                    bar.update(len(group))
-                    if self.step % cfg.log_every == 0:
-                        now = time.perf_counter()
-                        dt = max(now - t_last, 1e-9)
-                        values = dict(loss=run_loss / n_last, lr=self.optimizer.lr,
-                                      tokens_per_s=run_tokens / dt, padded_tokens_per_s=run_padded / dt,
-                                      seconds=self.elapsed())
-                        bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{run_tokens / dt:.0f}",
-                                        lr=f"{self.optimizer.lr:.2e}")
-                        if self.log:
-                            self.log.log("train", step=self.step, epoch=self.epoch, **values)
-                        run_loss, run_tokens, run_padded, n_last = 0.0, 0, 0, 0
-                        t_last = now
-                    if (stop is None and cfg.eval_every_steps and self.valid_pairs
-                            and self.step % cfg.eval_every_steps == 0):
-                        stop = self._validate_and_report(on_eval)
-                        validated_at = self.step
-                        t_last = time.perf_counter()      # throughput excludes validation
-                    if stop:
-                        break
-                bar.close()
-                if stop:
-                    stop_reason = stop
-                    break
-                self.epoch += 1
-                if (self.valid_pairs and not cfg.eval_every_steps
-                        and self.epoch % cfg.eval_every == 0):
-                    validated_at = self.step
-                    stop = self._validate_and_report(on_eval)
-                    if stop:
-                        stop_reason = stop
-                        break
-            if failure is None:
-                if (stop_reason in ("max_steps", "time_budget", "epochs") and self.valid_pairs
-                        and validated_at != self.step):
-                    record = self._validate(scheduled=False)   # the final weights get a score too
-                    if on_eval:
-                        on_eval(record)
-                if cfg.out_dir:
-                    self.save(os.path.join(cfg.out_dir, "last"))
-        except TrainingDiverged:                 # a save refused non-finite weights
-            stop_reason = "non_finite"
-            raise
-        finally:
-            if self.log:
-                self.log.log("end", step=self.step, epoch=self.epoch,
-                             seconds=time.perf_counter() - start, total_seconds=self.elapsed(),
-                             stop_reason=stop_reason)
-                self.log.close()
-                self.log = None
-        model.eval()
-        if failure is not None:
-            raise TrainingDiverged(failure)
-        best = self.best_value
-        return {"step": self.step, "epoch": self.epoch, "stop_reason": stop_reason,
-                "seconds": time.perf_counter() - start,
-                f"best_{cfg.stop_metric}": best if math.isfinite(best) else None,
-                "history": self.history}
+
+    def _log_train(self, meter, bar):
+        """A "train" record: the mean loss of the updates since the last one, the learning rate
+        and the throughput (``tokens_per_s``: the tokens the loss sees; ``padded_tokens_per_s``:
+        every cell of the batches' arrays)."""
+        values = dict(meter.values(), lr=self.optimizer.lr, seconds=self.elapsed())
+        bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{values['tokens_per_s']:.0f}",
+                        lr=f"{self.optimizer.lr:.2e}")
+        if self.log:
+            self.log.log("train", step=self.step, epoch=self.epoch, **values)
+        meter.restart()
+
+    def _close_log(self, stop, start):
+        if self.log:
+            self.log.log("end", step=self.step, epoch=self.epoch,
+                         seconds=time.perf_counter() - start, total_seconds=self.elapsed(),
+                         stop_reason=stop)
+            self.log.close()
+            self.log = None
+
+
+class _Throughput:
+    """Loss and tokens of the updates since the last "train" record."""
+
+    def __init__(self):
+        self.restart()
+
+    def restart(self):
+        self.loss, self.tokens, self.padded, self.updates = 0.0, 0, 0, 0
+        self.since = time.perf_counter()
+
+    def add(self, loss, tokens, padded):
+        self.loss += loss
+        self.tokens += tokens
+        self.padded += padded
+        self.updates += 1
+
+    def values(self):
+        dt = max(time.perf_counter() - self.since, 1e-9)
+        return dict(loss=self.loss / self.updates, tokens_per_s=self.tokens / dt,
+                    padded_tokens_per_s=self.padded / dt)
+
+
+def _groups(batches, size):
+    """The batch stream in lists of ``size`` (the last of an epoch may be shorter)."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def step_checkpoints(out_dir):

@@ -9,27 +9,41 @@ set around the call and put back afterwards, so the user's own Numba code keeps 
 setting. Every parallel kernel gives each thread disjoint outputs and reduces in an order fixed
 by the shape, so the count changes the speed, never the bits.
 
+Small work runs serially: starting a parallel region costs on the order of 100 microseconds,
+more than a kernel spends on fewer than ``SERIAL_BELOW`` elements on one core, so below that
+size (a decoding step's rows, a small model's) the same code compiled without ``parallel`` runs
+on the calling thread. The choice depends on the shape alone (never on the cores), so a given
+call takes the same twin in every run on every machine, and its bits are as reproducible as
+before. The twins run the same loop body over the same rows, but LLVM may vectorise a row's
+sums differently in each, so they agree to rounding, not always to the bit
+(tests/test_kernels_serial.py).
+
 ``FASTMATH`` lets LLVM reassociate sums and fuse multiply-adds (so reductions vectorise). It
 leaves out the "no NaN / no inf" assumptions: masked attention relies on exact zeros and the
 float64 kernels must agree with the reference to ~1e-12, which reassociation keeps.
 """
 import functools
+import types
 
 import numba
 
 from npformer import runtime
 
 FASTMATH = {"nsz", "contract", "reassoc"}
+SERIAL_BELOW = 1 << 15           # elements of the work argument below which a kernel runs serially
 
 
 class ParallelKernel:
-    """A parallel Numba kernel called from Python on the runtime's thread count."""
+    """A parallel Numba kernel called from Python on the runtime's thread count, or, for work
+    of fewer than ``SERIAL_BELOW`` elements (the size of argument ``work_arg``), its serial twin."""
 
-    def __init__(self, dispatcher):
-        self.dispatcher = dispatcher
+    def __init__(self, dispatcher, serial, work_arg):
+        self.dispatcher, self.serial, self.work_arg = dispatcher, serial, work_arg
         functools.update_wrapper(self, dispatcher.py_func)
 
     def __call__(self, *args):
+        if args[self.work_arg].size < SERIAL_BELOW:
+            return self.serial(*args)
         n = runtime.kernel_threads()
         before = numba.get_num_threads() if n is not None else n
         if before == n:
@@ -41,13 +55,25 @@ class ParallelKernel:
             numba.set_num_threads(before)
 
 
-def kernel(fn=None, *, parallel=False, fastmath=True):
+def _renamed(f, suffix):
+    """A copy of function ``f`` under another name, so that its cached machine code (files
+    named after the function) never meets the original's."""
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + suffix, f.__defaults__,
+                           f.__closure__)
+    g.__qualname__ = f.__qualname__ + suffix
+    g.__module__ = f.__module__
+    return g
+
+
+def kernel(fn=None, *, parallel=False, fastmath=True, work_arg=0):
     """``numba.njit`` with this package's defaults: cache=True, nogil, the FASTMATH subset; a
-    parallel kernel comes wrapped in :class:`ParallelKernel` (call it from Python only)."""
-    opts = dict(cache=True, nogil=True, parallel=parallel,
-                fastmath=FASTMATH if fastmath else False)
+    parallel kernel comes wrapped in :class:`ParallelKernel` (call it from Python only) with its
+    serial twin, chosen by the size of argument ``work_arg``."""
+    opts = dict(cache=True, nogil=True, fastmath=FASTMATH if fastmath else False)
 
     def build(f):
-        dispatcher = numba.njit(**opts)(f)
-        return ParallelKernel(dispatcher) if parallel else dispatcher
+        if not parallel:
+            return numba.njit(**opts)(f)
+        return ParallelKernel(numba.njit(parallel=True, **opts)(f),
+                              numba.njit(**opts)(_renamed(f, "_serial")), work_arg)
     return build if fn is None else build(fn)

@@ -58,7 +58,7 @@ _ruled = {}                      # key -> the rules' variant (what deterministic
 _checked = set()                 # (key, variant) pairs known to fit their product
 
 
-@kernel(parallel=True)
+@kernel(parallel=True, work_arg=2)
 def _gemm_rows(a, b, out):
     """out[g] = a[g] @ b[g]; a (G, M, K), b (G, K, N), out (G, M, N), all C-contiguous.
 
@@ -77,7 +77,7 @@ def _gemm_rows(a, b, out):
                 out[g, i, j] += aik * b[g, k, j]
 
 
-@kernel(parallel=True)
+@kernel(parallel=True, work_arg=2)
 def _gemm_rows_nt(a, bt, out):
     """out[g] = a[g] @ bt[g].T; a (G, M, K), bt (G, N, K), out (G, M, N), all C-contiguous.
 
@@ -92,6 +92,34 @@ def _gemm_rows_nt(a, bt, out):
             for k in range(kk):
                 acc += a[g, i, k] * bt[g, j, k]
             out[g, i, j] = acc
+
+
+@kernel
+def _gemm_cols_nt(a, bt, out):
+    """out = a @ bt.T; a (M, K), bt (N, K), out (M, N), all C-contiguous, for few rows M.
+
+    Serial: column by column, bt's row j is read once and serves four rows of a at a time (four
+    dot products over k in order, one load of each weight). A decoding step's product is bound
+    by reading the weights; a parallel region would cost more to start than it saves."""
+    m, kk = a.shape
+    n = bt.shape[0]
+    m4 = m - m % 4
+    for j in range(n):
+        for i in range(0, m4, 4):
+            z = a[i, 0] - a[i, 0]
+            acc0, acc1, acc2, acc3 = z, z, z, z
+            for k in range(kk):
+                w = bt[j, k]
+                acc0 += a[i, k] * w
+                acc1 += a[i + 1, k] * w
+                acc2 += a[i + 2, k] * w
+                acc3 += a[i + 3, k] * w
+            out[i, j], out[i + 1, j], out[i + 2, j], out[i + 3, j] = acc0, acc1, acc2, acc3
+        for i in range(m4, m):
+            acc = a[i, 0] - a[i, 0]
+            for k in range(kk):
+                acc += a[i, k] * bt[j, k]
+            out[i, j] = acc
 
 
 def _as_batched(x):
@@ -119,6 +147,32 @@ def _numba(a, b, out):
         return res
     out[...] = res
     return out
+
+
+THIN_ROWS = 16                   # "numba-thin": products of fewer rows (a decoding step's)
+
+
+def _thin_offered(a, b):
+    """Whether a @ b is a thin product of a linear layer: few rows of a (from 2: one row is
+    BLAS's matrix-vector product, faster still), b a weight's transposed view (``w.T``, w
+    C-contiguous), float operands."""
+    return (a.ndim == 2 and 2 <= a.shape[0] < THIN_ROWS and a.shape[1] >= 1
+            and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)
+            and _layout(b) == "T" and b.T.flags.c_contiguous)
+
+
+def _numba_thin(a, b, out):
+    """:func:`_gemm_cols_nt` on a thin product (see :func:`_thin_offered`)."""
+    if not _thin_offered(a, b):
+        return _blas(a, b, out)
+    a = np.ascontiguousarray(a)
+    target = out if out is not None and out.flags.c_contiguous else \
+        empty_aligned((a.shape[0], b.shape[1]), a.dtype)
+    _gemm_cols_nt(a, b.T, target)
+    if out is not None and target is not out:
+        out[...] = target
+        return out
+    return target
 
 
 def _blocked_offered(a, b):
@@ -179,7 +233,7 @@ def _numba_blocked_parts(a, b, out):
 
 
 VARIANTS = {"blas": _blas, "blas-contiguous": _blas_contiguous, "numba": _numba,
-            "numba-blocked": _numba_blocked}
+            "numba-blocked": _numba_blocked, "numba-thin": _numba_thin}
 THREAD_SAFE = ("blas", "blas-contiguous", "numba-blocked")   # may run on several threads at once
 runtime.register_variants(VARIANTS)
 
@@ -230,6 +284,8 @@ def _offered(a, b, candidates):
             names.insert(1, "blas-contiguous")
         if _blocked_offered(a, b):
             names.append("numba-blocked")
+    if _thin_offered(a, b):
+        names.append("numba-thin")
     if candidates is not None:
         names = [n for n in names if n in candidates] or ["blas"]
     return names
@@ -245,7 +301,11 @@ def rule(names, features, large=False, b_layout="C", batched=False, n_cols=0):
     than ``MEASURE_LIMIT`` multiply-adds per matrix), the layout of b, whether it is a batch of
     matrices and its number of columns N. No clock is read.
 
-    First, for a batch of small products whose b is a transposed view with N >= 64 (attention's
+    A thin product of a linear layer (fewer than ``THIN_ROWS`` rows, b = w.T, as in a decoding
+    step): "numba-thin", on any machine; such a product is bound by reading w, which BLAS packs
+    first and the kernel reads once.
+
+    Then, for a batch of small products whose b is a transposed view with N >= 64 (attention's
     ``q k^T`` at 64 keys and more): BLAS on a contiguous copy of b, wherever BLAS is chosen
     below (NumPy hands such views to BLAS matrix by matrix, transposed, the slow way round).
 
@@ -258,6 +318,8 @@ def rule(names, features, large=False, b_layout="C", batched=False, n_cols=0):
       product is too small to split).
     - Anything else (AVX2 CPUs, where the kernel's 16-lane vectors take two registers each, or a
       BLAS that threadpoolctl cannot name): BLAS."""
+    if "numba-thin" in names:
+        return "numba-thin"
     blas = ("blas-contiguous" if batched and b_layout == "T" and n_cols >= 64
             and "blas-contiguous" in names else "blas")
     if "numba-blocked" not in names or not features.get("avx512f"):

@@ -130,8 +130,9 @@ def test_every_candidate_on_shapes_the_blocked_kernel_takes(dispatcher_prefers, 
     out = {"none": np.empty((b.shape[1], 67)).T, "a": a, "b": b}[alias]
     assert M.matmul(a, b, out=out) is out
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-12)
-    if alias == "none":
-        assert list(runtime.choices().values()) == [name]
+    if alias == "none":          # a variant the shape does not take ("numba-thin": 67 rows) -> BLAS
+        taken = name if name in M._offered(a, b, None) else "blas"
+        assert list(runtime.choices().values()) == [taken]
 
 
 def test_dispatcher_offers_the_blocked_kernel_where_it_applies(nondeterministic):

@@ -249,3 +249,23 @@ def test_a_read_only_out_is_refused():
     out = np.broadcast_to(np.zeros(40), (3, 40))
     with pytest.raises(ValueError, match="out: expected a writeable"):
         M.matmul(np.ones((3, 5)), np.ones((5, 40)), out=out)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m", [2, 5, 15])
+def test_thin_products_of_a_linear_layer_run_the_thin_kernel(m, dtype):
+    """A decoding step's x @ w.T (few rows): "numba-thin" by rule, equal to NumPy's product,
+    into a fresh or a strided out."""
+    rng = np.random.default_rng(m)
+    x, w = rng.standard_normal((m, 40)).astype(dtype), rng.standard_normal((70, 40)).astype(dtype)
+    names = M._offered(x, w.T, None)
+    assert "numba-thin" in names and M.rule(names, {"avx512f": True, "blas_arch": "Zen"}) == "numba-thin"
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    np.testing.assert_allclose(M.VARIANTS["numba-thin"](x, w.T, None), ref, rtol=0,
+                               atol=TOL[dtype] * 40 * 4)
+    out = np.zeros((m, 140), dtype)[:, ::2]
+    M.VARIANTS["numba-thin"](x, w.T, out)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=TOL[dtype] * 40 * 4)
+    assert "numba-thin" not in M._offered(np.zeros((M.THIN_ROWS, 40), dtype), w.T, None)
+    assert "numba-thin" not in M._offered(np.zeros((1, 40), dtype), w.T, None)     # BLAS's gemv
+    assert "numba-thin" not in M._offered(x, np.ascontiguousarray(w.T), None)      # not w.T

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import npformer as nf
+from npformer import functional as F
 from npformer.data.vocab import Vocab, Vocabularies
-from npformer.decoding.cache import IncrementalDecoder
-from npformer.decoding.search import (beam_search, greedy_decode, greedy_decode_uncached,
-                                      length_penalty_gnmt, sample_decode)
+from npformer.decoding.search import (Hypothesis, beam_search, greedy_search,
+                                      length_penalty_gnmt, sample_search)
 from npformer.decoding.translator import Translator, format_trace
 
 V_SRC, V_TGT = 13, 11
@@ -29,6 +29,47 @@ def random_src(rng, b, s):
     for row, n in zip(src, lengths):
         row[n:] = 0                                   # right padding
     return src
+
+
+def decoder_state(model, src, beams=1, max_new_tokens=None):
+    return model.decoder_state(src, bos_id=1, eos_id=2, beams=beams, capacity=max_new_tokens)
+
+
+def greedy_decode(model, src, max_new_tokens=None):
+    return greedy_search(decoder_state(model, src, 1, max_new_tokens))
+
+
+def beam_decode(model, src, beam_size, length_penalty=0.6, max_new_tokens=None):
+    return beam_search(decoder_state(model, src, beam_size, max_new_tokens), beam_size,
+                       length_penalty)
+
+
+def sample_decode(model, src, temperature=1.0, top_k=None, rng=None, max_new_tokens=None):
+    return sample_search(decoder_state(model, src, 1, max_new_tokens), temperature, top_k, rng)
+
+
+def greedy_decode_uncached(model, src, max_new_tokens, bos_id=1, eos_id=2):
+    """The reference: re-run ``model.decode`` on the whole growing prefix at every step
+    (quadratic); the cached search must give the same tokens."""
+    memory, src_mask = model.encode(src)
+    ys = np.full((src.shape[0], 1), bos_id, dtype=np.int64)       # (B, t)
+    probs = []
+    for _ in range(max_new_tokens):
+        logits = model.decode(ys, memory, src_mask)[:, -1].astype(np.float64)   # (B, V)
+        logits[:, [model.pad_id, bos_id]] = -np.inf
+        logp = F.log_softmax(logits)
+        nxt = logp.argmax(axis=-1)
+        probs.append(np.exp(logp[np.arange(len(nxt)), nxt]))
+        ys = np.concatenate([ys, nxt[:, None]], axis=1)           # (B, t+1)
+        if (ys[:, 1:] == eos_id).any(axis=1).all():
+            break
+    hyps = []
+    for r in range(src.shape[0]):
+        seq = ys[r, 1:].tolist()
+        n = seq.index(eos_id) + 1 if eos_id in seq else len(seq)
+        hyps.append(Hypothesis(ids=seq[:n - 1] if eos_id in seq else seq,
+                               probs=[float(p[r]) for p in probs[:n]], finished=eos_id in seq))
+    return hyps
 
 
 @settings(max_examples=12, deadline=None)
@@ -52,12 +93,15 @@ def test_incremental_step_logits_match_full_decode():
     src = random_src(rng, 3, 5)
     tgt_in = np.concatenate([np.ones((3, 1), int), rng.integers(3, V_TGT, size=(3, 6))], axis=1)
     memory, src_mask = model.encode(src)
-    full = model.decode(tgt_in, memory, src_mask)                  # (B, T, V)
-    state = IncrementalDecoder(model).start(src)
+    full = model.decode(tgt_in, memory, src_mask).astype(np.float64)   # (B, T, V)
+    full[..., [0, 1]] = -np.inf                                    # <pad>, <bos>: never next
+    full = F.log_softmax(full)
+    state = decoder_state(model, src)
     steps = np.stack([state.step(tgt_in[:, t]) for t in range(tgt_in.shape[1])], axis=1)
     np.testing.assert_allclose(steps, full, rtol=1e-10, atol=1e-10)
-    assert state.self_k[0].shape == (3, 4, 7, 4)                   # (B, H, t, d): one per step
-    assert state.cross_k[0].shape == (3, 4, 5, 4)                  # computed once
+    assert state.self_caches[0].length == 7                        # one position per step
+    assert state.self_caches[0].k.shape == (3, 4, state.capacity, 4)   # preallocated
+    assert state.memory_caches[0].keys().shape == (3, 4, 5, 4)     # computed once
 
 
 def test_decoding_leaves_training_mode_and_dropout_rng_alone():
@@ -73,9 +117,9 @@ def test_beam_size_one_equals_greedy_and_beam_is_at_least_as_likely():
     model.generator.bias.data[2] += 1.5
     src = random_src(np.random.default_rng(3), 4, 5)
     greedy = greedy_decode(model, src, max_new_tokens=10)
-    beam1 = beam_search(model, src, beam_size=1, length_penalty=0.0, max_new_tokens=10)
+    beam1 = beam_decode(model, src, beam_size=1, length_penalty=0.0, max_new_tokens=10)
     assert [h.ids for h in beam1] == [h.ids for h in greedy]
-    beam4 = beam_search(model, src, beam_size=4, length_penalty=0.0, max_new_tokens=10)
+    beam4 = beam_decode(model, src, beam_size=4, length_penalty=0.0, max_new_tokens=10)
     for g, b in zip(greedy, beam4):
         if g.finished:                              # alpha 0: score is the plain log-probability
             assert b.score >= g.score - 1e-9
@@ -159,7 +203,11 @@ def test_beam_wider_than_the_vocabulary_is_refused():
     model = make_model()
     src = random_src(np.random.default_rng(0), 1, 3)
     vocab = model.config.tgt_vocab_size
-    beam_search(model, src, beam_size=vocab, max_new_tokens=2)          # as wide as allowed
-    with pytest.raises(ValueError, match=f"beam_size: expected at most the target vocabulary "
+    beam_decode(model, src, beam_size=vocab, max_new_tokens=2)          # as wide as allowed
+    with pytest.raises(ValueError, match=f"beams: expected at most the target vocabulary "
                                          f"size {vocab}, got {10**9}"):
-        beam_search(model, src, beam_size=10**9)
+        beam_decode(model, src, beam_size=10**9)
+    translator = toy_translator()
+    with pytest.raises(ValueError, match=f"beam_size: expected at most the target vocabulary "
+                                         f"size {V_TGT}, got {10**9}"):
+        translator.translate(["s1"], method="beam", beam_size=10**9)

@@ -1,10 +1,9 @@
-"""Decoding: key/value-cached greedy, temperature/top-k sampling, beam search; a Translator that
-turns sentences into sentences."""
-from .cache import DecoderState, IncrementalDecoder
-from .search import (LENGTH_PENALTY, Hypothesis, beam_search, greedy_decode, greedy_decode_uncached,
-                     sample_decode)
+"""Decoding: greedy, temperature/top-k sampling and beam search over a decoder state (the
+model's own layers, stepping with key/value caches); a Translator that turns sentences into
+sentences."""
+from .search import (LENGTH_PENALTY, Hypothesis, beam_search, check_beam_size, greedy_search,
+                     sample_search)
 from .translator import Translation, Translator, format_trace
 
-__all__ = ["DecoderState", "Hypothesis", "IncrementalDecoder", "LENGTH_PENALTY", "Translation",
-           "Translator", "beam_search", "format_trace", "greedy_decode", "greedy_decode_uncached",
-           "sample_decode"]
+__all__ = ["Hypothesis", "LENGTH_PENALTY", "Translation", "Translator", "beam_search",
+           "check_beam_size", "format_trace", "greedy_search", "sample_search"]

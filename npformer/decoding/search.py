@@ -1,22 +1,23 @@
-"""Search strategies over a Transformer's next-token distribution: greedy, sampling, beam.
+"""Search strategies over a decoder state: greedy, sampling, beam.
 
-Each takes a padded source batch ``src`` (B, S) and returns one ``Hypothesis`` per sentence:
-the generated ids (without ``<bos>``/``<eos>``), the probability of every chosen token
+A decoder state (``Transformer.decoder_state(src, bos_id, eos_id, beams)``, or a language
+model's state prefilled with a prompt) offers ``first_tokens()``, ``step(tokens) -> (R, V)
+log-probabilities``, ``reorder(rows)``, ``batch_size`` (R rows), ``capacity`` (positions it
+can hold), ``beams`` (rows per source) and ``eos_id`` (None: never stops by itself). The searches
+read nothing else: no layer, no vocabulary, no source. Each returns one ``Hypothesis`` per
+source: the generated ids (without ``<bos>``/``<eos>``), the probability of every chosen token
 (``<eos>`` included, when it was produced) and the total log-probability.
 
-    hyps = greedy_decode(model, src)                  # KV-cached, batched
-    hyps = beam_search(model, src, beam_size=4, length_penalty=0.6)
-    hyps = sample_decode(model, src, temperature=0.8, top_k=5, rng=np.random.default_rng(0))
+    hyps = greedy_search(model.decoder_state(src, bos_id=1, eos_id=2))
+    hyps = beam_search(model.decoder_state(src, 1, 2, beams=4), beam_size=4, length_penalty=0.6)
+    hyps = sample_search(model.decoder_state(src, 1, 2), temperature=0.8, top_k=5, rng=rng)
 """
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import functional as F
-from ..validation import check_int, check_real, check_token_ids
-from .cache import IncrementalDecoder
+from ..validation import check_int, check_real
 
-BOS_ID, EOS_ID = 1, 2
 LENGTH_PENALTY = 0.6        # beam search's default alpha (GNMT's value), also the CLI's default
 
 
@@ -28,30 +29,17 @@ class Hypothesis:
     finished: bool = True                       # False if max_new_tokens ran out before <eos>
 
 
-def _check_src(model, src):
-    return check_token_ids("src", src, model.config.src_vocab_size, model.max_len)
-
-
-def default_max_new_tokens(model, src):
-    """Room for 2 * S + 10 tokens, capped by the model's positional table."""
-    return int(min(model.max_len, 2 * src.shape[1] + 10))
-
-
-def _check_max_new(model, src, max_new_tokens):
+def _check_max_new(state, max_new_tokens):
+    """How many tokens a search may add: ``max_new_tokens``, at most the state's room."""
+    room = state.capacity - state.length
     if max_new_tokens is None:
-        return default_max_new_tokens(model, src)
-    if not isinstance(max_new_tokens, (int, np.integer)) or not 1 <= max_new_tokens <= model.max_len:
-        raise ValueError(f"max_new_tokens: expected an integer in [1, max_len={model.max_len}], "
-                         f"got {max_new_tokens!r}")
-    return int(max_new_tokens)
-
-
-def _log_softmax(logits, banned):
-    """(B, V) -> (B, V) float64 log-probabilities; ``banned`` ids (<pad>, <bos>) get -inf:
-    they are never a valid next token (and a generated <pad> would be masked out as a key)."""
-    logits = logits.astype(np.float64)                 # a copy, even if already float64
-    logits[:, banned] = -np.inf
-    return F.log_softmax(logits)
+        return room
+    max_new = check_int("max_new_tokens", max_new_tokens)
+    if max_new > room:
+        raise ValueError(f"max_new_tokens: expected at most {room} (the state's capacity "
+                         f"{state.capacity} less the {state.length} positions it holds), got "
+                         f"{max_new}")
+    return max_new
 
 
 def _finish(out_ids, out_probs, done):
@@ -62,19 +50,20 @@ def _finish(out_ids, out_probs, done):
     return hyps
 
 
-def _generate(model, src, choose, max_new_tokens, bos_id, eos_id):
-    """Shared loop of greedy and sampling: ``choose(logp (B, V)) -> ids (B,)``."""
-    src = _check_src(model, src)
-    max_new = _check_max_new(model, src, max_new_tokens)
-    b = src.shape[0]
-    state = IncrementalDecoder(model).start(src)
-    prev = np.full(b, bos_id, dtype=np.int64)
+def _generate(state, choose, max_new_tokens):
+    """Shared loop of greedy and sampling: ``choose(logp (R, V)) -> ids (R,)``."""
+    if state.beams != 1:
+        raise ValueError(f"state: expected one row per source for greedy or sampling, got "
+                         f"beams={state.beams}")
+    max_new = _check_max_new(state, max_new_tokens)
+    b, eos_id = state.batch_size, state.eos_id
+    prev = state.first_tokens()
     done = np.zeros(b, dtype=bool)
     out_ids = [[] for _ in range(b)]
     out_probs = [[] for _ in range(b)]
-    rows = np.arange(b)                           # sentences still running, in state order
+    rows = np.arange(b)                           # sources still running, in state order
     for _ in range(max_new):
-        logp = _log_softmax(state.step(prev), [model.pad_id, bos_id])    # (B_running, V)
+        logp = state.step(prev)                   # (R_running, V)
         nxt = choose(logp)
         p = np.exp(logp[np.arange(len(nxt)), nxt])
         for r, tok, prob in zip(rows, nxt, p):
@@ -86,53 +75,19 @@ def _generate(model, src, choose, max_new_tokens, bos_id, eos_id):
         keep = ~done[rows]
         if not keep.any():
             break
-        if not keep.all():                        # drop finished sentences from the batch
+        if not keep.all():                        # drop finished sources from the batch
             state.reorder(np.flatnonzero(keep))
             rows, nxt = rows[keep], nxt[keep]
         prev = nxt
     return _finish(out_ids, out_probs, done)
 
 
-def greedy_decode(model, src, max_new_tokens=None, bos_id=BOS_ID, eos_id=EOS_ID):
-    """Most probable token at every step, with the key/value cache. src (B, S) -> B hypotheses."""
-    return _generate(model, src, lambda logp: logp.argmax(axis=-1), max_new_tokens, bos_id, eos_id)
+def greedy_search(state, max_new_tokens=None):
+    """The most probable token at every step. Returns one hypothesis per row of ``state``."""
+    return _generate(state, lambda logp: logp.argmax(axis=-1), max_new_tokens)
 
 
-def greedy_decode_uncached(model, src, max_new_tokens=None, bos_id=BOS_ID, eos_id=EOS_ID):
-    """Reference greedy: re-run ``model.decode`` on the whole growing prefix at every step.
-
-    Slow (quadratic), for tests and teaching: ``greedy_decode`` must give the same tokens.
-    """
-    src = _check_src(model, src)
-    max_new = _check_max_new(model, src, max_new_tokens)
-    was_training = model.training
-    model.eval()
-    try:
-        memory, src_mask = model.encode(src)
-        ys = np.full((src.shape[0], 1), bos_id, dtype=np.int64)       # (B, t)
-        probs = []
-        for _ in range(max_new):
-            logp = _log_softmax(model.decode(ys, memory, src_mask)[:, -1],
-                                [model.pad_id, bos_id])   # (B, V)
-            nxt = logp.argmax(axis=-1)
-            probs.append(np.exp(logp[np.arange(len(nxt)), nxt]))
-            ys = np.concatenate([ys, nxt[:, None]], axis=1)           # (B, t+1)
-            if (ys[:, 1:] == eos_id).any(axis=1).all():
-                break
-    finally:
-        model.train(was_training)
-    out_ids, out_probs, done = [], [], []
-    for r in range(src.shape[0]):
-        seq = ys[r, 1:].tolist()
-        n = seq.index(eos_id) + 1 if eos_id in seq else len(seq)
-        out_ids.append(seq[:n] if eos_id not in seq else seq[:n - 1])
-        out_probs.append([float(p[r]) for p in probs[:n]])
-        done.append(eos_id in seq)
-    return _finish(out_ids, out_probs, done)
-
-
-def sample_decode(model, src, temperature=1.0, top_k=None, rng=None, max_new_tokens=None,
-                  bos_id=BOS_ID, eos_id=EOS_ID):
+def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=None):
     """Draw each token from softmax(logits / temperature), optionally among the ``top_k`` best.
 
     ``probs`` of the hypotheses are those of the model (temperature 1), not of the sampler.
@@ -154,7 +109,7 @@ def sample_decode(model, src, temperature=1.0, top_k=None, rng=None, max_new_tok
         u = rng.random((p.shape[0], 1))
         return np.minimum((np.cumsum(p, axis=1) < u).sum(axis=1), p.shape[1] - 1)
 
-    return _generate(model, src, choose, max_new_tokens, bos_id, eos_id)
+    return _generate(state, choose, max_new_tokens)
 
 
 def length_penalty_gnmt(length, alpha):
@@ -172,38 +127,49 @@ def _top_candidates(cand, n):
     return np.take_along_axis(part, order, axis=1)
 
 
-def beam_search(model, src, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_tokens=None,
-                bos_id=BOS_ID, eos_id=EOS_ID):
-    """Keep the ``beam_size`` best prefixes per sentence; return the best finished one.
+def check_beam_size(beam_size, vocab_size):
+    """``beam_size`` as an int in [1, vocab_size]: more beams than tokens buys nothing."""
+    beam_size = check_int("beam_size", beam_size)
+    if beam_size > vocab_size:
+        raise ValueError(f"beam_size: expected at most the target vocabulary size {vocab_size}, "
+                         f"got {beam_size}")
+    return beam_size
 
-    Finished hypotheses are ranked by log-probability / ``length_penalty_gnmt(len, alpha)``
-    (length counts the ``<eos>``). The prefixes of all running sentences go as one batch of
-    (running sentences * beam_size) rows through the cache; a sentence leaves the batch as soon
-    as no open prefix can beat its best finished hypothesis.
+
+def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_tokens=None):
+    """Keep the ``beam_size`` best prefixes per source; return the best finished one.
+
+    ``state`` holds ``beam_size`` rows per source (``beams=beam_size``). Finished hypotheses
+    are ranked by log-probability / ``length_penalty_gnmt(len, alpha)`` (length counts the
+    ``<eos>``). The prefixes of all running sources go as one batch of (running sources *
+    beam_size) rows through the state; a source leaves the batch as soon as no open prefix can
+    beat its best finished hypothesis.
     """
     beam_size = check_int("beam_size", beam_size)
-    vocab = model.config.tgt_vocab_size
-    if beam_size > vocab:                        # more beams than tokens buys nothing, costs memory
-        raise ValueError(f"beam_size: expected at most the target vocabulary size {vocab}, "
-                         f"got {beam_size}")
+    if state.beams != beam_size:
+        raise ValueError(f"beam_size: expected the state's {state.beams} rows per source "
+                         f"(build it with beams={beam_size}), got {beam_size}")
+    if state.eos_id is None:
+        raise ValueError("state: beam search needs an end-of-sequence id (eos_id is None)")
     length_penalty = check_real("length_penalty", length_penalty, minimum=0)
-    src = _check_src(model, src)
-    max_new = _check_max_new(model, src, max_new_tokens)
-    b, k = src.shape[0], int(beam_size)
-    state = IncrementalDecoder(model).start(np.repeat(src, k, axis=0))   # rows (B*K,)
-    active = np.arange(b)                        # sentences still searching, k rows each
-    # only the first beam of each sentence is live at the start (the others are copies)
+    max_new = _check_max_new(state, max_new_tokens)
+    k, eos_id = beam_size, state.eos_id
+    b = state.batch_size // k
+    active = np.arange(b)                        # sources still searching, k rows each
+    # only the first beam of each source is live at the start (the others are copies)
     scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], b)             # (A*K,)
     seqs = [[] for _ in range(b * k)]
     probs = [[] for _ in range(b * k)]
-    prev = np.full(b * k, bos_id, dtype=np.int64)
+    prev = state.first_tokens()
     finished = [[] for _ in range(b)]                                    # (norm score, ids, probs)
     bound_norm = length_penalty_gnmt(max_new, length_penalty)
 
     for t in range(max_new):
         a = len(active)
-        logp = _log_softmax(state.step(prev), [model.pad_id, bos_id])       # (A*K, V)
+        logp = state.step(prev)                                          # (A*K, V)
         v = logp.shape[1]
+        if t == 0:
+            check_beam_size(k, v)
         cand = (scores[:, None] + logp).reshape(a, k * v)                # (A, K*V)
         top = _top_candidates(cand, 2 * k)                               # (A, 2K) best first
         new_rows, new_tok, new_scores = [], [], []

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.vocab import Vocabularies
-from .search import LENGTH_PENALTY, beam_search, greedy_decode, sample_decode
+from ..validation import check_int
+from .search import LENGTH_PENALTY, beam_search, check_beam_size, greedy_search, sample_search
 
 METHODS = ("greedy", "beam", "sample")
 
@@ -86,6 +87,12 @@ class Translator:
         todo.sort(key=lambda i: len(encoded[i][0]))                     # similar lengths together
         if method == "sample" and rng is None:
             rng = np.random.default_rng()
+        beams = check_beam_size(beam_size, len(self.vocabs.tgt)) if method == "beam" else 1
+        if max_new_tokens is not None:
+            max_new_tokens = check_int("max_new_tokens", max_new_tokens)
+            if max_new_tokens > self.model.max_len:
+                raise ValueError(f"max_new_tokens: expected at most the model's "
+                                 f"max_len={self.model.max_len}, got {max_new_tokens}")
         pad = self.vocabs.src.pad_id
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
@@ -93,12 +100,15 @@ class Translator:
             src = np.full((len(chunk), width), pad, dtype=np.int64)    # (B, S)
             for row, i in enumerate(chunk):
                 src[row, :len(encoded[i][0])] = encoded[i][0]
+            tgt = self.vocabs.tgt
+            state = self.model.decoder_state(src, tgt.bos_id, tgt.eos_id, beams=beams,
+                                             capacity=max_new_tokens)
             if method == "greedy":
-                hyps = greedy_decode(self.model, src, max_new_tokens)
+                hyps = greedy_search(state)
             elif method == "beam":
-                hyps = beam_search(self.model, src, beam_size, length_penalty, max_new_tokens)
+                hyps = beam_search(state, beam_size, length_penalty)
             else:
-                hyps = sample_decode(self.model, src, temperature, top_k, rng, max_new_tokens)
+                hyps = sample_search(state, temperature, top_k, rng)
             for i, hyp in zip(chunk, hyps):
                 r = results[i]
                 r.tokens = [self.vocabs.tgt.id_to_token(t) for t in hyp.ids]   # as chosen

@@ -11,6 +11,43 @@ from .linear import Linear
 from .module import Module, Parameter
 
 
+class KVCache:
+    """Keys and values of attention, preallocated: ``k`` (B, H, T_max, d_k), ``v`` (B, H, T_max,
+    d_v), filled up to ``length``. Incremental decoding appends one position per step (no
+    copying of what is already there); beam search gathers rows in place (``reorder``).
+
+    A cache of the encoder memory (cross-attention) is filled once and never grows.
+    """
+
+    def __init__(self, batch_size, n_heads, capacity, d_k, d_v, dtype, memory=False):
+        self.k = np.empty((batch_size, n_heads, capacity, d_k), dtype=dtype)
+        self.v = np.empty((batch_size, n_heads, capacity, d_v), dtype=dtype)
+        self.batch_size, self.capacity, self.length = batch_size, capacity, 0
+        self.memory = memory             # the encoder memory's (cross-attention): filled once
+
+    def append(self, k, v):
+        """Add positions: k (B, H, t, d_k), v (B, H, t, d_v)."""
+        end = self.length + k.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"KVCache: {end} positions exceed its capacity of {self.capacity}")
+        self.k[:self.batch_size, :, self.length:end] = k
+        self.v[:self.batch_size, :, self.length:end] = v
+        self.length = end
+
+    def keys(self):
+        return self.k[:self.batch_size, :, :self.length]          # (B, H, length, d_k), a view
+
+    def values(self):
+        return self.v[:self.batch_size, :, :self.length]
+
+    def reorder(self, index):
+        """Keep rows ``index`` (B',), in that order (a row may be repeated), gathered in place."""
+        n, t = len(index), self.length
+        self.k[:n, :, :t] = self.k[index, :, :t]
+        self.v[:n, :, :t] = self.v[index, :, :t]
+        self.batch_size = n
+
+
 class MultiHeadAttention(Module):
     """Self-attention (``memory is None``) or cross-attention (queries from ``x``, keys and
     values from ``memory``).
@@ -39,25 +76,83 @@ class MultiHeadAttention(Module):
         self._ops = None                  # the backend that ran forward: only its backward fits the cache
         self.attn_weights = None          # (B, H, T, S) after each forward, for inspection/plots
 
-    def forward(self, x, memory=None, mask=None):
+    # -- the pieces forward and step share ------------------------------------------------------
+    def _project_self(self, x):
+        """x (B, T, D) -> q (B, H, T, dk), k (B, H, T, dk), v (B, H, T, dv): one product."""
         qk, h = self.qk_dim, self.n_heads
-        w, b = self.in_proj_weight.data, self.in_proj_bias.data
-        self._ops = f = ops()                 # NumPy reference or Numba kernels (npformer.backend)
+        qkv, cache = self._ops.linear_forward(x, self.in_proj_weight.data, self.in_proj_bias.data)
+        return (F.split_heads(qkv[..., :qk], h), F.split_heads(qkv[..., qk:2 * qk], h),
+                F.split_heads(qkv[..., 2 * qk:], h), cache)                    # (B, T, 2*qk + D)
+
+    def _project_query(self, x):
+        """x (B, T, D) -> q (B, H, T, dk), the query third of the projection."""
+        qk = self.qk_dim
+        q, cache = self._ops.linear_forward(x, self.in_proj_weight.data[:qk],
+                                            self.in_proj_bias.data[:qk])       # (B, T, qk)
+        return F.split_heads(q, self.n_heads), cache
+
+    def _project_memory(self, memory):
+        """memory (B, S, D) -> k (B, H, S, dk), v (B, H, S, dv), the key and value thirds."""
+        qk, h = self.qk_dim, self.n_heads
+        kv, cache = self._ops.linear_forward(memory, self.in_proj_weight.data[qk:],
+                                             self.in_proj_bias.data[qk:])      # (B, S, qk + D)
+        return F.split_heads(kv[..., :qk], h), F.split_heads(kv[..., qk:], h), cache
+
+    def _attend(self, q, k, v, mask):
+        """Heads-split q, k, v -> out (B, T, D) through the output projection."""
+        ctx, attn_cache = self._ops.attention_forward(q, k, v, mask, self.dropout, self.rng,
+                                                      self.training)          # (B, H, T, dv)
+        return self.out_proj.forward(F.merge_heads(ctx)), attn_cache
+
+    # -- training: all positions at once ---------------------------------------------------------
+    def forward(self, x, memory=None, mask=None):
+        self._ops = ops()                 # NumPy reference or Numba kernels (npformer.backend)
         if memory is None:                                        # self-attention
-            qkv, proj_cache = f.linear_forward(x, w, b)               # (B, T, 2*qk + D)
-            q, k, v = qkv[..., :qk], qkv[..., qk:2 * qk], qkv[..., 2 * qk:]
+            q, k, v, proj_cache = self._project_self(x)
         else:                                                     # cross-attention
-            q, q_cache = f.linear_forward(x, w[:qk], b[:qk])          # (B, T, qk)
-            kv, kv_cache = f.linear_forward(memory, w[qk:], b[qk:])       # (B, S, qk + D)
-            k, v = kv[..., :qk], kv[..., qk:]
+            q, q_cache = self._project_query(x)
+            k, v, kv_cache = self._project_memory(memory)
             proj_cache = (q_cache, kv_cache)
-        ctx, attn_cache = f.attention_forward(
-            F.split_heads(q, h), F.split_heads(k, h), F.split_heads(v, h),   # (B, H, T|S, d)
-            mask, self.dropout, self.rng, self.training)
+        out, attn_cache = self._attend(q, k, v, mask)
         self.attn_weights = attn_cache[3]
-        out = self.out_proj.forward(F.merge_heads(ctx))           # (B, T, D)
         self._cache = (memory is None, proj_cache, attn_cache)
         return out
+
+    # -- decoding: one new position at a time ----------------------------------------------------
+    def new_cache(self, batch_size, capacity, dtype):
+        """An empty self-attention cache for ``batch_size`` rows of up to ``capacity`` positions."""
+        d_k, d_v = self.qk_dim // self.n_heads, self.d_model // self.n_heads
+        return KVCache(batch_size, self.n_heads, capacity, d_k, d_v, dtype)
+
+    def memory_cache(self, memory):
+        """The cross-attention keys and values of ``memory`` (B, S, D), computed once."""
+        self._ops = ops()
+        k, v, _ = self._project_memory(memory)
+        cache = KVCache(memory.shape[0], self.n_heads, memory.shape[1], k.shape[-1], v.shape[-1],
+                        memory.dtype, memory=True)
+        cache.append(k, v)
+        return cache
+
+    def step(self, x, cache, mask=None, group=1):
+        """The newest position x (R, 1, D) -> (R, 1, D).
+
+        Self-attention (``cache`` from ``new_cache``): its key and value are appended to the
+        cache and the query attends to every cached position (all earlier ones: no mask).
+        Cross-attention (``cache`` from ``memory_cache``, one row per source): rows come in
+        ``group``s of one source each (the beams of a sentence); each group's queries attend to
+        its source's keys as ``group`` query positions, so the keys are never repeated.
+        """
+        self._ops = ops()
+        if not cache.memory:                                      # self-attention
+            q, k, v, _ = self._project_self(x)                    # (R, H, 1, d)
+            cache.append(k, v)
+            return self._attend(q, cache.keys(), cache.values(), mask)[0]
+        q, _ = self._project_query(x)                             # (R, H, 1, dk)
+        n, h = cache.batch_size, self.n_heads
+        if group > 1:                                             # (n, H, group, dk)
+            q = np.ascontiguousarray(q.reshape(n, group, h, -1).transpose(0, 2, 1, 3))
+        out, _ = self._attend(q, cache.keys(), cache.values(), mask)   # (n, group, D)
+        return out.reshape(n * group, 1, self.d_model)
 
     def backward(self, dout):
         """Returns dx, or (dx, dmemory) for cross-attention.

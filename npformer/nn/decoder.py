@@ -33,12 +33,23 @@ class DecoderLayer(Module):
         self.dropout3 = Dropout(dropout, rng=rng)
         self._dmemory = None
 
-    def forward(self, x, memory, self_mask=None, cross_mask=None):
-        x = residual_forward(x, lambda h: self.self_attn.forward(h, mask=self_mask),
-                             self.norm1, self.dropout1, self.norm_first)
-        x = residual_forward(x, lambda h: self.multihead_attn.forward(h, memory, cross_mask),
-                             self.norm2, self.dropout2, self.norm_first)
+    def _sublayers(self, x, self_attention, cross_attention):
+        """The residual order, the same for forward and step."""
+        x = residual_forward(x, self_attention, self.norm1, self.dropout1, self.norm_first)
+        x = residual_forward(x, cross_attention, self.norm2, self.dropout2, self.norm_first)
         return residual_forward(x, self.ffn.forward, self.norm3, self.dropout3, self.norm_first)
+
+    def forward(self, x, memory, self_mask=None, cross_mask=None):
+        return self._sublayers(x, lambda h: self.self_attn.forward(h, mask=self_mask),
+                               lambda h: self.multihead_attn.forward(h, memory, cross_mask))
+
+    def step(self, x, self_cache, memory_cache, cross_mask=None, group=1):
+        """The newest position x (R, 1, D) -> (R, 1, D) in eval mode: its self-attention key and
+        value join ``self_cache``; cross-attention reads ``memory_cache`` (one row per source,
+        ``group`` rows of x each; ``cross_mask`` (sources, 1, 1, S))."""
+        return self._sublayers(x, lambda h: self.self_attn.step(h, self_cache),
+                               lambda h: self.multihead_attn.step(h, memory_cache, cross_mask,
+                                                                  group))
 
     def _cross_backward(self, dout):
         dx, self._dmemory = self.multihead_attn.backward(dout)
@@ -68,6 +79,12 @@ class Decoder(Module):
     def forward(self, x, memory, self_mask=None, cross_mask=None):
         for layer in self.layers:
             x = layer.forward(x, memory, self_mask, cross_mask)
+        return self.norm.forward(x)
+
+    def step(self, x, self_caches, memory_caches, cross_mask=None, group=1):
+        """The newest position through every layer (one cache of each kind per layer)."""
+        for layer, self_cache, memory_cache in zip(self.layers, self_caches, memory_caches):
+            x = layer.step(x, self_cache, memory_cache, cross_mask, group)
         return self.norm.forward(x)
 
     def backward(self, dy):

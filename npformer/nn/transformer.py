@@ -7,8 +7,9 @@ import math
 import numpy as np
 
 from .. import functional as F
+from .. import runtime
 from ..configs import TransformerConfig
-from ..validation import check_array, check_same_batch, check_token_ids
+from ..validation import check_array, check_int, check_same_batch, check_token_ids
 from .decoder import Decoder
 from .dropout import Dropout
 from .embedding import Embedding
@@ -83,10 +84,10 @@ class Transformer(Module):
         return cls(**dataclasses.asdict(config))
 
     # -- pieces usable on their own (decoding uses them) --------------------------------------
-    def embed(self, embedding, dropout, ids):
-        """scale * E[ids] + PE[:T], then dropout. (B, T) -> (B, T, D)."""
+    def embed(self, embedding, dropout, ids, start=0):
+        """scale * E[ids] + PE[start:start + T], then dropout. (B, T) -> (B, T, D)."""
         x = embedding.forward(ids)
-        x += self.positions[:ids.shape[1]]
+        x += self.positions[start:start + ids.shape[1]]
         return dropout.forward(x)
 
     def encode(self, src):
@@ -113,6 +114,11 @@ class Transformer(Module):
         self._logits_shape = logits.shape
         self._backward_done = False      # these activations may now serve one backward
         return logits
+
+    def decoder_state(self, src, bos_id, eos_id, beams=1, capacity=None):
+        """A ``TranslationState`` of the sources ``src`` (B, S): what ``npformer.decoding``'s
+        searches run over. ``bos_id``/``eos_id`` come from the target vocabulary."""
+        return TranslationState(self, src, bos_id, eos_id, beams, capacity)
 
     # -- training ----------------------------------------------------------------------------
     def forward(self, src, tgt_in):
@@ -144,3 +150,129 @@ class Transformer(Module):
         self.tgt_embed.backward(self.tgt_dropout.backward(dy))
         dx = self.encoder.backward(dmemory)
         self.src_embed.backward(self.src_dropout.backward(dx))
+
+
+class TranslationState:
+    """A batch of sources being translated one position at a time: the decoder state that
+    ``npformer.decoding``'s searches (greedy, sampling, beam) run over.
+
+        state = model.decoder_state(src, bos_id=1, eos_id=2, beams=4)   # encodes src
+        logp = state.step(tokens)          # (R,) previous tokens -> (R, V) log-probabilities
+        state.reorder(rows)                # keep / repeat rows, in place
+
+    Why a cache: training runs the decoder over the whole target at once; generating, only the
+    prefix is known, so the decoder runs one position at a time. Re-running it on the growing
+    prefix would repeat the same work at every step (quadratic in the length); instead every
+    layer keeps the keys and values of the positions decoded so far, and a step costs one
+    position's projections plus attention over the cache. T steps give what one forward over
+    the T positions gives (tests/test_incremental.py).
+
+    The encoder runs once per source. Each decoder layer's cross-attention keys and values are
+    computed once per source and shared by the source's ``beams`` rows (consecutive: rows
+    ``i * beams ... (i + 1) * beams - 1`` belong to source i); its self-attention keys and values
+    fill a preallocated cache of ``capacity`` positions (default: ``min(max_len, 2 * S + 10)``).
+    Every step runs the model's own layers (``DecoderLayer.step``) in eval mode, on the active
+    backend.
+    """
+
+    def __init__(self, model, src, bos_id, eos_id, beams=1, capacity=None):
+        src = check_token_ids("src", src, model.config.src_vocab_size, model.max_len)
+        vocab = model.config.tgt_vocab_size
+        self.bos_id = _check_id("bos_id", bos_id, vocab)
+        self.eos_id = None if eos_id is None else _check_id("eos_id", eos_id, vocab)
+        self.beams = check_int("beams", beams)
+        if self.beams > vocab:           # more beams than tokens buys nothing but memory
+            raise ValueError(f"beams: expected at most the target vocabulary size {vocab}, got "
+                             f"{self.beams}")
+        if capacity is None:
+            capacity = min(model.max_len, 2 * src.shape[1] + 10)
+        self.capacity = check_int("capacity", capacity)
+        if self.capacity > model.max_len:
+            raise ValueError(f"capacity: expected at most the model's max_len={model.max_len} "
+                             f"positions, got {self.capacity}")
+        self.model, self.length = model, 0
+        self.banned = [model.pad_id, self.bos_id]      # never a next token
+        with _eval_mode(model):
+            memory, self.src_mask = model.encode(src)                   # (B, S, D), (B, 1, 1, S)
+            self.memory_caches = [layer.multihead_attn.memory_cache(memory)
+                                  for layer in model.decoder.layers]
+        rows = src.shape[0] * self.beams
+        self.self_caches = [layer.self_attn.new_cache(rows, self.capacity, model.dtype)
+                            for layer in model.decoder.layers]
+
+    @property
+    def batch_size(self):
+        """Rows being decoded (sources x beams, less those dropped by ``reorder``)."""
+        return self.self_caches[0].batch_size if self.self_caches else 0
+
+    def first_tokens(self):
+        """The tokens the first ``step`` takes: ``<bos>`` on every row."""
+        return np.full(self.batch_size, self.bos_id, dtype=np.int64)
+
+    def step(self, tokens):
+        """The previous token of every row (R,) -> log-probabilities of the next one (R, V),
+        float64, with ``<pad>`` and ``<bos>`` at -inf."""
+        model, rows = self.model, self.batch_size
+        tokens = np.asarray(tokens)
+        if tokens.shape != (rows,) or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"tokens: expected {rows} integer ids (one per row), got "
+                             f"{tokens.dtype} of shape {tokens.shape}")
+        if rows == 0:
+            raise ValueError("step: the state has no rows left (every one was dropped)")
+        if self.length >= self.capacity:
+            raise ValueError(f"step: the state is full ({self.capacity} positions, its "
+                             f"capacity); decode fewer tokens or give a larger capacity")
+        with _eval_mode(model), runtime.blas_scope():     # one BLAS setting for the whole step
+            x = model.embed(model.tgt_embed, model.tgt_dropout, tokens[:, None].astype(np.int64),
+                            start=self.length)                           # (R, 1, D)
+            h = model.decoder.step(x, self.self_caches, self.memory_caches, self.src_mask,
+                                   self.beams)
+            logits = model.generator.forward(h)[:, 0]                    # (R, V)
+        self.length += 1
+        logits = logits.astype(np.float64)
+        logits[:, self.banned] = -np.inf
+        return F.log_softmax(logits)
+
+    def reorder(self, index):
+        """Keep the rows ``index`` (R',) in that order; a row may repeat (beam search). Each run
+        of ``beams`` consecutive entries must come from one source; sources left out are dropped
+        from the cross-attention caches too (their keys and values are never copied otherwise)."""
+        index = np.asarray(index)
+        rows, beams = self.batch_size, self.beams
+        if index.ndim != 1 or not np.issubdtype(index.dtype, np.integer) or \
+                (index.size and (index.min() < 0 or index.max() >= rows)):
+            raise ValueError(f"reorder: expected row numbers in [0, {rows}), got {index!r:.80}")
+        sources = index // beams
+        if len(index) % beams or (sources.reshape(-1, beams) != sources[::beams, None]).any():
+            raise ValueError(f"reorder: each run of {beams} rows (the beams of a source) must "
+                             f"come from one source, got rows {index!r:.80}")
+        for cache in self.self_caches:
+            cache.reorder(index)
+        kept = sources[::beams]
+        if len(kept) != len(self.src_mask) or (kept != np.arange(len(kept))).any():
+            for cache in self.memory_caches:
+                cache.reorder(kept)
+            self.src_mask = self.src_mask[kept]
+
+
+def _check_id(name, value, vocab):
+    value = check_int(name, value, minimum=0)
+    if value >= vocab:
+        raise ValueError(f"{name}: expected a target token id in [0, {vocab}), got {value}")
+    return value
+
+
+class _eval_mode:
+    """``with _eval_mode(model):`` no dropout inside; the model's mode is restored after."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.was_training = self.model.training
+        if self.was_training:
+            self.model.eval()
+
+    def __exit__(self, *exc):
+        if self.was_training:
+            self.model.train()

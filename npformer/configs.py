@@ -93,8 +93,10 @@ class TransformerConfig(ModelConfig):
     """The encoder-decoder of "Attention Is All You Need" (:class:`npformer.Transformer`).
 
     ``qk_dim``: query/key width when it differs from ``d_model``; ``tie_embeddings``: the
-    generator shares the target embedding matrix; ``seed`` draws the initial weights and then
-    every dropout mask."""
+    generator shares the target embedding matrix; ``share_all_embeddings``: the source embedding,
+    the target embedding and the generator share one matrix (fairseq's option, for one joint
+    vocabulary: the two sizes must be equal; it implies ``tie_embeddings``); ``seed`` draws the
+    initial weights and then every dropout mask."""
     arch: ClassVar[str] = "transformer"
 
     src_vocab_size: int
@@ -112,6 +114,7 @@ class TransformerConfig(ModelConfig):
     layer_norm_eps: float = 1e-5
     qk_dim: Optional[int] = None
     tie_embeddings: bool = False
+    share_all_embeddings: bool = False
     dtype: str = "float32"
     seed: int = 0
 
@@ -141,6 +144,13 @@ class TransformerConfig(ModelConfig):
         check_activation(self.activation)
         put("norm_first", check_flag("norm_first", self.norm_first))
         put("tie_embeddings", check_flag("tie_embeddings", self.tie_embeddings))
+        put("share_all_embeddings", check_flag("share_all_embeddings", self.share_all_embeddings))
+        if self.share_all_embeddings:
+            if self.src_vocab_size != self.tgt_vocab_size:
+                raise ValueError(f"share_all_embeddings: needs one joint vocabulary, but "
+                                 f"src_vocab_size={self.src_vocab_size} differs from "
+                                 f"tgt_vocab_size={self.tgt_vocab_size}")
+            put("tie_embeddings", True)                # the generator shares it too
         put("dtype", _check_dtype(self.dtype))
         put("seed", check_int("seed", self.seed, minimum=0))
 
@@ -181,6 +191,8 @@ class TransformerConfig(ModelConfig):
         shapes.update(linear("generator", d, self.tgt_vocab_size))
         if self.tie_embeddings:
             del shapes["generator.weight"]          # the same Parameter as tgt_embed.weight
+        if self.share_all_embeddings:
+            del shapes["tgt_embed.weight"]          # ... and as src_embed.weight
         return shapes
 
     def layer_count(self):

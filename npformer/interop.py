@@ -45,12 +45,15 @@ def to_torch_state_dict(model, grads=False):
     """{torch name: ndarray copy} of the parameters (or, with ``grads=True``, their gradients).
 
     With tied embeddings the shared matrix appears under both ``tgt_embed.weight`` and
-    ``generator.weight``, as in a torch state dict.
+    ``generator.weight`` (and ``src_embed.weight`` with ``share_all_embeddings``), as in a torch
+    state dict.
     """
     _check_torch_layout(model)
     out = {}
     for name, p in model.named_parameters():
         out[to_torch_name(name)] = (p.grad if grads else p.data).copy()
+    if model.config.share_all_embeddings:
+        out["tgt_embed.weight"] = out["src_embed.weight"].copy()
     if model.config.tie_embeddings:
         out["generator.weight"] = out["tgt_embed.weight"].copy()
     return out
@@ -60,15 +63,22 @@ def load_torch_state_dict(model, state_dict):
     """Load a {torch name: array} mapping (the inverse of :func:`to_torch_state_dict`).
 
     Raises ValueError for missing, unexpected or mis-shaped entries (via ``load_state_dict``), and
-    for tied models whose ``generator.weight`` differs from ``tgt_embed.weight``.
+    for tied models whose ``generator.weight`` differs from ``tgt_embed.weight`` (or, sharing all
+    embeddings, whose ``tgt_embed.weight`` differs from ``src_embed.weight``).
     """
     _check_torch_layout(model)
     ours = {from_torch_name(k): v for k, v in state_dict.items()}
-    if model.config.tie_embeddings and "generator.weight" in ours:
-        gen = np.asarray(ours.pop("generator.weight"))
-        emb = ours.get("tgt_embed.weight")
-        if emb is not None and (np.shape(gen) != np.shape(emb) or not np.array_equal(gen, np.asarray(emb))):
-            raise ValueError("load_torch_state_dict: the model ties embeddings, but "
-                             "generator.weight differs from tgt_embed.weight")
+    shared = []
+    if model.config.tie_embeddings:
+        shared.append(("generator.weight", "tgt_embed.weight"))
+    if model.config.share_all_embeddings:
+        shared.append(("tgt_embed.weight", "src_embed.weight"))
+    for copy, kept in shared:                # the copy of a shared matrix must equal it
+        if copy in ours:
+            dup, emb = np.asarray(ours.pop(copy)), ours.get(kept)
+            if emb is not None and (np.shape(dup) != np.shape(emb)
+                                    or not np.array_equal(dup, np.asarray(emb))):
+                raise ValueError(f"load_torch_state_dict: the model shares its embeddings, but "
+                                 f"{copy} differs from {kept}")
     model.load_state_dict(ours)
     return model

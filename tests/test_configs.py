@@ -118,3 +118,33 @@ def test_checkpoints_store_the_vocabularies_as_one_value(tmp_path):
     assert loaded.vocabs.src is loaded.vocabs.tgt
     with pytest.raises(ValueError, match="vocabularies: expected"):
         Vocabularies.from_dict({"src": joint.tokens})
+
+
+def test_sharing_all_embeddings_needs_one_vocabulary_size_and_ties_the_generator():
+    cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=8, n_heads=2,
+                            share_all_embeddings=True)
+    assert cfg.tie_embeddings                          # implied
+    shapes = cfg.parameter_shapes()
+    assert "src_embed.weight" in shapes and "tgt_embed.weight" not in shapes
+    assert "generator.weight" not in shapes and "generator.bias" in shapes
+    model = nf.build_model(cfg)
+    assert list(model.state_dict()) == list(shapes)
+    with pytest.raises(ValueError, match=r"share_all_embeddings: needs one joint vocabulary, but "
+                                         r"src_vocab_size=30 differs from tgt_vocab_size=31"):
+        TransformerConfig(src_vocab_size=30, tgt_vocab_size=31, share_all_embeddings=True)
+    with pytest.raises(ValueError, match="share_all_embeddings: expected True or False, got 1"):
+        TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, share_all_embeddings=1)
+
+
+def test_a_model_sharing_all_embeddings_saves_and_loads_with_one_joint_vocabulary(tmp_path):
+    from npformer.data.vocab import Vocab, Vocabularies
+    from npformer.training.checkpointing import load_model_checkpoint, save_model_checkpoint
+    model = nf.Transformer(12, 12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1,
+                           n_decoder_layers=1, share_all_embeddings=True)
+    joint = Vocab(list(Vocab.SPECIALS) + [f"w{i}" for i in range(8)])
+    save_model_checkpoint(tmp_path / "shared", model, Vocabularies.joint(joint))
+    loaded = load_model_checkpoint(tmp_path / "shared")
+    m = loaded.model
+    assert m.config.share_all_embeddings and loaded.vocabs.is_joint
+    assert m.src_embed.weight is m.tgt_embed.weight is m.generator.weight
+    np.testing.assert_array_equal(m.flat_params, model.flat_params)

@@ -69,3 +69,14 @@ def test_every_parameter_is_checked():
     result = model_gradcheck(model, 0.1, max_entries=2)
     assert len(result.errors) == len(model.parameters())
     assert all(e is not None for e in result.errors)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_whole_model_sharing_all_embeddings(norm_first):
+    """Source embedding, target embedding and generator: one matrix, whose gradient sums the
+    three uses (central differences see the one parameter)."""
+    model = tiny_model(norm_first=norm_first, src_vocab_size=9, tgt_vocab_size=9,
+                       share_all_embeddings=True)
+    assert model.src_embed.weight is model.tgt_embed.weight is model.generator.weight
+    assert "tgt_embed.weight" not in dict(model.named_parameters())
+    model_gradcheck(model, 0.1)

@@ -23,10 +23,14 @@ def backend(request):
 
 
 def make_model(dtype, norm_first=False, tie=False, d_model=32):
-    return nf.Transformer(src_vocab_size=23, tgt_vocab_size=19, d_model=d_model, n_heads=4,
-                          d_ff=48, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
-                          max_len=32, pad_id=PAD, norm_first=norm_first, tie_embeddings=tie,
-                          dtype=dtype, seed=3)
+    """``tie``: False, True (the generator shares the target embedding) or "all" (source and
+    target embeddings and the generator share one matrix over a joint vocabulary)."""
+    share_all = tie == "all"
+    return nf.Transformer(src_vocab_size=23, tgt_vocab_size=23 if share_all else 19,
+                          d_model=d_model, n_heads=4, d_ff=48, n_encoder_layers=2,
+                          n_decoder_layers=2, dropout=0.0, max_len=32, pad_id=PAD,
+                          norm_first=norm_first, tie_embeddings=bool(tie),
+                          share_all_embeddings=share_all, dtype=dtype, seed=3)
 
 
 def make_batch(seed=0):
@@ -50,7 +54,7 @@ def torch_step(ref, src, tgt_in, tgt_out, smoothing):
     return logits, loss
 
 
-CASES = [(nf_first, tie, ls) for nf_first in (False, True) for tie in (False, True)
+CASES = [(nf_first, tie, ls) for nf_first in (False, True) for tie in (False, True, "all")
          for ls in (0.0, 0.1)]
 
 

@@ -22,6 +22,8 @@ class ReferenceSeq2Seq(nn.Module):
             layer_norm_eps=config["layer_norm_eps"], batch_first=True,
             norm_first=config["norm_first"])
         self.generator = nn.Linear(d, config["tgt_vocab_size"])
+        if config.get("share_all_embeddings"):
+            self.tgt_embed.weight = self.src_embed.weight
         if config["tie_embeddings"]:
             self.generator.weight = self.tgt_embed.weight
         self.register_buffer("positions", torch.from_numpy(

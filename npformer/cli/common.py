@@ -156,9 +156,11 @@ def add_train_args(p, defaults):
     g.add_argument("--warmup-steps", "--warmup", type=non_negative_int,
                    default=defaults["warmup_steps"])
     g.add_argument("--schedule", default=defaults["schedule"],
-                   choices=["inverse_sqrt", "cosine", "noam", "constant"])
+                   choices=["inverse_sqrt", "cosine", "noam", "constant", "plateau"],
+                   help="learning-rate schedule; plateau: divide by 10 after 10 validations "
+                        "without a better validation loss, as PyTorch's ReduceLROnPlateau")
     g.add_argument("--min-lr", type=non_negative_float, default=defaults.get("min_lr", 0.0),
-                   help="final learning rate of the cosine schedule")
+                   help="final learning rate of the cosine schedule, floor of the plateau one")
     g.add_argument("--label-smoothing", type=probability, default=defaults["label_smoothing"],
                    help="in [0, 1) (default %(default)s)")
     g.add_argument("--clip-norm", type=non_negative_float, default=defaults["clip_norm"],

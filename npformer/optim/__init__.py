@@ -1,7 +1,8 @@
 """Optimizers, learning-rate schedules and gradient clipping."""
 from .adam import Adam, AdamW
 from .clip import clip_grad_norm, grad_norm
-from .schedules import NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule
+from .schedules import (NoamSchedule, PlateauSchedule, WarmupCosineSchedule,
+                        WarmupInverseSqrtSchedule)
 
-__all__ = ["Adam", "AdamW", "NoamSchedule", "WarmupCosineSchedule", "WarmupInverseSqrtSchedule",
+__all__ = ["Adam", "AdamW", "NoamSchedule", "PlateauSchedule", "WarmupCosineSchedule", "WarmupInverseSqrtSchedule",
            "clip_grad_norm", "grad_norm"]

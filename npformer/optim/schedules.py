@@ -66,3 +66,80 @@ class WarmupCosineSchedule:
             return self.peak_lr * step / self.warmup_steps
         progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
         return self.min_lr + 0.5 * (self.peak_lr - self.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+class PlateauSchedule:
+    """The learning rate falls by ``factor`` when a watched metric (the validation loss) stops
+    improving: ``torch.optim.lr_scheduler.ReduceLROnPlateau``'s rule, step for step.
+
+        schedule = PlateauSchedule(lr=5e-4, factor=0.1, patience=10)
+        opt.lr = schedule(step)           # the current rate, whatever the step
+        schedule.observe(valid_loss)      # after each validation
+
+    ``observe(value)``: a value better than the best by more than ``threshold`` (relative to the
+    best with ``threshold_mode="rel"``, absolute with ``"abs"``) resets the count of bad
+    validations; after more than ``patience`` bad ones the rate becomes ``max(lr * factor,
+    min_lr)`` (unless that changes it by ``eps`` or less), then ``cooldown`` validations pass
+    uncounted. ``mode="min"`` watches a loss, ``"max"`` a score. ``state_dict`` holds what a
+    resumed run needs to continue the same way.
+    """
+
+    def __init__(self, lr, factor=0.1, patience=10, threshold=1e-4, threshold_mode="rel",
+                 cooldown=0, min_lr=0.0, eps=1e-8, mode="min"):
+        _check_positive("lr", lr)
+        check_real("factor", factor, minimum=0, maximum=1, min_open=True, max_open=True)
+        check_real("patience", patience, minimum=0)
+        check_real("threshold", threshold, minimum=0)
+        check_real("cooldown", cooldown, minimum=0)
+        check_real("min_lr", min_lr, minimum=0)
+        check_real("eps", eps, minimum=0)
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"threshold_mode: expected 'rel' or 'abs', got {threshold_mode!r}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode: expected 'min' or 'max', got {mode!r}")
+        self.factor, self.patience, self.threshold = factor, patience, threshold
+        self.threshold_mode, self.cooldown, self.min_lr, self.eps = (threshold_mode, cooldown,
+                                                                      min_lr, eps)
+        self.mode = mode
+        self.lr = lr
+        self.best = math.inf if mode == "min" else -math.inf
+        self.bad, self.cooldown_left = 0, 0
+
+    def __call__(self, step):
+        return self.lr
+
+    def _better(self, value):
+        if self.mode == "min":
+            bound = (self.best * (1.0 - self.threshold) if self.threshold_mode == "rel"
+                     else self.best - self.threshold)
+            return value < bound
+        bound = (self.best * (1.0 + self.threshold) if self.threshold_mode == "rel"
+                 else self.best + self.threshold)
+        return value > bound
+
+    def observe(self, value):
+        """One validation's metric; returns the learning rate from now on."""
+        value = float(value)
+        if self._better(value):
+            self.best, self.bad = value, 0
+        else:
+            self.bad += 1
+        if self.cooldown_left > 0:
+            self.cooldown_left -= 1
+            self.bad = 0
+        if self.bad > self.patience:
+            new = max(self.lr * self.factor, self.min_lr)
+            if self.lr - new > self.eps:
+                self.lr = new
+            self.cooldown_left, self.bad = self.cooldown, 0
+        return self.lr
+
+    def state_dict(self):
+        return {"lr": self.lr, "best": self.best if math.isfinite(self.best) else None,
+                "bad": self.bad, "cooldown_left": self.cooldown_left}
+
+    def load_state_dict(self, state):
+        best = state["best"]
+        self.lr = float(state["lr"])
+        self.best = (math.inf if self.mode == "min" else -math.inf) if best is None else float(best)
+        self.bad, self.cooldown_left = int(state["bad"]), int(state["cooldown_left"])

@@ -24,8 +24,8 @@ import numpy as np
 
 from .. import runtime
 from ..backend import ops
-from ..optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
-                     clip_grad_norm, grad_norm)
+from ..optim import (Adam, AdamW, NoamSchedule, PlateauSchedule, WarmupCosineSchedule,
+                     WarmupInverseSqrtSchedule, clip_grad_norm, grad_norm)
 from ..optim.adam import check_betas
 from ..validation import check_int, check_real
 from .checkpointing import (LoadedCheckpoint, check_compatible, load_model_checkpoint,
@@ -36,7 +36,7 @@ from .metrics_log import MetricsLog
 from .progress import progress_bar
 from .task import Task
 
-SCHEDULES = ("inverse_sqrt", "cosine", "noam", "constant")
+SCHEDULES = ("inverse_sqrt", "cosine", "noam", "constant", "plateau")
 
 
 class TrainingDiverged(ValueError):
@@ -51,7 +51,11 @@ class TrainConfig:
     lr: float = 2e-3                 # peak learning rate
     warmup_steps: int = 100
     schedule: str = "inverse_sqrt"
-    min_lr: float = 0.0              # cosine only
+    min_lr: float = 0.0              # cosine and plateau
+    plateau_factor: float = 0.1      # plateau: ReduceLROnPlateau's factor, patience, threshold,
+    plateau_patience: int = 10       # cooldown (in validations), on the validation loss
+    plateau_threshold: float = 1e-4
+    plateau_cooldown: int = 0
     optimizer: str = "adam"          # or "adamw"
     betas: tuple = (0.9, 0.98)
     weight_decay: float = 0.0
@@ -86,6 +90,11 @@ class TrainConfig:
             raise ValueError(f"schedule: expected one of {SCHEDULES}, got {self.schedule!r}")
         self.lr = check_real("lr", self.lr, minimum=0, min_open=True)
         self.min_lr = check_real("min_lr", self.min_lr, minimum=0)
+        self.plateau_factor = check_real("plateau_factor", self.plateau_factor, minimum=0,
+                                         maximum=1, min_open=True, max_open=True)
+        self.plateau_patience = check_int("plateau_patience", self.plateau_patience, minimum=0)
+        self.plateau_threshold = check_real("plateau_threshold", self.plateau_threshold, minimum=0)
+        self.plateau_cooldown = check_int("plateau_cooldown", self.plateau_cooldown, minimum=0)
         if self.schedule == "cosine" and self.min_lr > self.lr:     # the cosine falls lr -> min_lr
             raise ValueError(f"min_lr: expected at most lr={self.lr!r} (the cosine schedule falls "
                              f"from lr to min_lr), got {self.min_lr!r}")
@@ -111,6 +120,10 @@ def make_schedule(config, total_steps):
     if config.schedule == "cosine":
         return WarmupCosineSchedule(config.lr, min(config.warmup_steps, total_steps), total_steps,
                                     config.min_lr)
+    if config.schedule == "plateau":     # the rate falls when the validation loss stops falling
+        return PlateauSchedule(config.lr, config.plateau_factor, config.plateau_patience,
+                               config.plateau_threshold, cooldown=config.plateau_cooldown,
+                               min_lr=config.min_lr)
     if config.schedule == "noam":        # the paper's shape, scaled so that the peak (at warm-up) is lr
         warmup = max(1, config.warmup_steps)
         return NoamSchedule(1.0, warmup, config.lr * math.sqrt(warmup))
@@ -141,6 +154,9 @@ class Trainer:
         per_epoch = math.ceil(task.batches_per_epoch() / config.accum_steps)
         self.total_steps = config.max_steps or config.epochs * per_epoch
         self.schedule = make_schedule(config, self.total_steps)
+        if config.schedule == "plateau" and not (task.has_validation and "loss" in task.metrics):
+            raise ValueError(f"schedule: 'plateau' watches the validation loss, and the "
+                             f"{task.name} task has {'no validation data' if not task.has_validation else 'no loss metric'}")
         minimize = config.stop_metric in task.minimize
         self.stopper = EarlyStopping(config.patience, "min" if minimize else "max")
         self.best_value = self.stopper.best      # metric of the weights in ``best`` (any validation)
@@ -216,7 +232,9 @@ class Trainer:
         return {"step": self.step, "epoch": self.epoch, "sampler": self.task.state_dict(),
                 "early_stopping": self.stopper.state_dict(), "config": self.config.to_dict(),
                 "seconds": self.elapsed(), "data_crc32": self.data_fingerprint(),
-                "best_value": self.best_value if math.isfinite(self.best_value) else None}
+                "best_value": self.best_value if math.isfinite(self.best_value) else None,
+                **({"schedule": self.schedule.state_dict()}
+                   if hasattr(self.schedule, "state_dict") else {})}
 
     def data_fingerprint(self):
         """The task's data fingerprint (computed once: the data are fixed). A resume compares
@@ -274,6 +292,8 @@ class Trainer:
             best_value = training.get("best_value", self.stopper.state_dict()["best"])
             self.best_value = self.stopper.best if best_value is None else float(best_value)
             self.seconds_before = float(training.get("seconds", 0.0))
+            if hasattr(self.schedule, "load_state_dict"):
+                self.schedule.load_state_dict(training["schedule"])
             self.saved_step = self.step
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"checkpoint {loaded.path}: training state does not fit this run ({e})") from None
@@ -368,6 +388,8 @@ class Trainer:
         value = record[cfg.stop_metric]
         if scheduled:
             self.stopper.step(value)
+            if hasattr(self.schedule, "observe"):        # plateau: the rate follows the loss
+                self.optimizer.lr = self.schedule.observe(record["loss"])
         improved = self.stopper.better(value, self.best_value)
         if improved:
             self.best_value = value

@@ -120,3 +120,29 @@ def test_subword_is_only_for_multi30k(tmp_path, capsys):
     assert main(["train", "--dataset", "toy", "--subword", "100", "--quiet",
                  "--out", str(tmp_path / "run")]) != 0
     assert "--subword" in capsys.readouterr().err
+
+
+def test_the_tiny_preset_shares_all_embeddings_over_one_joint_vocabulary(mini_dir, tmp_path,  # noqa: F811
+                                                                          capsys):
+    run = tmp_path / "tiny"
+    # the preset's sizes, shrunk for a test: what is left out comes from the preset
+    assert main(["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--preset", "tiny",
+                 "--subword", "40", "--min-freq", "1", "--max-steps", "3", "--max-tokens", "80",
+                 "--eval-every", "2", "--out", str(run)] + TINY) == 0
+    loaded = load_model_checkpoint(run / "last")
+    model, training = loaded.model, loaded.meta["training"]["config"]
+    assert model.config.share_all_embeddings and loaded.vocabs.is_joint
+    assert model.src_embed.weight is model.tgt_embed.weight is model.generator.weight
+    assert (training["lr"], training["warmup_steps"], training["schedule"]) == (5e-3, 2000,
+                                                                                "inverse_sqrt")
+    assert training["save_every_epochs"] == 1 and training["keep_last"] == 10
+    assert training["clip_norm"] is None and model.config.dropout == 0.3
+    assert loaded.meta["extra"]["options"]["preset"] == "tiny"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:                       # argparse: the known ones
+        main(["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--preset", "huge",
+              "--out", str(tmp_path / "x")])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'huge' (choose from 'base', 'tiny')" in capsys.readouterr().err
+    assert main(["train", "--dataset", "toy", "--preset", "tiny", "--out", str(tmp_path / "y")]) != 0
+    assert "--preset: not used with --dataset toy" in capsys.readouterr().err

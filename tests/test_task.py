@@ -302,3 +302,12 @@ def test_the_loop_imports_nothing_of_translation():
     for translation in ("decoding", "decoding.translator", "translation", "metrics", "loss",
                         "data.batching", "data.tokenize", "multi30k", "toy"):
         assert translation not in {m.lstrip(".") for m in imported if m}, translation
+
+
+def test_checkpoints_at_the_end_of_every_epoch_without_validation(tmp_path):
+    task = RegressionTask(n_valid=0)                    # 6 batches an epoch
+    trainer = regression_trainer(tmp_path, task=task, epochs=4, save_every_epochs=1,
+                                 keep_last=3)
+    trainer.fit()
+    assert [os.path.basename(p) for p in trainer.step_checkpoints()] == ["step_12", "step_18",
+                                                                         "step_24"]

@@ -58,6 +58,7 @@ RESUME_MAY_CHANGE = ("max_steps", "epochs", "time_budget", "patience", "target",
 # and --quiet, which are about this invocation, not the run)
 RECORDED_OPTIONS = ("dataset", "src_file", "tgt_file", "valid_src", "valid_tgt", "min_freq",
                     "data_dir", "src", "tgt", "cased", "subword", "subset", "valid_subset",
+                    "preset",
                     "max_tokens", "accum_steps", "eval_every_steps", "time_budget", "keep_last",
                     "average_last", "d_model", "n_heads", "d_ff", "layers", "dropout", "max_len",
                     "epochs", "max_steps", "batch_size", "lr", "warmup_steps", "schedule", "min_lr",

@@ -5,7 +5,7 @@ import re
 
 from ..training.averaging import average_checkpoints
 from ..training.files import files_trainer
-from ..training.multi30k import MULTI30K_MODEL, MULTI30K_TRAIN, multi30k_trainer
+from ..training.multi30k import MULTI30K_TRAIN, PRESETS, multi30k_trainer
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_trainer
 from ..training.trainer import step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, model_kwargs,
@@ -20,8 +20,9 @@ _TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule", "label_
                "clip_norm", "stop_metric", "min_lr", "target")
 # options each dataset would ignore: giving one is refused, naming it
 _NOT_FOR = {"toy": ("src_file", "tgt_file", "valid_src", "valid_tgt", "min_freq", "data_dir",
-                    "src", "tgt", "cased", "subword", "subset", "valid_subset"),
-            "files": ("data_dir", "src", "tgt", "cased", "subword", "subset", "valid_subset"),
+                    "src", "tgt", "cased", "subword", "subset", "valid_subset", "preset"),
+            "files": ("data_dir", "src", "tgt", "cased", "subword", "subset", "valid_subset",
+                      "preset"),
             "multi30k": ("src_file", "tgt_file", "valid_src", "valid_tgt")}
 # options that act on validation: refused where there is no validation data
 _NEED_VALIDATION = ("eval_every_steps", "patience", "target", "stop_metric", "keep_last",
@@ -51,6 +52,11 @@ def add_parser(sub, name):
                    help="replace the run in --out: its best/last/step_*/averaged checkpoints and "
                         "metrics.jsonl are removed (no other file) before the new run writes")
     m = p.add_argument_group("multi30k")
+    m.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                   help="the recipe's model, training and units (docs/multi30k.md): base (3+3 "
+                        "layers of d_model 256, words; the default) or tiny (Transformer-Tiny: "
+                        "4+4 layers of d_model 128, all embeddings shared over a joint BPE of "
+                        "10,000 pieces, 8,000 updates, the average of the last 10 epochs)")
     m.add_argument("--data-dir", default=None,
                    help="folder with train/val .de.gz/.en.gz (default $NPFORMER_DATA, else "
                         "~/.cache/npformer/multi30k)")
@@ -127,9 +133,19 @@ def check_dataset_options(args, dataset, given):
 
 
 def fill_defaults(args, dataset):
-    """Options left unset take the recipe's defaults (multi30k, else the toy's)."""
-    model = MULTI30K_MODEL if dataset == "multi30k" else TOY_MODEL
-    train = MULTI30K_TRAIN if dataset == "multi30k" else {**TOY_TRAIN, "target": None}
+    """Options left unset take the recipe's defaults (multi30k's preset, else the toy's)."""
+    if dataset == "multi30k":
+        args.preset = args.preset or "base"
+        preset = PRESETS[args.preset]
+        model, train = preset["model"], preset["train"]
+        for dest in ("subword", "average_last"):
+            if getattr(args, dest) is None:
+                setattr(args, dest, preset[dest])
+        for dest in ("max_steps", "keep_last"):
+            if getattr(args, dest) is None:
+                setattr(args, dest, train.get(dest))
+    else:
+        model, train = TOY_MODEL, {**TOY_TRAIN, "target": None}
     for key in _MODEL_KEYS:
         dest = "layers" if key == "n_encoder_layers" else key
         if getattr(args, dest) is None:
@@ -211,7 +227,7 @@ def build(args, saved=None, given=()):
         trainer, data = multi30k_trainer(args.data_dir, args.src, args.tgt,
                                          lowercase=not args.cased, min_freq=args.min_freq,
                                          subset=args.subset, valid_subset=args.valid_subset,
-                                         subword=args.subword, **common)
+                                         subword=args.subword, preset=args.preset, **common)
     vocabs = trainer.task.vocabs
     sizes = (f"one joint vocabulary of {len(vocabs.src)}" if vocabs.is_joint else
              f"vocabularies {len(vocabs.src)} / {len(vocabs.tgt)}")

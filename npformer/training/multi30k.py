@@ -43,6 +43,26 @@ MULTI30K_TRAIN = dict(epochs=100, max_tokens=5000, batch_size=64, accum_steps=1,
                       eval_every_steps=150, log_every=20, betas=(0.9, 0.98))
 TOKENIZER = "npformer-word"
 
+# Transformer-Tiny (fairseq's transformer_tiny_wu2021, the text-only baseline of Wu et al. 2021 and
+# its successors on Multi30k): 4+4 layers of d_model 128, 4 heads, FFN 256, post-norm, dropout
+# 0.3, all three embeddings shared over one joint BPE vocabulary of 10,000 pieces; Adam (0.9,
+# 0.98) at 5e-3 with 2,000 inverse-sqrt warm-up updates, label smoothing 0.1, batches of 4,096
+# tokens as fairseq counts them (rows x the longer side; about 8,192 as npformer counts rows x
+# (source + target)), 8,000 updates, no gradient clipping (fairseq's default), a checkpoint every
+# epoch and the average of the last 10. Validation (greedy BLEU) every 500 updates picks "best".
+# One difference stays: npformer applies its one dropout rate to the attention weights and the
+# feed-forward activations too, where fairseq's recipe drops only the residual paths.
+TINY_MODEL = dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4,
+                  dropout=0.3, max_len=128, share_all_embeddings=True)
+TINY_TRAIN = dict(epochs=1000, max_steps=8000, max_tokens=8192, batch_size=64, accum_steps=1,
+                  lr=5e-3, warmup_steps=2000, schedule="inverse_sqrt", label_smoothing=0.1,
+                  clip_norm=None, stop_metric="bleu", eval_every_steps=500, log_every=20,
+                  betas=(0.9, 0.98), save_every_epochs=1, keep_last=10)
+# npformer train --dataset multi30k --preset NAME: the model, the training and the units
+PRESETS = {"base": dict(model=MULTI30K_MODEL, train=MULTI30K_TRAIN, subword=None,
+                        average_last=None),
+           "tiny": dict(model=TINY_MODEL, train=TINY_TRAIN, subword=10000, average_last=10)}
+
 
 @dataclass
 class Multi30kData:
@@ -126,11 +146,13 @@ def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2,
 
 def multi30k_trainer(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2, subset=None,
                      valid_subset=None, subword=None, model_kwargs=None, train_kwargs=None,
-                     seed=0, extra=None, saved=None):
+                     seed=0, extra=None, saved=None, preset="base"):
     """The recipe's ``(Trainer, Multi30kData)`` from its options (those of ``load_multi30k`` and
-    ``build_trainer``). To resume, ``saved`` (a ``LoadedCheckpoint``) gives the vocabularies
-    and the subword model; the data is read again and the caller resumes the trainer from
-    ``saved`` when it is ready to."""
+    ``build_trainer``; ``subword`` None takes the preset's units). To resume, ``saved`` (a
+    ``LoadedCheckpoint``) gives the vocabularies and the subword model; the data is read again
+    and the caller resumes the trainer from ``saved`` when it is ready to."""
+    if subword is None:
+        subword = check_preset(preset)["subword"]
     if saved is not None:
         subword, vocabs = checkpoint_subword(saved), saved.vocabs
     else:
@@ -141,7 +163,8 @@ def multi30k_trainer(data_dir=None, src="de", tgt="en", lowercase=True, min_freq
     if not data.valid:
         raise ValueError(f"data_dir {data_dir or '(default)'}: its val split holds no "
                          f"sentences; training needs validation data")
-    return build_trainer(data, model_kwargs, train_kwargs, seed=seed, extra=extra), data
+    return build_trainer(data, model_kwargs, train_kwargs, seed=seed, extra=extra,
+                         preset=preset), data
 
 
 def bleu_against_raw(hypotheses, targets):
@@ -149,13 +172,20 @@ def bleu_against_raw(hypotheses, targets):
     return sacrebleu_scores(hypotheses, targets)["bleu"]
 
 
-def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0, extra=None):
-    """A ``Trainer`` for ``data`` with the recipe's defaults, overridden by the kwargs.
-    ``extra`` adds to the metadata every checkpoint carries (beside the text settings)."""
+def check_preset(name):
+    if name not in PRESETS:
+        raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
+    return PRESETS[name]
+
+
+def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0, extra=None, preset="base"):
+    """A ``Trainer`` for ``data`` with the defaults of ``preset`` (``PRESETS``), overridden by the
+    kwargs. ``extra`` adds to the metadata every checkpoint carries (beside the text settings)."""
+    defaults = check_preset(preset)
     model = build_model(TransformerConfig(
         src_vocab_size=len(data.vocabs.src), tgt_vocab_size=len(data.vocabs.tgt),
-        **{**MULTI30K_MODEL, "seed": seed, **(model_kwargs or {})}))
-    config = TrainConfig(**{**MULTI30K_TRAIN, "seed": seed, **(train_kwargs or {})})
+        **{**defaults["model"], "seed": seed, **(model_kwargs or {})}))
+    config = TrainConfig(**{**defaults["train"], "seed": seed, **(train_kwargs or {})})
     tokenize, detokenize_units = data.tokenizers()
     return translation_trainer(model, data.vocabs, data.train, data.valid, config,
                                tokenize=tokenize, detokenize=detokenize_units,

@@ -76,11 +76,13 @@ class TrainConfig:
     time_budget: float = None        # seconds: stop training (then validate once) after this
     keep_last: int = None            # keep the last N step_<N> checkpoints (for averaging)
     save_every_steps: int = None     # also checkpoint step_<N> every N updates, without validating
+    save_every_epochs: int = None    # ... and at the end of every N epochs
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "eval_every", "log_every", "accum_steps"):
             setattr(self, name, check_int(name, getattr(self, name)))
-        for name in ("max_steps", "max_tokens", "eval_every_steps", "keep_last", "save_every_steps"):
+        for name in ("max_steps", "max_tokens", "eval_every_steps", "keep_last", "save_every_steps",
+                     "save_every_epochs"):
             setattr(self, name, check_int(name, getattr(self, name), allow_none=True))
         self.warmup_steps = check_int("warmup_steps", self.warmup_steps, minimum=0)
         self.seed = check_int("seed", self.seed, minimum=0)
@@ -426,6 +428,9 @@ class Trainer:
                 stop = self._train_epoch(on_eval)
                 if stop is None:
                     self.epoch += 1
+                    if cfg.save_every_epochs and cfg.out_dir \
+                            and self.epoch % cfg.save_every_epochs == 0:
+                        self._save_step_checkpoint()         # for averaging, no validation
                     if self.task.has_validation and not cfg.eval_every_steps \
                             and self.epoch % cfg.eval_every == 0:
                         stop = self.decide_stop(record=self.validate(on_eval=on_eval))

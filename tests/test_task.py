@@ -304,10 +304,14 @@ def test_the_loop_imports_nothing_of_translation():
         assert translation not in {m.lstrip(".") for m in imported if m}, translation
 
 
-def test_checkpoints_at_the_end_of_every_epoch_without_validation(tmp_path):
-    task = RegressionTask(n_valid=0)                    # 6 batches an epoch
+@pytest.mark.parametrize("n_valid", [0, 32])
+def test_checkpoints_at_the_end_of_every_epoch_without_validation(tmp_path, n_valid):
+    """The kept step_<N> are the epoch ends alone: validations (every 4 updates here) write
+    best and last but no step checkpoint of their own when a save schedule is given."""
+    task = RegressionTask(n_valid=n_valid)              # 6 batches an epoch
     trainer = regression_trainer(tmp_path, task=task, epochs=4, save_every_epochs=1,
-                                 keep_last=3)
+                                 keep_last=3, eval_every_steps=4 if n_valid else None)
     trainer.fit()
     assert [os.path.basename(p) for p in trainer.step_checkpoints()] == ["step_12", "step_18",
                                                                          "step_24"]
+    assert (tmp_path / "last.npz").exists()

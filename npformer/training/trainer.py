@@ -74,7 +74,8 @@ class TrainConfig:
     accum_steps: int = 1             # batches whose gradients are summed before one update
     eval_every_steps: int = None     # also validate every N optimizer steps (inside epochs)
     time_budget: float = None        # seconds: stop training (then validate once) after this
-    keep_last: int = None            # keep the last N step_<N> checkpoints (for averaging)
+    keep_last: int = None            # keep the last N step_<N> checkpoints (for averaging): one per
+                                     # validation, or per save_every_* where given
     save_every_steps: int = None     # also checkpoint step_<N> every N updates, without validating
     save_every_epochs: int = None    # ... and at the end of every N epochs
 
@@ -399,8 +400,8 @@ class Trainer:
             self.save(os.path.join(cfg.out_dir, "last"))
             if improved:
                 self.save(os.path.join(cfg.out_dir, "best"))
-            if cfg.keep_last:
-                self._save_step_checkpoint()
+            if cfg.keep_last and not (cfg.save_every_steps or cfg.save_every_epochs):
+                self._save_step_checkpoint()     # else step_<N> follow their own schedule
         if on_eval:
             on_eval(record)
         return record

@@ -78,6 +78,11 @@ def run_multi30k(args, loaded):
                f"sentences, {result['method']}, {result['seconds']:.1f} s",
                f"BLEU (lowercased) {result['bleu']:.2f}   {result['signature']}",
                f"BLEU (cased)      {result['bleu_cased']:.2f}   {result['signature_cased']}"]
+    if "bleu_papers" in result:
+        summary.append(f"BLEU (papers': lowercased, Moses-tokenised, escaped; tokenize none) "
+                       f"{result['bleu_papers']:.2f}   {result['signature_papers']}")
+    else:
+        summary.append("BLEU (papers' tokenised): needs sacremoses (pip install 'npformer[moses]')")
     if result["unknown_source_tokens"]:
         summary.append(f"{result['unknown_source_tokens']} source tokens were not in the "
                        f"vocabulary (<unk>)")

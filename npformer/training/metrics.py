@@ -1,4 +1,5 @@
-"""Translation metrics: exact match, BLEU via sacrebleu."""
+"""Translation metrics: exact match, BLEU via sacrebleu (ours on detokenised text, and the
+papers' on lowercased, Moses-tokenised text)."""
 
 
 def _check_pair(hypotheses, references):
@@ -50,3 +51,25 @@ def sacrebleu_scores(hypotheses, references):
         out["bleu" + key] = float(metric.corpus_score(hypotheses, [references]).score)
         out["signature" + key] = str(metric.get_signature())
     return out
+
+
+def papers_bleu(hypotheses, references, lang):
+    """The BLEU the Multi30k papers report: hypotheses and RAW references both preprocessed as
+    those papers do (``npformer.data.moses.papers_tokenize``: Moses punctuation normalisation,
+    lowercasing, the Moses tokenizer with its default escaping), then corpus BLEU with no
+    further tokenisation (``sacrebleu --tokenize none``). Needs sacremoses.
+
+    Returns ``{"bleu_papers": ..., "signature_papers": ...}``; the signature is sacrebleu's with
+    ``+moses-lc-esc`` appended, naming the preprocessing."""
+    from sacrebleu.metrics import BLEU
+
+    from ..data.moses import papers_tokenize
+
+    hypotheses, references = _check_pair(hypotheses, references)
+    if not references:
+        raise ValueError("references: expected at least one sentence, got none")
+    metric = BLEU(tokenize="none", force=True)      # tokenised on purpose: no warning
+    score = metric.corpus_score(papers_tokenize(hypotheses, lang),
+                                [papers_tokenize(references, lang)])
+    return {"bleu_papers": float(score.score),
+            "signature_papers": f"{metric.get_signature()}+moses-lc-esc"}

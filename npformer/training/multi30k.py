@@ -29,7 +29,8 @@ from ..data.vocab import Vocabularies
 from ..decoding.translator import Translator, whitespace_tokenize
 from ..configs import TransformerConfig
 from ..registry import build_model
-from .metrics import sacrebleu_scores
+from ..data.moses import available as moses_available
+from .metrics import papers_bleu, sacrebleu_scores
 from .trainer import TrainConfig
 from .translation import translation_trainer
 
@@ -239,7 +240,8 @@ def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=No
 
     Returns ``{"bleu", "bleu_cased", "signature", "signature_cased", "seconds" (translation
     only), "sentences", "unknown_source_tokens", "split", "src", "tgt", "method",
-    "hypotheses", "sources", "references"}``.
+    "hypotheses", "sources", "references"}``, and where sacremoses is installed the papers'
+    tokenised BLEU too (``"bleu_papers"``, ``"signature_papers"``: ``metrics.papers_bleu``).
     """
     extra = checkpoint_text_settings(loaded)
     if beam is not None and (not isinstance(beam, int) or isinstance(beam, bool) or beam < 1):
@@ -259,6 +261,8 @@ def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=No
     hyps = [r.text for r in results]
     refs = [t for _, t in pairs]
     scores = sacrebleu_scores(hyps, refs)
+    if moses_available():                    # the papers' way of counting, beside ours
+        scores.update(papers_bleu(hyps, refs, extra["tgt_lang"]))
     return {**scores, "seconds": seconds, "sentences": len(pairs),
             "unknown_source_tokens": sum(len(r.unknown) for r in results), "split": split,
             "src": extra["src_lang"], "tgt": extra["tgt_lang"],

@@ -1,7 +1,7 @@
 """The fused LayerNorm kernels against the NumPy reference."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import npformer as nf
@@ -13,6 +13,7 @@ TOL = {np.float32: 2e-5, np.float64: 1e-12}
 
 
 @settings(deadline=None, max_examples=30)
+@example(lead=[2, 5, 5], d=2, dtype=np.float32, seed=1)        # the float32 reference's weak spot
 @given(lead=st.lists(st.integers(1, 5), min_size=1, max_size=3), d=st.integers(1, 40),
        dtype=st.sampled_from(list(TOL)), seed=st.integers(0, 2**16))
 def test_forward_and_backward_match_reference(lead, d, dtype, seed):
@@ -25,8 +26,11 @@ def test_forward_and_backward_match_reference(lead, d, dtype, seed):
     tol = TOL[dtype]
     np.testing.assert_allclose(y, y_ref, rtol=0, atol=tol * max(1, np.abs(y_ref).max()))
     dy = rng.standard_normal(x.shape).astype(dtype)
-    for g, g_ref in zip(K.layernorm_backward(dy, c), F.layernorm_backward(dy, c_ref)):
-        assert g.shape == g_ref.shape
+    # the backward against the reference in float64: with two nearly equal entries in a row of
+    # few (d = 2, say) the float32 reference itself loses digits that the kernel keeps
+    _, c64 = F.layernorm_forward(*(a.astype(np.float64) for a in (x, gamma, beta)))
+    for g, g_ref in zip(K.layernorm_backward(dy, c), F.layernorm_backward(dy.astype(np.float64), c64)):
+        assert g.shape == g_ref.shape and g.dtype == dtype
         np.testing.assert_allclose(g, g_ref, rtol=0, atol=tol * max(1, np.abs(g_ref).max()) * 4)
 
 

@@ -8,6 +8,7 @@ All parameters of a model live in one contiguous buffer (``flat_params``), each 
 ``data`` a view into it, and likewise for gradients (``flat_grads``). The optimizer, the
 gradient-norm clipping and ``zero_grad`` then each touch one array instead of hundreds.
 """
+import contextlib
 from collections import OrderedDict
 
 import numpy as np
@@ -83,6 +84,19 @@ class Module:
 
     def eval(self):
         return self.train(False)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """``with model.evaluating():`` eval mode inside (no dropout), the mode before restored
+        after, even on an error."""
+        was_training = self.training
+        if was_training:
+            self.eval()
+        try:
+            yield self
+        finally:
+            if was_training:
+                self.train()
 
     def zero_grad(self):
         if self.flat_grads is not None:

@@ -195,7 +195,7 @@ class TranslationState:
                              f"positions, got {self.capacity}")
         self.model, self.length = model, 0
         self.banned = [model.pad_id, self.bos_id]      # never a next token
-        with _eval_mode(model):
+        with model.evaluating():
             memory, self.src_mask = model.encode(src)                   # (B, S, D), (B, 1, 1, S)
             self.memory_caches = [layer.multihead_attn.memory_cache(memory)
                                   for layer in model.decoder.layers]
@@ -225,7 +225,7 @@ class TranslationState:
         if self.length >= self.capacity:
             raise ValueError(f"step: the state is full ({self.capacity} positions, its "
                              f"capacity); decode fewer tokens or give a larger capacity")
-        with _eval_mode(model), runtime.blas_scope():     # one BLAS setting for the whole step
+        with model.evaluating(), runtime.blas_scope():   # one BLAS setting for the whole step
             x = model.embed(model.tgt_embed, model.tgt_dropout, tokens[:, None].astype(np.int64),
                             start=self.length)                           # (R, 1, D)
             h = model.decoder.step(x, self.self_caches, self.memory_caches, self.src_mask,
@@ -263,19 +263,3 @@ def _check_id(name, value, vocab):
     if value >= vocab:
         raise ValueError(f"{name}: expected a target token id in [0, {vocab}), got {value}")
     return value
-
-
-class _eval_mode:
-    """``with _eval_mode(model):`` no dropout inside; the model's mode is restored after."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __enter__(self):
-        self.was_training = self.model.training
-        if self.was_training:
-            self.model.eval()
-
-    def __exit__(self, *exc):
-        if self.was_training:
-            self.model.train()

@@ -222,12 +222,8 @@ class Trainer:
 
     def evaluate(self):
         """The task's metrics for the current weights (in eval mode, restored afterwards)."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with self.model.evaluating():
             return self.task.evaluate(self.model)
-        finally:
-            self.model.train(was_training)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def training_state(self):

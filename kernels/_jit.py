@@ -35,14 +35,16 @@ SERIAL_BELOW = 1 << 15           # elements of the work argument below which a k
 
 class ParallelKernel:
     """A parallel Numba kernel called from Python on the runtime's thread count, or, for work
-    of fewer than ``SERIAL_BELOW`` elements (the size of argument ``work_arg``), its serial twin."""
+    of fewer than ``SERIAL_BELOW`` elements, its serial twin. ``work``: an argument's index (its
+    size is the work) or a function of the arguments giving it in elements' worth."""
 
-    def __init__(self, dispatcher, serial, work_arg):
-        self.dispatcher, self.serial, self.work_arg = dispatcher, serial, work_arg
+    def __init__(self, dispatcher, serial, work):
+        self.dispatcher, self.serial = dispatcher, serial
+        self.work = (lambda *args: args[work].size) if isinstance(work, int) else work
         functools.update_wrapper(self, dispatcher.py_func)
 
     def __call__(self, *args):
-        if args[self.work_arg].size < SERIAL_BELOW:
+        if self.work(*args) < SERIAL_BELOW:
             return self.serial(*args)
         n = runtime.kernel_threads()
         before = numba.get_num_threads() if n is not None else n
@@ -65,15 +67,15 @@ def _renamed(f, suffix):
     return g
 
 
-def kernel(fn=None, *, parallel=False, fastmath=True, work_arg=0):
+def kernel(fn=None, *, parallel=False, fastmath=True, work=0):
     """``numba.njit`` with this package's defaults: cache=True, nogil, the FASTMATH subset; a
     parallel kernel comes wrapped in :class:`ParallelKernel` (call it from Python only) with its
-    serial twin, chosen by the size of argument ``work_arg``."""
+    serial twin, chosen by ``work`` (an argument's index, or a function of the arguments)."""
     opts = dict(cache=True, nogil=True, fastmath=FASTMATH if fastmath else False)
 
     def build(f):
         if not parallel:
             return numba.njit(**opts)(f)
         return ParallelKernel(numba.njit(parallel=True, **opts)(f),
-                              numba.njit(**opts)(_renamed(f, "_serial")), work_arg)
+                              numba.njit(**opts)(_renamed(f, "_serial")), work)
     return build if fn is None else build(fn)

@@ -12,7 +12,7 @@ from ._jit import kernel
 from npformer.functional.embedding import sinusoidal_positions  # noqa: F401  (same names)
 
 
-@kernel(parallel=True, work_arg=3)
+@kernel(parallel=True, work=3)
 def _gather(ids, w, scale, out):
     """out[n] = scale * w[ids[n]]; ids (N,), w (V, D), out (N, D)."""
     for n in prange(ids.shape[0]):
@@ -21,7 +21,7 @@ def _gather(ids, w, scale, out):
             out[n, c] = row[c] * scale
 
 
-@kernel(parallel=True, work_arg=1)
+@kernel(parallel=True, work=1)
 def _scatter_add(ids, dout, scale, padding_idx, n_threads, dw):
     """dw[ids[n]] += scale * dout[n]. Threads own disjoint column blocks, so repeated ids never
     race, and every dw[i, c] sums its tokens in token order whatever the number of blocks: the

@@ -53,12 +53,19 @@ _BUCKET = 256                    # large products: one decision per size bucket
 TRIAL_LIMIT = 1 << 28            # multiply-adds of a whole batched product worth a trial
 TRIALS = 3                       # timed calls per candidate (the fastest counts)
 
+def _product_work(a, b, out):
+    """A batched product's work for the serial-twin choice (kernels/_jit.py), in elements'
+    worth: its multiply-adds over 32 (vectorised 16 wide, two a cycle, 32 of them take about
+    as long as one element of an element-wise kernel)."""
+    return out.size * a.shape[-1] // 32
+
+
 _timings = {}                    # key -> {variant: seconds}, of products timed in this process
 _ruled = {}                      # key -> the rules' variant (what deterministic mode computes with)
 _checked = set()                 # (key, variant) pairs known to fit their product
 
 
-@kernel(parallel=True, work_arg=2)
+@kernel(parallel=True, work=_product_work)
 def _gemm_rows(a, b, out):
     """out[g] = a[g] @ b[g]; a (G, M, K), b (G, K, N), out (G, M, N), all C-contiguous.
 
@@ -77,7 +84,7 @@ def _gemm_rows(a, b, out):
                 out[g, i, j] += aik * b[g, k, j]
 
 
-@kernel(parallel=True, work_arg=2)
+@kernel(parallel=True, work=_product_work)
 def _gemm_rows_nt(a, bt, out):
     """out[g] = a[g] @ bt[g].T; a (G, M, K), bt (G, N, K), out (G, M, N), all C-contiguous.
 
@@ -149,7 +156,9 @@ def _numba(a, b, out):
     return out
 
 
-THIN_ROWS = 16                   # "numba-thin": products of fewer rows (a decoding step's)
+THIN_ROWS = 16                   # "numba-thin": products of fewer rows (a decoding step's) ...
+THIN_MAX_MACS = 1 << 25          # ... and at most this many multiply-adds: the kernel is serial,
+                                 # and BLAS's cells share larger ones between the workers
 
 
 def _thin_offered(a, b):
@@ -157,6 +166,7 @@ def _thin_offered(a, b):
     BLAS's matrix-vector product, faster still), b a weight's transposed view (``w.T``, w
     C-contiguous), float operands."""
     return (a.ndim == 2 and 2 <= a.shape[0] < THIN_ROWS and a.shape[1] >= 1
+            and a.shape[0] * a.shape[1] * b.shape[1] <= THIN_MAX_MACS
             and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)
             and _layout(b) == "T" and b.T.flags.c_contiguous)
 

@@ -68,12 +68,11 @@ def load_torch_state_dict(model, state_dict):
     """
     _check_torch_layout(model)
     ours = {from_torch_name(k): v for k, v in state_dict.items()}
-    shared = []
-    if model.config.tie_embeddings:
-        shared.append(("generator.weight", "tgt_embed.weight"))
-    if model.config.share_all_embeddings:
-        shared.append(("tgt_embed.weight", "src_embed.weight"))
-    for copy, kept in shared:                # the copy of a shared matrix must equal it
+    cfg = model.config
+    kept = "src_embed.weight" if cfg.share_all_embeddings else "tgt_embed.weight"
+    copies = (["tgt_embed.weight"] if cfg.share_all_embeddings else []) + \
+        (["generator.weight"] if cfg.tie_embeddings else [])
+    for copy in copies:                      # every copy of the shared matrix must equal it
         if copy in ours:
             dup, emb = np.asarray(ours.pop(copy)), ours.get(kept)
             if emb is not None and (np.shape(dup) != np.shape(emb)

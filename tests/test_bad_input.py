@@ -100,6 +100,14 @@ def test_interop_rejects_qk_dim_variant_and_mismatched_tied_weights():
     sd["generator.weight"] = sd["generator.weight"] + 1
     with pytest.raises(ValueError, match="generator.weight differs from tgt_embed.weight"):
         nf.interop.load_torch_state_dict(tied, sd)
+    shared = nf.Transformer(12, 12, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
+                            n_decoder_layers=1, share_all_embeddings=True)
+    sd = nf.interop.to_torch_state_dict(shared)
+    del sd["tgt_embed.weight"]                  # the copy that would be compared otherwise
+    sd["generator.weight"] = sd["generator.weight"] + 1
+    with pytest.raises(ValueError, match="generator.weight differs from src_embed.weight"):
+        nf.interop.load_torch_state_dict(shared, sd)
+    nf.interop.load_torch_state_dict(shared, nf.interop.to_torch_state_dict(shared))
 
 
 def test_gradcheck_rejects_float32():

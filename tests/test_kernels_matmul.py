@@ -268,4 +268,6 @@ def test_thin_products_of_a_linear_layer_run_the_thin_kernel(m, dtype):
     np.testing.assert_allclose(out, ref, rtol=0, atol=TOL[dtype] * 40 * 4)
     assert "numba-thin" not in M._offered(np.zeros((M.THIN_ROWS, 40), dtype), w.T, None)
     assert "numba-thin" not in M._offered(np.zeros((1, 40), dtype), w.T, None)     # BLAS's gemv
+    big = np.zeros((4096, 1024), dtype)                # 15 x 1024 x 4096: BLAS's cells share it
+    assert "numba-thin" not in M._offered(np.zeros((15, 1024), dtype), big.T, None)
     assert "numba-thin" not in M._offered(x, np.ascontiguousarray(w.T), None)      # not w.T

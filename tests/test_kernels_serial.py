@@ -83,8 +83,11 @@ def test_the_choice_follows_the_work_argument():
         def __call__(self, *args):
             calls.append(self.name)
 
-    kernel = _jit.ParallelKernel(Twin("parallel"), Twin("serial"), work_arg=1)
+    kernel = _jit.ParallelKernel(Twin("parallel"), Twin("serial"), work=1)
     small, large = np.zeros(10), np.zeros(_jit.SERIAL_BELOW)
     kernel(large, small)                 # the work argument (the second) is small
     kernel(small, large)
     assert calls == ["serial", "parallel"]
+    # a product's work counts its multiply-adds: a small output over a long K is not small
+    a, b, out = np.zeros((4, 64, 4096)), None, np.zeros((4, 64, 64))
+    assert M._product_work(a, b, out) >= _jit.SERIAL_BELOW > out.size

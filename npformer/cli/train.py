@@ -66,7 +66,8 @@ def add_parser(sub, name):
                    help="keep the case of the text (default: lowercase, see docs/multi30k.md)")
     m.add_argument("--subword", type=positive_int, default=None, metavar="N",
                    help="split words into a joint SentencePiece model's N pieces (e.g. 8000; needs "
-                        "pip install 'npformer[subword]'; default: whole words)")
+                        "pip install 'npformer[subword]'; default: the preset's, whole words for "
+                        "base, 10000 for tiny)")
     m.add_argument("--subset", type=positive_int, default=None, metavar="N",
                    help="first N training pairs only")
     m.add_argument("--valid-subset", type=positive_int, default=None, metavar="N",
@@ -74,7 +75,8 @@ def add_parser(sub, name):
     g = p.add_argument_group("batching, checkpoints, time")
     g.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                    help="batches of about N padded tokens (src + tgt) instead of --batch-size "
-                        "(multi30k default %d)" % MULTI30K_TRAIN["max_tokens"])
+                        "(multi30k default: the preset's, %d for base, %d for tiny)"
+                   % (PRESETS["base"]["train"]["max_tokens"], PRESETS["tiny"]["train"]["max_tokens"]))
     g.add_argument("--accum-steps", type=positive_int, default=None, metavar="K",
                    help="sum the gradients of K batches per update (default 1)")
     g.add_argument("--eval-every", "--save-every", dest="eval_every_steps", type=positive_int, default=None,
@@ -84,7 +86,8 @@ def add_parser(sub, name):
                    help="stop training after MIN minutes of wall time (validations included), "
                         "then validate the final weights (when there is validation data)")
     g.add_argument("--keep-last", type=positive_int, default=None, metavar="N",
-                   help="keep the checkpoints of the last N validations as step_<N>")
+                   help="keep the last N checkpoints as step_<N>: one per validation, or one per "
+                        "epoch under --preset tiny (multi30k tiny default 10)")
     g.add_argument("--average-last", type=positive_int, default=None, metavar="N",
                    help="after training, average the last N kept checkpoints into OUT/averaged "
                         "(implies --keep-last N if that is not given)")

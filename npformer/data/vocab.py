@@ -230,8 +230,11 @@ class Vocabularies:
     @staticmethod
     def check_fits(vocabs: object, sizes: dict, where: str = "vocabs") -> "Vocabularies":
         """``vocabs`` if it is a ``Vocabularies`` whose sides have the sizes a model expects
-        (``sizes``: its configuration's ``vocab_sizes()``, e.g. ``{"src": 8000, "tgt": 8000}``);
-        else ``ValueError`` naming ``where``."""
+        (``sizes``: its configuration's ``vocab_sizes()``, e.g. ``{"src": 8000, "tgt": 8000}``),
+        or None for a model that reads no tokens (``sizes`` empty); else ``ValueError`` naming
+        ``where``."""
+        if vocabs is None and not sizes:
+            return None
         if not isinstance(vocabs, Vocabularies):
             raise ValueError(f"{where}: expected a Vocabularies (Vocabularies(src_vocab, "
                              f"tgt_vocab) or Vocabularies.joint(vocab)), got {type(vocabs).__name__}")

@@ -168,8 +168,6 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
         a = len(active)
         logp = state.step(prev)                                          # (A*K, V)
         v = logp.shape[1]
-        if t == 0:
-            check_beam_size(k, v)
         cand = (scores[:, None] + logp).reshape(a, k * v)                # (A, K*V)
         top = _top_candidates(cand, 2 * k)                               # (A, 2K) best first
         new_rows, new_tok, new_scores = [], [], []

@@ -19,11 +19,14 @@ class KVCache:
     A cache of the encoder memory (cross-attention) is filled once and never grows.
     """
 
-    def __init__(self, batch_size, n_heads, capacity, d_k, d_v, dtype, memory=False):
+    def __init__(self, batch_size, n_heads, capacity, d_k, d_v, dtype):
         self.k = np.empty((batch_size, n_heads, capacity, d_k), dtype=dtype)
         self.v = np.empty((batch_size, n_heads, capacity, d_v), dtype=dtype)
-        self.batch_size, self.capacity, self.length = batch_size, capacity, 0
-        self.memory = memory             # the encoder memory's (cross-attention): filled once
+        self.batch_size, self.length = batch_size, 0
+
+    @property
+    def capacity(self):
+        return self.k.shape[2]
 
     def append(self, k, v):
         """Add positions: k (B, H, t, d_k), v (B, H, t, d_v)."""
@@ -41,8 +44,13 @@ class KVCache:
         return self.v[:self.batch_size, :, :self.length]
 
     def reorder(self, index):
-        """Keep rows ``index`` (B',), in that order (a row may be repeated), gathered in place."""
+        """Keep rows ``index`` (B',), in that order (a row may be repeated), gathered in place;
+        at most as many rows as the cache was made for."""
         n, t = len(index), self.length
+        if n > self.k.shape[0]:
+            raise ValueError(f"KVCache: {n} rows exceed the {self.k.shape[0]} it holds")
+        if n == self.batch_size and np.array_equal(index, np.arange(n)):
+            return                                                # nothing moves
         self.k[:n, :, :t] = self.k[index, :, :t]
         self.v[:n, :, :t] = self.v[index, :, :t]
         self.batch_size = n
@@ -129,30 +137,29 @@ class MultiHeadAttention(Module):
         self._ops = ops()
         k, v, _ = self._project_memory(memory)
         cache = KVCache(memory.shape[0], self.n_heads, memory.shape[1], k.shape[-1], v.shape[-1],
-                        memory.dtype, memory=True)
+                        memory.dtype)
         cache.append(k, v)
         return cache
 
-    def step(self, x, cache, mask=None, group=1):
-        """The newest position x (R, 1, D) -> (R, 1, D).
-
-        Self-attention (``cache`` from ``new_cache``): its key and value are appended to the
-        cache and the query attends to every cached position (all earlier ones: no mask).
-        Cross-attention (``cache`` from ``memory_cache``, one row per source): rows come in
-        ``group``s of one source each (the beams of a sentence); each group's queries attend to
-        its source's keys as ``group`` query positions, so the keys are never repeated.
-        """
+    def step(self, x, cache):
+        """Self-attention of the newest position x (R, 1, D) -> (R, 1, D): its key and value
+        join ``cache`` (from ``new_cache``) and its query attends to every cached position (all
+        earlier ones: no mask)."""
         self._ops = ops()
-        if not cache.memory:                                      # self-attention
-            q, k, v, _ = self._project_self(x)                    # (R, H, 1, d)
-            cache.append(k, v)
-            return self._attend(q, cache.keys(), cache.values(), mask)[0]
-        q, _ = self._project_query(x)                             # (R, H, 1, dk)
-        n, h = cache.batch_size, self.n_heads
-        if group > 1:                                             # (n, H, group, dk)
-            q = np.ascontiguousarray(q.reshape(n, group, h, -1).transpose(0, 2, 1, 3))
-        out, _ = self._attend(q, cache.keys(), cache.values(), mask)   # (n, group, D)
-        return out.reshape(n * group, 1, self.d_model)
+        q, k, v, _ = self._project_self(x)                        # (R, H, 1, d)
+        cache.append(k, v)
+        return self._attend(q, cache.keys(), cache.values(), None)[0]
+
+    def cross_step(self, x, cache, mask=None):
+        """Cross-attention of the newest position x (R, 1, D) -> (R, 1, D) over ``cache`` (from
+        ``memory_cache``: one row per source). The R rows come in equal groups of consecutive
+        rows, one group per source (a sentence's beams); a group's queries attend to its
+        source's keys as so many query positions, so the keys are never repeated."""
+        self._ops = ops()
+        n = cache.batch_size
+        q, _ = self._project_query(x.reshape(n, -1, self.d_model))   # (n, H, group, dk)
+        out, _ = self._attend(q, cache.keys(), cache.values(), mask)    # (n, group, D)
+        return out.reshape(x.shape)
 
     def backward(self, dout):
         """Returns dx, or (dx, dmemory) for cross-attention.

@@ -43,13 +43,13 @@ class DecoderLayer(Module):
         return self._sublayers(x, lambda h: self.self_attn.forward(h, mask=self_mask),
                                lambda h: self.multihead_attn.forward(h, memory, cross_mask))
 
-    def step(self, x, self_cache, memory_cache, cross_mask=None, group=1):
+    def step(self, x, self_cache, memory_cache, cross_mask=None):
         """The newest position x (R, 1, D) -> (R, 1, D) in eval mode: its self-attention key and
         value join ``self_cache``; cross-attention reads ``memory_cache`` (one row per source,
-        ``group`` rows of x each; ``cross_mask`` (sources, 1, 1, S))."""
+        an equal group of rows of x each; ``cross_mask`` (sources, 1, 1, S))."""
         return self._sublayers(x, lambda h: self.self_attn.step(h, self_cache),
-                               lambda h: self.multihead_attn.step(h, memory_cache, cross_mask,
-                                                                  group))
+                               lambda h: self.multihead_attn.cross_step(h, memory_cache,
+                                                                        cross_mask))
 
     def _cross_backward(self, dout):
         dx, self._dmemory = self.multihead_attn.backward(dout)
@@ -81,10 +81,10 @@ class Decoder(Module):
             x = layer.forward(x, memory, self_mask, cross_mask)
         return self.norm.forward(x)
 
-    def step(self, x, self_caches, memory_caches, cross_mask=None, group=1):
+    def step(self, x, self_caches, memory_caches, cross_mask=None):
         """The newest position through every layer (one cache of each kind per layer)."""
         for layer, self_cache, memory_cache in zip(self.layers, self_caches, memory_caches):
-            x = layer.step(x, self_cache, memory_cache, cross_mask, group)
+            x = layer.step(x, self_cache, memory_cache, cross_mask)
         return self.norm.forward(x)
 
     def backward(self, dy):

@@ -189,24 +189,34 @@ class TranslationState:
                              f"{self.beams}")
         if capacity is None:
             capacity = min(model.max_len, 2 * src.shape[1] + 10)
-        self.capacity = check_int("capacity", capacity)
-        if self.capacity > model.max_len:
+        capacity = check_int("capacity", capacity)
+        if capacity > model.max_len:
             raise ValueError(f"capacity: expected at most the model's max_len={model.max_len} "
-                             f"positions, got {self.capacity}")
-        self.model, self.length = model, 0
-        self.banned = [model.pad_id, self.bos_id]      # never a next token
+                             f"positions, got {capacity}")
+        self.model = model
+        model._logits_shape = None       # its training activations are overwritten from here on
         with model.evaluating():
-            memory, self.src_mask = model.encode(src)                   # (B, S, D), (B, 1, 1, S)
+            memory, self.src_mask = model._encode(src)                  # (B, S, D), (B, 1, 1, S)
             self.memory_caches = [layer.multihead_attn.memory_cache(memory)
                                   for layer in model.decoder.layers]
         rows = src.shape[0] * self.beams
-        self.self_caches = [layer.self_attn.new_cache(rows, self.capacity, model.dtype)
+        self.self_caches = [layer.self_attn.new_cache(rows, capacity, model.dtype)
                             for layer in model.decoder.layers]
+
+    @property
+    def capacity(self):
+        """How many positions the state can hold."""
+        return self.self_caches[0].capacity
+
+    @property
+    def length(self):
+        """Positions decoded so far."""
+        return self.self_caches[0].length
 
     @property
     def batch_size(self):
         """Rows being decoded (sources x beams, less those dropped by ``reorder``)."""
-        return self.self_caches[0].batch_size if self.self_caches else 0
+        return self.self_caches[0].batch_size
 
     def first_tokens(self):
         """The tokens the first ``step`` takes: ``<bos>`` on every row."""
@@ -228,12 +238,10 @@ class TranslationState:
         with model.evaluating(), runtime.blas_scope():   # one BLAS setting for the whole step
             x = model.embed(model.tgt_embed, model.tgt_dropout, tokens[:, None].astype(np.int64),
                             start=self.length)                           # (R, 1, D)
-            h = model.decoder.step(x, self.self_caches, self.memory_caches, self.src_mask,
-                                   self.beams)
+            h = model.decoder.step(x, self.self_caches, self.memory_caches, self.src_mask)
             logits = model.generator.forward(h)[:, 0]                    # (R, V)
-        self.length += 1
         logits = logits.astype(np.float64)
-        logits[:, self.banned] = -np.inf
+        logits[:, [model.pad_id, self.bos_id]] = -np.inf                 # never a next token
         return F.log_softmax(logits)
 
     def reorder(self, index):

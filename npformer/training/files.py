@@ -10,12 +10,9 @@ Options a caller leaves out take ``TransformerConfig``'s and ``TrainConfig``'s d
 """
 from dataclasses import dataclass
 
-from ..configs import TransformerConfig
 from ..data.textfile import read_parallel
 from ..data.vocab import Vocabularies
-from ..registry import build_model
-from .trainer import TrainConfig
-from .translation import translation_trainer
+from .translation import recipe_trainer
 
 
 @dataclass
@@ -50,9 +47,5 @@ def files_trainer(src_file, tgt_file, valid_src=None, valid_tgt=None, min_freq=1
     gives the vocabularies; the caller resumes the trainer from it when it is ready to."""
     data = load_parallel_files(src_file, tgt_file, valid_src, valid_tgt, min_freq,
                                vocabs=None if saved is None else saved.vocabs)
-    model = build_model(TransformerConfig(src_vocab_size=len(data.vocabs.src),
-                                          tgt_vocab_size=len(data.vocabs.tgt), seed=seed,
-                                          **(model_kwargs or {})))
-    config = TrainConfig(**{"seed": seed, **(train_kwargs or {})})
-    return translation_trainer(model, data.vocabs, data.train, data.valid, config,
-                               extra=extra), data
+    return recipe_trainer(data.vocabs, data.train, data.valid, {}, {}, model_kwargs, train_kwargs,
+                          seed, extra=extra), data

@@ -27,12 +27,9 @@ from ..data.subword import SubwordTokenizer
 from ..data.tokenize import detokenize, tokenize
 from ..data.vocab import Vocabularies
 from ..decoding.translator import Translator, whitespace_tokenize
-from ..configs import TransformerConfig
-from ..registry import build_model
 from ..data.moses import available as moses_available
 from .metrics import papers_bleu, sacrebleu_scores
-from .trainer import TrainConfig
-from .translation import translation_trainer
+from .translation import recipe_trainer
 
 # 3+3 layers of d_model 256: the size the benchmarks time (BENCHMARKS.md, "base config").
 MULTI30K_MODEL = dict(d_model=256, n_heads=8, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
@@ -183,14 +180,11 @@ def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0, extra=None
     """A ``Trainer`` for ``data`` with the defaults of ``preset`` (``PRESETS``), overridden by the
     kwargs. ``extra`` adds to the metadata every checkpoint carries (beside the text settings)."""
     defaults = check_preset(preset)
-    model = build_model(TransformerConfig(
-        src_vocab_size=len(data.vocabs.src), tgt_vocab_size=len(data.vocabs.tgt),
-        **{**defaults["model"], "seed": seed, **(model_kwargs or {})}))
-    config = TrainConfig(**{**defaults["train"], "seed": seed, **(train_kwargs or {})})
     tokenize, detokenize_units = data.tokenizers()
-    return translation_trainer(model, data.vocabs, data.train, data.valid, config,
-                               tokenize=tokenize, detokenize=detokenize_units,
-                               bleu=bleu_against_raw, extra={**(extra or {}), **data.extra})
+    return recipe_trainer(data.vocabs, data.train, data.valid, defaults["model"],
+                          defaults["train"], model_kwargs, train_kwargs, seed, tokenize=tokenize,
+                          detokenize=detokenize_units, bleu=bleu_against_raw,
+                          extra={**(extra or {}), **data.extra})
 
 
 def checkpoint_text_settings(loaded):

@@ -8,6 +8,7 @@ logging and checkpoints; a task knows its data, its loss and how to score a mode
         check_model(model)                       # refuse a model that cannot serve the task
         batches_per_epoch()                      # for the schedule and the progress bar
         batches(epoch)                           # the rest of that epoch's batches (resumable)
+        batches_done()                           # how many of the epoch's are behind (progress)
         state_dict() / load_state_dict(state)    # the position inside the epoch
         tokens(batch), padded_tokens(batch)      # what the loss averages over; cells computed
         loss_and_backward(model, batch, weight)  # -> the batch's SUMMED loss
@@ -52,6 +53,11 @@ class Task:
         """The batches of ``epoch`` not yet trained on (all of them unless resumed half way),
         in a seeded order; advancing the position ``state_dict`` reports."""
         raise NotImplementedError
+
+    def batches_done(self):
+        """How many batches of the current epoch are already trained on (a progress bar's
+        start after a resume)."""
+        return 0
 
     def state_dict(self):
         return {}

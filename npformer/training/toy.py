@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 
 from ..data.toy import generate_toy_corpus, toy_examples
 from ..data.vocab import Vocabularies
-from ..configs import TransformerConfig
-from ..registry import build_model
 from .checkpointing import load_model_checkpoint
 from .metrics import exact_match
-from .trainer import TrainConfig, Trainer
-from .translation import translation_trainer
+from .trainer import Trainer
+from .translation import recipe_trainer
 
 TOY_MODEL = dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,
                  dropout=0.1, max_len=32)
@@ -54,12 +52,8 @@ def toy_trainer(seed=0, model_kwargs=None, train_kwargs=None, extra=None, n_trai
     training of ``TOY_TRAIN``, each overridden by the kwargs; ``extra`` goes into every
     checkpoint's metadata. The caller resumes the trainer from ``saved`` when it is ready to."""
     data = toy_data(seed, n_train=n_train, vocabs=None if saved is None else saved.vocabs)
-    model = build_model(TransformerConfig(
-        src_vocab_size=len(data.vocabs.src), tgt_vocab_size=len(data.vocabs.tgt),
-        **{**TOY_MODEL, "seed": seed, **(model_kwargs or {})}))
-    config = TrainConfig(**{**TOY_TRAIN, "seed": seed, **(train_kwargs or {})})
-    return translation_trainer(model, data.vocabs, data.train, data.valid, config,
-                               extra=extra), data
+    return recipe_trainer(data.vocabs, data.train, data.valid, TOY_MODEL, TOY_TRAIN, model_kwargs,
+                          train_kwargs, seed, extra=extra), data
 
 
 @dataclass

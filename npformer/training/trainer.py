@@ -13,6 +13,7 @@ caps the wall time, and ``keep_last`` keeps the last N ``step_<N>`` checkpoints 
 (``npformer.training.averaging``). The collective operations (``npformer.training.collective``)
 are where a data-parallel run plugs in.
 """
+import dataclasses
 import glob
 import math
 import os
@@ -143,11 +144,12 @@ class Trainer:
             raise ValueError(f"task: expected a npformer.training.task.Task (e.g. a "
                              f"TranslationTask), got {type(task).__name__}")
         self.model, self.task = model, task
-        self.config = config = config or TrainConfig()
+        config = config or TrainConfig()
+        if config.stop_metric is None:       # the task's first metric, in a copy: the caller's
+            config = dataclasses.replace(config, stop_metric=task.metrics[0])   # stays as given
+        self.config = config
         self.extra, self.collective = extra, collective or SingleProcess()
         task.check_model(model)
-        if config.stop_metric is None:
-            config.stop_metric = task.metrics[0]
         if config.stop_metric not in task.metrics:
             raise ValueError(f"stop_metric: expected one of the {task.name} task's metrics "
                              f"{task.metrics}, got {config.stop_metric!r}")
@@ -454,7 +456,7 @@ class Trainer:
         cfg, task, stop = self.config, self.task, None
         bar = progress_bar(total=task.batches_per_epoch(), quiet=cfg.quiet,
                            desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
-                           initial=task.state_dict().get("batches_done", 0))
+                           initial=task.batches_done())
         meter = _Throughput()
         for group in _groups(task.batches(self.epoch), cfg.accum_steps):
             loss = self.train_step(group)

@@ -14,10 +14,12 @@ import zlib
 
 import numpy as np
 
+from ..configs import TransformerConfig
 from ..data.batching import Batch, BatchSampler, iterate_batches, make_batch
 from ..data.vocab import Vocabularies
 from ..decoding.translator import Translator, whitespace_tokenize
 from ..loss import cross_entropy
+from ..registry import build_model
 from .metrics import corpus_bleu, exact_match
 from .task import Task
 from .trainer import TrainConfig, Trainer
@@ -82,6 +84,9 @@ class TranslationTask(Task):
         self.sampler.set_epoch(epoch)
         return iterate_batches(self.train_ids, self.sampler, self.pad, self.bos, self.eos)
 
+    def batches_done(self):
+        return self.sampler.state_dict()["batches_done"]
+
     def state_dict(self):
         return self.sampler.state_dict()
 
@@ -144,6 +149,19 @@ class TranslationTask(Task):
 
     def examples(self, n=3):
         return [f"{src} -> {hyp}" for src, hyp in self._hypotheses[:n]]
+
+
+def recipe_trainer(vocabs, train_pairs, valid_pairs, model_defaults, train_defaults,
+                   model_kwargs=None, train_kwargs=None, seed=0, **task_kwargs):
+    """What every recipe builds: a Transformer sized by ``vocabs`` from ``model_defaults``
+    overridden by ``model_kwargs``, a ``TrainConfig`` from ``train_defaults`` overridden by
+    ``train_kwargs`` (both seeded by ``seed``), and their ``translation_trainer``
+    (``task_kwargs``: tokenize, detokenize, bleu, extra)."""
+    model = build_model(TransformerConfig(
+        src_vocab_size=len(vocabs.src), tgt_vocab_size=len(vocabs.tgt),
+        **{**model_defaults, "seed": seed, **(model_kwargs or {})}))
+    config = TrainConfig(**{**train_defaults, "seed": seed, **(train_kwargs or {})})
+    return translation_trainer(model, vocabs, train_pairs, valid_pairs, config, **task_kwargs)
 
 
 def translation_trainer(model, vocabs, train_pairs, valid_pairs=None, config=None,

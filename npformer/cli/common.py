@@ -236,3 +236,32 @@ def check_writable(option, path):
         raise ValueError(f"{option} {path}: cannot be written: {probe} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise ValueError(f"{option} {path}: cannot be written (permission denied)")
+
+
+def add_text_args(p):
+    """--preprocess and --cased/--lowercase of ``translate`` and ``eval``: the input's text
+    settings, by default the Multi30k checkpoint's own."""
+    p.add_argument("--preprocess", choices=["npformer", "moses"], default=None,
+                   help="how raw text becomes tokens (default: as the checkpoint was trained; "
+                        "another choice warns)")
+    case = p.add_mutually_exclusive_group()
+    case.add_argument("--cased", dest="lowercase", action="store_false", default=None,
+                      help="keep the input's case (default: as the checkpoint was trained; "
+                           "another choice warns)")
+    case.add_argument("--lowercase", dest="lowercase", action="store_true", default=None,
+                      help="lowercase the input (default: as the checkpoint was trained)")
+
+
+def text_settings(args, loaded, multi30k):
+    """The text settings from --preprocess/--cased/--lowercase over a loaded checkpoint's (None
+    when it needs none); a ValueError for them on a checkpoint that is not a Multi30k model."""
+    from ..training.multi30k import text_settings_for
+
+    if not multi30k:
+        for option, value in (("--preprocess", args.preprocess),
+                              ("--cased/--lowercase", args.lowercase)):
+            if value is not None:
+                raise ValueError(f"{option}: only for Multi30k checkpoints; checkpoint "
+                                 f"{loaded.path} translates whitespace-tokenised text")
+        return None
+    return text_settings_for(loaded, lowercase=args.lowercase, preprocess=args.preprocess)

@@ -10,9 +10,9 @@ from ..decoding.translator import Translator
 from ..training.checkpointing import load_model_checkpoint
 from ..training.metrics import corpus_bleu, exact_match
 from ..training.multi30k import evaluate_checkpoint
-from .common import (beam_length_penalty, check_writable, non_negative_float, positive_int,
-                     refuse_output_over_inputs, resolve_checkpoint, write_json,
-                     write_lines)
+from .common import (add_text_args, beam_length_penalty, check_writable, non_negative_float,
+                     positive_int, refuse_output_over_inputs, resolve_checkpoint, text_settings,
+                     write_json, write_lines)
 from .runs import refuse_output_named_like_a_run_file
 
 
@@ -40,6 +40,7 @@ def add_parser(sub, name):
                    help="write bleu, signature, bleu_cased, seconds, sentences, ... as JSON")
     p.add_argument("--truncate", action="store_true")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_text_args(p)
     p.set_defaults(run=run)
 
 
@@ -71,7 +72,8 @@ def check_outputs(args, checkpoint):
 
 def run_multi30k(args, loaded):
     result = evaluate_checkpoint(loaded, args.data_dir, args.split, beam=args.beam,
-                                 length_penalty=beam_length_penalty(args))
+                                 length_penalty=beam_length_penalty(args),
+                                 settings=text_settings(args, loaded, multi30k=True))
     figures = {k: v for k, v in result.items() if k not in ("hypotheses", "sources", "references")}
     figures["checkpoint"] = loaded.path
     summary = [f"{result['split']} {result['src']}->{result['tgt']}, {result['sentences']} "
@@ -120,6 +122,7 @@ def run(args):
     loaded = load_model_checkpoint(checkpoint)
     if args.dataset == "multi30k":
         return run_multi30k(args, loaded)
+    text_settings(args, loaded, multi30k=False)          # refuses the options: nothing to set
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise ValueError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")

@@ -58,7 +58,7 @@ RESUME_MAY_CHANGE = ("max_steps", "epochs", "time_budget", "patience", "target",
 # and --quiet, which are about this invocation, not the run)
 RECORDED_OPTIONS = ("dataset", "src_file", "tgt_file", "valid_src", "valid_tgt", "min_freq",
                     "data_dir", "src", "tgt", "cased", "subword", "subset", "valid_subset",
-                    "preset",
+                    "preset", "preprocess",
                     "max_tokens", "accum_steps", "eval_every_steps", "time_budget", "keep_last",
                     "average_last", "d_model", "n_heads", "d_ff", "layers", "dropout", "max_len",
                     "epochs", "max_steps", "batch_size", "lr", "warmup_steps", "schedule", "min_lr",
@@ -234,7 +234,10 @@ def recorded_options(meta):
     predate them, what its training config, model config and text settings say."""
     extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
     if isinstance(extra.get("options"), dict):
-        return {k: v for k, v in extra["options"].items() if k in RECORDED_OPTIONS}
+        out = {k: v for k, v in extra["options"].items() if k in RECORDED_OPTIONS}
+        if out.get("dataset") == "multi30k" and "preprocess" not in out:  # runs that predate it
+            out["preprocess"] = extra.get("preprocess", "npformer")
+        return out
     training = meta.get("training") if isinstance(meta.get("training"), dict) else {}
     config = training.get("config") if isinstance(training.get("config"), dict) else {}
     model = meta.get("config") if isinstance(meta.get("config"), dict) else {}
@@ -252,7 +255,8 @@ def recorded_options(meta):
             out[dest] = model[key]
     if extra.get("dataset") == "multi30k":
         out.update(dataset="multi30k", src=extra.get("src_lang"), tgt=extra.get("tgt_lang"),
-                   cased=not extra.get("lowercase", True), subword=extra.get("subword_pieces"))
+                   cased=not extra.get("lowercase", True), subword=extra.get("subword_pieces"),
+                   preprocess=extra.get("preprocess", "npformer"))
     elif extra.get("made_by") == TOY_MADE_BY:
         out["dataset"] = "toy"
     return out

@@ -5,7 +5,7 @@ import re
 
 from ..training.averaging import average_checkpoints
 from ..training.files import files_trainer
-from ..training.multi30k import MULTI30K_TRAIN, PRESETS, multi30k_trainer
+from ..training.multi30k import MULTI30K_TRAIN, PREPROCESS, PRESETS, multi30k_trainer
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_trainer
 from ..training.trainer import step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, model_kwargs,
@@ -20,9 +20,10 @@ _TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule", "label_
                "clip_norm", "stop_metric", "min_lr", "target")
 # options each dataset would ignore: giving one is refused, naming it
 _NOT_FOR = {"toy": ("src_file", "tgt_file", "valid_src", "valid_tgt", "min_freq", "data_dir",
-                    "src", "tgt", "cased", "subword", "subset", "valid_subset", "preset"),
+                    "src", "tgt", "cased", "subword", "subset", "valid_subset", "preset",
+                    "preprocess"),
             "files": ("data_dir", "src", "tgt", "cased", "subword", "subset", "valid_subset",
-                      "preset"),
+                      "preset", "preprocess"),
             "multi30k": ("src_file", "tgt_file", "valid_src", "valid_tgt")}
 # options that act on validation: refused where there is no validation data
 _NEED_VALIDATION = ("eval_every_steps", "patience", "target", "stop_metric", "keep_last",
@@ -64,6 +65,11 @@ def add_parser(sub, name):
     m.add_argument("--tgt", default=None, choices=["de", "en"], help="target language (default en)")
     m.add_argument("--cased", action="store_true", default=None,
                    help="keep the case of the text (default: lowercase, see docs/multi30k.md)")
+    m.add_argument("--preprocess", default=None, choices=list(PREPROCESS),
+                   help="how raw text becomes tokens: npformer (the project's word tokenizer) or "
+                        "moses (the papers': Moses normalisation, lowercasing, the Moses "
+                        "tokenizer with its escaping; needs pip install 'npformer[moses]'); "
+                        "default: the preset's, npformer for base, moses for tiny")
     m.add_argument("--subword", type=positive_int, default=None, metavar="N",
                    help="split words into a joint SentencePiece model's N pieces (e.g. 8000; needs "
                         "pip install 'npformer[subword]'; default: the preset's, whole words for "
@@ -141,7 +147,7 @@ def fill_defaults(args, dataset):
         args.preset = args.preset or "base"
         preset = PRESETS[args.preset]
         model, train = preset["model"], preset["train"]
-        for dest in ("subword", "average_last"):
+        for dest in ("subword", "average_last", "preprocess"):
             if getattr(args, dest) is None:
                 setattr(args, dest, preset[dest])
         for dest in ("max_steps", "keep_last"):
@@ -230,7 +236,8 @@ def build(args, saved=None, given=()):
         trainer, data = multi30k_trainer(args.data_dir, args.src, args.tgt,
                                          lowercase=not args.cased, min_freq=args.min_freq,
                                          subset=args.subset, valid_subset=args.valid_subset,
-                                         subword=args.subword, preset=args.preset, **common)
+                                         subword=args.subword, preset=args.preset,
+                                         preprocess=args.preprocess, **common)
     vocabs = trainer.task.vocabs
     sizes = (f"one joint vocabulary of {len(vocabs.src)}" if vocabs.is_joint else
              f"vocabularies {len(vocabs.src)} / {len(vocabs.tgt)}")

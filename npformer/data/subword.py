@@ -12,6 +12,10 @@ punctuation rules and its exact detokenizer; SentencePiece only splits rare word
 (``schlagzeuger`` -> ``▁schlag zeug er``), so no word of the test set is out of vocabulary.
 Normalisation is the word tokenizer's (NFC, optional lowercasing): SentencePiece's own is off.
 
+``pretokenized=True`` skips the word tokenizer: the text arrives tokenised already (the papers'
+Moses preprocessing, ``npformer.data.moses``), ``tokenize`` only splits it into pieces and
+``detokenize`` gives the tokenised text back (tokens joined by single spaces).
+
 Needs the ``sentencepiece`` package: ``pip install "npformer[subword]"``. The trained model is
 kept as bytes (``model_proto``) and saved inside every checkpoint, base64-encoded.
 """
@@ -36,12 +40,13 @@ def _sentencepiece():
 class SubwordTokenizer:
     """Word tokenizer + SentencePiece model. Picklable; ``to_text``/``from_text`` round-trip it."""
 
-    def __init__(self, model_proto, lowercase=True):
+    def __init__(self, model_proto, lowercase=True, pretokenized=False):
         if not isinstance(model_proto, (bytes, bytearray)) or not model_proto:
             got = "empty bytes" if isinstance(model_proto, (bytes, bytearray)) else \
                 type(model_proto).__name__
             raise ValueError(f"model_proto: expected the bytes of a SentencePiece model, got {got}")
         self.model_proto, self.lowercase = bytes(model_proto), bool(lowercase)
+        self.pretokenized = bool(pretokenized)
         self._load()
 
     def _load(self):
@@ -52,11 +57,14 @@ class SubwordTokenizer:
             raise ValueError(f"model_proto: not a valid SentencePiece model ({exc})") from None
 
     @classmethod
-    def train(cls, texts, vocab_size=8000, lowercase=True, model_type="bpe"):
-        """Learn a model with ``vocab_size`` pieces from an iterable of raw sentences."""
+    def train(cls, texts, vocab_size=8000, lowercase=True, model_type="bpe", pretokenized=False):
+        """Learn a model with ``vocab_size`` pieces from an iterable of raw sentences (of
+        tokenised ones with ``pretokenized``)."""
         if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 16:
             raise ValueError(f"vocab_size: expected an integer >= 16, got {vocab_size!r}")
-        lines = [" ".join(tokenize_words(t, lowercase=lowercase)) for t in texts]
+        words = (lambda t: t.split()) if pretokenized else \
+            (lambda t: tokenize_words(t, lowercase=lowercase))
+        lines = [" ".join(words(t)) for t in texts]
         if not any(lines):
             raise ValueError("texts: no words to learn subword units from")
         model = io.BytesIO()
@@ -65,37 +73,48 @@ class SubwordTokenizer:
             model_type=model_type, character_coverage=1.0, normalization_rule_name="identity",
             add_dummy_prefix=True, split_digits=False, hard_vocab_limit=False,
             bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, num_threads=1, minloglevel=2)
-        return cls(model.getvalue(), lowercase)
+        return cls(model.getvalue(), lowercase, pretokenized)
 
     def tokenize(self, text):
         """Sentence -> list of pieces (strings; a piece starting with ``▁`` begins a word)."""
-        return self._sp.encode(" ".join(tokenize_words(text, lowercase=self.lowercase)),
-                               out_type=str)
+        words = text.split() if self.pretokenized else tokenize_words(text, lowercase=self.lowercase)
+        return self.pieces(words)
 
     def detokenize(self, pieces):
-        """Pieces -> sentence. ``<unk>`` pieces (words the model could not spell) are dropped."""
-        words = self._sp.decode([p for p in pieces if p != "<unk>"]).split()
-        return detokenize_words(words)
+        """Pieces -> sentence (tokenised text if ``pretokenized``). ``<unk>`` pieces (words the
+        model could not spell) are dropped."""
+        words = self.words(pieces)
+        return " ".join(words) if self.pretokenized else detokenize_words(words)
+
+    def pieces(self, words):
+        """Words (tokens) -> pieces: the SentencePiece step alone."""
+        return self._sp.encode(" ".join(words), out_type=str)
+
+    def words(self, pieces):
+        """Pieces -> words, ``<unk>`` pieces dropped: the SentencePiece step back."""
+        return self._sp.decode([p for p in pieces if p != "<unk>"]).split()
 
     def to_text(self):
         """The model as ASCII text (base64), for a checkpoint's JSON metadata."""
         return base64.b64encode(self.model_proto).decode("ascii")
 
     @classmethod
-    def from_text(cls, text, lowercase=True):
+    def from_text(cls, text, lowercase=True, pretokenized=False):
         try:
             proto = base64.b64decode(text.encode("ascii"), validate=True)
         except (ValueError, AttributeError) as exc:
             raise ValueError(f"subword model: expected base64 text, got {type(text).__name__} "
                              f"({exc})") from None
-        return cls(proto, lowercase)
+        return cls(proto, lowercase, pretokenized)
 
     def __len__(self):
         return self._sp.get_piece_size()
 
     def __getstate__(self):
-        return {"model_proto": self.model_proto, "lowercase": self.lowercase}
+        return {"model_proto": self.model_proto, "lowercase": self.lowercase,
+                "pretokenized": self.pretokenized}
 
     def __setstate__(self, state):
         self.model_proto, self.lowercase = state["model_proto"], state["lowercase"]
+        self.pretokenized = state.get("pretokenized", False)
         self._load()

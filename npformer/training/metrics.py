@@ -53,11 +53,13 @@ def sacrebleu_scores(hypotheses, references):
     return out
 
 
-def papers_bleu(hypotheses, references, lang):
+def papers_bleu(hypotheses, references, lang, tokenised=False):
     """The BLEU the Multi30k papers report: hypotheses and RAW references both preprocessed as
     those papers do (``npformer.data.moses.papers_tokenize``: Moses punctuation normalisation,
     lowercasing, the Moses tokenizer with its default escaping), then corpus BLEU with no
-    further tokenisation (``sacrebleu --tokenize none``). Needs sacremoses.
+    further tokenisation (``sacrebleu --tokenize none``). Needs sacremoses. ``tokenised=True``:
+    the hypotheses are so preprocessed already (the output of a model trained on such text,
+    ``--preprocess moses``) and are scored as they are, as the papers score theirs.
 
     Returns ``{"bleu_papers": ..., "signature_papers": ...}``; the signature is sacrebleu's with
     ``+moses-lc-esc`` appended, naming the preprocessing."""
@@ -69,7 +71,7 @@ def papers_bleu(hypotheses, references, lang):
     if not references:
         raise ValueError("references: expected at least one sentence, got none")
     metric = BLEU(tokenize="none", force=True)      # tokenised on purpose: no warning
-    score = metric.corpus_score(papers_tokenize(hypotheses, lang),
-                                [papers_tokenize(references, lang)])
+    hypotheses = hypotheses if tokenised else papers_tokenize(hypotheses, lang)
+    score = metric.corpus_score(hypotheses, [papers_tokenize(references, lang)])
     return {"bleu_papers": float(score.score),
             "signature_papers": f"{metric.get_signature()}+moses-lc-esc"}

@@ -11,6 +11,11 @@
 Tokenisation is the project's word tokenizer (``npformer.data.tokenize``), lowercased by default;
 the model translates lowercased, tokenised text, and its output is detokenised before sacrebleu
 scores it against the RAW references (see docs/multi30k.md for the choice and its effect on BLEU).
+``preprocess="moses"`` (the Transformer-Tiny preset's) replaces the word tokenizer by the papers'
+preprocessing (``npformer.data.moses``: Moses punctuation normalisation, lowercasing, the Moses
+tokenizer with its escaping), applied to the training and validation text once, per language;
+the output then goes back to text by the Moses detokenizer, and validation BLEU is the papers'
+(tokenised text against tokenised references).
 The languages and the tokenizer settings are saved in every checkpoint (metadata ``extra``), so
 evaluation and translation need only the checkpoint. With ``subword=N`` the words are further
 split into pieces by a joint SentencePiece model of N pieces (``npformer.data.subword``), whose
@@ -27,8 +32,9 @@ from ..data.subword import SubwordTokenizer
 from ..data.tokenize import detokenize, tokenize
 from ..data.vocab import Vocabularies
 from ..decoding.translator import Translator, whitespace_tokenize
+from ..data.moses import PapersPreprocessor, papers_detokenize
 from ..data.moses import available as moses_available
-from .metrics import papers_bleu, sacrebleu_scores
+from .metrics import corpus_bleu, papers_bleu, sacrebleu_scores
 from .translation import recipe_trainer
 
 # 3+3 layers of d_model 256: the size the benchmarks time (BENCHMARKS.md, "base config").
@@ -40,6 +46,9 @@ MULTI30K_TRAIN = dict(epochs=100, max_tokens=5000, batch_size=64, accum_steps=1,
                       schedule="noam", label_smoothing=0.1, clip_norm=1.0, stop_metric="bleu",
                       eval_every_steps=150, log_every=20, betas=(0.9, 0.98))
 TOKENIZER = "npformer-word"
+MOSES_TOKENIZER = "moses"                # the papers' preprocessing (npformer.data.moses)
+# --preprocess: how raw text becomes the tokens that the units (words or pieces) are made from
+PREPROCESS = ("npformer", "moses")
 
 # Transformer-Tiny (fairseq's transformer_tiny_wu2021, the text-only baseline of Wu et al. 2021 and
 # its successors on Multi30k): 4+4 layers of d_model 128, 4 heads, FFN 256, post-norm, dropout
@@ -48,8 +57,10 @@ TOKENIZER = "npformer-word"
 # tokens as fairseq counts them (rows x the longer side; about 8,192 as npformer counts rows x
 # (source + target)), 8,000 updates, no gradient clipping (fairseq's default), a checkpoint every
 # epoch and the average of the last 10. Validation (greedy BLEU) every 500 updates picks "best".
-# One difference stays: npformer applies its one dropout rate to the attention weights and the
-# feed-forward activations too, where fairseq's recipe drops only the residual paths.
+# The text is preprocessed as the papers' (Moses normalisation, lowercasing, the Moses tokenizer
+# with its escaping) before the joint BPE is learnt on it. One difference stays: npformer applies
+# its one dropout rate to the attention weights and the feed-forward activations too, where
+# fairseq's recipe drops only the residual paths.
 TINY_MODEL = dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4,
                   dropout=0.3, max_len=128, share_all_embeddings=True)
 TINY_TRAIN = dict(epochs=1000, max_steps=8000, max_tokens=8192, batch_size=64, accum_steps=1,
@@ -58,37 +69,47 @@ TINY_TRAIN = dict(epochs=1000, max_steps=8000, max_tokens=8192, batch_size=64, a
                   betas=(0.9, 0.98), save_every_epochs=1, keep_last=10)
 # npformer train --dataset multi30k --preset NAME: the model, the training and the units
 PRESETS = {"base": dict(model=MULTI30K_MODEL, train=MULTI30K_TRAIN, subword=None,
-                        average_last=None),
-           "tiny": dict(model=TINY_MODEL, train=TINY_TRAIN, subword=10000, average_last=10)}
+                        average_last=None, preprocess="npformer"),
+           "tiny": dict(model=TINY_MODEL, train=TINY_TRAIN, subword=10000, average_last=10,
+                        preprocess="moses")}
 
 
 @dataclass
 class Multi30kData:
-    train: list          # (source text, target text), raw
+    train: list          # (source text, target text): raw, or the papers' tokens (moses)
     valid: list
     vocabs: Vocabularies # one per side over words; one joint vocabulary over subword pieces
     src: str             # language codes
     tgt: str
     lowercase: bool
     subword: SubwordTokenizer = None     # None: words are the units
+    preprocess: str = "npformer"         # one of PREPROCESS
 
     @property
     def extra(self):
         """What a checkpoint must remember to translate and score like this run."""
-        return text_settings(self.src, self.tgt, self.lowercase, self.subword)
+        return text_settings(self.src, self.tgt, self.lowercase, self.subword, self.preprocess)
 
     def tokenizers(self):
-        """(tokenize, detokenize) of this data's units."""
+        """(tokenize, detokenize) of this data's units (the papers' preprocessing has been
+        applied to the pairs already: its units come from whitespace-separated tokens)."""
         if self.subword is not None:
             return self.subword.tokenize, self.subword.detokenize
+        if self.preprocess == "moses":
+            return whitespace_tokenize, " ".join
         return make_tokenizer(self.lowercase), detokenize
 
+    def bleu(self):
+        """Validation BLEU ``(hypotheses, target texts) -> float`` for this data's text."""
+        return bleu_tokenised if self.preprocess == "moses" else bleu_against_raw
 
-def text_settings(src, tgt, lowercase, subword=None):
-    settings = {"dataset": "multi30k", "src_lang": src, "tgt_lang": tgt, "tokenizer": TOKENIZER,
-                "lowercase": bool(lowercase)}
+
+def text_settings(src, tgt, lowercase, subword=None, preprocess="npformer"):
+    words = MOSES_TOKENIZER if preprocess == "moses" else TOKENIZER
+    settings = {"dataset": "multi30k", "src_lang": src, "tgt_lang": tgt, "tokenizer": words,
+                "lowercase": bool(lowercase), "preprocess": preprocess}
     if subword is not None:
-        settings.update(tokenizer=SUBWORD_TOKENIZER, subword_pieces=len(subword),
+        settings.update(tokenizer=f"{words}+sentencepiece", subword_pieces=len(subword),
                         subword_model=subword.to_text())
     return settings
 
@@ -104,7 +125,7 @@ def _check_count(name, value):
 
 
 def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2, subset=None,
-                  valid_subset=None, subword=None, vocabs=None):
+                  valid_subset=None, subword=None, vocabs=None, preprocess="npformer"):
     """Training/validation pairs and vocabularies (built on the training pairs only).
 
     ``subset`` keeps the first N training pairs, ``valid_subset`` the first N of ``val``.
@@ -113,9 +134,11 @@ def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2,
     also be a ``SubwordTokenizer`` already learnt (a resumed run's, whose ``lowercase`` then
     holds). Words get one vocabulary per language; a joint subword model gives one joint
     vocabulary (``Vocabularies.joint``). ``vocabs``, if given, is used instead of building any
-    (a resumed run's). Loader errors (missing folder or split, corrupt gzip, bad UTF-8, line
-    counts) pass through.
+    (a resumed run's). ``preprocess="moses"`` turns every pair into the papers' tokens first
+    (``npformer.data.moses``; lowercased, so ``lowercase`` must be True; needs sacremoses).
+    Loader errors (missing folder or split, corrupt gzip, bad UTF-8, line counts) pass through.
     """
+    check_preprocess(preprocess, lowercase)
     _check_count("subset", subset)
     _check_count("valid_subset", valid_subset)
     if not isinstance(subword, SubwordTokenizer):
@@ -128,13 +151,15 @@ def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2,
         train = train[:subset]
     if valid_subset is not None:
         valid = valid[:valid_subset]
+    if preprocess == "moses":
+        train, valid = (papers_pairs(pairs, src, tgt) for pairs in (train, valid))
     pieces = subword if isinstance(subword, SubwordTokenizer) else None
     if pieces is not None:
         lowercase = pieces.lowercase
     elif subword is not None:
         pieces = SubwordTokenizer.train([s for s, _ in train] + [t for _, t in train], subword,
-                                        lowercase=lowercase)
-    data = Multi30kData(train, valid, vocabs, src, tgt, bool(lowercase), pieces)
+                                        lowercase=lowercase, pretokenized=preprocess == "moses")
+    data = Multi30kData(train, valid, vocabs, src, tgt, bool(lowercase), pieces, preprocess)
     if vocabs is None:
         tok = data.tokenizers()[0]
         data.vocabs = Vocabularies.build(((tok(s), tok(t)) for s, t in train), min_freq=min_freq,
@@ -144,20 +169,24 @@ def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2,
 
 def multi30k_trainer(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2, subset=None,
                      valid_subset=None, subword=None, model_kwargs=None, train_kwargs=None,
-                     seed=0, extra=None, saved=None, preset="base"):
+                     seed=0, extra=None, saved=None, preset="base", preprocess=None):
     """The recipe's ``(Trainer, Multi30kData)`` from its options (those of ``load_multi30k`` and
-    ``build_trainer``; ``subword`` None takes the preset's units). To resume, ``saved`` (a
-    ``LoadedCheckpoint``) gives the vocabularies and the subword model; the data is read again
-    and the caller resumes the trainer from ``saved`` when it is ready to."""
+    ``build_trainer``; ``subword`` and ``preprocess`` None take the preset's). To resume,
+    ``saved`` (a ``LoadedCheckpoint``) gives the vocabularies, the subword model and the
+    preprocessing; the data is read again and the caller resumes the trainer from ``saved``
+    when it is ready to."""
     if subword is None:
         subword = check_preset(preset)["subword"]
+    if preprocess is None:
+        preprocess = check_preset(preset)["preprocess"]
     if saved is not None:
         subword, vocabs = checkpoint_subword(saved), saved.vocabs
+        preprocess = (saved.meta.get("extra") or {}).get("preprocess", "npformer")
     else:
         vocabs = None
     data = load_multi30k(data_dir, src, tgt, lowercase=lowercase, min_freq=min_freq,
                          subset=subset, valid_subset=valid_subset, subword=subword,
-                         vocabs=vocabs)
+                         vocabs=vocabs, preprocess=preprocess)
     if not data.valid:
         raise ValueError(f"data_dir {data_dir or '(default)'}: its val split holds no "
                          f"sentences; training needs validation data")
@@ -168,6 +197,26 @@ def multi30k_trainer(data_dir=None, src="de", tgt="en", lowercase=True, min_freq
 def bleu_against_raw(hypotheses, targets):
     """Validation BLEU: lowercased sacrebleu of detokenised output against the raw targets."""
     return sacrebleu_scores(hypotheses, targets)["bleu"]
+
+
+def bleu_tokenised(hypotheses, targets):
+    """Validation BLEU of a ``preprocess="moses"`` run: its tokenised output against the
+    tokenised targets, no further tokenisation (the papers' BLEU on the validation split)."""
+    return corpus_bleu(hypotheses, targets, tokenize="none")
+
+
+def check_preprocess(preprocess, lowercase=True):
+    if preprocess not in PREPROCESS:
+        raise ValueError(f"preprocess: expected one of {PREPROCESS}, got {preprocess!r}")
+    if preprocess == "moses" and not lowercase:
+        raise ValueError("preprocess 'moses': the papers' preprocessing lowercases the text; it "
+                         "cannot keep the case (lowercase=False, --cased)")
+
+
+def papers_pairs(pairs, src, tgt):
+    """(source, target) raw pairs -> the papers' tokens of each side, in its language."""
+    source, target = PapersPreprocessor(src), PapersPreprocessor(tgt)
+    return [(source(s), target(t)) for s, t in pairs]
 
 
 def check_preset(name):
@@ -183,67 +232,129 @@ def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0, extra=None
     tokenize, detokenize_units = data.tokenizers()
     return recipe_trainer(data.vocabs, data.train, data.valid, defaults["model"],
                           defaults["train"], model_kwargs, train_kwargs, seed, tokenize=tokenize,
-                          detokenize=detokenize_units, bleu=bleu_against_raw,
+                          detokenize=detokenize_units, bleu=data.bleu(),
                           extra={**(extra or {}), **data.extra})
 
 
+TOKENIZERS = (TOKENIZER, SUBWORD_TOKENIZER, MOSES_TOKENIZER, MOSES_TOKENIZER + "+sentencepiece")
+
+
+def is_multi30k(loaded):
+    """Whether a loaded checkpoint is a Multi30k model (translates raw text)."""
+    return (loaded.meta.get("extra") or {}).get("tokenizer") in TOKENIZERS
+
+
 def checkpoint_text_settings(loaded):
-    """The languages and tokenizer a checkpoint was trained with (ValueError if not Multi30k)."""
+    """The languages, tokenizer and preprocessing a checkpoint was trained with (ValueError if
+    not Multi30k)."""
     extra = loaded.meta.get("extra") or {}
-    if extra.get("dataset") != "multi30k" or extra.get("tokenizer") not in (TOKENIZER,
-                                                                           SUBWORD_TOKENIZER):
+    if extra.get("dataset") != "multi30k" or extra.get("tokenizer") not in TOKENIZERS:
         raise ValueError(f"checkpoint {loaded.path}: not a Multi30k model (its metadata has no "
-                         f"dataset 'multi30k' / tokenizer {TOKENIZER!r} or {SUBWORD_TOKENIZER!r}; got "
+                         f"dataset 'multi30k' / tokenizer one of {TOKENIZERS}; got "
                          f"dataset {extra.get('dataset')!r:.40}, tokenizer {extra.get('tokenizer')!r:.40}); "
                          f"evaluate it with --src/--ref instead")
     for key in ("src_lang", "tgt_lang"):
         if extra.get(key) not in LANGUAGES:
             raise ValueError(f"checkpoint {loaded.path}: {key} expected one of {LANGUAGES}, "
                              f"got {extra.get(key)!r}")
-    return extra
+    preprocess = "moses" if extra["tokenizer"].startswith(MOSES_TOKENIZER) else "npformer"
+    return {**extra, "lowercase": bool(extra.get("lowercase", True)), "preprocess": preprocess}
 
 
 def checkpoint_subword(loaded):
     """The SentencePiece tokenizer a checkpoint was trained with, or None for word units."""
     extra = loaded.meta.get("extra") or {}
-    if extra.get("tokenizer") != SUBWORD_TOKENIZER:
+    if extra.get("tokenizer") not in TOKENIZERS or not extra["tokenizer"].endswith("sentencepiece"):
         return None
     try:
-        return SubwordTokenizer.from_text(extra.get("subword_model"), extra.get("lowercase", True))
+        return SubwordTokenizer.from_text(extra.get("subword_model"), extra.get("lowercase", True),
+                                          pretokenized=extra["tokenizer"].startswith(MOSES_TOKENIZER))
     except ValueError as exc:
         raise ValueError(f"checkpoint {loaded.path}: its subword model is unreadable: {exc}") from None
 
 
-def translator_for(loaded, batch_size=200):
-    """A ``Translator`` that tokenises and detokenises as the checkpoint's run did."""
-    extra = loaded.meta.get("extra") or {}
-    if extra.get("tokenizer") == TOKENIZER:
-        tok, detok = make_tokenizer(extra.get("lowercase", True)), detokenize
-    elif extra.get("tokenizer") == SUBWORD_TOKENIZER:
-        pieces = checkpoint_subword(loaded)
-        tok, detok = pieces.tokenize, pieces.detokenize
-    else:                                         # toy / files runs: whitespace-tokenised text
-        tok, detok = whitespace_tokenize, " ".join
-    return Translator(loaded.model, loaded.vocabs, tok, detok, batch_size=batch_size)
+def text_settings_for(loaded, lowercase=None, preprocess=None):
+    """The checkpoint's text settings (``checkpoint_text_settings``) with the caller's explicit
+    choices (None: the checkpoint's). A choice that contradicts the checkpoint's is used, with
+    a warning naming both: the model only knows the text it was trained on."""
+    trained = checkpoint_text_settings(loaded)
+    asked = {"preprocess": trained["preprocess"] if preprocess is None else preprocess,
+             "lowercase": trained["lowercase"] if lowercase is None else bool(lowercase)}
+    check_preprocess(asked["preprocess"], asked["lowercase"])
+    for key, option in (("preprocess", "--preprocess"), ("lowercase", "--cased/--lowercase")):
+        if asked[key] != trained[key]:
+            name = {True: "lowercased", False: "cased"}.get(asked[key], repr(asked[key]))
+            was = {True: "lowercased", False: "cased"}.get(trained[key], repr(trained[key]))
+            warnings.warn(f"{option}: {name} input given to checkpoint {loaded.path}, which was "
+                          f"trained on {was} text ({key} {trained[key]!r}); translating with "
+                          f"{key} {asked[key]!r} as asked, expect unknown words and a lower "
+                          f"score", stacklevel=2)
+    return {**trained, **asked}
+
+
+class TextPipeline:
+    """A Multi30k checkpoint's text on both ends: raw source text -> the model's units
+    (``tokenize``), its output units -> tokenised text (``tokenised``) -> plain text
+    (``untokenise``; ``detokenize`` does both).
+
+    The tokens come from the project's word tokenizer or from the papers' preprocessing
+    (``settings["preprocess"]``); the units are those tokens or, with ``subword``, its pieces."""
+
+    def __init__(self, settings, subword=None):
+        self.preprocess, self.lowercase = settings["preprocess"], settings["lowercase"]
+        self.tgt, self.subword = settings["tgt_lang"], subword
+        self._papers = PapersPreprocessor(settings["src_lang"]) if self.preprocess == "moses" else None
+
+    def tokenize(self, text):
+        tokens = (self._papers(text).split() if self._papers is not None
+                  else tokenize(text, lowercase=self.lowercase))
+        return self.subword.pieces(tokens) if self.subword is not None else tokens
+
+    def tokenised(self, units):
+        return " ".join(self.subword.words(units) if self.subword is not None else units)
+
+    def untokenise(self, lines):
+        """Tokenised output lines -> plain text lines."""
+        if self.preprocess == "moses":
+            return papers_detokenize(lines, self.tgt)
+        return [detokenize(line.split()) for line in lines]
+
+    def detokenize(self, units):
+        return self.untokenise([self.tokenised(units)])[0]
+
+
+def translator_for(loaded, batch_size=200, settings=None):
+    """A ``Translator`` that tokenises and detokenises as the checkpoint's run did (or as
+    ``settings``, from ``text_settings_for``, say)."""
+    if not is_multi30k(loaded):                   # toy / files runs: whitespace-tokenised text
+        return Translator(loaded.model, loaded.vocabs, whitespace_tokenize, " ".join,
+                          batch_size=batch_size)
+    pipeline = TextPipeline(settings or checkpoint_text_settings(loaded), checkpoint_subword(loaded))
+    return Translator(loaded.model, loaded.vocabs, pipeline.tokenize, pipeline.detokenize,
+                      batch_size=batch_size)
 
 
 def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=None,
-                        length_penalty=0.6):
+                        length_penalty=0.6, settings=None):
     """Translate a Multi30k split with a loaded checkpoint (greedy, or beam search of width
-    ``beam``) and score it with sacrebleu against the raw references.
+    ``beam``) and score it with sacrebleu against the raw references. ``settings``: the text
+    settings to use (``text_settings_for``; default the checkpoint's).
 
     Returns ``{"bleu", "bleu_cased", "signature", "signature_cased", "seconds" (translation
     only), "sentences", "unknown_source_tokens", "split", "src", "tgt", "method",
     "hypotheses", "sources", "references"}``, and where sacremoses is installed the papers'
-    tokenised BLEU too (``"bleu_papers"``, ``"signature_papers"``: ``metrics.papers_bleu``).
+    tokenised BLEU too (``"bleu_papers"``, ``"signature_papers"``: ``metrics.papers_bleu``;
+    a model trained on the papers' preprocessing is scored on its tokenised output as it is).
     """
-    extra = checkpoint_text_settings(loaded)
+    settings = settings or checkpoint_text_settings(loaded)
     if beam is not None and (not isinstance(beam, int) or isinstance(beam, bool) or beam < 1):
         raise ValueError(f"beam: expected a positive integer or None, got {beam!r}")
-    pairs = load_split(data_dir, split, extra["src_lang"], extra["tgt_lang"])
+    pairs = load_split(data_dir, split, settings["src_lang"], settings["tgt_lang"])
     if not pairs:
         raise ValueError(f"split {split!r}: no sentences in {data_dir}")
-    translator = translator_for(loaded)
+    pipeline = TextPipeline(settings, checkpoint_subword(loaded))
+    translator = Translator(loaded.model, loaded.vocabs, pipeline.tokenize, pipeline.tokenised,
+                            batch_size=200)
     sources = [s for s, _ in pairs]
     start = time.perf_counter()
     with warnings.catch_warnings():              # one summary line instead of a warning per line
@@ -252,13 +363,16 @@ def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=No
                                        beam_size=beam or 1, length_penalty=length_penalty,
                                        truncate=True)
     seconds = time.perf_counter() - start
-    hyps = [r.text for r in results]
+    tokenised = [r.text for r in results]
+    hyps = pipeline.untokenise(tokenised)
     refs = [t for _, t in pairs]
     scores = sacrebleu_scores(hyps, refs)
-    if moses_available():                    # the papers' way of counting, beside ours
-        scores.update(papers_bleu(hyps, refs, extra["tgt_lang"]))
+    if settings["preprocess"] == "moses":    # the papers' way of counting, beside ours
+        scores.update(papers_bleu(tokenised, refs, settings["tgt_lang"], tokenised=True))
+    elif moses_available():
+        scores.update(papers_bleu(hyps, refs, settings["tgt_lang"]))
     return {**scores, "seconds": seconds, "sentences": len(pairs),
             "unknown_source_tokens": sum(len(r.unknown) for r in results), "split": split,
-            "src": extra["src_lang"], "tgt": extra["tgt_lang"],
+            "src": settings["src_lang"], "tgt": settings["tgt_lang"],
             "method": f"beam{beam}" if beam else "greedy",
             "hypotheses": hyps, "sources": sources, "references": refs}

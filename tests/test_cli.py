@@ -142,6 +142,33 @@ def test_plot_losses_and_attention(run_dir, tmp_path, capsys):
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+CURVE = [{"run": "tiny-en-de", "src": "en", "tgt": "de", "split": split, "minutes": m,
+          "bleu": b, "bleu_cased": b - 2, "bleu_papers": b + 1, "step": int(m * 80)}
+         for split in ("val", "test_2016_flickr") for m, b in ((10.0, 20.5), (30.0, 33.0))]
+
+
+def test_plot_draws_bleu_against_minutes_from_curve_points(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    curve = tmp_path / "curve.jsonl"
+    curve.write_text("".join(json.dumps(p) + "\n" for p in CURVE))
+    assert main(["plot", "--curve", str(curve), "--out", str(tmp_path / "plots")]) == 0
+    written = capsys.readouterr().out.split()
+    assert written == [str(tmp_path / "plots" / "bleu_curve.png")]
+    assert open(written[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"run": "r", "split": "val", "minutes": 1.0}\n', "line 1: expected an object with run, "
+                                                       "split, minutes, bleu"),
+    ("not json\n", "line 1 is not JSON"), ("", "no points")])
+def test_plot_refuses_a_bad_curve_file_naming_it(tmp_path, capsys, text, message):
+    curve = tmp_path / "curve.jsonl"
+    curve.write_text(text)
+    assert main(["plot", "--curve", str(curve), "--out", str(tmp_path / "plots")]) == 1
+    err = capsys.readouterr().err
+    assert f"--curve {curve}" in err and message in err
+
+
 def test_plot_without_matplotlib_is_a_clear_error(run_dir, monkeypatch, capsys):
     out, _ = run_dir
     monkeypatch.setitem(sys.modules, "matplotlib", None)            # import now fails

@@ -124,6 +124,7 @@ def test_subword_is_only_for_multi30k(tmp_path, capsys):
 
 def test_the_tiny_preset_shares_all_embeddings_over_one_joint_vocabulary(mini_dir, tmp_path,  # noqa: F811
                                                                           capsys):
+    pytest.importorskip("sacremoses", reason="the tiny preset preprocesses with the optional sacremoses")
     run = tmp_path / "tiny"
     # the preset's sizes, shrunk for a test: what is left out comes from the preset
     assert main(["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--preset", "tiny",

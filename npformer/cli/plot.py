@@ -1,4 +1,7 @@
-"""``npformer plot``: loss curves from a metrics log and per-head attention heatmaps, as PNG."""
+"""``npformer plot``: loss curves from a metrics log, BLEU against minutes of Multi30k runs
+(``benchmarks/multi30k_curve.py``'s points) and per-head attention heatmaps, as PNG."""
+import json
+import math
 import os
 import warnings
 
@@ -16,6 +19,9 @@ def add_parser(sub, name):
                                    "and, with --checkpoint and --sentence, the attention weights "
                                    "of every head of every layer for one translation.")
     p.add_argument("--metrics", metavar="JSONL", help="a metrics log (e.g. runs/toy/metrics.jsonl)")
+    p.add_argument("--curve", metavar="JSONL", nargs="+",
+                   help="BLEU against wall-clock minutes, both metrics, from the JSON lines of "
+                        "benchmarks/multi30k_curve.py (one file per run)")
     p.add_argument("--checkpoint", metavar="CKPT", help="checkpoint for the attention heatmaps")
     p.add_argument("--sentence", help="source sentence to translate and show attention for")
     p.add_argument("--out", default="plots", help="output folder (default %(default)s)")
@@ -96,6 +102,57 @@ def plot_bleu_vs_time(plt, records, metrics_path, out_dir):
     return [path]
 
 
+CURVE_KEYS = ("run", "split", "minutes", "bleu")
+CURVE_PANELS = (("bleu", "sacreBLEU, lowercased (detokenised text)"),
+                ("bleu_papers", "papers' BLEU (lowercased, Moses-tokenised)"))
+
+
+def read_curve(path):
+    """The points of a ``multi30k_curve.py`` JSON-lines file (ValueError naming the line)."""
+    points = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                point = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--curve {path}: line {n} is not JSON ({e.msg})") from None
+            if not isinstance(point, dict) or any(k not in point for k in CURVE_KEYS):
+                raise ValueError(f"--curve {path}: line {n}: expected an object with "
+                                 f"{', '.join(CURVE_KEYS)}, got {line.strip()[:60]!r}")
+            points.append(point)
+    if not points:
+        raise ValueError(f"--curve {path}: no points")
+    return points
+
+
+def plot_curves(plt, points, out_dir):
+    """BLEU against minutes (``points``: ``read_curve``'s, of one or more files): one line per
+    (run, split), sacreBLEU and the papers' BLEU side by side."""
+    series = {}
+    for point in points:
+        label = f"{point['run']} {point.get('src', '?')}->{point.get('tgt', '?')} {point['split']}"
+        series.setdefault(label, []).append(point)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    for ax, (key, title) in zip(axes, CURVE_PANELS):
+        for label, points in series.items():
+            xy = sorted((p["minutes"], p[key]) for p in points
+                        if isinstance(p.get(key), (int, float)) and not math.isnan(p[key]))
+            if xy:
+                ax.plot(*zip(*xy), "o-", label=label)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("wall time (minutes of training, validations included)")
+        ax.set_ylabel("BLEU")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    path = os.path.join(out_dir, "bleu_curve.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
 def attention_maps(model, vocabs, sentence):
     """Greedy-translate ``sentence``, re-run the model on (source, output) and collect
     ``attn_weights`` of every MultiHeadAttention: {name: (H, T, S)}, plus the token labels."""
@@ -156,24 +213,28 @@ def check_out_folder(args):
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out}: is a file, expected a folder for the PNGs")
     check_writable("--out", os.path.join(args.out, "loss.png"))
-    inputs = [("--metrics", args.metrics)]
+    inputs = [("--metrics", args.metrics)] + [("--curve", c) for c in args.curve or ()]
     if args.checkpoint:
         inputs += [("--checkpoint", str(p)) for p in checkpoint_paths(resolve_checkpoint(args.checkpoint))]
-    for name in ("loss.png", "bleu_vs_time.png"):
+    for name in ("loss.png", "bleu_vs_time.png", "bleu_curve.png"):
         refuse_output_over_inputs("--out", os.path.join(args.out, name), inputs)
 
 
 def run(args):
-    if not args.metrics and not args.checkpoint:
-        raise ValueError("give --metrics JSONL (loss curves) and/or --checkpoint CKPT --sentence TEXT")
+    if not args.metrics and not args.checkpoint and not args.curve:
+        raise ValueError("give --metrics JSONL (loss curves), --curve JSONL (BLEU against "
+                         "minutes) and/or --checkpoint CKPT --sentence TEXT")
     if bool(args.checkpoint) != bool(args.sentence):
         raise ValueError("--checkpoint and --sentence: the attention heatmaps need both")
     check_out_folder(args)
+    curves = [point for path in args.curve or () for point in read_curve(path)]
     plt = _pyplot()
     os.makedirs(args.out, exist_ok=True)
     paths = []
     if args.metrics:
         paths += plot_losses(plt, args.metrics, args.out)
+    if args.curve:
+        paths += plot_curves(plt, curves, args.out)
     if args.checkpoint:
         paths += plot_attention(plt, args.checkpoint, args.sentence, args.out)
     for path in paths:

@@ -72,6 +72,9 @@ class SubwordTokenizer:
             sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
             model_type=model_type, character_coverage=1.0, normalization_rule_name="identity",
             add_dummy_prefix=True, split_digits=False, hard_vocab_limit=False,
+            # on tokenised text, merge within a token whatever its characters (as subword-nmt
+            # does: ``&apos;s`` one piece), not only within one Unicode script
+            split_by_unicode_script=not pretokenized,
             bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, num_threads=1, minloglevel=2)
         return cls(model.getvalue(), lowercase, pretokenized)
 

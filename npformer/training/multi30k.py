@@ -154,6 +154,9 @@ def load_multi30k(data_dir=None, src="de", tgt="en", lowercase=True, min_freq=2,
     if preprocess == "moses":
         train, valid = (papers_pairs(pairs, src, tgt) for pairs in (train, valid))
     pieces = subword if isinstance(subword, SubwordTokenizer) else None
+    if pieces is not None and pieces.pretokenized != (preprocess == "moses"):
+        raise ValueError(f"subword: a SubwordTokenizer {'of' if pieces.pretokenized else 'without'} "
+                         f"pretokenized text does not go with preprocess {preprocess!r}")
     if pieces is not None:
         lowercase = pieces.lowercase
     elif subword is not None:

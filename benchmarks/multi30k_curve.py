@@ -41,13 +41,14 @@ def windows(kept, every, average_last):
 
 
 class Weights:
-    """Loaded checkpoints' weights, each read once."""
+    """Loaded checkpoints' weights, each read once and dropped once no later window needs it."""
 
     def __init__(self):
         self._states = {}
 
     def averaged(self, paths):
         """The last checkpoint of ``paths`` (loaded) holding the mean weights of all of them."""
+        self._states = {p: state for p, state in self._states.items() if p in paths}
         last = load_model_checkpoint(paths[-1])
         for path in paths:
             if path not in self._states:
@@ -82,6 +83,8 @@ def main(argv=None):
         p.error(f"{args.run}: no step_N checkpoints (train with --keep-last)")
     splits = args.split or ["val"]
     weights, points = Weights(), []
+    if args.out:
+        write_text_atomic(args.out, "")          # claimed now: each point is added as scored
     print(f"{'minutes':>8} {'step':>6} {'avg':>4} {'split':>18} {'BLEU lc':>8} {'cased':>7} "
           f"{'papers':>7} {'decode s':>9}")
     for paths in windows(kept, args.every, args.average_last):
@@ -92,8 +95,8 @@ def main(argv=None):
             result = evaluate_checkpoint(loaded, args.data_dir, split, beam=args.beam)
             point = {"run": os.path.basename(os.path.normpath(args.run)),
                      "preset": options.get("preset"), "src": result["src"], "tgt": result["tgt"],
-                     "step": training.get("step"), "epoch": training.get("epoch"),
-                     "minutes": training.get("seconds", float("nan")) / 60.0,
+                     "step": training.get("step", -1), "epoch": training.get("epoch", -1),
+                     "minutes": (training.get("seconds") or float("nan")) / 60.0,
                      "averaged": len(paths), "split": split, "method": result["method"],
                      **{k: result[k] for k in FIGURES if k in result}}
             points.append(point)
@@ -101,8 +104,8 @@ def main(argv=None):
                   f"{point['bleu']:8.2f} {point['bleu_cased']:7.2f} "
                   f"{point.get('bleu_papers', float('nan')):7.2f} {point['seconds']:9.1f}",
                   flush=True)
-    if args.out:
-        write_text_atomic(args.out, "".join(json.dumps(pt) + "\n" for pt in points))
+            if args.out:                         # an interrupted run keeps what it scored
+                write_text_atomic(args.out, "".join(json.dumps(pt) + "\n" for pt in points))
     return 0
 
 

@@ -15,7 +15,9 @@ from npformer.cli.main import main  # noqa: E402
 from npformer.data.moses import papers_detokenize, papers_tokenize  # noqa: E402
 from npformer.training.checkpointing import load_model_checkpoint  # noqa: E402
 from npformer.training.metrics import papers_bleu  # noqa: E402
-from npformer.training.multi30k import TextPipeline, load_multi30k  # noqa: E402
+from npformer.decoding.translator import Translator  # noqa: E402
+from npformer.training.multi30k import (TextPipeline, checkpoint_subword,  # noqa: E402
+                                        checkpoint_text_settings, load_multi30k)
 
 from test_multi30k_training import TINY, mini_dir, write_split  # noqa: E402,F401  (the fixture)
 
@@ -123,7 +125,7 @@ def test_the_text_pipeline_of_papers_text_round_trips_raw_sentences():
     pipeline = TextPipeline(settings)
     units = pipeline.tokenize('A man\'s "red" hat & coat.')
     assert units == ["a", "man", "&apos;s", "&quot;", "red", "&quot;", "hat", "&amp;", "coat", "."]
-    assert pipeline.tokenised(units) == "a man &apos;s &quot; red &quot; hat &amp; coat ."
+    assert pipeline.tokenised_text(units) == "a man &apos;s &quot; red &quot; hat &amp; coat ."
     assert pipeline.detokenize(units) == 'a man\'s "red" hat & coat.'
 
 
@@ -151,7 +153,15 @@ def test_a_moses_run_records_its_preprocessing_and_is_scored_on_its_tokens(moses
                  "--data-dir", str(quoted_dir), "--json", "--out", str(out)]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert {"bleu", "bleu_cased", "bleu_papers"} <= set(figures)
-    assert "&apos;" not in out.read_text() and "&quot;" not in out.read_text()   # detokenised
+    # the papers' BLEU scores the model's own tokens; the written text is their Moses detokenisation
+    loaded = load_model_checkpoint(str(moses_run / "last"))
+    pipeline = TextPipeline(checkpoint_text_settings(loaded), checkpoint_subword(loaded))
+    tokens = [r.text for r in Translator(loaded.model, loaded.vocabs, pipeline.tokenize,
+                                         pipeline.tokenised_text).translate(DE[:3])]
+    assert out.read_text().splitlines() == papers_detokenize(tokens, "en")
+    refs = EN[:3]
+    assert figures["bleu_papers"] == pytest.approx(
+        papers_bleu(tokens, refs, "en", tokenised=True)["bleu_papers"])
 
 
 def test_translate_options_that_contradict_the_checkpoint_warn_naming_both(moses_run, capsys):
@@ -184,3 +194,22 @@ def test_preprocess_is_refused_for_checkpoints_that_are_not_multi30k_models(tmp_
     capsys.readouterr()
     assert main(["translate", "--checkpoint", str(run / "last"), "--cased", "我 喜欢"]) == 1
     assert "only for Multi30k checkpoints" in capsys.readouterr().err
+    text = tmp_path / "src.txt"
+    text.write_text("我 喜欢\n")
+    assert main(["eval", "--checkpoint", str(run / "last"), "--src", str(text), "--ref",
+                 str(text), "--preprocess", "moses"]) == 1
+    assert "--preprocess: only with --dataset multi30k" in capsys.readouterr().err
+
+
+def test_the_papers_preprocessing_asked_of_a_cased_model_lowercases_and_warns(mini_dir,  # noqa: F811
+                                                                              tmp_path, capsys):
+    run = tmp_path / "cased"
+    assert main(["train", "--dataset", "multi30k", "--data-dir", str(mini_dir), "--cased",
+                 "--min-freq", "1", "--max-steps", "2", "--max-tokens", "80", "--out",
+                 str(run)] + TINY) == 0
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", str(run / "last"), "--preprocess", "moses",
+                 "A man runs."]) == 0
+    err = capsys.readouterr().err
+    assert "--preprocess: 'moses' input" in err
+    assert "--cased/--lowercase: lowercased input" in err and "trained on cased text" in err

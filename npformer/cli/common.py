@@ -241,7 +241,9 @@ def check_writable(option, path):
 def add_text_args(p):
     """--preprocess and --cased/--lowercase of ``translate`` and ``eval``: the input's text
     settings, by default the Multi30k checkpoint's own."""
-    p.add_argument("--preprocess", choices=["npformer", "moses"], default=None,
+    from ..training.multi30k import PREPROCESS
+
+    p.add_argument("--preprocess", choices=list(PREPROCESS), default=None,
                    help="how raw text becomes tokens (default: as the checkpoint was trained; "
                         "another choice warns)")
     case = p.add_mutually_exclusive_group()
@@ -252,16 +254,20 @@ def add_text_args(p):
                       help="lowercase the input (default: as the checkpoint was trained)")
 
 
-def text_settings(args, loaded, multi30k):
-    """The text settings from --preprocess/--cased/--lowercase over a loaded checkpoint's (None
-    when it needs none); a ValueError for them on a checkpoint that is not a Multi30k model."""
-    from ..training.multi30k import text_settings_for
+def refuse_text_args(args, why):
+    """--preprocess/--cased/--lowercase given where they cannot act: a ValueError saying ``why``."""
+    for option, value in (("--preprocess", args.preprocess), ("--cased/--lowercase", args.lowercase)):
+        if value is not None:
+            raise ValueError(f"{option}: {why}")
 
-    if not multi30k:
-        for option, value in (("--preprocess", args.preprocess),
-                              ("--cased/--lowercase", args.lowercase)):
-            if value is not None:
-                raise ValueError(f"{option}: only for Multi30k checkpoints; checkpoint "
-                                 f"{loaded.path} translates whitespace-tokenised text")
+
+def resolve_text_settings(args, loaded):
+    """The text settings from --preprocess/--cased/--lowercase over a loaded checkpoint's (None
+    for a checkpoint that is not a Multi30k model, which refuses them)."""
+    from ..training.multi30k import is_multi30k, text_settings_for
+
+    if not is_multi30k(loaded):
+        refuse_text_args(args, f"only for Multi30k checkpoints; checkpoint {loaded.path} "
+                               f"translates whitespace-tokenised text")
         return None
     return text_settings_for(loaded, lowercase=args.lowercase, preprocess=args.preprocess)

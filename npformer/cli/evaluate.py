@@ -11,8 +11,8 @@ from ..training.checkpointing import load_model_checkpoint
 from ..training.metrics import corpus_bleu, exact_match
 from ..training.multi30k import evaluate_checkpoint
 from .common import (add_text_args, beam_length_penalty, check_writable, non_negative_float,
-                     positive_int, refuse_output_over_inputs, resolve_checkpoint, text_settings,
-                     write_json, write_lines)
+                     positive_int, refuse_output_over_inputs, refuse_text_args, resolve_checkpoint,
+                     resolve_text_settings, write_json, write_lines)
 from .runs import refuse_output_named_like_a_run_file
 
 
@@ -73,7 +73,7 @@ def check_outputs(args, checkpoint):
 def run_multi30k(args, loaded):
     result = evaluate_checkpoint(loaded, args.data_dir, args.split, beam=args.beam,
                                  length_penalty=beam_length_penalty(args),
-                                 settings=text_settings(args, loaded, multi30k=True))
+                                 settings=resolve_text_settings(args, loaded))
     figures = {k: v for k, v in result.items() if k not in ("hypotheses", "sources", "references")}
     figures["checkpoint"] = loaded.path
     summary = [f"{result['split']} {result['src']}->{result['tgt']}, {result['sentences']} "
@@ -112,6 +112,9 @@ def check_options(args):
                              f"Multi30k files)")
     elif not (args.src and args.ref):
         raise ValueError("--src and --ref: both are needed (or --dataset multi30k)")
+    else:
+        refuse_text_args(args, "only with --dataset multi30k (--src/--ref are read as "
+                               "whitespace-tokenised text)")
     beam_length_penalty(args)
 
 
@@ -122,7 +125,6 @@ def run(args):
     loaded = load_model_checkpoint(checkpoint)
     if args.dataset == "multi30k":
         return run_multi30k(args, loaded)
-    text_settings(args, loaded, multi30k=False)          # refuses the options: nothing to set
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise ValueError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")

@@ -121,6 +121,11 @@ def read_curve(path):
             if not isinstance(point, dict) or any(k not in point for k in CURVE_KEYS):
                 raise ValueError(f"--curve {path}: line {n}: expected an object with "
                                  f"{', '.join(CURVE_KEYS)}, got {line.strip()[:60]!r}")
+            for key in ("minutes", "bleu", "bleu_papers"):
+                value = point.get(key, 0.0)
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"--curve {path}: line {n}: {key} expected a number, got "
+                                     f"{value!r:.40}")
             points.append(point)
     if not points:
         raise ValueError(f"--curve {path}: no points")
@@ -132,13 +137,13 @@ def plot_curves(plt, points, out_dir):
     (run, split), sacreBLEU and the papers' BLEU side by side."""
     series = {}
     for point in points:
-        label = f"{point['run']} {point.get('src', '?')}->{point.get('tgt', '?')} {point['split']}"
+        label = (f"{point['run']} ({point.get('preset') or '?'}, {point.get('src', '?')}->"
+                 f"{point.get('tgt', '?')}) {point['split']}")
         series.setdefault(label, []).append(point)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
     for ax, (key, title) in zip(axes, CURVE_PANELS):
-        for label, points in series.items():
-            xy = sorted((p["minutes"], p[key]) for p in points
-                        if isinstance(p.get(key), (int, float)) and not math.isnan(p[key]))
+        for label, line in series.items():
+            xy = sorted((p["minutes"], p[key]) for p in line if key in p and not math.isnan(p[key]))
             if xy:
                 ax.plot(*zip(*xy), "o-", label=label)
         ax.set_title(title, fontsize=9)

@@ -43,6 +43,8 @@ import math
 import os
 import re
 
+from ..training.multi30k import checkpoint_preprocess
+
 TOY_MADE_BY = "npformer toy"
 TRAIN_MADE_BY = "npformer train"
 
@@ -236,7 +238,7 @@ def recorded_options(meta):
     if isinstance(extra.get("options"), dict):
         out = {k: v for k, v in extra["options"].items() if k in RECORDED_OPTIONS}
         if out.get("dataset") == "multi30k" and "preprocess" not in out:  # runs that predate it
-            out["preprocess"] = extra.get("preprocess", "npformer")
+            out["preprocess"] = checkpoint_preprocess(extra)
         return out
     training = meta.get("training") if isinstance(meta.get("training"), dict) else {}
     config = training.get("config") if isinstance(training.get("config"), dict) else {}
@@ -256,7 +258,7 @@ def recorded_options(meta):
     if extra.get("dataset") == "multi30k":
         out.update(dataset="multi30k", src=extra.get("src_lang"), tgt=extra.get("tgt_lang"),
                    cased=not extra.get("lowercase", True), subword=extra.get("subword_pieces"),
-                   preprocess=extra.get("preprocess", "npformer"))
+                   preprocess=checkpoint_preprocess(extra))
     elif extra.get("made_by") == TOY_MADE_BY:
         out["dataset"] = "toy"
     return out

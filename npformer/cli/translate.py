@@ -8,9 +8,9 @@ from ..data.textfile import read_lines
 from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
 from ..decoding.translator import format_trace
 from ..training.checkpointing import load_model_checkpoint
-from ..training.multi30k import is_multi30k, translator_for
+from ..training.multi30k import translator_for
 from .common import (add_text_args, beam_length_penalty, non_negative_float, non_negative_int,
-                     positive_float, positive_int, resolve_checkpoint, text_settings)
+                     positive_float, positive_int, resolve_checkpoint, resolve_text_settings)
 
 TEMPERATURE = 1.0                                # --sample's unless --temperature
 
@@ -63,14 +63,14 @@ def check_options(args):
 def run(args):
     check_options(args)
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
+    settings = resolve_text_settings(args, loaded)       # before reading stdin
     if args.sentences:
         lines = args.sentences
     else:
         lines = read_lines(args.input or "-")
     method = "beam" if args.beam is not None else "sample" if args.sample else "greedy"
     # Multi30k checkpoints tokenise raw text as their run did; toy/files ones split on spaces
-    translator = translator_for(loaded, batch_size=args.batch_size,
-                                settings=text_settings(args, loaded, is_multi30k(loaded)))
+    translator = translator_for(loaded, batch_size=args.batch_size, settings=settings)
     start = time.perf_counter()
     results = translator.translate(lines, method=method, beam_size=args.beam or 4,
                                    length_penalty=beam_length_penalty(args),

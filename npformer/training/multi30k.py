@@ -46,9 +46,12 @@ MULTI30K_TRAIN = dict(epochs=100, max_tokens=5000, batch_size=64, accum_steps=1,
                       schedule="noam", label_smoothing=0.1, clip_norm=1.0, stop_metric="bleu",
                       eval_every_steps=150, log_every=20, betas=(0.9, 0.98))
 TOKENIZER = "npformer-word"
-MOSES_TOKENIZER = "moses"                # the papers' preprocessing (npformer.data.moses)
-# --preprocess: how raw text becomes the tokens that the units (words or pieces) are made from
+# --preprocess: how raw text becomes the tokens that the units (words or pieces) are made from:
+# the project's word tokenizer, or the papers' preprocessing (npformer.data.moses)
 PREPROCESS = ("npformer", "moses")
+# the name a checkpoint records for (preprocess, subword units or not)
+TOKENIZERS = {("npformer", False): TOKENIZER, ("npformer", True): SUBWORD_TOKENIZER,
+              ("moses", False): "moses", ("moses", True): "moses+sentencepiece"}
 
 # Transformer-Tiny (fairseq's transformer_tiny_wu2021, the text-only baseline of Wu et al. 2021 and
 # its successors on Multi30k): 4+4 layers of d_model 128, 4 heads, FFN 256, post-norm, dropout
@@ -88,7 +91,7 @@ class Multi30kData:
     @property
     def extra(self):
         """What a checkpoint must remember to translate and score like this run."""
-        return text_settings(self.src, self.tgt, self.lowercase, self.subword, self.preprocess)
+        return checkpoint_extra(self.src, self.tgt, self.lowercase, self.subword, self.preprocess)
 
     def tokenizers(self):
         """(tokenize, detokenize) of this data's units (the papers' preprocessing has been
@@ -99,18 +102,18 @@ class Multi30kData:
             return whitespace_tokenize, " ".join
         return make_tokenizer(self.lowercase), detokenize
 
-    def bleu(self):
+    def validation_bleu(self):
         """Validation BLEU ``(hypotheses, target texts) -> float`` for this data's text."""
         return bleu_tokenised if self.preprocess == "moses" else bleu_against_raw
 
 
-def text_settings(src, tgt, lowercase, subword=None, preprocess="npformer"):
-    words = MOSES_TOKENIZER if preprocess == "moses" else TOKENIZER
-    settings = {"dataset": "multi30k", "src_lang": src, "tgt_lang": tgt, "tokenizer": words,
+def checkpoint_extra(src, tgt, lowercase, subword=None, preprocess="npformer"):
+    """The text settings a run's checkpoints carry in their metadata ``extra``."""
+    settings = {"dataset": "multi30k", "src_lang": src, "tgt_lang": tgt,
+                "tokenizer": TOKENIZERS[preprocess, subword is not None],
                 "lowercase": bool(lowercase), "preprocess": preprocess}
     if subword is not None:
-        settings.update(tokenizer=f"{words}+sentencepiece", subword_pieces=len(subword),
-                        subword_model=subword.to_text())
+        settings.update(subword_pieces=len(subword), subword_model=subword.to_text())
     return settings
 
 
@@ -184,7 +187,7 @@ def multi30k_trainer(data_dir=None, src="de", tgt="en", lowercase=True, min_freq
         preprocess = check_preset(preset)["preprocess"]
     if saved is not None:
         subword, vocabs = checkpoint_subword(saved), saved.vocabs
-        preprocess = (saved.meta.get("extra") or {}).get("preprocess", "npformer")
+        preprocess = checkpoint_preprocess(saved.meta.get("extra") or {})
     else:
         vocabs = None
     data = load_multi30k(data_dir, src, tgt, lowercase=lowercase, min_freq=min_freq,
@@ -235,43 +238,51 @@ def build_trainer(data, model_kwargs=None, train_kwargs=None, seed=0, extra=None
     tokenize, detokenize_units = data.tokenizers()
     return recipe_trainer(data.vocabs, data.train, data.valid, defaults["model"],
                           defaults["train"], model_kwargs, train_kwargs, seed, tokenize=tokenize,
-                          detokenize=detokenize_units, bleu=data.bleu(),
+                          detokenize=detokenize_units, bleu=data.validation_bleu(),
                           extra={**(extra or {}), **data.extra})
-
-
-TOKENIZERS = (TOKENIZER, SUBWORD_TOKENIZER, MOSES_TOKENIZER, MOSES_TOKENIZER + "+sentencepiece")
 
 
 def is_multi30k(loaded):
     """Whether a loaded checkpoint is a Multi30k model (translates raw text)."""
-    return (loaded.meta.get("extra") or {}).get("tokenizer") in TOKENIZERS
+    extra = loaded.meta.get("extra") or {}
+    return extra.get("dataset") == "multi30k" and extra.get("tokenizer") in TOKENIZERS.values()
+
+
+def checkpoint_preprocess(extra):
+    """The preprocessing a checkpoint's metadata ``extra`` names (by its tokenizer, which
+    checkpoints older than the option have too): one of PREPROCESS, or None if not Multi30k."""
+    for (preprocess, _), name in TOKENIZERS.items():
+        if extra.get("tokenizer") == name:
+            return preprocess
+    return None
 
 
 def checkpoint_text_settings(loaded):
     """The languages, tokenizer and preprocessing a checkpoint was trained with (ValueError if
     not Multi30k)."""
     extra = loaded.meta.get("extra") or {}
-    if extra.get("dataset") != "multi30k" or extra.get("tokenizer") not in TOKENIZERS:
+    if not is_multi30k(loaded):
         raise ValueError(f"checkpoint {loaded.path}: not a Multi30k model (its metadata has no "
-                         f"dataset 'multi30k' / tokenizer one of {TOKENIZERS}; got "
+                         f"dataset 'multi30k' / tokenizer one of {sorted(TOKENIZERS.values())}; got "
                          f"dataset {extra.get('dataset')!r:.40}, tokenizer {extra.get('tokenizer')!r:.40}); "
                          f"evaluate it with --src/--ref instead")
     for key in ("src_lang", "tgt_lang"):
         if extra.get(key) not in LANGUAGES:
             raise ValueError(f"checkpoint {loaded.path}: {key} expected one of {LANGUAGES}, "
                              f"got {extra.get(key)!r}")
-    preprocess = "moses" if extra["tokenizer"].startswith(MOSES_TOKENIZER) else "npformer"
-    return {**extra, "lowercase": bool(extra.get("lowercase", True)), "preprocess": preprocess}
+    return {**extra, "lowercase": bool(extra.get("lowercase", True)),
+            "preprocess": checkpoint_preprocess(extra)}
 
 
 def checkpoint_subword(loaded):
     """The SentencePiece tokenizer a checkpoint was trained with, or None for word units."""
     extra = loaded.meta.get("extra") or {}
-    if extra.get("tokenizer") not in TOKENIZERS or not extra["tokenizer"].endswith("sentencepiece"):
+    preprocess = checkpoint_preprocess(extra)
+    if preprocess is None or extra["tokenizer"] != TOKENIZERS[preprocess, True]:
         return None
     try:
         return SubwordTokenizer.from_text(extra.get("subword_model"), extra.get("lowercase", True),
-                                          pretokenized=extra["tokenizer"].startswith(MOSES_TOKENIZER))
+                                          pretokenized=preprocess == "moses")
     except ValueError as exc:
         raise ValueError(f"checkpoint {loaded.path}: its subword model is unreadable: {exc}") from None
 
@@ -281,8 +292,10 @@ def text_settings_for(loaded, lowercase=None, preprocess=None):
     choices (None: the checkpoint's). A choice that contradicts the checkpoint's is used, with
     a warning naming both: the model only knows the text it was trained on."""
     trained = checkpoint_text_settings(loaded)
-    asked = {"preprocess": trained["preprocess"] if preprocess is None else preprocess,
-             "lowercase": trained["lowercase"] if lowercase is None else bool(lowercase)}
+    asked = {"preprocess": trained["preprocess"] if preprocess is None else preprocess}
+    # the papers' preprocessing lowercases: asked for, it implies lowercasing unless told
+    implied = True if asked["preprocess"] == "moses" else trained["lowercase"]
+    asked["lowercase"] = implied if lowercase is None else bool(lowercase)
     check_preprocess(asked["preprocess"], asked["lowercase"])
     for key, option in (("preprocess", "--preprocess"), ("lowercase", "--cased/--lowercase")):
         if asked[key] != trained[key]:
@@ -297,8 +310,8 @@ def text_settings_for(loaded, lowercase=None, preprocess=None):
 
 class TextPipeline:
     """A Multi30k checkpoint's text on both ends: raw source text -> the model's units
-    (``tokenize``), its output units -> tokenised text (``tokenised``) -> plain text
-    (``untokenise``; ``detokenize`` does both).
+    (``tokenize``), its output units -> tokenised text (``tokenised_text``) -> plain text
+    (``detokenize_lines``; ``detokenize`` does both).
 
     The tokens come from the project's word tokenizer or from the papers' preprocessing
     (``settings["preprocess"]``); the units are those tokens or, with ``subword``, its pieces."""
@@ -313,17 +326,18 @@ class TextPipeline:
                   else tokenize(text, lowercase=self.lowercase))
         return self.subword.pieces(tokens) if self.subword is not None else tokens
 
-    def tokenised(self, units):
+    def tokenised_text(self, units):
+        """Output units -> the tokens as one space-separated line."""
         return " ".join(self.subword.words(units) if self.subword is not None else units)
 
-    def untokenise(self, lines):
+    def detokenize_lines(self, lines):
         """Tokenised output lines -> plain text lines."""
         if self.preprocess == "moses":
             return papers_detokenize(lines, self.tgt)
         return [detokenize(line.split()) for line in lines]
 
     def detokenize(self, units):
-        return self.untokenise([self.tokenised(units)])[0]
+        return self.detokenize_lines([self.tokenised_text(units)])[0]
 
 
 def translator_for(loaded, batch_size=200, settings=None):
@@ -356,8 +370,8 @@ def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=No
     if not pairs:
         raise ValueError(f"split {split!r}: no sentences in {data_dir}")
     pipeline = TextPipeline(settings, checkpoint_subword(loaded))
-    translator = Translator(loaded.model, loaded.vocabs, pipeline.tokenize, pipeline.tokenised,
-                            batch_size=200)
+    translator = Translator(loaded.model, loaded.vocabs, pipeline.tokenize,
+                            pipeline.tokenised_text, batch_size=200)
     sources = [s for s, _ in pairs]
     start = time.perf_counter()
     with warnings.catch_warnings():              # one summary line instead of a warning per line
@@ -367,7 +381,7 @@ def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=No
                                        truncate=True)
     seconds = time.perf_counter() - start
     tokenised = [r.text for r in results]
-    hyps = pipeline.untokenise(tokenised)
+    hyps = pipeline.detokenize_lines(tokenised)
     refs = [t for _, t in pairs]
     scores = sacrebleu_scores(hyps, refs)
     if settings["preprocess"] == "moses":    # the papers' way of counting, beside ours

@@ -158,11 +158,11 @@ def test_plot_draws_bleu_against_minutes_from_curve_points(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"run": "r", "split": "val", "minutes": 1.0}\n', "line 1: expected an object with run, "
-                                                       "split, minutes, bleu"),
+    ('{"run": "r", "split": "val", "minutes": 1.0}\n', ":1: expected an object with the keys "
+                                                       "run, split, minutes, bleu"),
     ('{"run": "r", "split": "val", "minutes": "10", "bleu": 1.0}\n',
-     "line 1: minutes expected a number, got '10'"),
-    ("not json\n", "line 1 is not JSON"), ("", "no points")])
+     "point 1: minutes expected a number, got '10'"),
+    ("not json\n", ":1: expected one JSON object per line"), ("", "no points")])
 def test_plot_refuses_a_bad_curve_file_naming_it(tmp_path, capsys, text, message):
     curve = tmp_path / "curve.jsonl"
     curve.write_text(text)

@@ -1,13 +1,12 @@
 """``npformer plot``: loss curves from a metrics log, BLEU against minutes of Multi30k runs
 (``benchmarks/multi30k_curve.py``'s points) and per-head attention heatmaps, as PNG."""
-import json
 import math
 import os
 import warnings
 
 import numpy as np
 
-from ..training.metrics_log import read_metrics_log
+from ..training.metrics_log import json_lines, read_metrics_log
 from ..checkpoint import checkpoint_paths
 from .common import check_writable, refuse_output_over_inputs, resolve_checkpoint
 
@@ -109,24 +108,16 @@ CURVE_PANELS = (("bleu", "sacreBLEU, lowercased (detokenised text)"),
 
 def read_curve(path):
     """The points of a ``multi30k_curve.py`` JSON-lines file (ValueError naming the line)."""
-    points = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                point = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--curve {path}: line {n} is not JSON ({e.msg})") from None
-            if not isinstance(point, dict) or any(k not in point for k in CURVE_KEYS):
-                raise ValueError(f"--curve {path}: line {n}: expected an object with "
-                                 f"{', '.join(CURVE_KEYS)}, got {line.strip()[:60]!r}")
-            for key in ("minutes", "bleu", "bleu_papers"):
-                value = point.get(key, 0.0)
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ValueError(f"--curve {path}: line {n}: {key} expected a number, got "
-                                     f"{value!r:.40}")
-            points.append(point)
+    try:
+        points = json_lines(path, CURVE_KEYS)
+    except ValueError as e:
+        raise ValueError(f"--curve {e}") from None
+    for n, point in enumerate(points, 1):
+        for key in ("minutes", "bleu", "bleu_papers"):
+            value = point.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"--curve {path}: point {n}: {key} expected a number, got "
+                                 f"{value!r:.40}")
     if not points:
         raise ValueError(f"--curve {path}: no points")
     return points

@@ -40,8 +40,9 @@ class MetricsLog:
         self.close()
 
 
-def read_metrics_log(path):
-    """List of records of a metrics log; ValueError naming the file and line if one is broken."""
+def json_lines(path, keys):
+    """The objects of a JSON-lines file (blank lines skipped), each holding ``keys``; a
+    ValueError naming the file and line where one is not so."""
     records = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -51,8 +52,13 @@ def read_metrics_log(path):
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{os.fspath(path)}:{n}: expected one JSON object per line ({e})") from None
-            if not isinstance(rec, dict) or "event" not in rec:
-                raise ValueError(f"{os.fspath(path)}:{n}: expected an object with an 'event' key, "
-                                 f"got {line.strip()[:60]!r}")
+            if not isinstance(rec, dict) or any(k not in rec for k in keys):
+                raise ValueError(f"{os.fspath(path)}:{n}: expected an object with the keys "
+                                 f"{', '.join(keys)}, got {line.strip()[:60]!r}")
             records.append(rec)
     return records
+
+
+def read_metrics_log(path):
+    """List of records of a metrics log; ValueError naming the file and line if one is broken."""
+    return json_lines(path, ("event",))

@@ -94,7 +94,7 @@ def test_preprocess_moses_gives_the_papers_tokens_of_each_language(quoted_dir):
     assert data.train[0] == ("ein mann läuft .", "a man &apos;s dog runs .")
     assert data.train[1][1] == "the man &apos;s &quot; hat &quot; is red ."
     assert data.valid == data.train[:3]
-    assert (data.extra["tokenizer"], data.extra["preprocess"]) == ("moses", "moses")
+    assert data.extra["tokenizer"] == "moses"
     tokenize, detokenize = data.tokenizers()          # the units: the tokens as they are
     assert tokenize(data.train[2][1]) == ["a", "dog", "&amp;", "a", "cat", "."]
     assert detokenize(tokenize(data.train[2][1])) == data.train[2][1]
@@ -145,8 +145,7 @@ def moses_run(quoted_dir, tmp_path):
 def test_a_moses_run_records_its_preprocessing_and_is_scored_on_its_tokens(moses_run, quoted_dir,
                                                                             tmp_path, capsys):
     extra = load_model_checkpoint(str(moses_run / "last")).meta["extra"]
-    assert (extra["tokenizer"], extra["preprocess"], extra["options"]["preprocess"]) == \
-        ("moses+sentencepiece", "moses", "moses")
+    assert (extra["tokenizer"], extra["options"]["preprocess"]) == ("moses+sentencepiece", "moses")
     capsys.readouterr()
     out = tmp_path / "hyps.txt"
     assert main(["eval", "--checkpoint", str(moses_run / "last"), "--dataset", "multi30k",
@@ -185,7 +184,8 @@ def test_a_moses_run_resumes_with_its_preprocessing_and_refuses_another(moses_ru
     assert main(common + ["--preprocess", "npformer"]) == 1
     assert "--preprocess" in capsys.readouterr().err
     assert main(common + ["--max-steps", "6", "--quiet"]) == 0
-    assert load_model_checkpoint(str(moses_run / "last")).meta["extra"]["preprocess"] == "moses"
+    assert load_model_checkpoint(str(moses_run / "last")).meta["extra"]["tokenizer"] == \
+        "moses+sentencepiece"
 
 
 def test_preprocess_is_refused_for_checkpoints_that_are_not_multi30k_models(tmp_path, capsys):

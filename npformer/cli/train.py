@@ -172,10 +172,6 @@ def fill_defaults(args, dataset):
         args.src = "de" if args.src is None else args.src
         args.tgt = "en" if args.tgt is None else args.tgt
         args.cased = bool(args.cased)
-        if args.cased and args.preprocess == "moses":
-            raise ValueError(f"--cased: the papers' preprocessing (--preprocess moses, the "
-                             f"{args.preset} preset's) lowercases the text; give --preprocess "
-                             f"npformer to keep the case")
         if args.max_tokens is None:
             args.max_tokens = train["max_tokens"]
         if args.eval_every_steps is None:

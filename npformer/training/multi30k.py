@@ -32,7 +32,7 @@ from ..data.subword import SubwordTokenizer
 from ..data.tokenize import detokenize, tokenize
 from ..data.vocab import Vocabularies
 from ..decoding.translator import Translator, whitespace_tokenize
-from ..data.moses import PapersPreprocessor, papers_detokenize
+from ..data.moses import PapersPreprocessor, papers_detokenize, papers_tokenize
 from ..data.moses import available as moses_available
 from .metrics import corpus_bleu, papers_bleu, sacrebleu_scores
 from .translation import recipe_trainer
@@ -108,10 +108,11 @@ class Multi30kData:
 
 
 def checkpoint_extra(src, tgt, lowercase, subword=None, preprocess="npformer"):
-    """The text settings a run's checkpoints carry in their metadata ``extra``."""
+    """The text settings a run's checkpoints carry in their metadata ``extra`` (the tokenizer's
+    name says the preprocessing: ``checkpoint_preprocess``)."""
     settings = {"dataset": "multi30k", "src_lang": src, "tgt_lang": tgt,
                 "tokenizer": TOKENIZERS[preprocess, subword is not None],
-                "lowercase": bool(lowercase), "preprocess": preprocess}
+                "lowercase": bool(lowercase)}
     if subword is not None:
         settings.update(subword_pieces=len(subword), subword_model=subword.to_text())
     return settings
@@ -215,14 +216,15 @@ def check_preprocess(preprocess, lowercase=True):
     if preprocess not in PREPROCESS:
         raise ValueError(f"preprocess: expected one of {PREPROCESS}, got {preprocess!r}")
     if preprocess == "moses" and not lowercase:
-        raise ValueError("preprocess 'moses': the papers' preprocessing lowercases the text; it "
-                         "cannot keep the case (lowercase=False, --cased)")
+        raise ValueError("preprocess 'moses': the papers' preprocessing lowercases the text, so "
+                         "it cannot keep the case (--cased, lowercase=False); preprocess "
+                         "'npformer' can")
 
 
 def papers_pairs(pairs, src, tgt):
     """(source, target) raw pairs -> the papers' tokens of each side, in its language."""
-    source, target = PapersPreprocessor(src), PapersPreprocessor(tgt)
-    return [(source(s), target(t)) for s, t in pairs]
+    return list(zip(papers_tokenize([s for s, _ in pairs], src),
+                    papers_tokenize([t for _, t in pairs], tgt)))
 
 
 def check_preset(name):
@@ -340,13 +342,19 @@ class TextPipeline:
         return self.detokenize_lines([self.tokenised_text(units)])[0]
 
 
+def text_pipeline(loaded, settings=None):
+    """The ``TextPipeline`` of a Multi30k checkpoint, with ``settings`` (``text_settings_for``)
+    or its own."""
+    return TextPipeline(settings or checkpoint_text_settings(loaded), checkpoint_subword(loaded))
+
+
 def translator_for(loaded, batch_size=200, settings=None):
     """A ``Translator`` that tokenises and detokenises as the checkpoint's run did (or as
     ``settings``, from ``text_settings_for``, say)."""
     if not is_multi30k(loaded):                   # toy / files runs: whitespace-tokenised text
         return Translator(loaded.model, loaded.vocabs, whitespace_tokenize, " ".join,
                           batch_size=batch_size)
-    pipeline = TextPipeline(settings or checkpoint_text_settings(loaded), checkpoint_subword(loaded))
+    pipeline = text_pipeline(loaded, settings)
     return Translator(loaded.model, loaded.vocabs, pipeline.tokenize, pipeline.detokenize,
                       batch_size=batch_size)
 
@@ -369,7 +377,7 @@ def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=No
     pairs = load_split(data_dir, split, settings["src_lang"], settings["tgt_lang"])
     if not pairs:
         raise ValueError(f"split {split!r}: no sentences in {data_dir}")
-    pipeline = TextPipeline(settings, checkpoint_subword(loaded))
+    pipeline = text_pipeline(loaded, settings)
     translator = Translator(loaded.model, loaded.vocabs, pipeline.tokenize,
                             pipeline.tokenised_text, batch_size=200)
     sources = [s for s, _ in pairs]

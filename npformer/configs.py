@@ -96,7 +96,14 @@ class TransformerConfig(ModelConfig):
     generator shares the target embedding matrix; ``share_all_embeddings``: the source embedding,
     the target embedding and the generator share one matrix (fairseq's option, for one joint
     vocabulary: the two sizes must be equal; it implies ``tie_embeddings``); ``seed`` draws the
-    initial weights and then every dropout mask."""
+    initial weights and then every dropout mask.
+
+    Dropout: ``dropout`` on the residual paths (each sublayer's output) and on the embeddings;
+    ``attention_dropout`` on the attention weights; ``activation_dropout`` after the feed-forward
+    activation. Left out (None), the last two take ``dropout``'s value, as in
+    torch.nn.Transformer, which has one rate for all three; fairseq sets them apart (its
+    defaults are 0). The value is resolved when the configuration is made, so ``replace`` with a
+    new ``dropout`` keeps the other two as they were."""
     arch: ClassVar[str] = "transformer"
 
     src_vocab_size: int
@@ -107,6 +114,8 @@ class TransformerConfig(ModelConfig):
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
     dropout: float = 0.1
+    attention_dropout: Optional[float] = None
+    activation_dropout: Optional[float] = None
     max_len: int = 256
     pad_id: int = 0
     norm_first: bool = False
@@ -137,6 +146,9 @@ class TransformerConfig(ModelConfig):
         if self.pad_id >= n_ids:
             raise ValueError(f"pad_id: expected an id in [0, {n_ids}), got {self.pad_id!r}")
         put("dropout", check_real("dropout", self.dropout, minimum=0, maximum=1, max_open=True))
+        for name in ("attention_dropout", "activation_dropout"):
+            value = self.dropout if getattr(self, name) is None else getattr(self, name)
+            put(name, check_real(name, value, minimum=0, maximum=1, max_open=True))
         put("layer_norm_eps", check_real("layer_norm_eps", self.layer_norm_eps, minimum=0,
                                          min_open=True))
         if not isinstance(self.activation, str):

@@ -148,3 +148,43 @@ def test_a_model_sharing_all_embeddings_saves_and_loads_with_one_joint_vocabular
     assert m.config.share_all_embeddings and loaded.vocabs.is_joint
     assert m.src_embed.weight is m.tgt_embed.weight is m.generator.weight
     np.testing.assert_array_equal(m.flat_params, model.flat_params)
+
+
+def test_attention_and_activation_dropout_default_to_dropout_and_are_checked():
+    config = TransformerConfig(**{**SMALL, "dropout": 0.3})
+    assert (config.attention_dropout, config.activation_dropout) == (0.3, 0.3)   # torch's one rate
+    config = TransformerConfig(**{**SMALL, "dropout": 0.3, "attention_dropout": 0.0,
+                                  "activation_dropout": 0.1})
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.3, 0.0, 0.1)
+    assert TransformerConfig.from_dict(config.to_dict()) == config
+    # a configuration stored before the two rates existed: they are its one dropout rate
+    old = {k: v for k, v in config.to_dict().items() if not k.endswith("tion_dropout")}
+    assert TransformerConfig.from_dict(old).attention_dropout == 0.3
+    for name in ("attention_dropout", "activation_dropout"):
+        with pytest.raises(ValueError, match=rf"^{name}: expected .*got 1"):
+            TransformerConfig(**{**SMALL, name: 1.0})
+
+
+def test_each_dropout_rate_reaches_its_modules():
+    model = nf.Transformer(**{**SMALL, "dropout": 0.3, "attention_dropout": 0.0,
+                              "activation_dropout": 0.1})
+    encoder, decoder = model.encoder.layers[0], model.decoder.layers[1]
+    assert model.src_dropout.p == model.tgt_dropout.p == 0.3
+    assert encoder.dropout1.p == encoder.dropout2.p == decoder.dropout3.p == 0.3
+    assert encoder.self_attn.dropout == decoder.self_attn.dropout == 0.0
+    assert decoder.multihead_attn.dropout == 0.0
+    assert encoder.ffn.dropout == decoder.ffn.dropout == 0.1
+
+
+@pytest.mark.parametrize("rates,same", [
+    (dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0), True),
+    (dict(dropout=0.0, attention_dropout=0.5, activation_dropout=0.0), False),
+    (dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.5), False),
+])
+def test_a_rate_of_zero_leaves_training_mode_equal_to_eval(rates, same):
+    model = nf.Transformer(**{**SMALL, **rates})
+    src, tgt = np.array([[3, 4, 5, 2]]), np.array([[1, 6, 7]])
+    with model.evaluating():
+        reference = model.forward(src, tgt)
+    trained = model.train().forward(src, tgt)
+    assert np.array_equal(trained, reference) is same

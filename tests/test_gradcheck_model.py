@@ -80,3 +80,10 @@ def test_whole_model_sharing_all_embeddings(norm_first):
     assert model.src_embed.weight is model.tgt_embed.weight is model.generator.weight
     assert "tgt_embed.weight" not in dict(model.named_parameters())
     model_gradcheck(model, 0.1)
+
+
+def test_whole_model_with_separate_attention_and_activation_dropout():
+    """Dropout on the attention weights and the feed-forward activations only (the residual
+    paths and embeddings kept whole), each at its own rate."""
+    model = tiny_model(dropout=0.0, attention_dropout=0.3, activation_dropout=0.2).train()
+    model_gradcheck(model, 0.1)

@@ -190,3 +190,23 @@ def test_a_resume_over_other_text_of_the_same_lengths_is_refused(tmp_path):
     with pytest.raises(ValueError, match="the translation task.s training or validation data differ from its run.s"):
         trainer(other).resume(str(tmp_path / "last"))
     trainer(data.train).resume(str(tmp_path / "last"))                 # the same data resumes
+
+
+def test_the_inner_dropout_rates_are_recorded_and_fixed_for_the_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(out, "--max-steps", "2", "--dropout", "0.2", "--attention-dropout", "0",
+                 "--activation-dropout", "0.05", *TINY) == 0
+    config = load_model_checkpoint(out / "last").model.config
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.2, 0.0, 0.05)
+    capsys.readouterr()
+    assert train(out, "--resume", str(out / "last"), "--max-steps", "3",
+                 "--attention-dropout", "0.1") == 1
+    assert "--attention-dropout 0.0 in the checkpoint, 0.1 given" in error(capsys)
+
+
+def test_runs_that_predate_the_inner_dropout_rates_used_their_one_rate():
+    meta = {"extra": {"options": {"dataset": "toy", "dropout": 0.3, "lr": 1e-3}}}
+    options = recorded_options(meta)
+    assert options["attention_dropout"] == options["activation_dropout"] == 0.3
+    meta = {"config": {"dropout": 0.2}, "training": {"config": {"lr": 1e-3}}}
+    assert recorded_options(meta)["attention_dropout"] == 0.2

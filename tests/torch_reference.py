@@ -21,6 +21,14 @@ class ReferenceSeq2Seq(nn.Module):
             config["d_ff"], config["dropout"], activation=config["activation"],
             layer_norm_eps=config["layer_norm_eps"], batch_first=True,
             norm_first=config["norm_first"])
+        # torch's layers take one rate; npformer's attention_dropout / activation_dropout (which
+        # default to it) set the attention modules' and the feed-forward's own
+        layers = [*self.transformer.encoder.layers, *self.transformer.decoder.layers]
+        for layer in layers:
+            for attention in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                if attention is not None:
+                    attention.dropout = config.get("attention_dropout", config["dropout"])
+            layer.dropout.p = config.get("activation_dropout", config["dropout"])
         self.generator = nn.Linear(d, config["tgt_vocab_size"])
         if config.get("share_all_embeddings"):
             self.tgt_embed.weight = self.src_embed.weight

@@ -107,7 +107,14 @@ def add_model_args(p, defaults):
     g.add_argument("--layers", type=positive_int, default=defaults["n_encoder_layers"],
                    help="encoder and decoder layers each (default %(default)s)")
     g.add_argument("--dropout", type=probability, default=defaults["dropout"],
-                   help="dropout probability in [0, 1) (default %(default)s)")
+                   help="dropout probability in [0, 1) on the embeddings and each sublayer's "
+                        "output (default %(default)s)")
+    for name, where in (("attention", "the attention weights"),
+                        ("activation", "the feed-forward activations")):
+        default = defaults.get(f"{name}_dropout")
+        g.add_argument(f"--{name}-dropout", type=probability, default=default,
+                       help=f"dropout probability on {where} (default "
+                            f"{'--dropout' if default is None else default})")
     g.add_argument("--max-len", type=positive_int, default=defaults["max_len"],
                    help="longest sentence in tokens (default %(default)s)")
 
@@ -144,7 +151,8 @@ def model_kwargs(args):
     check_model_size(args)
     return dict(d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
                 n_encoder_layers=args.layers, n_decoder_layers=args.layers,
-                dropout=args.dropout, max_len=args.max_len)
+                dropout=args.dropout, attention_dropout=args.attention_dropout,
+                activation_dropout=args.activation_dropout, max_len=args.max_len)
 
 
 def add_train_args(p, defaults):

@@ -62,7 +62,8 @@ RECORDED_OPTIONS = ("dataset", "src_file", "tgt_file", "valid_src", "valid_tgt",
                     "data_dir", "src", "tgt", "cased", "subword", "subset", "valid_subset",
                     "preset", "preprocess",
                     "max_tokens", "accum_steps", "eval_every_steps", "time_budget", "keep_last",
-                    "average_last", "d_model", "n_heads", "d_ff", "layers", "dropout", "max_len",
+                    "average_last", "d_model", "n_heads", "d_ff", "layers", "dropout",
+                    "attention_dropout", "activation_dropout", "max_len",
                     "epochs", "max_steps", "batch_size", "lr", "warmup_steps", "schedule", "min_lr",
                     "label_smoothing", "clip_norm", "patience", "stop_metric", "target", "seed")
 _FLAGS = {"eval_every_steps": "--eval-every"}
@@ -239,7 +240,7 @@ def recorded_options(meta):
         out = {k: v for k, v in extra["options"].items() if k in RECORDED_OPTIONS}
         if out.get("dataset") == "multi30k" and "preprocess" not in out:  # runs that predate it
             out["preprocess"] = checkpoint_preprocess(extra)
-        return out
+        return _inner_dropout(out)
     training = meta.get("training") if isinstance(meta.get("training"), dict) else {}
     config = training.get("config") if isinstance(training.get("config"), dict) else {}
     model = meta.get("config") if isinstance(meta.get("config"), dict) else {}
@@ -252,7 +253,9 @@ def recorded_options(meta):
     if isinstance(config.get("time_budget"), (int, float)):
         out["time_budget"] = config["time_budget"] / 60.0      # seconds -> minutes
     for dest, key in (("d_model", "d_model"), ("n_heads", "n_heads"), ("d_ff", "d_ff"),
-                      ("layers", "n_encoder_layers"), ("dropout", "dropout"), ("max_len", "max_len")):
+                      ("layers", "n_encoder_layers"), ("dropout", "dropout"),
+                      ("attention_dropout", "attention_dropout"),
+                      ("activation_dropout", "activation_dropout"), ("max_len", "max_len")):
         if key in model:
             out[dest] = model[key]
     if extra.get("dataset") == "multi30k":
@@ -261,7 +264,15 @@ def recorded_options(meta):
                    preprocess=checkpoint_preprocess(extra))
     elif extra.get("made_by") == TOY_MADE_BY:
         out["dataset"] = "toy"
-    return out
+    return _inner_dropout(out)
+
+
+def _inner_dropout(options):
+    """Runs that predate --attention-dropout / --activation-dropout used --dropout's rate there."""
+    for dest in ("attention_dropout", "activation_dropout"):
+        if dest not in options and "dropout" in options:
+            options[dest] = options["dropout"]
+    return options
 
 
 def _equal(a, b):

@@ -15,7 +15,8 @@ from .runs import (RECORDED_OPTIONS, TRAIN_MADE_BY, apply_resume_policy, flag, p
 
 DATASETS = ("toy", "files", "multi30k")
 # model/training options left unset take the defaults of the chosen dataset's recipe
-_MODEL_KEYS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "dropout", "max_len")
+_MODEL_KEYS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "dropout", "attention_dropout",
+               "activation_dropout", "max_len")
 _TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule", "label_smoothing",
                "clip_norm", "stop_metric", "min_lr", "target")
 # options each dataset would ignore: giving one is refused, naming it
@@ -97,8 +98,7 @@ def add_parser(sub, name):
     g.add_argument("--average-last", type=positive_int, default=None, metavar="N",
                    help="after training, average the last N kept checkpoints into OUT/averaged "
                         "(implies --keep-last N if that is not given)")
-    add_model_args(p, {k: None for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers",
-                                          "dropout", "max_len")})
+    add_model_args(p, {k: None for k in _MODEL_KEYS})
     add_train_args(p, {k: None for k in _TRAIN_KEYS})
     p.add_argument("--resume", metavar="CKPT",
                    help="continue the run of this checkpoint, bit for bit: options left out keep "
@@ -157,8 +157,8 @@ def fill_defaults(args, dataset):
         model, train = TOY_MODEL, {**TOY_TRAIN, "target": None}
     for key in _MODEL_KEYS:
         dest = "layers" if key == "n_encoder_layers" else key
-        if getattr(args, dest) is None:
-            setattr(args, dest, model[key])
+        if getattr(args, dest) is None:                   # a recipe without attention_dropout
+            setattr(args, dest, model.get(key))           # or activation_dropout: --dropout's
     for key in _TRAIN_KEYS:
         if getattr(args, key) is None:
             setattr(args, key, train.get(key, 0.0 if key == "min_lr" else None))

@@ -4,8 +4,6 @@ Derivation: docs/backprop.md#attention.
 """
 import math
 
-import numpy as np
-
 from .dropout import dropout_backward, dropout_forward
 from .softmax import softmax_backward, softmax_forward
 

@@ -2,7 +2,6 @@
 
 Derivation: docs/backprop.md#linear.
 """
-import numpy as np
 
 
 def linear_forward(x, w, b=None):

@@ -2,8 +2,6 @@
 the model)."""
 import math
 
-import numpy as np
-
 
 def xavier_uniform(rng, shape, dtype):
     """U(-a, a), a = sqrt(6 / (fan_in + fan_out)): keeps activation variance across a layer."""

@@ -36,16 +36,18 @@ class Transformer(Module):
     """
 
     def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, n_heads=8, d_ff=2048,
-                 n_encoder_layers=6, n_decoder_layers=6, dropout=0.1, max_len=256, pad_id=0,
-                 norm_first=False, activation="relu", layer_norm_eps=1e-5, qk_dim=None,
-                 tie_embeddings=False, share_all_embeddings=False, dtype=np.float32, seed=0):
+                 n_encoder_layers=6, n_decoder_layers=6, dropout=0.1, attention_dropout=None,
+                 activation_dropout=None, max_len=256, pad_id=0, norm_first=False,
+                 activation="relu", layer_norm_eps=1e-5, qk_dim=None, tie_embeddings=False,
+                 share_all_embeddings=False, dtype=np.float32, seed=0):
         super().__init__()
         # every value is checked here (ValueError naming the argument); ``config`` is what
         # checkpoints store and ``from_config`` / ``nf.build_model`` build from
         self.config = cfg = TransformerConfig(
             src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
             n_heads=n_heads, d_ff=d_ff, n_encoder_layers=n_encoder_layers,
-            n_decoder_layers=n_decoder_layers, dropout=dropout, max_len=max_len, pad_id=pad_id,
+            n_decoder_layers=n_decoder_layers, dropout=dropout, attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id,
             norm_first=norm_first, activation=activation, layer_norm_eps=layer_norm_eps,
             qk_dim=qk_dim, tie_embeddings=tie_embeddings,
             share_all_embeddings=share_all_embeddings, dtype=dtype, seed=seed)
@@ -64,7 +66,9 @@ class Transformer(Module):
         self.src_dropout = Dropout(cfg.dropout, rng=self.rng)
         self.tgt_dropout = Dropout(cfg.dropout, rng=self.rng)
         layer_kwargs = dict(n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
-                            activation=cfg.activation, norm_first=cfg.norm_first, qk_dim=cfg.qk_dim)
+                            attention_dropout=cfg.attention_dropout,
+                            activation_dropout=cfg.activation_dropout, activation=cfg.activation,
+                            norm_first=cfg.norm_first, qk_dim=cfg.qk_dim)
         self.encoder = Encoder(cfg.n_encoder_layers, d_model, cfg.layer_norm_eps, rng=init_rng,
                                dtype=dtype, **layer_kwargs)
         self.decoder = Decoder(cfg.n_decoder_layers, d_model, cfg.layer_norm_eps, rng=init_rng,

@@ -61,11 +61,11 @@ TOKENIZERS = {("npformer", False): TOKENIZER, ("npformer", True): SUBWORD_TOKENI
 # (source + target)), 8,000 updates, no gradient clipping (fairseq's default), a checkpoint every
 # epoch and the average of the last 10. Validation (greedy BLEU) every 500 updates picks "best".
 # The text is preprocessed as the papers' (Moses normalisation, lowercasing, the Moses tokenizer
-# with its escaping) before the joint BPE is learnt on it. One difference stays: npformer applies
-# its one dropout rate to the attention weights and the feed-forward activations too, where
-# fairseq's recipe drops only the residual paths.
+# with its escaping) before the joint BPE is learnt on it. Dropout 0.3 is on the embeddings and
+# the residual paths only: fairseq's attention_dropout and activation_dropout default to 0.
 TINY_MODEL = dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4,
-                  dropout=0.3, max_len=128, share_all_embeddings=True)
+                  dropout=0.3, attention_dropout=0.0, activation_dropout=0.0, max_len=128,
+                  share_all_embeddings=True)
 TINY_TRAIN = dict(epochs=1000, max_steps=8000, max_tokens=8192, batch_size=64, accum_steps=1,
                   lr=5e-3, warmup_steps=2000, schedule="inverse_sqrt", label_smoothing=0.1,
                   clip_norm=None, stop_metric="bleu", eval_every_steps=500, log_every=20,

@@ -18,6 +18,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from .functional.activation_dropout import check_activation
+from .functional.dropout import inner_dropout_rates
 from .validation import check_flag, check_int, check_real
 
 
@@ -146,8 +147,8 @@ class TransformerConfig(ModelConfig):
         if self.pad_id >= n_ids:
             raise ValueError(f"pad_id: expected an id in [0, {n_ids}), got {self.pad_id!r}")
         put("dropout", check_real("dropout", self.dropout, minimum=0, maximum=1, max_open=True))
-        for name in ("attention_dropout", "activation_dropout"):
-            value = self.dropout if getattr(self, name) is None else getattr(self, name)
+        rates = inner_dropout_rates(self.dropout, self.attention_dropout, self.activation_dropout)
+        for name, value in zip(("attention_dropout", "activation_dropout"), rates):
             put(name, check_real(name, value, minimum=0, maximum=1, max_open=True))
         put("layer_norm_eps", check_real("layer_norm_eps", self.layer_norm_eps, minimum=0,
                                          min_open=True))

@@ -210,3 +210,14 @@ def test_runs_that_predate_the_inner_dropout_rates_used_their_one_rate():
     assert options["attention_dropout"] == options["activation_dropout"] == 0.3
     meta = {"config": {"dropout": 0.2}, "training": {"config": {"lr": 1e-3}}}
     assert recorded_options(meta)["attention_dropout"] == 0.2
+
+
+def test_inner_dropout_rates_left_out_are_recorded_as_the_rate_the_run_uses(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(out, "--max-steps", "2", "--dropout", "0.2", *TINY) == 0
+    loaded = load_model_checkpoint(out / "last")
+    assert loaded.meta["extra"]["options"]["attention_dropout"] == 0.2
+    assert loaded.model.config.activation_dropout == 0.2
+    # giving the rate it already uses is no change
+    assert train(out, "--resume", str(out / "last"), "--max-steps", "3",
+                 "--attention-dropout", "0.2") == 0

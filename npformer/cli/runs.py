@@ -43,6 +43,7 @@ import math
 import os
 import re
 
+from ..functional.dropout import inner_dropout_rates
 from ..training.multi30k import checkpoint_preprocess
 
 TOY_MADE_BY = "npformer toy"
@@ -268,10 +269,11 @@ def recorded_options(meta):
 
 
 def _inner_dropout(options):
-    """Runs that predate --attention-dropout / --activation-dropout used --dropout's rate there."""
-    for dest in ("attention_dropout", "activation_dropout"):
-        if dest not in options and "dropout" in options:
-            options[dest] = options["dropout"]
+    """The attention and activation dropout rates a run used: where unrecorded (runs that predate
+    the options) or unset, --dropout's."""
+    if "dropout" in options:
+        options["attention_dropout"], options["activation_dropout"] = inner_dropout_rates(
+            options["dropout"], options.get("attention_dropout"), options.get("activation_dropout"))
     return options
 
 

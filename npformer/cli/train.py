@@ -3,6 +3,7 @@ import contextlib
 import os
 import re
 
+from ..functional.dropout import inner_dropout_rates
 from ..training.averaging import average_checkpoints
 from ..training.files import files_trainer
 from ..training.multi30k import MULTI30K_TRAIN, PREPROCESS, PRESETS, multi30k_trainer
@@ -157,8 +158,11 @@ def fill_defaults(args, dataset):
         model, train = TOY_MODEL, {**TOY_TRAIN, "target": None}
     for key in _MODEL_KEYS:
         dest = "layers" if key == "n_encoder_layers" else key
-        if getattr(args, dest) is None:                   # a recipe without attention_dropout
-            setattr(args, dest, model.get(key))           # or activation_dropout: --dropout's
+        if getattr(args, dest) is None:
+            setattr(args, dest, model.get(key))
+    # recorded as the rates the run uses (a recipe without them: --dropout's)
+    args.attention_dropout, args.activation_dropout = inner_dropout_rates(
+        args.dropout, args.attention_dropout, args.activation_dropout)
     for key in _TRAIN_KEYS:
         if getattr(args, key) is None:
             setattr(args, key, train.get(key, 0.0 if key == "min_lr" else None))

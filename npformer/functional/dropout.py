@@ -11,6 +11,13 @@ import numpy as np
 MASK_BITS = 16          # random bits per unit; p is realised to within 2**-17
 
 
+def inner_dropout_rates(dropout, attention_dropout=None, activation_dropout=None):
+    """(attention_dropout, activation_dropout) of a Transformer layer: each left out (None) takes
+    the layer's ``dropout`` rate, as torch.nn.Transformer's one rate does (fairseq sets them
+    apart). The one place this rule lives: configurations, layers and the CLI all call it."""
+    return tuple(dropout if p is None else p for p in (attention_dropout, activation_dropout))
+
+
 def keep_mask(shape, p, rng):
     """A bool array of ``shape``, each entry True (kept) with probability 1 - p.
 

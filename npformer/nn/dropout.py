@@ -9,12 +9,6 @@ def check_probability(p):
     return check_real("dropout", p, minimum=0, maximum=1, max_open=True)
 
 
-def inner_rates(dropout, attention_dropout=None, activation_dropout=None):
-    """(attention_dropout, activation_dropout) of a layer: each left out (None) takes the
-    layer's ``dropout`` rate, as torch.nn.Transformer's one rate does."""
-    return tuple(dropout if p is None else p for p in (attention_dropout, activation_dropout))
-
-
 class Dropout(Module):
     """Inverted dropout with probability ``p``, drawing from the model's shared ``rng``."""
 

@@ -2,7 +2,8 @@
 import numpy as np
 
 from .attention import MultiHeadAttention
-from .dropout import Dropout, inner_rates
+from ..functional.dropout import inner_dropout_rates
+from .dropout import Dropout
 from .feedforward import FeedForward
 from .layernorm import LayerNorm
 from .module import Module, ModuleList
@@ -22,8 +23,8 @@ class EncoderLayer(Module):
         weights) and ``activation_dropout`` (after the feed-forward activation) default to it."""
         super().__init__()
         self.norm_first = norm_first
-        attention_dropout, activation_dropout = inner_rates(dropout, attention_dropout,
-                                                            activation_dropout)
+        attention_dropout, activation_dropout = inner_dropout_rates(dropout, attention_dropout,
+                                                                    activation_dropout)
         self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, qk_dim, rng=rng,
                                             dtype=dtype)
         self.ffn = FeedForward(d_model, d_ff, activation_dropout, activation, rng=rng, dtype=dtype)

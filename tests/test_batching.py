@@ -99,7 +99,7 @@ sampler_config = st.fixed_dictionaries({
     "lengths_seed": st.integers(0, 1000),
     "seed": st.integers(0, 1000),
     "epoch": st.integers(0, 5),
-    "bucket_size": st.integers(1, 150),
+    "bucket_size": st.none() | st.integers(1, 150),      # None: the whole set in one bucket
     "shuffle": st.booleans(),
     "by": st.sampled_from(["batch_size", "max_tokens"]),
     "limit": st.integers(1, 200),
@@ -149,6 +149,26 @@ def test_epochs_and_seeds_change_the_order():
     assert order(0, 0) == order(0, 0)
     assert order(0, 0) != order(0, 1)
     assert order(0, 0) != order(1, 0)
+
+
+def test_whole_set_bucket_is_one_bucket_of_every_example():
+    """bucket_size=None (fairseq's order) is the same as one bucket at least as large as the
+    set; it pads less than buckets of a tenth of the set, and its state names it."""
+    src, tgt = random_lengths(300, 2)
+    for limit in ({"batch_size": 7}, {"max_tokens": 150}):
+        whole = BatchSampler(src, tgt, bucket_size=None, seed=5, **limit)
+        big = BatchSampler(src, tgt, bucket_size=300, seed=5, **limit)
+        for epoch in (0, 3):
+            whole.set_epoch(epoch), big.set_epoch(epoch)
+            assert [b.tolist() for b in whole] == [b.tolist() for b in big]
+    def padded(bucket_size):
+        s = BatchSampler(src, tgt, max_tokens=150, bucket_size=bucket_size, seed=5)
+        return sum(len(b) * (src[b].max() + tgt[b].max()) for b in s)
+    assert padded(None) < padded(30)
+    state = BatchSampler(src, tgt, batch_size=7, bucket_size=None).state_dict()
+    assert state["bucket_size"] is None
+    with pytest.raises(ValueError, match="bucket_size=None, but this sampler has bucket_size=1000"):
+        BatchSampler(src, tgt, batch_size=7).load_state_dict(state)
 
 
 def test_batches_group_similar_lengths():

@@ -221,3 +221,29 @@ def test_inner_dropout_rates_left_out_are_recorded_as_the_rate_the_run_uses(tmp_
     # giving the rate it already uses is no change
     assert train(out, "--resume", str(out / "last"), "--max-steps", "3",
                  "--attention-dropout", "0.2") == 0
+
+
+def test_the_bucket_size_is_recorded_and_fixed_for_the_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(out, "--max-steps", "2", "--bucket-size", "all", *TINY) == 0
+    loaded = load_model_checkpoint(out / "last")
+    assert loaded.meta["extra"]["options"]["bucket_size"] == "all"
+    assert loaded.meta["training"]["config"]["bucket_size"] is None
+    assert loaded.meta["training"]["sampler"]["bucket_size"] is None
+    assert train(out, "--resume", str(out / "last"), "--max-steps", "3") == 0      # kept
+    capsys.readouterr()
+    assert train(out, "--resume", str(out / "last"), "--max-steps", "4",
+                 "--bucket-size", "7") == 1
+    assert "--bucket-size all in the checkpoint, 7 given" in error(capsys)
+    for bad in ("0", "some"):
+        with pytest.raises(SystemExit) as exit_:
+            train(tmp_path / "x", "--bucket-size", bad, *TINY)
+        assert exit_.value.code == 2
+        assert f"--bucket-size: expected 'all' or a positive integer, got '{bad}'" in \
+            capsys.readouterr().err
+
+
+def test_runs_that_predate_the_bucket_size_used_1000():
+    assert recorded_options({"extra": {"options": {"dataset": "toy"}}})["bucket_size"] == 1000
+    assert recorded_options({"training": {"config": {"lr": 1e-3}}})["bucket_size"] == 1000
+    assert recorded_options({"training": {"config": {"bucket_size": None}}})["bucket_size"] == "all"

@@ -138,6 +138,8 @@ def test_the_tiny_preset_shares_all_embeddings_over_one_joint_vocabulary(mini_di
                                                                                 "inverse_sqrt")
     assert training["save_every_epochs"] == 1 and training["keep_last"] == 10
     assert training["clip_norm"] is None and model.config.dropout == 0.3
+    # fairseq's batching: the whole set sorted by length
+    assert training["bucket_size"] is None and loaded.meta["extra"]["options"]["bucket_size"] == "all"
     # fairseq's recipe drops the residual paths only
     assert model.config.attention_dropout == model.config.activation_dropout == 0.0
     assert loaded.meta["extra"]["options"]["preset"] == "tiny"

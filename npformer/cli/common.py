@@ -37,6 +37,16 @@ def positive_int(text):
     return _integer(text, 1)
 
 
+def bucket_size(text):
+    """``all`` or an integer >= 1 (``--bucket-size``)."""
+    if text == "all":
+        return text
+    try:
+        return _integer(text, 1)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'all' or a positive integer, got {text!r}") from None
+
+
 def non_negative_int(text):
     """An integer >= 0."""
     return _integer(text, 0)

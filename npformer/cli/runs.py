@@ -62,8 +62,8 @@ RESUME_MAY_CHANGE = ("max_steps", "epochs", "time_budget", "patience", "target",
 RECORDED_OPTIONS = ("dataset", "src_file", "tgt_file", "valid_src", "valid_tgt", "min_freq",
                     "data_dir", "src", "tgt", "cased", "subword", "subset", "valid_subset",
                     "preset", "preprocess",
-                    "max_tokens", "accum_steps", "eval_every_steps", "time_budget", "keep_last",
-                    "average_last", "d_model", "n_heads", "d_ff", "layers", "dropout",
+                    "max_tokens", "bucket_size", "accum_steps", "eval_every_steps", "time_budget",
+                    "keep_last", "average_last", "d_model", "n_heads", "d_ff", "layers", "dropout",
                     "attention_dropout", "activation_dropout", "max_len",
                     "epochs", "max_steps", "batch_size", "lr", "warmup_steps", "schedule", "min_lr",
                     "label_smoothing", "clip_norm", "patience", "stop_metric", "target", "seed")
@@ -241,14 +241,14 @@ def recorded_options(meta):
         out = {k: v for k, v in extra["options"].items() if k in RECORDED_OPTIONS}
         if out.get("dataset") == "multi30k" and "preprocess" not in out:  # runs that predate it
             out["preprocess"] = checkpoint_preprocess(extra)
-        return _inner_dropout(out)
+        return _predating(out)
     training = meta.get("training") if isinstance(meta.get("training"), dict) else {}
     config = training.get("config") if isinstance(training.get("config"), dict) else {}
     model = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     out = {k: config[k] for k in ("epochs", "max_steps", "batch_size", "lr", "warmup_steps",
                                   "schedule", "min_lr", "label_smoothing", "patience",
                                   "stop_metric", "target", "seed", "max_tokens", "accum_steps",
-                                  "eval_every_steps", "keep_last") if k in config}
+                                  "eval_every_steps", "keep_last", "bucket_size") if k in config}
     if "clip_norm" in config:
         out["clip_norm"] = config["clip_norm"] or 0.0          # the CLI's 0: no clipping
     if isinstance(config.get("time_budget"), (int, float)):
@@ -265,12 +265,15 @@ def recorded_options(meta):
                    preprocess=checkpoint_preprocess(extra))
     elif extra.get("made_by") == TOY_MADE_BY:
         out["dataset"] = "toy"
-    return _inner_dropout(out)
+    return _predating(out)
 
 
-def _inner_dropout(options):
-    """The attention and activation dropout rates a run used: where unrecorded (runs that predate
-    the options) or unset, --dropout's."""
+def _predating(options):
+    """Options a run recorded before they existed, as it used them: the attention and activation
+    dropout rates where unrecorded or unset are --dropout's; the bucket size 1000 (the "all" of a
+    TrainConfig's None is written out)."""
+    bucket = options.get("bucket_size", 1000)
+    options["bucket_size"] = "all" if bucket is None else bucket
     if "dropout" in options:
         options["attention_dropout"], options["activation_dropout"] = inner_dropout_rates(
             options["dropout"], options.get("attention_dropout"), options.get("activation_dropout"))

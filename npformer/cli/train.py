@@ -9,8 +9,8 @@ from ..training.files import files_trainer
 from ..training.multi30k import MULTI30K_TRAIN, PREPROCESS, PRESETS, multi30k_trainer
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_trainer
 from ..training.trainer import step_checkpoints
-from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, model_kwargs,
-                     positive_float, positive_int, refuse_output_over_inputs, train_kwargs)
+from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, bucket_size,
+                     model_kwargs, positive_float, positive_int, refuse_output_over_inputs, train_kwargs)
 from .runs import (RECORDED_OPTIONS, TRAIN_MADE_BY, apply_resume_policy, flag, plan_run_folder,
                    refuse_inputs_in_run)
 
@@ -85,6 +85,9 @@ def add_parser(sub, name):
                    help="batches of about N padded tokens (src + tgt) instead of --batch-size "
                         "(multi30k default: the preset's, %d for base, %d for tiny)"
                    % (PRESETS["base"]["train"]["max_tokens"], PRESETS["tiny"]["train"]["max_tokens"]))
+    g.add_argument("--bucket-size", type=bucket_size, default=None, metavar="N|all",
+                   help="sort each N training pairs by length before cutting batches; 'all': the "
+                        "whole set, as fairseq (default: 1000; 'all' for --preset tiny)")
     g.add_argument("--accum-steps", type=positive_int, default=None, metavar="K",
                    help="sum the gradients of K batches per update (default 1)")
     g.add_argument("--eval-every", "--save-every", dest="eval_every_steps", type=positive_int, default=None,
@@ -180,6 +183,8 @@ def fill_defaults(args, dataset):
             args.max_tokens = train["max_tokens"]
         if args.eval_every_steps is None:
             args.eval_every_steps = train["eval_every_steps"]
+    if args.bucket_size is None:
+        args.bucket_size = train.get("bucket_size", 1000) or "all"     # None: "all"
     if args.average_last is not None and args.keep_last is None:
         args.keep_last = args.average_last
     if args.average_last is not None and args.average_last > args.keep_last:
@@ -190,6 +195,7 @@ def fill_defaults(args, dataset):
 def _config_kwargs(args):
     kwargs = train_kwargs(args)
     kwargs.update(out_dir=args.out, max_tokens=args.max_tokens, accum_steps=args.accum_steps,
+                  bucket_size=None if args.bucket_size == "all" else args.bucket_size,
                   eval_every_steps=args.eval_every_steps, keep_last=args.keep_last,
                   time_budget=None if args.time_budget is None else args.time_budget * 60.0)
     return kwargs

@@ -128,9 +128,15 @@ class BatchSampler:
     """Length-bucketed, seeded batch sampler; yields arrays of dataset indices.
 
     Give exactly one of ``batch_size`` (examples per batch) and ``max_tokens`` (a budget of padded
-    tokens per batch: rows × (longest src + longest tgt), as fairseq counts). A single example
-    longer than ``max_tokens`` still gets a batch of its own. With ``shuffle=False`` the data is
-    taken in order (still sorted by length inside each bucket) and batches are not shuffled.
+    tokens per batch: rows × (longest src + longest tgt)). A single example longer than
+    ``max_tokens`` still gets a batch of its own. With ``shuffle=False`` the data is taken in
+    order (still sorted by length inside each bucket) and batches are not shuffled.
+
+    Each epoch shuffles the examples, sorts each bucket of ``bucket_size`` consecutive ones by
+    length (source, then target), cuts the batches and shuffles their order. Small buckets give
+    batches that differ from epoch to epoch but hold more padding; ``bucket_size=None`` sorts the
+    whole set at once, as fairseq does (the least padding: the same batches every epoch, in a new
+    order, with ties between equal lengths broken anew).
 
     Lengths are counted as given; ``BatchSampler.from_pairs`` counts them as ``make_batch`` lays
     them out (``len(tgt) + 1`` for the shifted target), so ``max_tokens`` bounds the real arrays.
@@ -138,7 +144,7 @@ class BatchSampler:
 
     def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int],
                  batch_size: int | None = None, max_tokens: int | None = None,
-                 shuffle: bool = True, seed: int = 0, bucket_size: int = 1000):
+                 shuffle: bool = True, seed: int = 0, bucket_size: int | None = 1000):
         self.src_lengths = _as_lengths(src_lengths, "src_lengths")
         self.tgt_lengths = _as_lengths(tgt_lengths, "tgt_lengths")
         if len(self.src_lengths) != len(self.tgt_lengths):
@@ -153,7 +159,9 @@ class BatchSampler:
             raise ValueError(f"shuffle must be a bool, got {shuffle!r}")
         self.shuffle = bool(shuffle)
         self.seed = _check_int(seed, "seed", 0)
-        self.bucket_size = _check_int(bucket_size, "bucket_size", 1)
+        if bucket_size is not None:      # None: one bucket, the whole set
+            bucket_size = _check_int(bucket_size, "bucket_size", 1)
+        self.bucket_size = bucket_size
         self._epoch = 0
         self._offset = 0          # batch to start from on the next __iter__ (set by load_state_dict)
         self._done = 0            # batches handed out in the current epoch
@@ -189,9 +197,10 @@ class BatchSampler:
         rng = np.random.default_rng([self.seed, self._epoch])
         order = rng.permutation(n) if self.shuffle else np.arange(n)
         # Sort by length inside each bucket of bucket_size consecutive (shuffled) examples.
+        bucket = self.bucket_size or n
         sorted_parts = []
-        for start in range(0, n, self.bucket_size):
-            part = order[start:start + self.bucket_size]
+        for start in range(0, n, bucket):
+            part = order[start:start + bucket]
             key = np.lexsort((self.tgt_lengths[part], self.src_lengths[part]))   # by src, then tgt
             sorted_parts.append(part[key])
         order = np.concatenate(sorted_parts)

@@ -71,7 +71,10 @@ class TrainConfig:
     out_dir: str = None              # best/last checkpoints and metrics.jsonl go here
     quiet: bool = False
     max_tokens: int = None           # batch by padded tokens (src + tgt) instead of batch_size
-    # batch_size, max_tokens and label_smoothing are the task's knobs: a recipe hands them to it
+    bucket_size: int = 1000          # examples sorted by length together before batching (None:
+                                     # the whole set, fairseq's order; see data.BatchSampler)
+    # batch_size, max_tokens, bucket_size and label_smoothing are the task's knobs: a recipe
+    # hands them to it
     accum_steps: int = 1             # batches whose gradients are summed before one update
     eval_every_steps: int = None     # also validate every N optimizer steps (inside epochs)
     time_budget: float = None        # seconds: stop training (then validate once) after this
@@ -83,8 +86,8 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("epochs", "batch_size", "eval_every", "log_every", "accum_steps"):
             setattr(self, name, check_int(name, getattr(self, name)))
-        for name in ("max_steps", "max_tokens", "eval_every_steps", "keep_last", "save_every_steps",
-                     "save_every_epochs"):
+        for name in ("max_steps", "max_tokens", "bucket_size", "eval_every_steps", "keep_last",
+                     "save_every_steps", "save_every_epochs"):
             setattr(self, name, check_int(name, getattr(self, name), allow_none=True))
         self.warmup_steps = check_int("warmup_steps", self.warmup_steps, minimum=0)
         self.seed = check_int("seed", self.seed, minimum=0)

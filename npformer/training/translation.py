@@ -35,11 +35,12 @@ class TranslationTask(Task):
 
     def __init__(self, vocabs, train_pairs, valid_pairs=None, tokenize=whitespace_tokenize,
                  detokenize=" ".join, bleu=None, batch_size=64, max_tokens=None,
-                 label_smoothing=0.0, seed=0):
+                 label_smoothing=0.0, seed=0, bucket_size=1000):
         """``bleu(hypotheses, target_texts) -> float`` scores validation translations (default:
         sacrebleu on the re-tokenised targets). Batches hold ``batch_size`` pairs, or about
-        ``max_tokens`` padded source + target tokens when that is given, in an order drawn
-        from ``seed``."""
+        ``max_tokens`` padded source + target tokens when that is given, of similar lengths
+        within buckets of ``bucket_size`` pairs (None: the whole set), in an order drawn from
+        ``seed`` (``npformer.data.BatchSampler``)."""
         Vocabularies.check_fits(vocabs, {})      # a Vocabularies (sizes: check_model)
         self.vocabs, self.tokenize, self.detokenize, self.bleu = vocabs, tokenize, detokenize, bleu
         self.label_smoothing = label_smoothing
@@ -52,7 +53,8 @@ class TranslationTask(Task):
         tgt = vocabs.tgt
         self.pad, self.bos, self.eos = tgt.pad_id, tgt.bos_id, tgt.eos_id
         size = {"max_tokens": max_tokens} if max_tokens is not None else {"batch_size": batch_size}
-        self.sampler = BatchSampler.from_pairs(self.train_ids, seed=seed, **size)
+        self.sampler = BatchSampler.from_pairs(self.train_ids, seed=seed, bucket_size=bucket_size,
+                                               **size)
         self._hypotheses = []                   # of the latest evaluate, for examples()
 
     # -- data ----------------------------------------------------------------------------------
@@ -167,9 +169,11 @@ def recipe_trainer(vocabs, train_pairs, valid_pairs, model_defaults, train_defau
 def translation_trainer(model, vocabs, train_pairs, valid_pairs=None, config=None,
                         tokenize=whitespace_tokenize, detokenize=" ".join, bleu=None, extra=None):
     """A ``Trainer`` of ``model`` on a ``TranslationTask`` whose batching (``batch_size`` or
-    ``max_tokens``), label smoothing and seed come from ``config`` (a ``TrainConfig``)."""
+    ``max_tokens``, ``bucket_size``), label smoothing and seed come from ``config`` (a
+    ``TrainConfig``)."""
     config = config or TrainConfig()
     task = TranslationTask(vocabs, train_pairs, valid_pairs, tokenize, detokenize, bleu,
                            batch_size=config.batch_size, max_tokens=config.max_tokens,
-                           label_smoothing=config.label_smoothing, seed=config.seed)
+                           label_smoothing=config.label_smoothing, seed=config.seed,
+                           bucket_size=config.bucket_size)
     return Trainer(model, task, config, extra=extra)

@@ -114,6 +114,15 @@ def test_metrics():
     assert exact_match(["a b", "c"], ["a  b", "d"]) == 0.5
     assert corpus_bleu(["the cat sat on the mat"], ["the cat sat on the mat"]) == pytest.approx(100.0)
     assert corpus_bleu(["x y z w"], ["a b c d"]) == pytest.approx(0.0)
+
+
+def test_corpus_bleu_of_tokenised_text_says_nothing(capfd):
+    """tokenize="none" means the text is tokenised on purpose: sacrebleu's warning about lines
+    ending in a tokenised period (once per validation, in every training log) is not printed."""
+    lines = [f"sentence {i} ends here ." for i in range(120)]
+    assert corpus_bleu(lines, lines) == pytest.approx(100.0)
+    out, err = capfd.readouterr()
+    assert "tokenized period" not in out + err
     with pytest.raises(ValueError, match="same number"):
         exact_match(["a"], ["a", "b"])
 

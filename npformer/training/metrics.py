@@ -22,14 +22,16 @@ def exact_match(hypotheses, references):
 
 
 def corpus_bleu(hypotheses, references, tokenize="none"):
-    """Corpus BLEU (0..100) by sacrebleu; ``tokenize="none"`` for already tokenised text,
-    "13a" (sacrebleu's default) for raw text."""
+    """Corpus BLEU (0..100) by sacrebleu; ``tokenize="none"`` for already tokenised text (so
+    sacrebleu's warning about tokenised input is not printed), "13a" (sacrebleu's default) for
+    raw text."""
     import sacrebleu
 
     hypotheses, references = _check_pair(hypotheses, references)
     if not references:
         raise ValueError("references: expected at least one sentence, got none")
-    return float(sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize).score)
+    return float(sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize,
+                                       force=tokenize == "none").score)
 
 
 def sacrebleu_scores(hypotheses, references):

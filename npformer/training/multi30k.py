@@ -61,8 +61,8 @@ TOKENIZERS = {("npformer", False): TOKENIZER, ("npformer", True): SUBWORD_TOKENI
 # checkpoint every epoch and the average of the last 10. Validation (greedy BLEU) every 500
 # updates picks "best". Batching as fairseq's: the whole training set sorted by length
 # (bucket_size None), then cut into batches of at most 4,096 rows x the longer side; on Multi30k
-# that is 122 batches an epoch of 6,820 real tokens, and npformer's count of rows x (source +
-# target) at 7,400 gives 124 of 6,710.
+# that is 122 batches an epoch of ~6,800 real tokens, and npformer's count of rows x (source +
+# target) at 7,400 gives the same 122.
 # The text is preprocessed as the papers' (Moses normalisation, lowercasing, the Moses tokenizer
 # with its escaping) before the joint BPE is learnt on it. Dropout 0.3 is on the embeddings and
 # the residual paths only: fairseq's attention_dropout and activation_dropout default to 0.

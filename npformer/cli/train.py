@@ -10,7 +10,8 @@ from ..training.multi30k import MULTI30K_TRAIN, PREPROCESS, PRESETS, multi30k_tr
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_trainer
 from ..training.trainer import step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, bucket_size,
-                     model_kwargs, positive_float, positive_int, refuse_output_over_inputs, train_kwargs)
+                     model_kwargs, positive_float, positive_int, refuse_output_over_inputs,
+                     train_kwargs)
 from .runs import (RECORDED_OPTIONS, TRAIN_MADE_BY, apply_resume_policy, flag, plan_run_folder,
                    refuse_inputs_in_run)
 

@@ -270,8 +270,8 @@ def recorded_options(meta):
 
 def _predating(options):
     """Options a run recorded before they existed, as it used them: the attention and activation
-    dropout rates where unrecorded or unset are --dropout's; the bucket size 1000 (the "all" of a
-    TrainConfig's None is written out)."""
+    dropout rates where unrecorded or unset are --dropout's; the bucket size the sampler had then,
+    1000 (a TrainConfig's None is the CLI's "all")."""
     bucket = options.get("bucket_size", 1000)
     options["bucket_size"] = "all" if bucket is None else bucket
     if "dropout" in options:

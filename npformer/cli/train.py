@@ -8,7 +8,7 @@ from ..training.averaging import average_checkpoints
 from ..training.files import files_trainer
 from ..training.multi30k import MULTI30K_TRAIN, PREPROCESS, PRESETS, multi30k_trainer
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_trainer
-from ..training.trainer import step_checkpoints
+from ..training.trainer import TrainConfig, step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, bucket_size,
                      model_kwargs, positive_float, positive_int, refuse_output_over_inputs,
                      train_kwargs)
@@ -185,7 +185,7 @@ def fill_defaults(args, dataset):
         if args.eval_every_steps is None:
             args.eval_every_steps = train["eval_every_steps"]
     if args.bucket_size is None:
-        args.bucket_size = train.get("bucket_size", 1000) or "all"     # None: "all"
+        args.bucket_size = train.get("bucket_size", TrainConfig.bucket_size) or "all"  # None: all
     if args.average_last is not None and args.keep_last is None:
         args.keep_last = args.average_last
     if args.average_last is not None and args.average_last > args.keep_last:

@@ -21,20 +21,9 @@ import os
 import sys
 
 from npformer.data.textfile import write_text_atomic
-from npformer.training.averaging import average_state_dicts
-from npformer.training.checkpointing import load_model_checkpoint
+from npformer.training.averaging import load_averaged
 from npformer.training.multi30k import evaluate_checkpoint
 from npformer.training.trainer import step_checkpoints
-
-
-def averaged(kept, n):
-    """The last kept checkpoint (loaded) holding the mean weights of the last ``n``."""
-    paths = kept[-n:]
-    last = load_model_checkpoint(paths[-1])
-    if len(paths) > 1:
-        last.model.load_state_dict(average_state_dicts(
-            load_model_checkpoint(p).model.state_dict() for p in paths))
-    return last
 
 
 def main(argv=None):
@@ -64,7 +53,7 @@ def main(argv=None):
     points = []
     print(f"{'avg':>4} {'alpha':>6} {'BLEU lc':>8} {'papers':>7} {'decode s':>9}")
     for n in counts:
-        loaded = averaged(kept, n)
+        loaded = load_averaged(kept[-n:])
         for alpha in alphas:
             result = evaluate_checkpoint(loaded, args.data_dir, "val", beam=args.beam,
                                          length_penalty=alpha)

@@ -6,7 +6,7 @@ import npformer as nf
 from npformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from npformer.cli.main import main
 from npformer.data.vocab import Vocab, Vocabularies
-from npformer.training.averaging import average_checkpoints, average_state_dicts
+from npformer.training.averaging import average_checkpoints, average_state_dicts, load_averaged
 from npformer.training.checkpointing import load_model_checkpoint, save_model_checkpoint
 
 SRC = Vocab(list(Vocab.SPECIALS) + ["ein", "mann", "hund"])
@@ -49,6 +49,20 @@ def test_average_of_one_checkpoint_is_itself(tmp_path):
     average_checkpoints([path], tmp_path / "avg")
     np.testing.assert_array_equal(load_model_checkpoint(tmp_path / "avg").model.flat_params,
                                   tiny(1).flat_params)
+
+
+def test_load_averaged_holds_the_saved_average_in_memory(tmp_path):
+    """What benchmarks/multi30k_tune.py scores: the same weights average_checkpoints writes,
+    the same checks, nothing written."""
+    paths = save_three(tmp_path)
+    loaded = load_averaged(paths)
+    average_checkpoints(paths, tmp_path / "avg")
+    np.testing.assert_array_equal(loaded.model.flat_params,
+                                  load_model_checkpoint(tmp_path / "avg").model.flat_params)
+    assert not loaded.model.training and loaded.vocabs.src == SRC
+    save_model_checkpoint(tmp_path / "wide", tiny(4, d_ff=16), Vocabularies(SRC, TGT))
+    with pytest.raises(CheckpointError, match=r"wide.*d_ff: checkpoint has 16, expected 8"):
+        load_averaged([paths[0], tmp_path / "wide"])
 
 
 def test_mismatched_config_is_an_error_naming_the_file(tmp_path):

@@ -35,11 +35,9 @@ def average_state_dicts(state_dicts):
     return out
 
 
-def average_checkpoints(paths, out):
-    """Average the weights of the checkpoints ``paths`` and save them to ``out``.
-
-    Returns the loaded model (eval mode) holding the averaged weights.
-    """
+def load_averaged(paths):
+    """Load the checkpoints ``paths`` (one run's, checked compatible) and return the first, a
+    ``LoadedCheckpoint`` whose model (eval mode) holds the mean weights of all of them."""
     if isinstance(paths, (str, bytes)):
         raise ValueError("paths: expected a list of checkpoint paths, got one string")
     paths = [str(p) for p in paths]
@@ -56,9 +54,17 @@ def average_checkpoints(paths, out):
         except CheckpointError as e:
             raise CheckpointError(f"cannot average {path} with {first.path}: {e}") from None
         states.append(loaded.model.state_dict())
-    model = first.model
-    model.load_state_dict(average_state_dicts(states))
+    first.model.load_state_dict(average_state_dicts(states))
+    return first
+
+
+def average_checkpoints(paths, out):
+    """Average the weights of the checkpoints ``paths`` and save them to ``out``.
+
+    Returns the loaded model (eval mode) holding the averaged weights.
+    """
+    first = load_averaged(paths)
     extra = dict(first.meta.get("extra") or {})
-    extra["averaged_from"] = paths
-    save_model_checkpoint(out, model, first.vocabs, extra=extra)
-    return model
+    extra["averaged_from"] = [str(p) for p in paths]
+    save_model_checkpoint(out, first.model, first.vocabs, extra=extra)
+    return first.model

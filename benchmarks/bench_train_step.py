@@ -1,7 +1,7 @@
 """Time one full training step (forward, loss, backward, Adam) of npformer (Numba and NumPy
 backends) and PyTorch eager on the same architecture, cores and batch, in one run.
 
-    python benchmarks/bench_train_step.py [--config tiny|base|big] [--repeats 7] [--cores N]
+    python benchmarks/bench_train_step.py [--config tiny|base|big|gpt2|gpt-char] [--repeats 7] [--cores N]
                                           [--runtime-call] [--nondeterministic]
                                           [--profile] [--choices] [--only IMPL ...]
 
@@ -33,7 +33,11 @@ them (``--nondeterministic``), the candidates' times.
 
 Configs: ``tiny`` is Transformer-Tiny (4+4 layers, d_model 128, 4 heads, FFN 256, source and
 target vocabularies of 10,000, batch 256 x 14 source x 15 target tokens); ``base`` and ``big``
-are as defined in ``CONFIGS`` below.
+are as defined in ``CONFIGS`` below. The decoder-only ones train a GPT (``nf.GPT``) with AdamW
+on next-token prediction: ``gpt2`` is GPT-2 small (124M parameters, random weights, 8 x 256
+tokens), ``gpt-char`` a character-level model (4 layers, d_model 192, context 128); PyTorch's
+side is transformers' ``GPT2LMHeadModel`` of the same shape (skipped, with a message, where
+transformers is not installed).
 """
 import argparse
 import json
@@ -54,6 +58,10 @@ CONFIGS = {
                  src_vocab_size=7853, tgt_vocab_size=5893, batch=128, src_len=14, tgt_len=15),
     "big": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6,
                 src_vocab_size=7853, tgt_vocab_size=5893, batch=32, src_len=14, tgt_len=15),
+    "gpt2": dict(model="gpt", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12,
+                 max_len=1024, batch=8, seq_len=256),
+    "gpt-char": dict(model="gpt", vocab_size=65, d_model=192, n_heads=6, d_ff=768, n_layers=4,
+                     max_len=128, batch=64, seq_len=128),
 }
 IMPLEMENTATIONS = ("npformer-numba", "npformer-numpy", "torch-eager")
 THREAD_VARS = ("NPFORMER_NUM_THREADS", "NPFORMER_RUNTIME", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS",
@@ -82,7 +90,13 @@ def cpu_list(cpus):
 def step_flops(c):
     """Matrix-product FLOPs of one training step: forward, plus two products of the same size
     each in backward (input gradient and weight gradient); element-wise work is not counted."""
-    b, s, t, d, f, v = c["batch"], c["src_len"], c["tgt_len"], c["d_model"], c["d_ff"], c["tgt_vocab_size"]
+    d, f = c["d_model"], c["d_ff"]
+    if c.get("model") == "gpt":
+        b, t, v = c["batch"], c["seq_len"], c["vocab_size"]
+        n = b * t
+        block = 2 * n * d * 3 * d + 2 * n * d * d + 4 * n * d * f + 4 * b * t * t * d
+        return 3 * (c["n_layers"] * block + 2 * n * d * v)
+    b, s, t, v = c["batch"], c["src_len"], c["tgt_len"], c["tgt_vocab_size"]
     ns, nt = b * s, b * t
     enc = 2 * ns * d * 3 * d + 2 * ns * d * d + 4 * ns * d * f + 4 * b * s * s * d
     dec = (2 * nt * d * 3 * d + 2 * nt * d * d + 4 * b * t * t * d                  # self-attention
@@ -92,10 +106,21 @@ def step_flops(c):
     return 3 * forward
 
 
+def step_tokens(c):
+    """Tokens a step trains on: source + target, or the language model's positions."""
+    if c.get("model") == "gpt":
+        return c["batch"] * c["seq_len"]
+    return c["batch"] * (c["src_len"] + c["tgt_len"])
+
+
 def make_batch(c, np):
-    """Token ids with realistic padding (lengths uniform in [len/2, len]); id 0 is <pad>."""
+    """Token ids with realistic padding (lengths uniform in [len/2, len]); id 0 is <pad>.
+    A language model's batch: (inputs, next tokens), no padding."""
     rng = np.random.default_rng(0)
     b = c["batch"]
+    if c.get("model") == "gpt":
+        ids = rng.integers(0, c["vocab_size"], size=(b, c["seq_len"] + 1))
+        return ids[:, :-1], ids[:, 1:]
     src = rng.integers(3, c["src_vocab_size"], size=(b, c["src_len"]))
     tgt = rng.integers(3, c["tgt_vocab_size"], size=(b, c["tgt_len"] + 1))
     for ids, n in ((src, c["src_len"]), (tgt, c["tgt_len"] + 1)):
@@ -147,20 +172,34 @@ def run_npformer(c, backend_name, args):
         nf.configure_runtime(keep_memory=True)               # process-wide mallopt, on request
     if args.nondeterministic:
         nf.runtime.set_deterministic(False)
-    model = nf.Transformer(c["src_vocab_size"], c["tgt_vocab_size"], d_model=c["d_model"],
-                           n_heads=c["n_heads"], d_ff=c["d_ff"],
-                           n_encoder_layers=c["n_encoder_layers"],
-                           n_decoder_layers=c["n_decoder_layers"], dropout=0.1, max_len=64,
-                           dtype=np.float32, seed=0)
-    opt = nf.Adam(model, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    src, tgt_in, tgt_out = make_batch(c, np)
+    if c.get("model") == "gpt":
+        model = nf.GPT(c["vocab_size"], d_model=c["d_model"], n_heads=c["n_heads"], d_ff=c["d_ff"],
+                       n_layers=c["n_layers"], max_len=c["max_len"], dropout=0.1,
+                       dtype=np.float32, seed=0)
+        opt = nf.AdamW(model, lr=1e-4, weight_decay=0.1)
+        inputs, targets = make_batch(c, np)
 
-    def train_step():
-        model.zero_grad()
-        logits = model.forward(src, tgt_in)
-        _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
-        model.backward(dlogits)
-        opt.step()
+        def train_step():
+            model.zero_grad()
+            logits = model.forward(inputs)
+            _, dlogits = nf.cross_entropy(logits, targets)
+            model.backward(dlogits)
+            opt.step()
+    else:
+        model = nf.Transformer(c["src_vocab_size"], c["tgt_vocab_size"], d_model=c["d_model"],
+                               n_heads=c["n_heads"], d_ff=c["d_ff"],
+                               n_encoder_layers=c["n_encoder_layers"],
+                               n_decoder_layers=c["n_decoder_layers"], dropout=0.1, max_len=64,
+                               dtype=np.float32, seed=0)
+        opt = nf.Adam(model, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        src, tgt_in, tgt_out = make_batch(c, np)
+
+        def train_step():
+            model.zero_grad()
+            logits = model.forward(src, tgt_in)
+            _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
+            model.backward(dlogits)
+            opt.step()
     if args.profile and numba:
         import cProfile
         import io
@@ -179,6 +218,29 @@ def run_npformer(c, backend_name, args):
     return times, (nf.runtime.describe() if numba else None)
 
 
+def torch_gpt(c):
+    """transformers' GPT2LMHeadModel of the config's shape (dropout 0.1 everywhere, as nf.GPT's
+    defaults), its AdamW, and the step."""
+    import numpy as np
+    import torch
+    import transformers
+
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=c["vocab_size"], n_positions=c["max_len"], n_embd=c["d_model"],
+        n_layer=c["n_layers"], n_head=c["n_heads"], n_inner=c["d_ff"])).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    inputs, targets = (torch.from_numpy(a) for a in make_batch(c, np))
+
+    def train_step():
+        opt.zero_grad()
+        logits = model(inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+        loss.backward()
+        opt.step()
+    return train_step
+
+
 def run_torch(c, repeats):
     import numpy as np
     import torch
@@ -190,6 +252,8 @@ def run_torch(c, repeats):
     from npformer.runtime import available_cores
     torch.set_num_threads(available_cores()[0])      # the cores npformer's policy uses, too
     torch.manual_seed(0)
+    if c.get("model") == "gpt":
+        return time_steps(torch_gpt(c), repeats), {"torch_threads": torch.get_num_threads()}
     config = dict(c, dropout=0.1, pad_id=0, activation="relu", layer_norm_eps=1e-5,
                   norm_first=False, tie_embeddings=False, max_len=64)
     model = ReferenceSeq2Seq(config).train()
@@ -230,9 +294,10 @@ def launch(name, args, pin):
         cmd = ["taskset", "-c", cpu_list(pin)] + cmd
     out = subprocess.run(cmd, capture_output=True, text=True)       # the environment as it is
     if out.returncode != 0:
-        if name == "torch-eager" and "No module named 'torch'" in out.stderr:
-            print("torch-eager: skipped, PyTorch is not installed")
-            return None
+        for package in ("torch", "transformers"):
+            if name == "torch-eager" and f"No module named '{package}'" in out.stderr:
+                print(f"torch-eager: skipped, {package} is not installed")
+                return None
         raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
     if res["info"] is not None:
@@ -291,7 +356,7 @@ def main():
 
     c = CONFIGS[args.config]
     flops = step_flops(c)
-    tokens = c["batch"] * (c["src_len"] + c["tgt_len"])
+    tokens = step_tokens(c)
     print(f"config {args.config}: {c}")
     where = (f"pinned with taskset -c {cpu_list(pin)}" if pin is not None
              else f"inherited affinity, CPUs {cpu_list(cpus)}")

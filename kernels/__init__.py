@@ -3,17 +3,19 @@
 The same names and signatures as :mod:`npformer.functional`, so the modules can call either.
 Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
 cross-entropy, embedding scatter-add, dropout, the feed-forward block's activation + dropout,
-the Adam update); every matrix product goes
-through ``matmul``, which computes each product shape by the variant ``npformer.runtime``'s
-dispatch table fixes for it; the masks and head reshapes are the reference functions themselves.
+the Adam update); learned positions (an addition and a sum over the batch) are the reference's;
+every matrix product goes through ``matmul``, which computes each product shape by the variant
+``npformer.runtime``'s dispatch table fixes for it; the masks and head reshapes are the reference functions themselves.
 Caches of a kernel forward only fit the same kernel's backward.
 
 Importing this package is the engine's first use: it applies ``npformer.runtime`` (its thread
 policy and dispatch table; ``NPFORMER_RUNTIME=off`` opts out).
 """
 from npformer.functional import (ACTIVATIONS, causal_mask, decoder_self_mask, gelu_backward,
-                                 gelu_forward, merge_heads, padding_mask, relu_backward,
-                                 relu_forward, softmax_backward, softmax_forward, split_heads)
+                                 gelu_forward, gelu_tanh_backward, gelu_tanh_forward, merge_heads,
+                                 padding_mask, position_embedding_backward,
+                                 position_embedding_forward, relu_backward, relu_forward,
+                                 softmax_backward, softmax_forward, split_heads)
 
 from npformer import runtime
 
@@ -35,8 +37,10 @@ __all__ = [
     "attention_forward", "causal_mask",
     "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_backward",
     "dropout_forward", "embedding_backward", "embedding_forward", "gelu_backward", "gelu_forward",
-    "layernorm_backward", "layernorm_forward", "linear_backward", "linear_backward_accumulate",
+    "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
+    "linear_backward", "linear_backward_accumulate",
     "linear_forward", "log_softmax", "matmul",
-    "merge_heads", "padding_mask", "relu_backward", "relu_forward", "sinusoidal_positions",
+    "merge_heads", "padding_mask", "position_embedding_backward", "position_embedding_forward",
+    "relu_backward", "relu_forward", "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads",
 ]

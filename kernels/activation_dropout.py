@@ -1,9 +1,9 @@
 """dropout(activation(h)) in one element-wise pass each way, on every core.
 
-Same names, shapes and maths as :mod:`npformer.functional.activation_dropout` (ReLU or exact
-GELU, then inverted dropout with the reference's keep-mask); the reference makes two passes
-forward and two backward, each allocating a new array. The cache keeps h (the pre-activation)
-and the keep-mask; the backward recomputes act'(h) from h.
+Same names, shapes and maths as :mod:`npformer.functional.activation_dropout` (ReLU, exact
+GELU or its tanh approximation, then inverted dropout with the reference's keep-mask); the
+reference makes two passes forward and two backward, each allocating a new array. The cache
+keeps h (the pre-activation) and the keep-mask; the backward recomputes act'(h) from h.
 """
 import math
 
@@ -16,22 +16,23 @@ from npformer.functional.dropout import keep_mask
 
 from ._jit import kernel
 
-_CODES = {"relu": 0, "gelu": 1}   # the activation, as the kernels receive it
+_CODES = {"relu": 0, "gelu": 1, "gelu_tanh": 2}   # the activation, as the kernels receive it
 # Elements per parallel task, fixed: Numba would otherwise give each thread one range of its own,
 # and where a range ends decides which elements LLVM computes in its vector loop and which in
 # the scalar one after it; with a vector library (SVML) their erf and exp round differently.
 # Fixed blocks make every element's arithmetic depend on its index alone, not on the threads.
 BLOCK = 4096
-_GELU = _CODES["gelu"]
+_GELU, _GELU_TANH = _CODES["gelu"], _CODES["gelu_tanh"]
 _NO_MASK = np.ones(1, dtype=bool)
 
 
 @kernel(parallel=True)
 def _forward(h, code, keep, scale, use_dropout, consts, out):
     """out = act(h) * keep * scale over flat arrays (without dropout: out = act(h)).
-    consts = (1/2, 1/sqrt(2), 1/sqrt(2 pi)) in h's dtype, so float32 stays float32."""
+    consts = (1/2, 1/sqrt(2), 1/sqrt(2 pi), sqrt(2/pi), 0.044715) in h's dtype, so float32
+    stays float32."""
     one = scale / scale
-    half, inv_sqrt2 = consts[0], consts[1]
+    half, inv_sqrt2, s2pi, c = consts[0], consts[1], consts[3], consts[4]
     n = h.shape[0]
     for blk in prange((n + BLOCK - 1) // BLOCK):
         lo = blk * BLOCK
@@ -40,6 +41,8 @@ def _forward(h, code, keep, scale, use_dropout, consts, out):
             x = hb[i]                                 #  see no index is negative, and vectorises)
             if code == _GELU:
                 y = x * (half * (one + math.erf(x * inv_sqrt2)))
+            elif code == _GELU_TANH:
+                y = half * x * (one + math.tanh(s2pi * (x + c * x * x * x)))
             else:
                 y = x if x > 0 else x - x             # (x - x: a zero of x's dtype)
             if use_dropout:
@@ -51,7 +54,7 @@ def _forward(h, code, keep, scale, use_dropout, consts, out):
 def _backward(dout, h, code, keep, scale, use_dropout, consts, dh):
     """dh = act'(h) * dout * keep * scale over flat arrays (consts as in _forward)."""
     one = scale / scale
-    half, inv_sqrt2, inv_sqrt2pi = consts[0], consts[1], consts[2]
+    half, inv_sqrt2, inv_sqrt2pi, s2pi, c = consts[0], consts[1], consts[2], consts[3], consts[4]
     n = h.shape[0]
     for blk in prange((n + BLOCK - 1) // BLOCK):
         lo = blk * BLOCK
@@ -64,13 +67,18 @@ def _backward(dout, h, code, keep, scale, use_dropout, consts, dh):
             if code == _GELU:
                 cdf = half * (one + math.erf(x * inv_sqrt2))
                 g = g * (cdf + x * math.exp(-half * x * x) * inv_sqrt2pi)
+            elif code == _GELU_TANH:
+                t = math.tanh(s2pi * (x + c * x * x * x))
+                du = s2pi * (one + (c + c + c) * x * x)
+                g = g * (half * (one + t) + half * x * (one - t * t) * du)
             elif not x > 0:
                 g = g - g
             db[i] = g
 
 
 def _consts(dtype):
-    return np.array([0.5, 1.0 / math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi)], dtype=dtype)
+    return np.array([0.5, 1.0 / math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi),
+                     math.sqrt(2.0 / math.pi), 0.044715], dtype=dtype)
 
 
 def activation_dropout_forward(h, activation, p, rng, training=True):

@@ -1,4 +1,5 @@
-"""npformer: an encoder-decoder Transformer in NumPy with hand-derived backward passes.
+"""npformer: the Transformer in NumPy (the encoder-decoder of "Attention Is All You Need" and the
+decoder-only GPT) with hand-derived backward passes.
 
     import numpy as np, npformer as nf
     model = nf.Transformer(src_vocab_size=100, tgt_vocab_size=100, d_model=64, n_heads=4, d_ff=128,
@@ -7,13 +8,17 @@
     loss, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
     model.zero_grad(); model.backward(dlogits)
     opt = nf.Adam(model, lr=1e-3); opt.step()
+
+    gpt = nf.GPT(vocab_size=65, d_model=128, n_heads=4, d_ff=512, n_layers=4, max_len=256)
+    logits = gpt.forward(ids)                                    # (B, T, V), causal
+    gpt2 = nf.GPT.from_pretrained("path/to/gpt2")                # Hugging Face folder (extra hf)
 """
 from . import functional, interop, nn, optim
 from .backend import get_backend, set_backend
-from .configs import TransformerConfig
+from .configs import GPTConfig, TransformerConfig
 from .gradcheck import GradcheckResult, gradcheck
 from .loss import cross_entropy
-from .nn import Transformer
+from .nn import GPT, Transformer
 from .optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
                     clip_grad_norm)
 from .registry import build_model
@@ -22,7 +27,7 @@ from .runtime import configure_runtime, set_deterministic
 from .version import VERSION as __version__
 
 __all__ = [
-    "Adam", "AdamW", "GradcheckResult", "NoamSchedule", "Transformer", "TransformerConfig",
+    "Adam", "AdamW", "GPT", "GPTConfig", "GradcheckResult", "NoamSchedule", "Transformer", "TransformerConfig",
     "WarmupCosineSchedule", "WarmupInverseSqrtSchedule", "build_model", "clip_grad_norm",
     "configure_runtime", "cross_entropy", "functional", "get_backend", "gradcheck", "interop",
     "nn", "optim", "set_backend", "set_deterministic",

@@ -89,6 +89,71 @@ def _check_dtype(dtype):
     return dtype.name
 
 
+def _put(config, name, value):
+    object.__setattr__(config, name, value)          # (frozen dataclass: only while validating)
+
+
+def _check_sizes(config, names):
+    """The positive integer sizes ``names``; d_model a multiple of n_heads."""
+    for name in names:
+        _put(config, name, check_int(name, getattr(config, name)))
+    if config.d_model % config.n_heads:
+        raise ValueError(f"d_model: expected a multiple of n_heads={config.n_heads}, "
+                         f"got {config.d_model}")
+
+
+def _check_layer_options(config, flags):
+    """What every architecture's layers share: the dropout rates (the inner two resolved from
+    ``dropout``), the LayerNorm epsilon, the activation, the boolean ``flags``, dtype and seed."""
+    _put(config, "dropout", check_real("dropout", config.dropout, minimum=0, maximum=1,
+                                       max_open=True))
+    rates = inner_dropout_rates(config.dropout, config.attention_dropout, config.activation_dropout)
+    for name, value in zip(("attention_dropout", "activation_dropout"), rates):
+        _put(config, name, check_real(name, value, minimum=0, maximum=1, max_open=True))
+    _put(config, "layer_norm_eps", check_real("layer_norm_eps", config.layer_norm_eps, minimum=0,
+                                              min_open=True))
+    if not isinstance(config.activation, str):
+        raise ValueError(f"activation: expected a str such as 'relu', got {config.activation!r}")
+    check_activation(config.activation)
+    for name in flags:
+        _put(config, name, check_flag(name, getattr(config, name)))
+    _put(config, "dtype", _check_dtype(config.dtype))
+    _put(config, "seed", check_int("seed", config.seed, minimum=0))
+
+
+# The parameter shapes of the layers, by the names ``named_parameters()`` gives them (the
+# configurations list them without building a model).
+def _linear_shapes(prefix, n_in, n_out, bias=True):
+    return {f"{prefix}.weight": (n_out, n_in), **({f"{prefix}.bias": (n_out,)} if bias else {})}
+
+
+def _attention_shapes(prefix, d, qk):
+    return {f"{prefix}.in_proj_weight": (2 * qk + d, d), f"{prefix}.in_proj_bias": (2 * qk + d,),
+            **_linear_shapes(f"{prefix}.out_proj", d, d)}
+
+
+def _norm_shapes(prefix, d):
+    return {f"{prefix}.weight": (d,), f"{prefix}.bias": (d,)}
+
+
+def _ffn_shapes(prefix, d, ff):
+    return {**_linear_shapes(f"{prefix}.linear1", d, ff), **_linear_shapes(f"{prefix}.linear2", ff, d)}
+
+
+def _encoder_layer_shapes(prefix, d, ff, qk):
+    """An ``EncoderLayer``: self-attention, feed-forward, two norms (a GPT block too)."""
+    return {**_attention_shapes(f"{prefix}.self_attn", d, qk), **_ffn_shapes(f"{prefix}.ffn", d, ff),
+            **_norm_shapes(f"{prefix}.norm1", d), **_norm_shapes(f"{prefix}.norm2", d)}
+
+
+def _position_table(max_len, d_model, dtype):
+    """``derived_arrays`` of a model with the sinusoidal position table."""
+    itemsize = np.dtype(dtype).itemsize
+    size = max_len * d_model * itemsize
+    return {"position table": (size, f"max_len={max_len} needs a {size}-byte position table "
+                                     f"(max_len x d_model x {itemsize})")}
+
+
 @dataclass(frozen=True)
 class TransformerConfig(ModelConfig):
     """The encoder-decoder of "Attention Is All You Need" (:class:`npformer.Transformer`).
@@ -129,43 +194,24 @@ class TransformerConfig(ModelConfig):
     seed: int = 0
 
     def __post_init__(self):
-        def put(name, value):
-            object.__setattr__(self, name, value)
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
-                     "n_encoder_layers", "n_decoder_layers", "max_len"):
-            put(name, check_int(name, getattr(self, name)))
+        _check_sizes(self, ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
+                            "n_encoder_layers", "n_decoder_layers", "max_len"))
         if self.qk_dim is not None:
-            put("qk_dim", check_int("qk_dim", self.qk_dim))
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model: expected a multiple of n_heads={self.n_heads}, "
-                             f"got {self.d_model}")
-        if self.qk_dim is not None and self.qk_dim % self.n_heads:
-            raise ValueError(f"n_heads: expected a divisor of d_model={self.d_model} and "
-                             f"qk_dim={self.qk_dim}, got {self.n_heads}")
+            _put(self, "qk_dim", check_int("qk_dim", self.qk_dim))
+            if self.qk_dim % self.n_heads:
+                raise ValueError(f"n_heads: expected a divisor of d_model={self.d_model} and "
+                                 f"qk_dim={self.qk_dim}, got {self.n_heads}")
         n_ids = min(self.src_vocab_size, self.tgt_vocab_size)
-        put("pad_id", check_int("pad_id", self.pad_id, minimum=0))
+        _put(self, "pad_id", check_int("pad_id", self.pad_id, minimum=0))
         if self.pad_id >= n_ids:
             raise ValueError(f"pad_id: expected an id in [0, {n_ids}), got {self.pad_id!r}")
-        put("dropout", check_real("dropout", self.dropout, minimum=0, maximum=1, max_open=True))
-        rates = inner_dropout_rates(self.dropout, self.attention_dropout, self.activation_dropout)
-        for name, value in zip(("attention_dropout", "activation_dropout"), rates):
-            put(name, check_real(name, value, minimum=0, maximum=1, max_open=True))
-        put("layer_norm_eps", check_real("layer_norm_eps", self.layer_norm_eps, minimum=0,
-                                         min_open=True))
-        if not isinstance(self.activation, str):
-            raise ValueError(f"activation: expected a str such as 'relu', got {self.activation!r}")
-        check_activation(self.activation)
-        put("norm_first", check_flag("norm_first", self.norm_first))
-        put("tie_embeddings", check_flag("tie_embeddings", self.tie_embeddings))
-        put("share_all_embeddings", check_flag("share_all_embeddings", self.share_all_embeddings))
+        _check_layer_options(self, ("norm_first", "tie_embeddings", "share_all_embeddings"))
         if self.share_all_embeddings:
             if self.src_vocab_size != self.tgt_vocab_size:
                 raise ValueError(f"share_all_embeddings: needs one joint vocabulary, but "
                                  f"src_vocab_size={self.src_vocab_size} differs from "
                                  f"tgt_vocab_size={self.tgt_vocab_size}")
-            put("tie_embeddings", True)                # the generator shares it too
-        put("dtype", _check_dtype(self.dtype))
-        put("seed", check_int("seed", self.seed, minimum=0))
+            _put(self, "tie_embeddings", True)         # the generator shares it too
 
     def parameter_shapes(self):
         """``{name: shape}`` of the parameters a model of this configuration has, in the order of
@@ -173,35 +219,20 @@ class TransformerConfig(ModelConfig):
         compares them with the stored arrays before building a model, so a configuration that
         claims huge sizes is refused instead of exhausting memory)."""
         d, ff, qk = self.d_model, self.d_ff, self.qk_dim or self.d_model
-
-        def linear(prefix, n_in, n_out):
-            return {f"{prefix}.weight": (n_out, n_in), f"{prefix}.bias": (n_out,)}
-
-        def attention(prefix):
-            return {f"{prefix}.in_proj_weight": (2 * qk + d, d),
-                    f"{prefix}.in_proj_bias": (2 * qk + d,), **linear(f"{prefix}.out_proj", d, d)}
-
-        def norm(prefix):
-            return {f"{prefix}.weight": (d,), f"{prefix}.bias": (d,)}
-
-        def ffn(prefix):
-            return {**linear(f"{prefix}.linear1", d, ff), **linear(f"{prefix}.linear2", ff, d)}
-
         shapes = {"src_embed.weight": (self.src_vocab_size, d),
                   "tgt_embed.weight": (self.tgt_vocab_size, d)}
         for i in range(self.n_encoder_layers):
-            layer = f"encoder.layers.{i}"
-            shapes.update({**attention(f"{layer}.self_attn"), **ffn(f"{layer}.ffn"),
-                           **norm(f"{layer}.norm1"), **norm(f"{layer}.norm2")})
-        shapes.update(norm("encoder.norm"))
+            shapes.update(_encoder_layer_shapes(f"encoder.layers.{i}", d, ff, qk))
+        shapes.update(_norm_shapes("encoder.norm", d))
         for i in range(self.n_decoder_layers):
             layer = f"decoder.layers.{i}"
-            shapes.update({**attention(f"{layer}.self_attn"),
-                           **attention(f"{layer}.multihead_attn"), **ffn(f"{layer}.ffn"),
-                           **norm(f"{layer}.norm1"), **norm(f"{layer}.norm2"),
-                           **norm(f"{layer}.norm3")})
-        shapes.update(norm("decoder.norm"))
-        shapes.update(linear("generator", d, self.tgt_vocab_size))
+            shapes.update({**_attention_shapes(f"{layer}.self_attn", d, qk),
+                           **_attention_shapes(f"{layer}.multihead_attn", d, qk),
+                           **_ffn_shapes(f"{layer}.ffn", d, ff),
+                           **_norm_shapes(f"{layer}.norm1", d), **_norm_shapes(f"{layer}.norm2", d),
+                           **_norm_shapes(f"{layer}.norm3", d)})
+        shapes.update(_norm_shapes("decoder.norm", d))
+        shapes.update(_linear_shapes("generator", d, self.tgt_vocab_size))
         if self.tie_embeddings:
             del shapes["generator.weight"]          # the same Parameter as tgt_embed.weight
         if self.share_all_embeddings:
@@ -216,8 +247,68 @@ class TransformerConfig(ModelConfig):
         return {"src": self.src_vocab_size, "tgt": self.tgt_vocab_size}
 
     def derived_arrays(self):
-        itemsize = np.dtype(self.dtype).itemsize
-        return {"position table": (self.max_len * self.d_model * itemsize,
-                                   f"max_len={self.max_len} needs a "
-                                   f"{self.max_len * self.d_model * itemsize}-byte position table "
-                                   f"(max_len x d_model x {itemsize})")}
+        return _position_table(self.max_len, self.d_model, self.dtype)
+
+
+@dataclass(frozen=True)
+class GPTConfig(ModelConfig):
+    """The decoder-only language model (:class:`npformer.GPT`); the defaults are GPT-2 small's.
+
+    A token embedding plus positions, ``n_layers`` causal self-attention blocks (pre-norm by
+    default), a final LayerNorm and an output projection without bias, tied to the token
+    embedding by default. ``learned_positions``: one trained vector per position (GPT-2's
+    ``wpe``); False: the fixed sinusoidal table, with the token embedding scaled by sqrt(d_model)
+    as in "Attention Is All You Need".
+
+    Dropout as GPT-2's: ``dropout`` on the embeddings and on each block's residual paths
+    (``embd_pdrop``, ``resid_pdrop``), ``attention_dropout`` on the attention weights (None:
+    ``dropout``'s value, GPT-2's ``attn_pdrop``); ``activation_dropout`` after the feed-forward
+    activation, which GPT-2 does not have (0; None: ``dropout``'s value)."""
+    arch: ClassVar[str] = "gpt"
+
+    vocab_size: int
+    d_model: int = 768
+    n_heads: int = 12
+    d_ff: int = 3072
+    n_layers: int = 12
+    max_len: int = 1024
+    dropout: float = 0.1
+    attention_dropout: Optional[float] = None
+    activation_dropout: Optional[float] = 0.0
+    norm_first: bool = True
+    activation: str = "gelu_tanh"
+    layer_norm_eps: float = 1e-5
+    learned_positions: bool = True
+    tie_embeddings: bool = True
+    dtype: str = "float32"
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"))
+        _check_layer_options(self, ("norm_first", "learned_positions", "tie_embeddings"))
+
+    def parameter_shapes(self):
+        """``{name: shape}`` in the order of the model's ``named_parameters()`` (as
+        :meth:`TransformerConfig.parameter_shapes`)."""
+        d, ff = self.d_model, self.d_ff
+        shapes = {"tok_embed.weight": (self.vocab_size, d)}
+        if self.learned_positions:
+            shapes["pos_embed.weight"] = (self.max_len, d)
+        for i in range(self.n_layers):
+            shapes.update(_encoder_layer_shapes(f"transformer.layers.{i}", d, ff, d))
+        shapes.update(_norm_shapes("transformer.norm", d))
+        if not self.tie_embeddings:
+            shapes.update(_linear_shapes("generator", d, self.vocab_size, bias=False))
+        return shapes
+
+    def layer_count(self):
+        return self.n_layers
+
+    def vocab_sizes(self):
+        """{}: a language model's tokens come from its tokenizer (a Hugging Face tokenizer.json,
+        or a vocabulary the caller stores), not from a ``Vocabularies`` pair it must match."""
+        return {}
+
+    def derived_arrays(self):
+        return {} if self.learned_positions else _position_table(self.max_len, self.d_model,
+                                                                 self.dtype)

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import functional as F
 from .gradcheck import GradcheckResult, gradcheck
-from .nn import (DecoderLayer, EncoderLayer, FeedForward, LayerNorm, Linear,
+from .nn import (GPT, DecoderLayer, EncoderLayer, FeedForward, LayerNorm, Linear,
                  MultiHeadAttention, Transformer)
 
 TOL = 1e-6
@@ -93,6 +93,17 @@ def _checks(max_entries):
         return _module_check(model, lambda: model.forward(s, t), model.backward, [], [],
                              max_entries=max_entries)
 
+    def positions(x, w):
+        out, cache = F.position_embedding_forward(x, w, start=1)
+        return out, lambda d: F.position_embedding_backward(d, cache)
+
+    def gpt_check():
+        model = GPT(7, d_model=8, n_heads=2, d_ff=12, n_layers=2, max_len=6, dropout=0.0,
+                    dtype=np.float64, seed=0)
+        ids = np.array([[1, 4, 5, 6], [3, 0, 2, 5]])
+        return _module_check(model, lambda: model.forward(ids), model.backward, [], [],
+                             max_entries=max_entries)
+
     def lin():
         m = Linear(5, 3, **_f64(0))
         return _module_check(m, m.forward, m.backward, [_rnd(rng, 2, 4, 5)], ["x"])
@@ -143,6 +154,10 @@ def _checks(max_entries):
                                    tol=TOL, names=["x"])),
         ("gelu", lambda: gradcheck(_fn_check(F.gelu_forward, F.gelu_backward), [_rnd(rng, 4, 9)],
                                    tol=TOL, names=["x"])),
+        ("gelu_tanh", lambda: gradcheck(_fn_check(F.gelu_tanh_forward, F.gelu_tanh_backward),
+                                        [_rnd(rng, 4, 9)], tol=TOL, names=["x"])),
+        ("learned positions", lambda: gradcheck(positions, [_rnd(rng, 2, 3, 5), _rnd(rng, 6, 5)],
+                                                tol=TOL, names=["x", "weight"])),
         ("masked softmax", lambda: gradcheck(softmax, [_rnd(rng, 3, 6)], tol=TOL, names=["scores"])),
         ("attention (causal+padding)", lambda: gradcheck(
             attention, [_rnd(rng, 2, 3, 4, 4), _rnd(rng, 2, 3, 4, 4), _rnd(rng, 2, 3, 4, 6)],
@@ -156,6 +171,7 @@ def _checks(max_entries):
         ("EncoderLayer", enc),
         ("DecoderLayer", dec),
         ("Transformer (whole model)", model_check),
+        ("GPT (whole model)", gpt_check),
     ]
 
 

@@ -5,7 +5,8 @@ through one model's class, so a new architecture is one ``register_architecture`
     config = config_from_dict({"arch": "transformer", "src_vocab_size": 100, ...})
     model = build_model(config)
 """
-from .configs import ModelConfig, TransformerConfig
+from .configs import GPTConfig, ModelConfig, TransformerConfig
+from .nn.gpt import GPT
 from .nn.transformer import Transformer
 
 ARCHITECTURES = {}               # arch -> (configuration class, model class)
@@ -44,3 +45,4 @@ def build_model(config):
 
 
 register_architecture(TransformerConfig, Transformer)
+register_architecture(GPTConfig, GPT)

@@ -36,7 +36,7 @@ def test_to_dict_names_the_architecture_and_from_dict_restores_it():
 @pytest.mark.parametrize("data,match", [
     ({"arch": "transformer", **SMALL, "d_modell": 8}, r"d_modell: not a field of the 'transformer'"),
     ({"arch": "transformer", "tgt_vocab_size": 5}, r"src_vocab_size: required by the 'transformer'"),
-    ({"arch": "gpt9", **SMALL}, r"arch: expected one of \['transformer'\], got 'gpt9'"),
+    ({"arch": "gpt9", **SMALL}, r"arch: expected one of \['gpt', 'transformer'\], got 'gpt9'"),
     ({**SMALL, "d_model": 7}, r"d_model: expected a multiple of n_heads=2, got 7"),
     (["not", "a", "dict"], r"config: expected a dict"),
 ])
@@ -99,7 +99,7 @@ def test_a_checkpoint_of_an_unknown_architecture_names_it(tmp_path):
     save_checkpoint(tmp_path / "other", arrays, meta)
     with pytest.raises(CheckpointError, match=r"other: holds a model of architecture 'mamba', "
                                               r"written by npformer 0\.9\.1; this npformer "
-                                              r"\S+ knows \['transformer'\]"):
+                                              r"\S+ knows \['gpt', 'transformer'\]"):
         load_model_checkpoint(tmp_path / "other")
 
 

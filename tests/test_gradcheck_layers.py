@@ -6,7 +6,7 @@ import pytest
 import npformer as nf
 from npformer import functional as F
 from npformer.nn import (DecoderLayer, Embedding, EncoderLayer, FeedForward, LayerNorm, Linear,
-                         MultiHeadAttention)
+                         MultiHeadAttention, PositionEmbedding)
 
 TOL = 1e-6
 
@@ -55,7 +55,7 @@ def test_layernorm():
     check(f, [rnd(rng, 3, 4, 7), 1 + 0.1 * rnd(rng, 7), rnd(rng, 7)])
 
 
-@pytest.mark.parametrize("name", ["relu", "gelu"])
+@pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh"])
 def test_activations(name):
     forward, backward = F.ACTIVATIONS[name]
     x = np.random.default_rng(3).standard_normal((4, 9))
@@ -72,6 +72,32 @@ def test_gelu_matches_erf_definition():
     x = np.linspace(-5, 5, 41)
     expected = np.array([v * 0.5 * (1 + erf(v / sqrt(2))) for v in x])
     np.testing.assert_allclose(F.gelu_forward(x)[0], expected, rtol=1e-15, atol=1e-15)
+
+
+def test_gelu_tanh_matches_gpt2_definition_and_differs_from_exact_gelu():
+    """Hugging Face's gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); it is not the
+    erf GELU (they differ by ~1e-3 near |x| = 2), so a model keeps the one it was trained with."""
+    from math import pi, sqrt, tanh
+    x = np.linspace(-5, 5, 41)
+    expected = np.array([0.5 * v * (1 + tanh(sqrt(2 / pi) * (v + 0.044715 * v ** 3))) for v in x])
+    np.testing.assert_allclose(F.gelu_tanh_forward(x)[0], expected, rtol=1e-14, atol=1e-15)
+    gap = np.abs(F.gelu_tanh_forward(x)[0] - F.gelu_forward(x)[0]).max()
+    assert 1e-4 < gap < 1e-2
+
+
+def test_learned_positions_from_an_offset():
+    """out = x + w[start:start + T]: every table row read gets the batch's summed gradient, the
+    rows not read get none."""
+    rng = np.random.default_rng(5)
+
+    def f(x, w):
+        out, cache = F.position_embedding_forward(x, w, start=2)
+        return out, lambda d: F.position_embedding_backward(d, cache)
+    check(f, [rnd(rng, 3, 4, 5), rnd(rng, 8, 5)])
+    _, dw = F.position_embedding_backward(np.ones((3, 4, 5)), (2, 4, (8, 5)))
+    assert (dw[2:6] == 3).all() and (dw[:2] == 0).all() and (dw[6:] == 0).all()
+    with pytest.raises(ValueError, match="start \+ T <= max_len=8"):
+        F.position_embedding_forward(np.zeros((1, 4, 5)), np.zeros((8, 5)), start=5)
 
 
 def test_dropout_with_fixed_mask():
@@ -148,6 +174,12 @@ def test_linear_and_layernorm_modules():
     module_check(ln, ln.forward, ln.backward, [np.random.default_rng(2).standard_normal((3, 6))])
 
 
+def test_position_embedding_module():
+    pos = PositionEmbedding(9, 4, std=0.5, **f64_rng(0))
+    module_check(pos, lambda x: pos.forward(x, 3), pos.backward,
+                 [np.random.default_rng(1).standard_normal((2, 5, 4))])
+
+
 def test_embedding_module_padding_row_gets_no_gradient():
     ids = np.array([[1, 2, 0], [2, 2, 3]])
     emb = Embedding(7, 4, padding_idx=None, scale=2.0, **f64_rng(0))
@@ -159,7 +191,7 @@ def test_embedding_module_padding_row_gets_no_gradient():
     assert np.all(emb.weight.grad[0] == 0)
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 def test_feedforward(activation):
     ffn = FeedForward(6, 10, activation=activation, **f64_rng(0))
     module_check(ffn, ffn.forward, ffn.backward, [np.random.default_rng(3).standard_normal((2, 3, 6))])

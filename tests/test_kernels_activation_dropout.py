@@ -15,7 +15,7 @@ TOL = {np.float32: 1e-5, np.float64: 1e-13}
 
 @settings(deadline=None, max_examples=40)
 @given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3),
-       activation=st.sampled_from(["relu", "gelu"]), p=st.sampled_from([0.0, 0.1, 0.5]),
+       activation=st.sampled_from(["relu", "gelu", "gelu_tanh"]), p=st.sampled_from([0.0, 0.1, 0.5]),
        training=st.booleans(), dtype=st.sampled_from([np.float32, np.float64]),
        seed=st.integers(0, 2**16))
 def test_matches_reference_with_the_same_draws(shape, activation, p, training, dtype, seed):
@@ -34,7 +34,7 @@ def test_matches_reference_with_the_same_draws(shape, activation, p, training, d
 
 
 @pytest.mark.parametrize("ops", [F, K], ids=["numpy", "numba"])
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 def test_gradcheck_with_a_fixed_mask(ops, activation):
     h = np.random.default_rng(3).standard_normal((4, 3, 9))
     h[np.abs(h) < 1e-3] = 0.5                                 # keep ReLU away from its kink

@@ -2,6 +2,7 @@
 
     npformer toy                                  # train the toy zh->en model, print examples
     npformer translate --checkpoint runs/toy "我 有 一个 苹果"
+    npformer sample --hf path/to/gpt2 --prompt "Hello" --max-new-tokens 20
     npformer <command> --help
 
 Every mistake a user can make ends in one line on stderr and a non-zero exit: bad option values
@@ -20,12 +21,13 @@ import traceback
 import warnings
 
 from .. import runtime
-from . import average, calibrate, download, evaluate, gradcheck, plot, toy, train, translate
+from . import (average, calibrate, download, evaluate, gradcheck, plot, sample, toy, train,
+               translate)
 from .common import positive_int
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
             "gradcheck": gradcheck, "plot": plot, "download": download, "average": average,
-            "calibrate": calibrate}
+            "calibrate": calibrate, "sample": sample}
 EXIT_INTERNAL = 70                               # EX_SOFTWARE: a bug, not the user's mistake
 
 
@@ -40,7 +42,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser():
     parser = Parser(
-        prog="npformer", description="An encoder-decoder Transformer in NumPy: train, translate, inspect.")
+        prog="npformer", description="The Transformer in NumPy: train, translate, sample, inspect.")
     parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
                         help="cores to use (default: every core this process may use, after "
                              "its affinity, cgroup quota and $OMP_NUM_THREADS / "

@@ -11,6 +11,7 @@ source: the generated ids (without ``<bos>``/``<eos>``), the probability of ever
     hyps = greedy_search(model.decoder_state(src, bos_id=1, eos_id=2))
     hyps = beam_search(model.decoder_state(src, 1, 2, beams=4), beam_size=4, length_penalty=0.6)
     hyps = sample_search(model.decoder_state(src, 1, 2), temperature=0.8, top_k=5, rng=rng)
+    hyps = sample_search(gpt.decoder_state(prompt_ids), temperature=0.8, top_p=0.9, rng=rng)
 """
 from dataclasses import dataclass, field
 
@@ -87,13 +88,18 @@ def greedy_search(state, max_new_tokens=None):
     return _generate(state, lambda logp: logp.argmax(axis=-1), max_new_tokens)
 
 
-def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=None):
-    """Draw each token from softmax(logits / temperature), optionally among the ``top_k`` best.
+def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=None, top_p=None):
+    """Draw each token from softmax(logits / temperature), optionally among the ``top_k`` best
+    and then among the smallest set of best tokens whose probability reaches ``top_p``
+    (nucleus sampling; the best token is always kept), in that order, as Hugging Face's
+    ``generate``.
 
     ``probs`` of the hypotheses are those of the model (temperature 1), not of the sampler.
     """
     temperature = check_real("temperature", temperature, minimum=0, min_open=True)
     top_k = check_int("top_k", top_k, allow_none=True)
+    if top_p is not None:
+        top_p = check_real("top_p", top_p, minimum=0, min_open=True, maximum=1)
     if rng is None:
         rng = np.random.default_rng()
     if not isinstance(rng, np.random.Generator):
@@ -106,6 +112,14 @@ def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=N
             z = np.where(z >= kth, z, -np.inf)
         p = np.exp(z - z.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
+        if top_p is not None and top_p < 1:
+            order = np.argsort(-p, axis=1, kind="stable")               # best first
+            sorted_p = np.take_along_axis(p, order, axis=1)
+            before = np.cumsum(sorted_p, axis=1) - sorted_p             # mass of the better ones
+            drop = np.zeros_like(p, dtype=bool)
+            np.put_along_axis(drop, order, before >= top_p, axis=1)     # the nucleus is reached
+            p = np.where(drop, 0.0, p)
+            p /= p.sum(axis=1, keepdims=True)
         u = rng.random((p.shape[0], 1))
         return np.minimum((np.cumsum(p, axis=1) < u).sum(axis=1), p.shape[1] - 1)
 

@@ -9,11 +9,13 @@ This is the NumPy reference path: written to be read next to docs/backprop.md. T
 ``npformer.nn`` own the parameters and call these functions (or their Numba twins).
 """
 from .activation_dropout import activation_dropout_backward, activation_dropout_forward
-from .activations import ACTIVATIONS, gelu_backward, gelu_forward, relu_backward, relu_forward
+from .activations import (ACTIVATIONS, gelu_backward, gelu_forward, gelu_tanh_backward,
+                          gelu_tanh_forward, relu_backward, relu_forward)
 from .attention import (attention_backward, attention_backward_into, attention_forward,
                         merge_heads, split_heads)
 from .dropout import dropout_backward, dropout_forward
-from .embedding import embedding_backward, embedding_forward, sinusoidal_positions
+from .embedding import (embedding_backward, embedding_forward, position_embedding_backward,
+                        position_embedding_forward, sinusoidal_positions)
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax
@@ -25,8 +27,10 @@ __all__ = [
     "attention_backward", "attention_backward_into", "attention_forward", "causal_mask",
     "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_backward",
     "dropout_forward", "embedding_backward", "embedding_forward", "gelu_backward", "gelu_forward",
-    "layernorm_backward", "layernorm_forward", "linear_backward", "linear_backward_accumulate",
+    "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
+    "linear_backward", "linear_backward_accumulate",
     "linear_forward", "log_softmax",
-    "merge_heads", "padding_mask", "relu_backward", "relu_forward", "sinusoidal_positions",
+    "merge_heads", "padding_mask", "position_embedding_backward", "position_embedding_forward",
+    "relu_backward", "relu_forward", "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads",
 ]

@@ -1,4 +1,7 @@
-"""Element-wise activations: ReLU and GELU (the exact, erf-based one, as PyTorch's default).
+"""Element-wise activations: ReLU, GELU (the exact, erf-based one, as PyTorch's default) and the
+tanh approximation of GELU that GPT-2 was trained with (Hugging Face's "gelu_new", PyTorch's
+``gelu(approximate="tanh")``). The two GELUs differ by up to ~1e-3: a model keeps the one it was
+trained with.
 
 Derivation: docs/backprop.md#activations.
 """
@@ -12,6 +15,8 @@ _erf = numba.vectorize(["float32(float32)", "float64(float64)"], cache=True)(lam
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_TANH_C = 0.044715
 
 
 def relu_forward(x):
@@ -39,7 +44,25 @@ def gelu_backward(dy, cache):
     return dy * (cdf + x * pdf)
 
 
+def gelu_tanh_forward(x):
+    """y = x/2 * (1 + tanh(u)), u = sqrt(2/pi) * (x + 0.044715 x^3). Shape preserved."""
+    c = x.dtype.type
+    u = c(_SQRT_2_OVER_PI) * (x + c(_GELU_TANH_C) * x * x * x)
+    t = np.tanh(u)
+    return c(0.5) * x * (c(1.0) + t), (x, t)
+
+
+def gelu_tanh_backward(dy, cache):
+    """d/dx [x/2 (1 + tanh u)] = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) du/dx,
+    du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)."""
+    x, t = cache
+    c = x.dtype.type
+    du = c(_SQRT_2_OVER_PI) * (c(1.0) + c(3.0 * _GELU_TANH_C) * x * x)
+    return dy * (c(0.5) * (c(1.0) + t) + c(0.5) * x * (c(1.0) - t * t) * du)
+
+
 ACTIVATIONS = {
     "relu": (relu_forward, relu_backward),
     "gelu": (gelu_forward, gelu_backward),
+    "gelu_tanh": (gelu_tanh_forward, gelu_tanh_backward),
 }

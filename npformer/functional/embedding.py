@@ -1,4 +1,5 @@
-"""Token embedding (a table lookup, scaled) and the sinusoidal positional encoding.
+"""Token embedding (a table lookup, scaled), learned positions (GPT-2's) and the sinusoidal
+positional encoding.
 
 Derivation: docs/backprop.md#embedding.
 """
@@ -33,6 +34,34 @@ def embedding_backward(dout, cache, padding_idx=None):
     if padding_idx is not None:
         dw[padding_idx] = 0
     return dw
+
+
+def position_embedding_forward(x, w, start=0):
+    """Learned positions (GPT-2's ``wpe``): out[b, t] = x[b, t] + w[start + t], the same row for
+    every sequence of the batch. ``start`` is the position of x's first row (incremental
+    decoding adds the positions it has reached).
+
+    Shape: x (B, T, D), w (max_len, D) -> out (B, T, D).
+    """
+    t = x.shape[1]
+    if start < 0 or start + t > w.shape[0]:
+        raise ValueError(f"positions: expected start + T <= max_len={w.shape[0]}, got start "
+                         f"{start} and T {t}")
+    out = x + w[start:start + t]                     # (B, T, D); (T, D) broadcast over B
+    return out, (start, t, w.shape)
+
+
+def position_embedding_backward(dout, cache):
+    """out = x + w[start + t] is a sum, so dx = dout; the table row start + t was added to every
+    sequence of the batch, so it receives their sum, dw[start + t] = sum_b dout[b, t]. Rows
+    outside start .. start + T - 1 were not read: zero.
+
+    Returns dx (B, T, D), dw (max_len, D).
+    """
+    start, t, w_shape = cache
+    dw = np.zeros(w_shape, dtype=dout.dtype)
+    dw[start:start + t] = dout.sum(axis=0)           # (T, D): the batch's gradients, in order
+    return dout, dw
 
 
 def sinusoidal_positions(max_len, d_model, dtype=np.float64):

@@ -2,14 +2,15 @@
 from .attention import MultiHeadAttention
 from .decoder import Decoder, DecoderLayer
 from .dropout import Dropout
-from .embedding import Embedding
+from .embedding import Embedding, PositionEmbedding
 from .encoder import Encoder, EncoderLayer
 from .feedforward import FeedForward
+from .gpt import GPT, LanguageModelState
 from .layernorm import LayerNorm
 from .linear import Linear
 from .module import Module, ModuleList, Parameter
 from .transformer import Transformer
 
 __all__ = ["Decoder", "DecoderLayer", "Dropout", "Embedding", "Encoder", "EncoderLayer",
-           "FeedForward", "LayerNorm", "Linear", "Module", "ModuleList", "MultiHeadAttention",
-           "Parameter", "Transformer"]
+           "FeedForward", "GPT", "LanguageModelState", "LayerNorm", "Linear", "Module",
+           "ModuleList", "MultiHeadAttention", "Parameter", "PositionEmbedding", "Transformer"]

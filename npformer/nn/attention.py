@@ -142,13 +142,16 @@ class MultiHeadAttention(Module):
         return cache
 
     def step(self, x, cache):
-        """Self-attention of the newest position x (R, 1, D) -> (R, 1, D): its key and value
-        join ``cache`` (from ``new_cache``) and its query attends to every cached position (all
-        earlier ones: no mask)."""
+        """Self-attention of the newest positions x (R, t, D) -> (R, t, D): their keys and values
+        join ``cache`` (from ``new_cache``) and each query attends to every cached position up
+        to its own. One position (t = 1, a decoding step) sees the whole cache: no mask; several
+        (a language model's prompt, run in one go) see each other causally."""
         self._ops = ops()
-        q, k, v, _ = self._project_self(x)                        # (R, H, 1, d)
+        start, t = cache.length, x.shape[1]
+        q, k, v, _ = self._project_self(x)                        # (R, H, t, d)
         cache.append(k, v)
-        return self._attend(q, cache.keys(), cache.values(), None)[0]
+        mask = None if t == 1 else np.tril(np.ones((t, start + t), dtype=bool), k=start)[None, None]
+        return self._attend(q, cache.keys(), cache.values(), mask)[0]
 
     def cross_step(self, x, cache, mask=None):
         """Cross-attention of the newest position x (R, 1, D) -> (R, 1, D) over ``cache`` (from

@@ -35,3 +35,29 @@ class Embedding(Module):
 
     def backward(self, dout):
         self.weight.grad += self._ops.embedding_backward(dout, self._cache, self.padding_idx)
+
+
+class PositionEmbedding(Module):
+    """Learned positions (GPT-2's ``wpe``): out = x + weight[start:start + T], one trained vector
+    per position instead of the fixed sinusoidal table (math in npformer.functional.embedding).
+
+    Shape: x (B, T, D) -> (B, T, D). Parameter: weight (max_len, D), N(0, std^2) at start.
+    """
+
+    def __init__(self, max_len, embedding_dim, std=0.02, *, rng, dtype=np.float32):
+        super().__init__()
+        self.max_len, self.embedding_dim = max_len, embedding_dim
+        self.weight = Parameter(normal(rng, (max_len, embedding_dim), std, dtype))
+        self._cache = None
+        self._ops = None          # the backend that ran forward: only its backward fits the cache
+
+    def forward(self, x, start=0):
+        self._ops = ops()
+        out, self._cache = self._ops.position_embedding_forward(x, self.weight.data, start)
+        return out
+
+    def backward(self, dout):
+        """Adds dweight into .grad and returns dx (= dout)."""
+        dx, dw = self._ops.position_embedding_backward(dout, self._cache)
+        self.weight.grad += dw
+        return dx

@@ -33,10 +33,19 @@ class EncoderLayer(Module):
         self.dropout1 = Dropout(dropout, rng=rng)
         self.dropout2 = Dropout(dropout, rng=rng)
 
-    def forward(self, x, mask=None):
-        x = residual_forward(x, lambda h: self.self_attn.forward(h, mask=mask),
-                             self.norm1, self.dropout1, self.norm_first)
+    def _sublayers(self, x, self_attention):
+        """The residual order, the same for forward and step."""
+        x = residual_forward(x, self_attention, self.norm1, self.dropout1, self.norm_first)
         return residual_forward(x, self.ffn.forward, self.norm2, self.dropout2, self.norm_first)
+
+    def forward(self, x, mask=None):
+        return self._sublayers(x, lambda h: self.self_attn.forward(h, mask=mask))
+
+    def step(self, x, cache):
+        """The newest positions x (R, t, D) -> (R, t, D) of a causal stack (a language model's
+        blocks), in eval mode: their self-attention keys and values join ``cache``
+        (``MultiHeadAttention.step``)."""
+        return self._sublayers(x, lambda h: self.self_attn.step(h, cache))
 
     def backward(self, dy):
         dx = residual_backward(dy, self.ffn.backward, self.norm2, self.dropout2, self.norm_first)
@@ -60,6 +69,12 @@ class Encoder(Module):
     def forward(self, x, mask=None):
         for layer in self.layers:
             x = layer.forward(x, mask)
+        return self.norm.forward(x)
+
+    def step(self, x, caches):
+        """The newest positions through every layer of a causal stack (one cache per layer)."""
+        for layer, cache in zip(self.layers, caches):
+            x = layer.step(x, cache)
         return self.norm.forward(x)
 
     def backward(self, dy):

@@ -1,0 +1,234 @@
+"""GPT-2 from the Hugging Face format, without PyTorch: ``config.json``, ``model.safetensors``
+(read with the safetensors package's NumPy API) and ``tokenizer.json`` (the tokenizers package).
+Both packages come with the extra ``hf`` (``pip install "npformer[hf]"``).
+
+    model = load_gpt2("path/to/gpt2")            # nf.GPT.from_pretrained does the same
+    tokenizer = load_tokenizer("path/to/gpt2")
+
+``pytorch_model.bin`` is refused: it is a pickle, and loading a pickle runs whatever code it holds.
+
+GPT-2's linear layers are ``Conv1D`` modules, which store their weight as (in, out), the
+transpose of a Linear's (out, in); the four of them are listed in ``CONV1D_TRANSPOSED`` and
+transposed on the way in. The fused ``c_attn`` (D, 3D) holds the query, key and value columns in
+that order, as npformer's fused ``in_proj_weight`` (3D, D) holds their rows.
+"""
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .configs import GPTConfig
+
+# The Conv1D weights of every block: stored (in, out), transposed on loading.
+CONV1D_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
+                     "mlp.c_proj.weight")
+# Per-block buffers that older GPT-2 files store (the causal mask and its fill value): not weights.
+BUFFERS = ("attn.bias", "attn.masked_bias")
+# Hugging Face's activation names -> npformer's
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+               "relu": "relu"}
+SAFETENSORS, INDEX, PICKLE = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+
+
+def _require(package):
+    try:
+        return __import__(package)
+    except ImportError:
+        raise ValueError(f"reading the Hugging Face format needs the package {package!r}: "
+                         f"pip install \"npformer[hf]\"") from None
+
+
+def _folder(path):
+    folder = Path(path)
+    if folder.is_file() and folder.name == PICKLE:
+        raise ValueError(f"{folder}: a pickle (pytorch_model.bin), which npformer never loads; "
+                         f"give the folder of a model.safetensors")
+    if not folder.is_dir():
+        raise ValueError(f"{path}: expected a Hugging Face model folder (config.json, "
+                         f"model.safetensors, tokenizer.json), got "
+                         f"{'a file' if folder.exists() else 'no such folder'}")
+    return folder
+
+
+def read_config(path):
+    """The ``GPTConfig`` of a Hugging Face GPT-2 folder's ``config.json`` (ValueError naming the
+    file and the field for anything npformer's GPT cannot be)."""
+    file = _folder(path) / "config.json"
+    if not file.is_file():
+        raise ValueError(f"{file.parent}: no config.json (expected a Hugging Face model folder)")
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file}: not a JSON file ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file}: expected a JSON object, got {type(raw).__name__}")
+    if raw.get("model_type") != "gpt2":
+        raise ValueError(f"{file}: model_type: expected 'gpt2', got {raw.get('model_type')!r}")
+
+    def field(name, default=None):
+        if name not in raw and default is None:
+            raise ValueError(f"{file}: {name}: missing")
+        return raw.get(name, default)
+
+    activation = field("activation_function", "gelu_new")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{file}: activation_function: expected one of {sorted(ACTIVATIONS)}, "
+                         f"got {activation!r}")
+    for name, supported in (("add_cross_attention", False), ("scale_attn_weights", True),
+                            ("scale_attn_by_inverse_layer_idx", False)):
+        if raw.get(name, supported) != supported:
+            raise ValueError(f"{file}: {name}: npformer's GPT supports only {supported}, got "
+                             f"{raw[name]!r}")
+    resid, embd = field("resid_pdrop", 0.1), field("embd_pdrop", 0.1)
+    if resid != embd:
+        warnings.warn(f"{file}: embd_pdrop {embd} differs from resid_pdrop {resid}; npformer's "
+                      f"GPT has one rate for both and uses {resid} (only training sees it)")
+    d_model = field("n_embd")
+    try:
+        return GPTConfig(vocab_size=field("vocab_size"), d_model=d_model,
+                         n_heads=field("n_head"), d_ff=raw.get("n_inner") or 4 * d_model,
+                         n_layers=field("n_layer"), max_len=field("n_positions"),
+                         dropout=resid, attention_dropout=field("attn_pdrop", 0.1),
+                         activation_dropout=0.0, norm_first=True,
+                         activation=ACTIVATIONS[activation],
+                         layer_norm_eps=field("layer_norm_epsilon", 1e-5),
+                         learned_positions=True,
+                         tie_embeddings=bool(raw.get("tie_word_embeddings", True)))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{file}: {e}") from None
+
+
+def hf_names(config):
+    """{npformer parameter name: (GPT-2 tensor name, stored transposed)} for ``config``."""
+    names = {"tok_embed.weight": "wte.weight", "pos_embed.weight": "wpe.weight"}
+    for i in range(config.n_layers):
+        ours, theirs = f"transformer.layers.{i}.", f"h.{i}."
+        for a, b in (("norm1", "ln_1"), ("self_attn.out_proj", "attn.c_proj"), ("norm2", "ln_2"),
+                     ("ffn.linear1", "mlp.c_fc"), ("ffn.linear2", "mlp.c_proj")):
+            names[f"{ours}{a}.weight"], names[f"{ours}{a}.bias"] = f"{theirs}{b}.weight", f"{theirs}{b}.bias"
+        names[f"{ours}self_attn.in_proj_weight"] = f"{theirs}attn.c_attn.weight"
+        names[f"{ours}self_attn.in_proj_bias"] = f"{theirs}attn.c_attn.bias"
+    names["transformer.norm.weight"], names["transformer.norm.bias"] = "ln_f.weight", "ln_f.bias"
+    if not config.tie_embeddings:
+        names["generator.weight"] = "lm_head.weight"
+    return {ours: (theirs, theirs.endswith(CONV1D_TRANSPOSED)) for ours, theirs in names.items()}
+
+
+def _tensor_files(folder):
+    """{tensor name: safetensors file} of the folder (one file, or shards with an index)."""
+    single, index = folder / SAFETENSORS, folder / INDEX
+    if single.is_file():
+        return None, single
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            return {k: folder / v for k, v in weight_map.items()}, index
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index}: expected a JSON object with a 'weight_map' ({e})") from None
+    if (folder / PICKLE).is_file():
+        raise ValueError(f"{folder}: holds only pytorch_model.bin, a pickle, which npformer never "
+                         f"loads (it can run any code); use the model's model.safetensors "
+                         f"(the Hugging Face hub offers it for gpt2)")
+    raise ValueError(f"{folder}: no {SAFETENSORS} (expected a Hugging Face model folder)")
+
+
+def _read_tensors(folder):
+    """{GPT-2 name: (file, shape)} of every tensor, the shapes read from the headers alone."""
+    safetensors = _require("safetensors")
+    from safetensors import safe_open
+    shard_map, where = _tensor_files(folder)
+    files = sorted(set(shard_map.values())) if shard_map else [where]
+    found = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="np") as f:
+                for key in f.keys():
+                    found[key] = (file, tuple(f.get_slice(key).get_shape()))
+        except (OSError, safetensors.SafetensorError) as e:
+            raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+    return found, where
+
+
+def load_gpt2(path, dtype=np.float32):
+    """The ``nf.GPT`` of a Hugging Face GPT-2 folder, in ``dtype`` (float32, or float64 for
+    checks). ValueError naming the file for a missing config, another model type, a pickle,
+    missing, unexpected or mis-shaped tensors."""
+    from .nn.gpt import GPT
+    folder = _folder(path)
+    config = read_config(folder).replace(dtype=dtype)
+    names = hf_names(config)
+    shapes = config.parameter_shapes()
+    found, where = _read_tensors(folder)
+    prefix = "transformer."            # GPT2LMHeadModel's files; the original gpt2 ones have none
+    stored = {(k[len(prefix):] if k.startswith(prefix) else k): k for k in found}
+    wanted = {theirs for theirs, _ in names.values()}
+    missing = sorted(theirs for theirs in wanted if theirs not in stored)
+    extra = sorted(k for k in stored if k not in wanted and not k.endswith(BUFFERS)
+                   and not (k == "lm_head.weight" and config.tie_embeddings))
+    wrong = []
+    for ours, (theirs, transposed) in names.items():
+        if theirs in stored:
+            shape = found[stored[theirs]][1]
+            expected = shapes[ours][::-1] if transposed else shapes[ours]
+            if shape != tuple(expected):
+                wrong.append(f"{theirs}: expected {tuple(expected)}, got {shape}")
+    if missing or extra or wrong:
+        parts = ([f"missing {missing}"] if missing else []) + \
+                ([f"unexpected {extra}"] if extra else []) + \
+                ([f"mis-shaped [{'; '.join(wrong)}]"] if wrong else [])
+        raise ValueError(f"{where}: does not hold the GPT-2 of its config.json: " + ", ".join(parts))
+    from safetensors import safe_open
+    model = GPT.from_config(config)
+    handles = {}
+    try:
+        weights = {}
+        for ours, (theirs, transposed) in names.items():
+            file = found[stored[theirs]][0]
+            if file not in handles:
+                handles[file] = safe_open(str(file), framework="np")
+            value = handles[file].get_tensor(stored[theirs])
+            if not np.issubdtype(value.dtype, np.floating):
+                raise ValueError(f"{file}: {theirs}: expected floating-point weights, got "
+                                 f"{value.dtype}")
+            weights[ours] = value.T if transposed else value
+        if config.tie_embeddings and "lm_head.weight" in stored:
+            file = found[stored["lm_head.weight"]][0]
+            head = (handles.get(file) or safe_open(str(file), framework="np")).get_tensor(
+                stored["lm_head.weight"])
+            if head.shape != weights["tok_embed.weight"].shape or \
+                    not np.array_equal(head, weights["tok_embed.weight"]):
+                raise ValueError(f"{file}: lm_head.weight differs from wte.weight, but "
+                                 f"config.json ties them (tie_word_embeddings)")
+    except TypeError as e:               # e.g. bfloat16, which NumPy lacks
+        raise ValueError(f"{where}: cannot read its tensors as NumPy arrays ({e})") from None
+    model.load_state_dict(weights)
+    for name, p in model.named_parameters():
+        if not np.isfinite(p.data).all():
+            raise ValueError(f"{where}: {names[name][0]}: holds non-finite values")
+    return model.eval()
+
+
+def load_tokenizer(path):
+    """The ``tokenizers.Tokenizer`` of a folder's ``tokenizer.json``."""
+    _require("tokenizers")
+    from tokenizers import Tokenizer
+    file = _folder(path) / "tokenizer.json"
+    if not file.is_file():
+        raise ValueError(f"{file.parent}: no tokenizer.json (npformer reads the tokenizers "
+                         f"package's format; the Hugging Face hub has it for gpt2)")
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:               # the Rust library's own exception type
+        raise ValueError(f"{file}: not a tokenizers file ({str(e).splitlines()[0]})") from None
+
+
+def eos_id(path):
+    """config.json's ``eos_token_id`` (GPT-2's ``<|endoftext|>``), or None."""
+    raw = json.loads((_folder(path) / "config.json").read_text(encoding="utf-8"))
+    value = raw.get("eos_token_id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+__all__ = ["ACTIVATIONS", "BUFFERS", "CONV1D_TRANSPOSED", "eos_id", "hf_names", "load_gpt2",
+           "load_tokenizer", "read_config"]

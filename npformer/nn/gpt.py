@@ -1,0 +1,254 @@
+"""The decoder-only Transformer language model (GPT; GPT-2's architecture by default), built from
+the same layers as the translator: an ``Encoder`` stack whose self-attention is causal is a GPT's
+stack of blocks (pre-norm self-attention + feed-forward, then the final LayerNorm ``ln_f``).
+
+Parameter names and their GPT-2 (Hugging Face) counterparts (``npformer.hf`` maps them):
+
+    tok_embed.weight                          wte.weight
+    pos_embed.weight                          wpe.weight
+    transformer.layers.N.norm1                h.N.ln_1
+    transformer.layers.N.self_attn.in_proj_*  h.N.attn.c_attn   (Conv1D: stored transposed)
+    transformer.layers.N.self_attn.out_proj   h.N.attn.c_proj   (Conv1D)
+    transformer.layers.N.norm2                h.N.ln_2
+    transformer.layers.N.ffn.linear1          h.N.mlp.c_fc      (Conv1D)
+    transformer.layers.N.ffn.linear2          h.N.mlp.c_proj    (Conv1D)
+    transformer.norm                          ln_f
+    generator.weight (untied models only)     lm_head.weight
+"""
+import dataclasses
+import math
+
+import numpy as np
+
+from .. import functional as F
+from .. import runtime
+from ..configs import GPTConfig
+from ..validation import check_array, check_int, check_token_ids
+from .dropout import Dropout
+from .embedding import Embedding, PositionEmbedding
+from .encoder import Encoder
+from .linear import Linear
+from .module import Module
+
+INIT_STD = 0.02          # GPT-2's initializer_range
+
+
+class GPT(Module):
+    """Decoder-only Transformer language model with hand-written backward.
+
+    forward(ids) -> logits; backward(dlogits) fills every ``Parameter.grad``.
+
+    Shape: ids (B, T) int -> logits (B, T, vocab_size); position t sees ids[:, :t + 1] only.
+
+    Weights start as GPT-2's: every matrix and embedding N(0, 0.02^2), the two projections that
+    end a residual branch (attention ``out_proj``, ``ffn.linear2``) N(0, (0.02 / sqrt(2 *
+    n_layers))^2) so the residual stream's variance does not grow with depth, biases 0,
+    LayerNorms 1 and 0.
+    """
+
+    def __init__(self, vocab_size, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024,
+                 dropout=0.1, attention_dropout=None, activation_dropout=0.0, norm_first=True,
+                 activation="gelu_tanh", layer_norm_eps=1e-5, learned_positions=True,
+                 tie_embeddings=True, dtype=np.float32, seed=0):
+        super().__init__()
+        self.config = cfg = GPTConfig(
+            vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, d_ff=d_ff,
+            n_layers=n_layers, max_len=max_len, dropout=dropout,
+            attention_dropout=attention_dropout, activation_dropout=activation_dropout,
+            norm_first=norm_first, activation=activation, layer_norm_eps=layer_norm_eps,
+            learned_positions=learned_positions, tie_embeddings=tie_embeddings, dtype=dtype,
+            seed=seed)
+        dtype = np.dtype(cfg.dtype)
+        self.dtype, self.max_len, self.d_model = dtype, cfg.max_len, cfg.d_model
+        # one rng: it draws the initial weights, then every dropout mask
+        self.rng = init_rng = np.random.default_rng(cfg.seed)
+        scale = 1.0 if cfg.learned_positions else math.sqrt(cfg.d_model)
+        self.tok_embed = Embedding(cfg.vocab_size, cfg.d_model, None, scale, rng=init_rng,
+                                   dtype=dtype)
+        if cfg.learned_positions:
+            self.pos_embed = PositionEmbedding(cfg.max_len, cfg.d_model, INIT_STD, rng=init_rng,
+                                               dtype=dtype)
+        else:
+            self.pos_embed = None
+            self.positions = F.sinusoidal_positions(cfg.max_len, cfg.d_model, dtype)
+        self.embed_dropout = Dropout(cfg.dropout, rng=self.rng)
+        self.transformer = Encoder(cfg.n_layers, cfg.d_model, cfg.layer_norm_eps, rng=init_rng,
+                                   dtype=dtype, n_heads=cfg.n_heads, d_ff=cfg.d_ff,
+                                   dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+                                   activation_dropout=cfg.activation_dropout,
+                                   activation=cfg.activation, norm_first=cfg.norm_first)
+        self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False, rng=init_rng, dtype=dtype)
+        if cfg.tie_embeddings:
+            self.generator.weight = self.tok_embed.weight       # one Parameter, two users
+        self._init_weights(init_rng)
+        self.flatten_parameters()
+        self._logits_shape = None
+        self._backward_done = False
+
+    def _init_weights(self, rng):
+        """GPT-2's initialisation (see the class docstring), drawn in parameter order."""
+        residual_std = INIT_STD / math.sqrt(2 * self.config.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith(("norm1.weight", "norm2.weight", "norm.weight")):
+                p.data[...] = 1
+            elif p.data.ndim == 1:
+                p.data[...] = 0                                  # biases, LayerNorm shifts
+            else:
+                std = residual_std if name.endswith(("out_proj.weight", "linear2.weight")) \
+                    else INIT_STD
+                p.data[...] = rng.standard_normal(p.data.shape) * std
+
+    @classmethod
+    def from_config(cls, config):
+        """A new model of a :class:`~npformer.configs.GPTConfig`."""
+        if not isinstance(config, GPTConfig):
+            raise ValueError(f"config: expected a GPTConfig, got {type(config).__name__}")
+        return cls(**dataclasses.asdict(config))
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=np.float32):
+        """GPT-2 weights from a Hugging Face folder (``config.json`` + ``model.safetensors``),
+        read without PyTorch; see :func:`npformer.hf.load_gpt2`."""
+        from ..hf import load_gpt2
+        return load_gpt2(path, dtype)
+
+    # -- pieces the forward pass and decoding share -------------------------------------------
+    def embed(self, ids, start=0):
+        """Token plus position vectors of ids (B, T) at positions start .. start + T - 1, then
+        dropout -> (B, T, D)."""
+        x = self.tok_embed.forward(ids)
+        if self.pos_embed is not None:
+            x = self.pos_embed.forward(x, start)
+        else:
+            x += self.positions[start:start + ids.shape[1]]
+        return self.embed_dropout.forward(x)
+
+    def decoder_state(self, prompt, eos_id=None, capacity=None):
+        """A ``LanguageModelState`` prefilled with ``prompt`` (R, P): what
+        ``npformer.decoding``'s greedy and sampling searches run over."""
+        return LanguageModelState(self, prompt, eos_id, capacity)
+
+    # -- training -----------------------------------------------------------------------------
+    def forward(self, ids):
+        """ids (B, T) int -> logits (B, T, vocab_size). Keeps caches for backward."""
+        ids = check_token_ids("ids", ids, self.config.vocab_size, self.max_len)
+        x = self.embed(ids)                                              # (B, T, D)
+        h = self.transformer.forward(x, F.causal_mask(ids.shape[1]))     # (B, T, D), after ln_f
+        logits = self.generator.forward(h)                               # (B, T, V)
+        self._logits_shape = logits.shape
+        self._backward_done = False
+        return logits
+
+    def __call__(self, ids):
+        return self.forward(ids)
+
+    def backward(self, dlogits):
+        """Accumulate d(loss)/d(parameter) into every ``.grad`` given dlogits (B, T, V).
+        One backward per forward."""
+        if self._logits_shape is None:
+            raise ValueError("backward: call forward first (there are no saved activations)")
+        if self._backward_done:
+            raise ValueError("backward: already called since the last forward; each forward's "
+                             "activations serve one backward, so call forward again")
+        check_array("dlogits", dlogits, self._logits_shape)
+        self._backward_done = True
+        dh = self.generator.backward(dlogits)                   # (B, T, D)
+        dx = self.embed_dropout.backward(self.transformer.backward(dh))
+        if self.pos_embed is not None:
+            dx = self.pos_embed.backward(dx)                    # dx passes through unchanged
+        self.tok_embed.backward(dx)                             # (tied: adds to the head's grad)
+
+
+class LanguageModelState:
+    """Rows of a prompt being continued one token at a time: the decoder state that
+    ``npformer.decoding``'s greedy and sampling searches run over (as ``TranslationState``).
+
+        state = model.decoder_state(prompt)      # prompt (R, P): the first P - 1 tokens run now
+        logp = state.step(tokens)                # (R,) previous tokens -> (R, V) log-probabilities
+        state.reorder(rows)                      # keep rows, in place
+
+    Every layer keeps the keys and values of the positions seen so far (``KVCache``), so a step
+    costs one position; T steps give what one forward over the T positions gives. The prompt's
+    first P - 1 tokens fill the caches in one pass (causal among themselves); its last token is
+    ``first_tokens()``, so the first ``step`` returns the distribution of the token after the
+    prompt. Every row holds the same number of positions (one prompt, or prompts of one length).
+    ``capacity`` (default: the model's ``max_len``) bounds prompt plus generated tokens.
+    """
+
+    beams = 1
+
+    def __init__(self, model, prompt, eos_id=None, capacity=None):
+        vocab = model.config.vocab_size
+        capacity = model.max_len if capacity is None else check_int("capacity", capacity)
+        if capacity > model.max_len:
+            raise ValueError(f"capacity: expected at most the model's max_len={model.max_len} "
+                             f"positions, got {capacity}")
+        prompt = np.asarray(prompt)
+        if prompt.ndim == 2 and prompt.shape[1] > capacity:
+            raise ValueError(f"prompt: expected at most {capacity} tokens (the context the "
+                             f"model can attend to), got {prompt.shape[1]}")
+        prompt = check_token_ids("prompt", prompt, vocab, model.max_len)      # (R, P)
+        if eos_id is not None:
+            eos_id = check_int("eos_id", eos_id, minimum=0)
+            if eos_id >= vocab:
+                raise ValueError(f"eos_id: expected a token id in [0, {vocab}), got {eos_id}")
+        self.model, self.eos_id = model, eos_id
+        model._logits_shape = None       # its training activations are overwritten from here on
+        self.caches = [layer.self_attn.new_cache(prompt.shape[0], capacity, model.dtype)
+                       for layer in model.transformer.layers]
+        if prompt.shape[1] > 1:
+            self._run(prompt[:, :-1], logits=False)          # prefill; no logits needed
+        self._first = prompt[:, -1].copy()
+
+    @property
+    def capacity(self):
+        return self.caches[0].capacity
+
+    @property
+    def length(self):
+        """Positions in the caches so far."""
+        return self.caches[0].length
+
+    @property
+    def batch_size(self):
+        return self.caches[0].batch_size
+
+    def first_tokens(self):
+        """The prompt's last token on every row: the first ``step``'s input."""
+        return self._first[:self.batch_size].copy()
+
+    def _run(self, ids, logits=True):
+        """ids (R, t) at the next t positions into the caches -> the logits of the last one
+        (R, V), or None."""
+        model = self.model
+        with model.evaluating(), runtime.blas_scope():   # one BLAS setting for the whole step
+            x = model.embed(ids, start=self.length)                      # (R, t, D)
+            h = model.transformer.step(x, self.caches)                   # (R, t, D)
+            return model.generator.forward(h[:, -1]) if logits else None
+
+    def step(self, tokens):
+        """The previous token of every row (R,) -> log-probabilities of the next one (R, V),
+        float64."""
+        rows = self.batch_size
+        tokens = np.asarray(tokens)
+        if tokens.shape != (rows,) or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"tokens: expected {rows} integer ids (one per row), got "
+                             f"{tokens.dtype} of shape {tokens.shape}")
+        if rows == 0:
+            raise ValueError("step: the state has no rows left (every one was dropped)")
+        if self.length >= self.capacity:
+            raise ValueError(f"step: the state is full ({self.capacity} positions, its "
+                             f"capacity); generate fewer tokens or give a shorter prompt")
+        tokens = check_token_ids("tokens", tokens[:, None], self.model.config.vocab_size)
+        return F.log_softmax(self._run(tokens).astype(np.float64))
+
+    def reorder(self, index):
+        """Keep the rows ``index`` (R',) in that order; a row may repeat."""
+        index = np.asarray(index)
+        rows = self.batch_size
+        if index.ndim != 1 or not np.issubdtype(index.dtype, np.integer) or \
+                (index.size and (index.min() < 0 or index.max() >= rows)):
+            raise ValueError(f"reorder: expected row numbers in [0, {rows}), got {index!r:.80}")
+        for cache in self.caches:
+            cache.reorder(index)
+        self._first = self._first[index]

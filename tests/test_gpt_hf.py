@@ -1,0 +1,245 @@
+"""GPT-2 in the Hugging Face format against transformers' GPT2LMHeadModel: a small model with random
+weights saved with save_pretrained (safetensors) and a tiny byte-level BPE tokenizer.json, loaded
+by npformer without torch; same logits (float32 and float64), loss, every gradient, AdamW steps
+and greedy generation. Bad folders are clear errors. Skips where transformers or torch are
+absent (CI installs them)."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer.cli.main import main
+from npformer.hf import CONV1D_TRANSPOSED, hf_names, load_gpt2
+
+torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
+transformers = pytest.importorskip("transformers", reason="the reference GPT-2: pip install transformers")
+tokenizers = pytest.importorskip("tokenizers", reason="extra hf: pip install 'npformer[hf]'")
+pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
+
+torch.set_num_threads(1)
+TEXT = ["the quick brown fox jumps over the lazy dog", "hello world, hello npformer",
+        "a man in an orange hat starring at something ."] * 20
+
+
+def make_folder(path, tie=True, activation="gelu_new", seed=0):
+    """A GPT-2 of 2 blocks, d_model 32, 4 heads, context 24, with its tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    vocab = tok.get_vocab_size()
+    eos = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=24, n_embd=32, n_layer=2, n_head=4,
+                                  activation_function=activation, tie_word_embeddings=tie,
+                                  bos_token_id=eos, eos_token_id=eos)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save(str(path / "tokenizer.json"))
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpt2")
+    model, tok = make_folder(path)
+    return path, model, tok
+
+
+@pytest.fixture(params=["numba", "numpy"])
+def backend(request):
+    previous = nf.get_backend()
+    nf.set_backend(request.param)
+    yield request.param
+    nf.set_backend(previous)
+
+
+def batch(vocab, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, size=(3, 13))
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_logits_equal_transformers(folder, backend, dtype, tol):
+    path, ref, _ = folder
+    model = nf.GPT.from_pretrained(path, dtype=dtype)
+    assert model.config.activation == "gelu_tanh" and model.config.tie_embeddings
+    ids = batch(model.config.vocab_size)
+    ref = ref.to(torch.float64 if dtype == np.float64 else torch.float32)
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    got = model.forward(ids)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_loss_and_every_gradient_equal_transformers(tmp_path, backend, tie):
+    ref, _ = make_folder(tmp_path, tie=tie, activation="gelu_pytorch_tanh", seed=1)
+    ref = ref.double()
+    model = load_gpt2(tmp_path, dtype=np.float64)
+    ids = batch(model.config.vocab_size, seed=1)
+    # the loss GPT2LMHeadModel(labels=ids) computes: next-token cross-entropy, mean over tokens
+    # (computed here, because transformers' own upcasts float64 logits to float32)
+    ref_logits = ref(torch.tensor(ids)).logits
+    ref_loss = torch.nn.functional.cross_entropy(ref_logits[:, :-1].reshape(-1, ref_logits.shape[-1]),
+                                                 torch.tensor(ids[:, 1:]).reshape(-1))
+    ref_loss.backward()
+    logits = model.forward(ids)
+    loss, dlogits = nf.cross_entropy(logits[:, :-1], ids[:, 1:])
+    full = np.zeros_like(logits)
+    full[:, :-1] = dlogits
+    model.backward(full)
+    assert abs(loss - ref_loss.item()) < 1e-12
+    theirs = {k.removeprefix("transformer."): p.grad.numpy() for k, p in ref.named_parameters()}
+    for ours, (name, transposed) in hf_names(model.config).items():
+        grad = dict(model.named_parameters())[ours].grad
+        np.testing.assert_allclose(grad, theirs[name].T if transposed else theirs[name],
+                                   rtol=1e-9, atol=1e-12, err_msg=ours)
+
+
+def test_adamw_steps_equal_torch(folder):
+    """Three AdamW steps (weight decay on every tensor, as torch.optim.AdamW over
+    model.parameters()). The attention key bias has an exactly zero true gradient: its
+    round-off is what Adam normalises, so it may move by up to lr a step either way."""
+    path, ref, _ = folder
+    ref = transformers.GPT2LMHeadModel.from_pretrained(path).double()
+    ref.eval()
+    model = load_gpt2(path, dtype=np.float64)
+    lr, steps = 1e-3, 3
+    opt = nf.AdamW(model, lr=lr, weight_decay=0.1)
+    topt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=0.1)
+    for step in range(steps):
+        ids = batch(model.config.vocab_size, seed=10 + step)
+        topt.zero_grad()
+        ref_logits = ref(torch.tensor(ids)).logits
+        torch.nn.functional.cross_entropy(ref_logits[:, :-1].reshape(-1, ref_logits.shape[-1]),
+                                          torch.tensor(ids[:, 1:]).reshape(-1)).backward()
+        topt.step()
+        logits = model.forward(ids)
+        _, dlogits = nf.cross_entropy(logits[:, :-1], ids[:, 1:])
+        full = np.zeros_like(logits)
+        full[:, :-1] = dlogits
+        model.zero_grad()
+        model.backward(full)
+        opt.step()
+    theirs = {k.removeprefix("transformer."): p.detach().numpy() for k, p in ref.named_parameters()}
+    d = model.config.d_model
+    for ours, (name, transposed) in hf_names(model.config).items():
+        mine = dict(model.named_parameters())[ours].data
+        expected = theirs[name].T if transposed else theirs[name]
+        if ours.endswith("in_proj_bias"):                   # key third: +-lr per step
+            np.testing.assert_allclose(mine[d:2 * d], expected[d:2 * d], rtol=0,
+                                       atol=lr * steps * 1.001)
+            mine, expected = np.delete(mine, np.s_[d:2 * d]), np.delete(expected, np.s_[d:2 * d])
+        np.testing.assert_allclose(mine, expected, rtol=1e-9, atol=1e-12, err_msg=ours)
+
+
+def test_greedy_generation_equals_transformers_generate(folder):
+    path, ref, tok = folder
+    model = load_gpt2(path, dtype=np.float64)
+    prompt = tok.encode("hello world").ids
+    with torch.no_grad():
+        expected = ref.double().generate(torch.tensor([prompt]), max_new_tokens=10,
+                                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    hyp, = nf.decoding.greedy_search(model.decoder_state(np.array([prompt])), max_new_tokens=10)
+    assert hyp.ids == expected[0, len(prompt):].tolist()
+
+
+def test_names_follow_the_explicit_conv1d_list():
+    cfg = nf.GPTConfig(vocab_size=10, d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=4,
+                       tie_embeddings=False)
+    names = hf_names(cfg)
+    transposed = sorted(theirs for theirs, t in names.values() if t)
+    assert transposed == sorted(f"h.0.{w}" for w in CONV1D_TRANSPOSED)
+    assert names["generator.weight"] == ("lm_head.weight", False)
+    assert set(names) == set(cfg.parameter_shapes())
+
+
+def test_sample_command_continues_a_prompt(folder, capsys):
+    path, _, _ = folder
+    argv = ["sample", "--hf", str(path), "--prompt", "hello world", "--max-new-tokens", "6"]
+    assert main(argv + ["--greedy"]) == 0
+    greedy = capsys.readouterr().out
+    assert greedy.startswith("hello world")
+    assert main(argv + ["--seed", "3", "--top-p", "0.9", "--temperature", "0.8"]) == 0
+    first = capsys.readouterr().out
+    assert main(argv + ["--seed", "3", "--top-p", "0.9", "--temperature", "0.8"]) == 0
+    assert capsys.readouterr().out == first                       # same seed, same text
+    assert main(argv + ["--greedy", "--trace"]) == 0
+    trace = capsys.readouterr().out
+    assert trace.startswith("prompt: hello world") and " p=" in trace
+    assert trace.rstrip().endswith(greedy.rstrip())
+
+
+# -- bad input -----------------------------------------------------------------------------------
+def copy_folder(folder, tmp_path):
+    dest = tmp_path / "copy"
+    shutil.copytree(folder, dest)
+    return dest
+
+
+def rewrite_tensors(path, change):
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(str(path / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("case,match", [
+    ("no config", "no config.json"),
+    ("not gpt2", "model_type: expected 'gpt2', got 'bert'"),
+    ("pickle only", "pytorch_model.bin, a pickle, which npformer never loads"),
+    ("missing", r"missing \['h.1.mlp.c_fc.bias'\]"),
+    ("extra", r"unexpected \['h.0.attn.rotary'\]"),
+    ("mis-shaped", r"mis-shaped \[h.0.attn.c_attn.weight: expected \(32, 96\), got \(96, 32\)\]"),
+    ("activation", "activation_function: expected one of"),
+])
+def test_bad_folders_are_clear_errors(folder, tmp_path, case, match):
+    path = copy_folder(folder[0], tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    if case == "no config":
+        (path / "config.json").unlink()
+    elif case == "not gpt2":
+        (path / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
+    elif case == "activation":
+        (path / "config.json").write_text(json.dumps({**config, "activation_function": "swish"}))
+    elif case == "pickle only":
+        (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    elif case == "missing":
+        rewrite_tensors(path, lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"))
+    elif case == "extra":
+        rewrite_tensors(path, lambda t: t.update({"transformer.h.0.attn.rotary": np.zeros(3, np.float32)}))
+    elif case == "mis-shaped":
+        rewrite_tensors(path, lambda t: t.update({"transformer.h.0.attn.c_attn.weight":
+                                                  t["transformer.h.0.attn.c_attn.weight"].T.copy()}))
+    with pytest.raises(ValueError, match=match):
+        load_gpt2(path)
+
+
+def test_older_files_mask_buffers_are_ignored(folder, tmp_path):
+    """The original gpt2 files store each block's causal mask (h.N.attn.bias) and no
+    'transformer.' prefix: they load all the same."""
+    path = copy_folder(folder[0], tmp_path)
+    rewrite_tensors(path, lambda t: t.update(
+        {**{k.removeprefix("transformer."): t.pop(k) for k in list(t)},
+         "h.0.attn.bias": np.tril(np.ones((1, 1, 24, 24), np.float32))}))
+    model = load_gpt2(path, dtype=np.float64)
+    reference = load_gpt2(folder[0], dtype=np.float64)
+    np.testing.assert_array_equal(model.flat_params, reference.flat_params)
+
+
+def test_sample_command_bad_input_is_one_line(folder, tmp_path, capsys):
+    path = folder[0]
+    long_prompt = " ".join(["hello"] * 30)
+    assert main(["sample", "--hf", str(path), "--prompt", long_prompt, "--max-new-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "exceed the model's context of 24 tokens" in err and len(err.strip().splitlines()) == 1
+    assert main(["sample", "--hf", str(path), "--prompt", "hi", "--greedy", "--top-k", "3"]) == 1
+    assert "--top-k: only used when sampling" in capsys.readouterr().err
+    assert main(["sample", "--hf", str(tmp_path), "--prompt", "hi"]) == 1
+    assert "no tokenizer.json" in capsys.readouterr().err

@@ -92,3 +92,26 @@ def test_training_reduces_the_loss():
         opt.step()
         losses.append(loss)
     assert losses[-1] < 0.25 * losses[0]
+
+
+def test_decay_chooses_parameters_and_all_of_them_is_the_default():
+    """decay=lambda ... True gives the very bits of the default (one range, the fused pass);
+    matrices_only leaves biases and LayerNorm parameters undecayed."""
+    from npformer.optim import matrices_only
+    runs = {}
+    for name, decay in (("default", None), ("all", lambda n, p: True), ("matrices", matrices_only)):
+        model = small_model()
+        opt = nf.AdamW(model, lr=1e-2, weight_decay=0.5, decay=decay)
+        before = {n: p.data.copy() for n, p in model.named_parameters()}
+        model.flat_grads.fill(0)                     # no gradient: only the decay moves weights
+        opt.step()
+        runs[name] = (model, before)
+    np.testing.assert_array_equal(runs["all"][0].flat_params, runs["default"][0].flat_params)
+    model, before = runs["matrices"]
+    decayed = dict(runs["default"][0].named_parameters())
+    for name, p in model.named_parameters():
+        expected = decayed[name].data if p.data.ndim >= 2 else before[name]
+        np.testing.assert_array_equal(p.data, expected, err_msg=name)
+        assert p.data.ndim < 2 or not np.array_equal(p.data, before[name])
+    with pytest.raises(ValueError, match="decay: expected None or a function"):
+        nf.AdamW(small_model(), decay="matrices")

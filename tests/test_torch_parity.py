@@ -120,3 +120,38 @@ def test_five_optimizer_steps_match_torch(opt_name, weight_decay, norm_first, sm
             assert np.abs(theirs[key]).max() <= 5 * kwargs["lr"], name
             ours[name][key] = theirs[key] = 0.0
         np.testing.assert_allclose(ours[name], theirs, rtol=0, atol=1e-9, err_msg=name)
+
+
+@pytest.mark.parametrize("opt_name", ["Adam", "AdamW"])
+def test_weight_decay_on_matrices_only_matches_torchs_two_parameter_groups(opt_name):
+    """decay=matrices_only: GPT-2's practice, torch's groups {matrices: wd} and {the rest: 0}."""
+    model = make_model(np.float64, norm_first=True, tie=False)
+    ref = build_reference(model, torch.float64)
+    ref.train()
+    kwargs = dict(lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    opt = getattr(nf, opt_name)(model, weight_decay=0.1, decay=nf.optim.matrices_only, **kwargs)
+    groups = [{"params": [p for p in ref.parameters() if p.ndim >= 2], "weight_decay": 0.1},
+              {"params": [p for p in ref.parameters() if p.ndim < 2], "weight_decay": 0.0}]
+    ref_opt = getattr(torch.optim, opt_name)(groups, foreach=False, **kwargs)
+    assert len(opt.decay_ranges) > 1                  # the biases and norms lie between them
+    for step in range(4):
+        src, tgt_in, tgt_out = make_batch(seed=step)
+        logits = model.forward(src, tgt_in)
+        _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=PAD)
+        model.zero_grad()
+        model.backward(dlogits)
+        before = model.flat_grads.copy()
+        opt.step()
+        np.testing.assert_array_equal(model.flat_grads, before)   # the L2 term stays out of .grad
+        ref_opt.zero_grad()
+        torch_step(ref, src, tgt_in, tgt_out, 0.0)[1].backward()
+        ref_opt.step()
+    ours = nf.interop.to_torch_state_dict(model)
+    d = model.config.d_model
+    for name, p in ref.named_parameters():
+        theirs = p.detach().numpy()
+        if name.endswith("in_proj_bias"):             # the key bias: see the test above
+            key = slice(d, 2 * d)
+            assert np.abs(ours[name][key] - theirs[key]).max() <= 4 * kwargs["lr"], name
+            ours[name][key] = theirs[key] = 0.0
+        np.testing.assert_allclose(ours[name], theirs, rtol=0, atol=1e-9, err_msg=name)

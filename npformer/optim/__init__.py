@@ -1,8 +1,8 @@
 """Optimizers, learning-rate schedules and gradient clipping."""
-from .adam import Adam, AdamW
+from .adam import Adam, AdamW, matrices_only
 from .clip import clip_grad_norm, grad_norm
 from .schedules import (NoamSchedule, PlateauSchedule, WarmupCosineSchedule,
                         WarmupInverseSqrtSchedule)
 
-__all__ = ["Adam", "AdamW", "NoamSchedule", "PlateauSchedule", "WarmupCosineSchedule", "WarmupInverseSqrtSchedule",
-           "clip_grad_norm", "grad_norm"]
+__all__ = ["Adam", "AdamW", "NoamSchedule", "PlateauSchedule", "WarmupCosineSchedule",
+           "WarmupInverseSqrtSchedule", "clip_grad_norm", "grad_norm", "matrices_only"]

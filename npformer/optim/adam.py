@@ -24,16 +24,25 @@ class Adam:
 
     decoupled = False
 
-    def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 decay=None):
+        """``decay(name, parameter) -> bool`` chooses the parameters weight decay applies to
+        (None: all of them, as torch's optimizers over ``model.parameters()``); e.g.
+        :func:`matrices_only`, GPT-2's practice, is torch's two parameter groups, one with
+        ``weight_decay`` and one with 0."""
         self.lr = lr                                     # checked by the setter below
         beta1, beta2 = check_betas(betas)
         eps = check_real("eps", eps, minimum=0)
         weight_decay = check_real("weight_decay", weight_decay, minimum=0)
+        if decay is not None and not callable(decay):
+            raise ValueError(f"decay: expected None or a function (name, parameter) -> bool, "
+                             f"got {decay!r:.60}")
         if model.flat_params is None:
             model.flatten_parameters()
         self.model = model
         self.params, self.grads = model.flat_params, model.flat_grads     # (P,) views of the model
         self.betas, self.eps, self.weight_decay = (beta1, beta2), eps, weight_decay
+        self.decay_ranges = _decay_ranges(model, decay)  # [(start, stop)] of the flat buffer
         self.step_count = 0
         self.exp_avg = np.zeros_like(self.params)
         self.exp_avg_sq = np.zeros_like(self.params)
@@ -53,6 +62,21 @@ class Adam:
         p, g, m, v = self.params, self.grads, self.exp_avg, self.exp_avg_sq
         self.step_count += 1
         t = self.step_count
+        if wd != 0 and self.decay_ranges != [(0, p.size)]:
+            # decay on some parameters only: the same operations as below, on their ranges,
+            # then the update without decay (element for element what one pass computes)
+            if self.decoupled:
+                # the factor as each backend's one pass applies it: the kernel multiplies in
+                # float64 and rounds once; NumPy's reference multiplies in the weights' dtype
+                factor = np.float64(1.0 - lr * wd) if backend.get_backend() == "numba" \
+                    else 1.0 - lr * wd
+                for start, stop in self.decay_ranges:
+                    np.multiply(p[start:stop], factor, out=p[start:stop], casting="unsafe")
+            else:
+                g = g.copy()                             # the L2 term, not in the model's .grad
+                for start, stop in self.decay_ranges:
+                    g[start:stop] += wd * p[start:stop]
+            wd = 0.0
         if backend.get_backend() == "numba":             # the same update fused into one pass
             backend.ops().adam_step(p, g, m, v, t, lr, beta1, beta2, self.eps, wd, self.decoupled)
             return
@@ -91,6 +115,29 @@ class Adam:
         self.exp_avg_sq[...] = state["exp_avg_sq"]
 
 
+def matrices_only(name, parameter):
+    """Weight decay on the weight matrices and embeddings only, not on biases and LayerNorm
+    parameters (GPT-2's practice; ``Adam(..., decay=matrices_only)``)."""
+    return parameter.data.ndim >= 2
+
+
+def _decay_ranges(model, decay):
+    """The parts of the flat buffer that ``decay`` chooses, as merged (start, stop) ranges."""
+    flat = model.flat_params
+    if decay is None:
+        return [(0, flat.size)]
+    base = flat.__array_interface__["data"][0]
+    ranges = []
+    for name, p in model.named_parameters():
+        if decay(name, p):
+            start = (p.data.__array_interface__["data"][0] - base) // flat.itemsize
+            if ranges and ranges[-1][1] == start:
+                ranges[-1] = (ranges[-1][0], start + p.data.size)
+            else:
+                ranges.append((start, start + p.data.size))
+    return ranges
+
+
 def check_betas(betas, name="betas"):
     """``(beta1, beta2)`` as floats: two finite numbers in [0, 1). One message for any other
     shape or value, since a pair is what the reader has to fix."""
@@ -107,5 +154,6 @@ class AdamW(Adam):
 
     decoupled = True
 
-    def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        super().__init__(model, lr, betas, eps, weight_decay)
+    def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 decay=None):
+        super().__init__(model, lr, betas, eps, weight_decay, decay)

@@ -2,8 +2,11 @@
 (read with the safetensors package's NumPy API) and ``tokenizer.json`` (the tokenizers package).
 Both packages come with the extra ``hf`` (``pip install "npformer[hf]"``).
 
-    model = load_gpt2("path/to/gpt2")            # nf.GPT.from_pretrained does the same
+    model = nf.GPT.from_pretrained("path/to/gpt2")      # builds from read_gpt2's result
+    config, weights, eos_id = read_gpt2("path/to/gpt2")  # GPTConfig, {npformer name: array}
     tokenizer = load_tokenizer("path/to/gpt2")
+
+This module reads files into a configuration and arrays; it builds no model (``nn.gpt`` calls it).
 
 ``pytorch_model.bin`` is refused: it is a pickle, and loading a pickle runs whatever code it holds.
 
@@ -12,19 +15,23 @@ transpose of a Linear's (out, in); the four of them are listed in ``CONV1D_TRANS
 transposed on the way in. The fused ``c_attn`` (D, 3D) holds the query, key and value columns in
 that order, as npformer's fused ``in_proj_weight`` (3D, D) holds their rows.
 """
+import contextlib
 import json
+import re
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 from .configs import GPTConfig
+from .validation import check_flag, check_int, check_real
 
 # The Conv1D weights of every block: stored (in, out), transposed on loading.
 CONV1D_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
                      "mlp.c_proj.weight")
 # Per-block buffers that older GPT-2 files store (the causal mask and its fill value): not weights.
 BUFFERS = ("attn.bias", "attn.masked_bias")
+_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 # Hugging Face's activation names -> npformer's
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                "relu": "relu"}
@@ -52,8 +59,9 @@ def _folder(path):
 
 
 def read_config(path):
-    """The ``GPTConfig`` of a Hugging Face GPT-2 folder's ``config.json`` (ValueError naming the
-    file and the field for anything npformer's GPT cannot be)."""
+    """The ``GPTConfig`` of a Hugging Face GPT-2 folder's ``config.json`` and its
+    ``eos_token_id`` (None where it names none). ValueError naming the file and the field, by
+    its name in config.json, for anything npformer's GPT cannot be."""
     file = _folder(path) / "config.json"
     if not file.is_file():
         raise ValueError(f"{file.parent}: no config.json (expected a Hugging Face model folder)")
@@ -66,13 +74,20 @@ def read_config(path):
     if raw.get("model_type") != "gpt2":
         raise ValueError(f"{file}: model_type: expected 'gpt2', got {raw.get('model_type')!r}")
 
-    def field(name, default=None):
+    def field(name, check, default=None, **bounds):
+        """config.json's ``name`` through ``check`` (the error names the file and the key)."""
         if name not in raw and default is None:
             raise ValueError(f"{file}: {name}: missing")
-        return raw.get(name, default)
+        try:
+            return check(name, raw.get(name, default), **bounds)
+        except ValueError as e:
+            raise ValueError(f"{file}: {e}") from None
 
-    activation = field("activation_function", "gelu_new")
-    if activation not in ACTIVATIONS:
+    def rate(name):
+        return field(name, check_real, 0.1, minimum=0, maximum=1, max_open=True)
+
+    activation = raw.get("activation_function", "gelu_new")
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(f"{file}: activation_function: expected one of {sorted(ACTIVATIONS)}, "
                          f"got {activation!r}")
     for name, supported in (("add_cross_attention", False), ("scale_attn_weights", True),
@@ -80,23 +95,29 @@ def read_config(path):
         if raw.get(name, supported) != supported:
             raise ValueError(f"{file}: {name}: npformer's GPT supports only {supported}, got "
                              f"{raw[name]!r}")
-    resid, embd = field("resid_pdrop", 0.1), field("embd_pdrop", 0.1)
+    resid, embd = rate("resid_pdrop"), rate("embd_pdrop")
     if resid != embd:
         warnings.warn(f"{file}: embd_pdrop {embd} differs from resid_pdrop {resid}; npformer's "
                       f"GPT has one rate for both and uses {resid} (only training sees it)")
-    d_model = field("n_embd")
+    d_model = field("n_embd", check_int)
+    n_inner = raw.get("n_inner")
+    eos = raw.get("eos_token_id")
     try:
-        return GPTConfig(vocab_size=field("vocab_size"), d_model=d_model,
-                         n_heads=field("n_head"), d_ff=raw.get("n_inner") or 4 * d_model,
-                         n_layers=field("n_layer"), max_len=field("n_positions"),
-                         dropout=resid, attention_dropout=field("attn_pdrop", 0.1),
-                         activation_dropout=0.0, norm_first=True,
-                         activation=ACTIVATIONS[activation],
-                         layer_norm_eps=field("layer_norm_epsilon", 1e-5),
-                         learned_positions=True,
-                         tie_embeddings=bool(raw.get("tie_word_embeddings", True)))
-    except (TypeError, ValueError) as e:
+        config = GPTConfig(
+            vocab_size=field("vocab_size", check_int), d_model=d_model,
+            n_heads=field("n_head", check_int),
+            d_ff=4 * d_model if n_inner is None else field("n_inner", check_int),
+            n_layers=field("n_layer", check_int), max_len=field("n_positions", check_int),
+            dropout=resid, attention_dropout=rate("attn_pdrop"), activation_dropout=0.0,
+            norm_first=True, activation=ACTIVATIONS[activation],
+            layer_norm_eps=field("layer_norm_epsilon", check_real, 1e-5, minimum=0,
+                                 min_open=True),
+            learned_positions=True,
+            tie_embeddings=field("tie_word_embeddings", check_flag, True))
+        eos = None if eos is None else check_int("eos_token_id", eos, minimum=0)
+    except ValueError as e:
         raise ValueError(f"{file}: {e}") from None
+    return config, eos
 
 
 def hf_names(config):
@@ -150,21 +171,28 @@ def _read_tensors(folder):
     return found, where
 
 
-def load_gpt2(path, dtype=np.float32):
-    """The ``nf.GPT`` of a Hugging Face GPT-2 folder, in ``dtype`` (float32, or float64 for
-    checks). ValueError naming the file for a missing config, another model type, a pickle,
-    missing, unexpected or mis-shaped tensors."""
-    from .nn.gpt import GPT
+def read_gpt2(path, dtype=np.float32):
+    """A Hugging Face GPT-2 folder as ``(GPTConfig in dtype, {npformer parameter name: array},
+    eos_token_id or None)``: the tensors checked against config.json by name and shape (from
+    the files' headers, before any is read) and the Conv1D ones transposed. ValueError naming
+    the file for a missing config, another model type, a pickle, missing, unexpected or
+    mis-shaped tensors. ``nf.GPT.from_pretrained`` builds the model from it."""
     folder = _folder(path)
-    config = read_config(folder).replace(dtype=dtype)
+    config, eos = read_config(folder)
+    config = config.replace(dtype=dtype)
     names = hf_names(config)
     shapes = config.parameter_shapes()
     found, where = _read_tensors(folder)
     prefix = "transformer."            # GPT2LMHeadModel's files; the original gpt2 ones have none
-    stored = {(k[len(prefix):] if k.startswith(prefix) else k): k for k in found}
+    stored = {}
+    for key in found:
+        short = key[len(prefix):] if key.startswith(prefix) else key
+        if short in stored:
+            raise ValueError(f"{where}: holds both {stored[short]!r} and {key!r}")
+        stored[short] = key
     wanted = {theirs for theirs, _ in names.values()}
     missing = sorted(theirs for theirs in wanted if theirs not in stored)
-    extra = sorted(k for k in stored if k not in wanted and not k.endswith(BUFFERS)
+    extra = sorted(k for k in stored if k not in wanted and not _BUFFER.fullmatch(k)
                    and not (k == "lm_head.weight" and config.tie_embeddings))
     wrong = []
     for ours, (theirs, transposed) in names.items():
@@ -179,34 +207,32 @@ def load_gpt2(path, dtype=np.float32):
                 ([f"mis-shaped [{'; '.join(wrong)}]"] if wrong else [])
         raise ValueError(f"{where}: does not hold the GPT-2 of its config.json: " + ", ".join(parts))
     from safetensors import safe_open
-    model = GPT.from_config(config)
-    handles = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        handles = {}
+
+        def tensor(key):
+            file = found[key][0]
+            if file not in handles:
+                handles[file] = stack.enter_context(safe_open(str(file), framework="np"))
+            try:
+                value = handles[file].get_tensor(key)
+            except TypeError as e:            # e.g. bfloat16, which NumPy lacks
+                raise ValueError(f"{file}: {key}: cannot be read as a NumPy array ({e})") from None
+            if not np.issubdtype(value.dtype, np.floating) or not np.isfinite(value).all():
+                raise ValueError(f"{file}: {key}: expected finite floating-point weights")
+            return value
+
         weights = {}
         for ours, (theirs, transposed) in names.items():
-            file = found[stored[theirs]][0]
-            if file not in handles:
-                handles[file] = safe_open(str(file), framework="np")
-            value = handles[file].get_tensor(stored[theirs])
-            if not np.issubdtype(value.dtype, np.floating):
-                raise ValueError(f"{file}: {theirs}: expected floating-point weights, got "
-                                 f"{value.dtype}")
-            weights[ours] = value.T if transposed else value
+            value = tensor(stored[theirs])
+            weights[ours] = np.ascontiguousarray(value.T if transposed else value, dtype=dtype)
         if config.tie_embeddings and "lm_head.weight" in stored:
-            file = found[stored["lm_head.weight"]][0]
-            head = (handles.get(file) or safe_open(str(file), framework="np")).get_tensor(
-                stored["lm_head.weight"])
-            if head.shape != weights["tok_embed.weight"].shape or \
-                    not np.array_equal(head, weights["tok_embed.weight"]):
-                raise ValueError(f"{file}: lm_head.weight differs from wte.weight, but "
+            head = tensor(stored["lm_head.weight"])
+            if head.shape != found[stored["wte.weight"]][1] or \
+                    not np.array_equal(head, tensor(stored["wte.weight"])):
+                raise ValueError(f"{where}: lm_head.weight differs from wte.weight, but "
                                  f"config.json ties them (tie_word_embeddings)")
-    except TypeError as e:               # e.g. bfloat16, which NumPy lacks
-        raise ValueError(f"{where}: cannot read its tensors as NumPy arrays ({e})") from None
-    model.load_state_dict(weights)
-    for name, p in model.named_parameters():
-        if not np.isfinite(p.data).all():
-            raise ValueError(f"{where}: {names[name][0]}: holds non-finite values")
-    return model.eval()
+    return config, weights, eos
 
 
 def load_tokenizer(path):
@@ -223,12 +249,5 @@ def load_tokenizer(path):
         raise ValueError(f"{file}: not a tokenizers file ({str(e).splitlines()[0]})") from None
 
 
-def eos_id(path):
-    """config.json's ``eos_token_id`` (GPT-2's ``<|endoftext|>``), or None."""
-    raw = json.loads((_folder(path) / "config.json").read_text(encoding="utf-8"))
-    value = raw.get("eos_token_id")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-__all__ = ["ACTIVATIONS", "BUFFERS", "CONV1D_TRANSPOSED", "eos_id", "hf_names", "load_gpt2",
-           "load_tokenizer", "read_config"]
+__all__ = ["ACTIVATIONS", "BUFFERS", "CONV1D_TRANSPOSED", "hf_names", "load_tokenizer",
+           "read_config", "read_gpt2"]

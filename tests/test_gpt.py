@@ -131,6 +131,13 @@ def test_backends_agree_on_logits_and_gradients():
     np.testing.assert_allclose(grads["numba"], grads["numpy"], rtol=1e-10, atol=1e-12)
 
 
+def test_causal_mask_over_cached_positions():
+    """Two new queries at positions 3 and 4 over 5 keys: the first sees keys 0..3."""
+    from npformer import functional as F
+    np.testing.assert_array_equal(F.causal_mask(2, start=3)[0, 0], [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(F.causal_mask(4), F.causal_mask(4, start=0))
+
+
 def test_a_position_sees_only_itself_and_earlier_ones(backend):
     model = tiny().eval()
     ids = ids_batch(3)
@@ -140,6 +147,14 @@ def test_a_position_sees_only_itself_and_earlier_ones(backend):
     after = model.forward(changed)
     np.testing.assert_array_equal(after[:, :4], before[:, :4])
     assert np.abs(after[:, 4:] - before[:, 4:]).max() > 1e-6
+
+
+def test_a_gpt_cannot_translate():
+    from npformer.decoding import Translator
+    from npformer.data.vocab import Vocab, Vocabularies
+    vocab = Vocab(list(Vocab.SPECIALS) + list("abcdefg"))
+    with pytest.raises(ValueError, match="translation needs an encoder-decoder .*'gpt'"):
+        Translator(tiny(), Vocabularies.joint(vocab))
 
 
 def test_backward_needs_one_forward_each_time():

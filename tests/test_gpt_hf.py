@@ -11,7 +11,7 @@ import pytest
 
 import npformer as nf
 from npformer.cli.main import main
-from npformer.hf import CONV1D_TRANSPOSED, hf_names, load_gpt2
+from npformer.hf import CONV1D_TRANSPOSED, hf_names, read_config
 
 torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
 transformers = pytest.importorskip("transformers", reason="the reference GPT-2: pip install transformers")
@@ -81,7 +81,7 @@ def test_logits_equal_transformers(folder, backend, dtype, tol):
 def test_loss_and_every_gradient_equal_transformers(tmp_path, backend, tie):
     ref, _ = make_folder(tmp_path, tie=tie, activation="gelu_pytorch_tanh", seed=1)
     ref = ref.double()
-    model = load_gpt2(tmp_path, dtype=np.float64)
+    model = nf.GPT.from_pretrained(tmp_path, dtype=np.float64)
     ids = batch(model.config.vocab_size, seed=1)
     # the loss GPT2LMHeadModel(labels=ids) computes: next-token cross-entropy, mean over tokens
     # (computed here, because transformers' own upcasts float64 logits to float32)
@@ -109,7 +109,7 @@ def test_adamw_steps_equal_torch(folder):
     path, ref, _ = folder
     ref = transformers.GPT2LMHeadModel.from_pretrained(path).double()
     ref.eval()
-    model = load_gpt2(path, dtype=np.float64)
+    model = nf.GPT.from_pretrained(path, dtype=np.float64)
     lr, steps = 1e-3, 3
     opt = nf.AdamW(model, lr=lr, weight_decay=0.1)
     topt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=0.1)
@@ -141,7 +141,7 @@ def test_adamw_steps_equal_torch(folder):
 
 def test_greedy_generation_equals_transformers_generate(folder):
     path, ref, tok = folder
-    model = load_gpt2(path, dtype=np.float64)
+    model = nf.GPT.from_pretrained(path, dtype=np.float64)
     prompt = tok.encode("hello world").ids
     with torch.no_grad():
         expected = ref.double().generate(torch.tensor([prompt]), max_new_tokens=10,
@@ -198,6 +198,10 @@ def rewrite_tensors(path, change):
     ("extra", r"unexpected \['h.0.attn.rotary'\]"),
     ("mis-shaped", r"mis-shaped \[h.0.attn.c_attn.weight: expected \(32, 96\), got \(96, 32\)\]"),
     ("activation", "activation_function: expected one of"),
+    ("activation list", r"activation_function: expected one of .*, got \['gelu'\]"),
+    ("n_embd null", "n_embd: expected a positive integer, got None"),
+    ("tie string", "tie_word_embeddings: expected True or False, got 'false'"),
+    ("pdrop", "attn_pdrop: expected"),
 ])
 def test_bad_folders_are_clear_errors(folder, tmp_path, case, match):
     path = copy_folder(folder[0], tmp_path)
@@ -206,8 +210,12 @@ def test_bad_folders_are_clear_errors(folder, tmp_path, case, match):
         (path / "config.json").unlink()
     elif case == "not gpt2":
         (path / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
-    elif case == "activation":
-        (path / "config.json").write_text(json.dumps({**config, "activation_function": "swish"}))
+    elif case in ("activation", "activation list", "n_embd null", "tie string", "pdrop"):
+        key, value = {"activation": ("activation_function", "swish"),
+                      "activation list": ("activation_function", ["gelu"]),
+                      "n_embd null": ("n_embd", None), "tie string": ("tie_word_embeddings", "false"),
+                      "pdrop": ("attn_pdrop", 1.5)}[case]
+        (path / "config.json").write_text(json.dumps({**config, key: value}))
     elif case == "pickle only":
         (path / "model.safetensors").rename(path / "pytorch_model.bin")
     elif case == "missing":
@@ -218,7 +226,21 @@ def test_bad_folders_are_clear_errors(folder, tmp_path, case, match):
         rewrite_tensors(path, lambda t: t.update({"transformer.h.0.attn.c_attn.weight":
                                                   t["transformer.h.0.attn.c_attn.weight"].T.copy()}))
     with pytest.raises(ValueError, match=match):
-        load_gpt2(path)
+        nf.GPT.from_pretrained(path)
+
+
+def test_a_stray_tensor_named_like_a_bias_is_not_taken_for_a_mask_buffer(folder, tmp_path):
+    path = copy_folder(folder[0], tmp_path)
+    rewrite_tensors(path, lambda t: t.update({"transformer.h.7.attn.c_attn.bias": np.zeros(3, np.float32)}))
+    with pytest.raises(ValueError, match=r"unexpected \['h.7.attn.c_attn.bias'\]"):
+        nf.GPT.from_pretrained(path)
+
+
+def test_config_and_eos_are_read_with_hugging_faces_names(folder):
+    config, eos = read_config(folder[0])
+    assert (config.d_model, config.n_layers, config.n_heads, config.max_len) == (32, 2, 4, 24)
+    assert eos == folder[2].token_to_id("<|endoftext|>")
+    assert nf.GPT.from_pretrained(folder[0]).eos_id == eos
 
 
 def test_older_files_mask_buffers_are_ignored(folder, tmp_path):
@@ -228,8 +250,8 @@ def test_older_files_mask_buffers_are_ignored(folder, tmp_path):
     rewrite_tensors(path, lambda t: t.update(
         {**{k.removeprefix("transformer."): t.pop(k) for k in list(t)},
          "h.0.attn.bias": np.tril(np.ones((1, 1, 24, 24), np.float32))}))
-    model = load_gpt2(path, dtype=np.float64)
-    reference = load_gpt2(folder[0], dtype=np.float64)
+    model = nf.GPT.from_pretrained(path, dtype=np.float64)
+    reference = nf.GPT.from_pretrained(folder[0], dtype=np.float64)
     np.testing.assert_array_equal(model.flat_params, reference.flat_params)
 
 
@@ -238,7 +260,7 @@ def test_sample_command_bad_input_is_one_line(folder, tmp_path, capsys):
     long_prompt = " ".join(["hello"] * 30)
     assert main(["sample", "--hf", str(path), "--prompt", long_prompt, "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err
-    assert "exceed the model's context of 24 tokens" in err and len(err.strip().splitlines()) == 1
+    assert "more than the model's context of 24" in err and len(err.strip().splitlines()) == 1
     assert main(["sample", "--hf", str(path), "--prompt", "hi", "--greedy", "--top-k", "3"]) == 1
     assert "--top-k: only used when sampling" in capsys.readouterr().err
     assert main(["sample", "--hf", str(tmp_path), "--prompt", "hi"]) == 1

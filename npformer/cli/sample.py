@@ -7,6 +7,7 @@ import sys
 import numpy as np
 
 from ..decoding.search import greedy_search, sample_search
+from ..decoding.translator import format_token_trace
 from .common import _real, non_negative_int, positive_float, positive_int
 
 TEMPERATURE = 1.0
@@ -56,21 +57,22 @@ def check_options(args):
 
 
 def run(args):
-    from ..hf import eos_id, load_gpt2, load_tokenizer
+    from ..hf import load_tokenizer
+    from ..nn.gpt import GPT
     check_options(args)
     tokenizer = load_tokenizer(args.hf)
-    model = load_gpt2(args.hf, dtype=np.dtype(args.dtype))
+    model = GPT.from_pretrained(args.hf, dtype=np.dtype(args.dtype))
     ids = tokenizer.encode(args.prompt).ids
     if not ids:
         raise ValueError("--prompt: expected text that gives at least one token, got an empty "
                          "prompt")
     context = model.max_len
-    if len(ids) + args.max_new_tokens > context:
-        raise ValueError(f"--prompt / --max-new-tokens: the prompt's {len(ids)} tokens plus "
-                         f"{args.max_new_tokens} new ones exceed the model's context of "
-                         f"{context} tokens; shorten the prompt or ask for fewer tokens")
-    eos = eos_id(args.hf)
-    state = model.decoder_state(np.array([ids]), eos_id=eos)
+    if len(ids) - 1 + args.max_new_tokens > context:    # the last new token is never fed back
+        raise ValueError(f"--prompt / --max-new-tokens: the prompt's {len(ids)} tokens and "
+                         f"{args.max_new_tokens} new ones need {len(ids) - 1 + args.max_new_tokens} "
+                         f"positions, more than the model's context of {context}; shorten the "
+                         f"prompt or ask for fewer tokens")
+    state = model.decoder_state(np.array([ids]), eos_id=model.eos_id)
     if args.greedy:
         hyp, = greedy_search(state, max_new_tokens=args.max_new_tokens)
     else:
@@ -79,13 +81,10 @@ def run(args):
                              top_k=args.top_k, top_p=args.top_p,
                              rng=np.random.default_rng(args.seed),
                              max_new_tokens=args.max_new_tokens)
-    out = sys.stdout
+    text = tokenizer.decode(ids + hyp.ids)
     if args.trace:
-        out.write(f"prompt: {args.prompt}\n")
-        tokens = [tokenizer.decode([i]) for i in hyp.ids] + \
-            ([tokenizer.id_to_token(eos)] if hyp.finished else [])     # it ended the text
-        for t, (tok, p) in enumerate(zip(tokens, hyp.probs)):
-            out.write(f"  {t:3d}  {tok!r:<20s} p={p:.4f}\n")
-        out.write("=> ")
-    out.write(tokenizer.decode(ids + hyp.ids) + "\n")
+        tokens = [repr(tokenizer.decode([i])) for i in hyp.ids]
+        eos = repr(tokenizer.id_to_token(model.eos_id)) if hyp.finished else None
+        text = format_token_trace("prompt", args.prompt, tokens, hyp.probs, eos, text)
+    sys.stdout.write(text + "\n")
     return 0

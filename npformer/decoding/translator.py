@@ -42,6 +42,10 @@ class Translator:
 
     def __init__(self, model, vocabs, tokenize=whitespace_tokenize, detokenize=" ".join,
                  batch_size=500):
+        if getattr(model.config, "arch", None) != "transformer":
+            raise ValueError(f"model: translation needs an encoder-decoder ('transformer'), got "
+                             f"a {getattr(model.config, 'arch', type(model).__name__)!r} model "
+                             f"(a language model continues text: npformer sample)")
         Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
@@ -119,9 +123,16 @@ class Translator:
 
 def format_trace(translation):
     """One line per chosen token with its probability (the ``--trace`` view)."""
-    lines = [f"source: {translation.source}"]
-    tokens = list(translation.tokens) + (["<eos>"] if translation.finished else [])
-    for t, (tok, p) in enumerate(zip(tokens, translation.probs)):
+    return format_token_trace("source", translation.source, translation.tokens, translation.probs,
+                              "<eos>" if translation.finished else None, translation.text)
+
+
+def format_token_trace(label, source, tokens, probs, end, text):
+    """The ``--trace`` view of any generation: ``label: source``, one line per chosen token with
+    its probability (``end``: the token that ended the output, None where the length ran out
+    first), then ``=> text``."""
+    lines = [f"{label}: {source}"]
+    for t, (tok, p) in enumerate(zip(list(tokens) + ([end] if end is not None else []), probs)):
         lines.append(f"  {t:3d}  {tok:<16s} p={p:.4f}")
-    lines.append(f"=> {translation.text}")
+    lines.append(f"=> {text}")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Element-wise activations: ReLU, GELU (the exact, erf-based one, as PyTorch's default) and the
 tanh approximation of GELU that GPT-2 was trained with (Hugging Face's "gelu_new", PyTorch's
-``gelu(approximate="tanh")``). The two GELUs differ by up to ~1e-3: a model keeps the one it was
+``gelu(approximate="tanh")``). The two GELUs differ by up to ~5e-4: a model keeps the one it was
 trained with.
 
 Derivation: docs/backprop.md#activations.

@@ -11,9 +11,11 @@ def padding_mask(ids, pad_id):
     return (ids != pad_id)[:, None, None, :]
 
 
-def causal_mask(t):
-    """Query i may see keys 0..i. -> (1, 1, T, T) bool, lower triangular."""
-    return np.tril(np.ones((t, t), dtype=bool))[None, None]
+def causal_mask(t, start=0):
+    """Query i may see keys 0..i. -> (1, 1, T, T) bool, lower triangular. With ``start``: T new
+    queries at positions start .. start + T - 1 over start + T keys (the cached ones first), so
+    query i sees keys 0 .. start + i -> (1, 1, T, start + T)."""
+    return np.tril(np.ones((t, start + t), dtype=bool), k=start)[None, None]
 
 
 def decoder_self_mask(tgt_ids, pad_id):

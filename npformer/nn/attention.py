@@ -13,8 +13,9 @@ from .module import Module, Parameter
 
 class KVCache:
     """Keys and values of attention, preallocated: ``k`` (B, H, T_max, d_k), ``v`` (B, H, T_max,
-    d_v), filled up to ``length``. Incremental decoding appends one position per step (no
-    copying of what is already there); beam search gathers rows in place (``reorder``).
+    d_v), filled up to ``length``. Incremental decoding appends one position per step (a
+    language model's prompt: several at once), never copying what is already there; beam search
+    gathers rows in place (``reorder``).
 
     A cache of the encoder memory (cross-attention) is filled once and never grows.
     """
@@ -126,7 +127,7 @@ class MultiHeadAttention(Module):
         self._cache = (memory is None, proj_cache, attn_cache)
         return out
 
-    # -- decoding: one new position at a time ----------------------------------------------------
+    # -- decoding: new positions over the cached ones ---------------------------------------------
     def new_cache(self, batch_size, capacity, dtype):
         """An empty self-attention cache for ``batch_size`` rows of up to ``capacity`` positions."""
         d_k, d_v = self.qk_dim // self.n_heads, self.d_model // self.n_heads
@@ -150,7 +151,7 @@ class MultiHeadAttention(Module):
         start, t = cache.length, x.shape[1]
         q, k, v, _ = self._project_self(x)                        # (R, H, t, d)
         cache.append(k, v)
-        mask = None if t == 1 else np.tril(np.ones((t, start + t), dtype=bool), k=start)[None, None]
+        mask = None if t == 1 else F.causal_mask(t, start)      # (1, 1, t, start + t)
         return self._attend(q, cache.keys(), cache.values(), mask)[0]
 
     def cross_step(self, x, cache, mask=None):

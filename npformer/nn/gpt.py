@@ -23,6 +23,7 @@ import numpy as np
 from .. import functional as F
 from .. import runtime
 from ..configs import GPTConfig
+from ..hf import read_gpt2
 from ..validation import check_array, check_int, check_token_ids
 from .dropout import Dropout
 from .embedding import Embedding, PositionEmbedding
@@ -82,6 +83,7 @@ class GPT(Module):
             self.generator.weight = self.tok_embed.weight       # one Parameter, two users
         self._init_weights(init_rng)
         self.flatten_parameters()
+        self.eos_id = None               # the end-of-text token, where the weights' files name one
         self._logits_shape = None
         self._backward_done = False
 
@@ -107,10 +109,15 @@ class GPT(Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype=np.float32):
-        """GPT-2 weights from a Hugging Face folder (``config.json`` + ``model.safetensors``),
-        read without PyTorch; see :func:`npformer.hf.load_gpt2`."""
-        from ..hf import load_gpt2
-        return load_gpt2(path, dtype)
+        """GPT-2 from a Hugging Face folder (``config.json`` + ``model.safetensors``), read
+        without PyTorch (:func:`npformer.hf.read_gpt2`: every tensor checked by name and shape,
+        the Conv1D weights transposed), in eval mode. The folder's ``eos_token_id`` becomes
+        ``model.eos_id``. ``dtype``: float32, or float64 for checks."""
+        config, weights, eos_id = read_gpt2(path, dtype)
+        model = cls.from_config(config)
+        model.load_state_dict(weights)
+        model.eos_id = eos_id
+        return model.eval()
 
     # -- pieces the forward pass and decoding share -------------------------------------------
     def embed(self, ids, start=0):

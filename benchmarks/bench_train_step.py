@@ -34,7 +34,7 @@ them (``--nondeterministic``), the candidates' times.
 Configs: ``tiny`` is Transformer-Tiny (4+4 layers, d_model 128, 4 heads, FFN 256, source and
 target vocabularies of 10,000, batch 256 x 14 source x 15 target tokens); ``base`` and ``big``
 are as defined in ``CONFIGS`` below. The decoder-only ones train a GPT (``nf.GPT``) with AdamW
-on next-token prediction: ``gpt2`` is GPT-2 small (124M parameters, random weights, 8 x 256
+on next-token prediction: ``gpt2`` is GPT-2 small (124M parameters, random weights, 4 x 256
 tokens), ``gpt-char`` a character-level model (4 layers, d_model 192, context 128); PyTorch's
 side is transformers' ``GPT2LMHeadModel`` of the same shape (skipped, with a message, where
 transformers is not installed).
@@ -59,7 +59,7 @@ CONFIGS = {
     "big": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6,
                 src_vocab_size=7853, tgt_vocab_size=5893, batch=32, src_len=14, tgt_len=15),
     "gpt2": dict(model="gpt", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12,
-                 max_len=1024, batch=8, seq_len=256),
+                 max_len=1024, batch=4, seq_len=256),
     "gpt-char": dict(model="gpt", vocab_size=65, d_model=192, n_heads=6, d_ff=768, n_layers=4,
                      max_len=128, batch=64, seq_len=128),
 }

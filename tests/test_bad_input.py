@@ -36,7 +36,7 @@ def test_forward_rejects_bad_token_arrays(model, src, tgt, match):
     (dict(pad_id=20), r"pad_id: expected an id in \[0, 10\), got 20"),
     (dict(dtype=np.int32), r"dtype: expected float32 or float64, got int32"),
     (dict(dropout=1.0), r"dropout: expected a finite number in \[0, 1\), got 1.0"),
-    (dict(activation="tanh"), r"activation: expected one of \['gelu', 'relu'\], got 'tanh'"),
+    (dict(activation="tanh"), r"activation: expected one of \['gelu', 'gelu_tanh', 'relu'\], got 'tanh'"),
     (dict(qk_dim=6, n_heads=4, d_model=8), r"n_heads: expected a divisor of d_model=8 and qk_dim=6, got 4"),
 ])
 def test_constructor_rejects_bad_configuration(kwargs, match):

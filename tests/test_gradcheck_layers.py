@@ -96,7 +96,7 @@ def test_learned_positions_from_an_offset():
     check(f, [rnd(rng, 3, 4, 5), rnd(rng, 8, 5)])
     _, dw = F.position_embedding_backward(np.ones((3, 4, 5)), (2, 4, (8, 5)))
     assert (dw[2:6] == 3).all() and (dw[:2] == 0).all() and (dw[6:] == 0).all()
-    with pytest.raises(ValueError, match="start \+ T <= max_len=8"):
+    with pytest.raises(ValueError, match=r"start \+ T <= max_len=8"):
         F.position_embedding_forward(np.zeros((1, 4, 5)), np.zeros((8, 5)), start=5)
 
 

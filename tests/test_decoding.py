@@ -99,8 +99,8 @@ def test_incremental_step_logits_match_full_decode():
     state = decoder_state(model, src)
     steps = np.stack([state.step(tgt_in[:, t]) for t in range(tgt_in.shape[1])], axis=1)
     np.testing.assert_allclose(steps, full, rtol=1e-10, atol=1e-10)
-    assert state.self_caches[0].length == 7                        # one position per step
-    assert state.self_caches[0].k.shape == (3, 4, state.capacity, 4)   # preallocated
+    assert state.caches[0].length == 7                        # one position per step
+    assert state.caches[0].k.shape == (3, 4, state.capacity, 4)   # preallocated
     assert state.memory_caches[0].keys().shape == (3, 4, 5, 4)     # computed once
 
 

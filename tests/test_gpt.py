@@ -259,16 +259,22 @@ def test_bad_prompts_and_states_are_clear_errors():
 
 
 # -- checkpoints -----------------------------------------------------------------------------
+def next_token_backward(model, ids):
+    """Forward ids (B, T), back-propagate the mean loss of predicting ids[:, 1:] from the
+    positions before them (the last position predicts nothing); returns the loss."""
+    logits = model.forward(ids)
+    loss, dlogits = nf.cross_entropy(logits[:, :-1], ids[:, 1:])
+    full = np.zeros_like(logits)
+    full[:, :-1] = dlogits
+    model.zero_grad()
+    model.backward(full)
+    return loss
+
+
 def train_steps(model, opt, n, seed):
     rng = np.random.default_rng(seed)
     for _ in range(n):
-        ids = rng.integers(0, V, size=(2, 6))
-        logits = model.forward(ids)
-        _, dlogits = nf.cross_entropy(logits[:, :-1], ids[:, 1:])
-        full = np.zeros_like(logits)
-        full[:, :-1] = dlogits
-        model.zero_grad()
-        model.backward(full)
+        next_token_backward(model, rng.integers(0, V, size=(2, 6)))
         opt.step()
 
 

@@ -12,6 +12,7 @@ import pytest
 import npformer as nf
 from npformer.cli.main import main
 from npformer.hf import CONV1D_TRANSPOSED, hf_names, read_config
+from test_gpt import next_token_backward
 
 torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
 transformers = pytest.importorskip("transformers", reason="the reference GPT-2: pip install transformers")
@@ -89,11 +90,7 @@ def test_loss_and_every_gradient_equal_transformers(tmp_path, backend, tie):
     ref_loss = torch.nn.functional.cross_entropy(ref_logits[:, :-1].reshape(-1, ref_logits.shape[-1]),
                                                  torch.tensor(ids[:, 1:]).reshape(-1))
     ref_loss.backward()
-    logits = model.forward(ids)
-    loss, dlogits = nf.cross_entropy(logits[:, :-1], ids[:, 1:])
-    full = np.zeros_like(logits)
-    full[:, :-1] = dlogits
-    model.backward(full)
+    loss = next_token_backward(model, ids)
     assert abs(loss - ref_loss.item()) < 1e-12
     theirs = {k.removeprefix("transformer."): p.grad.numpy() for k, p in ref.named_parameters()}
     for ours, (name, transposed) in hf_names(model.config).items():
@@ -120,12 +117,7 @@ def test_adamw_steps_equal_torch(folder):
         torch.nn.functional.cross_entropy(ref_logits[:, :-1].reshape(-1, ref_logits.shape[-1]),
                                           torch.tensor(ids[:, 1:]).reshape(-1)).backward()
         topt.step()
-        logits = model.forward(ids)
-        _, dlogits = nf.cross_entropy(logits[:, :-1], ids[:, 1:])
-        full = np.zeros_like(logits)
-        full[:, :-1] = dlogits
-        model.zero_grad()
-        model.backward(full)
+        next_token_backward(model, ids)
         opt.step()
     theirs = {k.removeprefix("transformer."): p.detach().numpy() for k, p in ref.named_parameters()}
     d = model.config.d_model

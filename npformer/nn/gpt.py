@@ -30,6 +30,7 @@ from .embedding import Embedding, PositionEmbedding
 from .encoder import Encoder
 from .linear import Linear
 from .module import Module
+from .state import CachedState
 
 INIT_STD = 0.02          # GPT-2's initializer_range
 
@@ -166,7 +167,7 @@ class GPT(Module):
         self.tok_embed.backward(dx)                             # (tied: adds to the head's grad)
 
 
-class LanguageModelState:
+class LanguageModelState(CachedState):
     """Rows of a prompt being continued one token at a time: the decoder state that
     ``npformer.decoding``'s greedy and sampling searches run over (as ``TranslationState``).
 
@@ -207,19 +208,6 @@ class LanguageModelState:
             self._run(prompt[:, :-1], logits=False)          # prefill; no logits needed
         self._first = prompt[:, -1].copy()
 
-    @property
-    def capacity(self):
-        return self.caches[0].capacity
-
-    @property
-    def length(self):
-        """Positions in the caches so far."""
-        return self.caches[0].length
-
-    @property
-    def batch_size(self):
-        return self.caches[0].batch_size
-
     def first_tokens(self):
         """The prompt's last token on every row: the first ``step``'s input."""
         return self._first[:self.batch_size].copy()
@@ -236,26 +224,13 @@ class LanguageModelState:
     def step(self, tokens):
         """The previous token of every row (R,) -> log-probabilities of the next one (R, V),
         float64."""
-        rows = self.batch_size
-        tokens = np.asarray(tokens)
-        if tokens.shape != (rows,) or not np.issubdtype(tokens.dtype, np.integer):
-            raise ValueError(f"tokens: expected {rows} integer ids (one per row), got "
-                             f"{tokens.dtype} of shape {tokens.shape}")
-        if rows == 0:
-            raise ValueError("step: the state has no rows left (every one was dropped)")
-        if self.length >= self.capacity:
-            raise ValueError(f"step: the state is full ({self.capacity} positions, its "
-                             f"capacity); generate fewer tokens or give a shorter prompt")
+        tokens = self.check_step(tokens)
         tokens = check_token_ids("tokens", tokens[:, None], self.model.config.vocab_size)
         return F.log_softmax(self._run(tokens).astype(np.float64))
 
     def reorder(self, index):
         """Keep the rows ``index`` (R',) in that order; a row may repeat."""
-        index = np.asarray(index)
-        rows = self.batch_size
-        if index.ndim != 1 or not np.issubdtype(index.dtype, np.integer) or \
-                (index.size and (index.min() < 0 or index.max() >= rows)):
-            raise ValueError(f"reorder: expected row numbers in [0, {rows}), got {index!r:.80}")
+        index = self.check_rows(index)
         for cache in self.caches:
             cache.reorder(index)
         self._first = self._first[index]

@@ -16,6 +16,7 @@ from .embedding import Embedding
 from .encoder import Encoder
 from .linear import Linear
 from .module import Module
+from .state import CachedState
 
 
 class Transformer(Module):
@@ -159,7 +160,7 @@ class Transformer(Module):
         self.src_embed.backward(self.src_dropout.backward(dx))
 
 
-class TranslationState:
+class TranslationState(CachedState):
     """A batch of sources being translated one position at a time: the decoder state that
     ``npformer.decoding``'s searches (greedy, sampling, beam) run over.
 
@@ -204,23 +205,8 @@ class TranslationState:
             self.memory_caches = [layer.multihead_attn.memory_cache(memory)
                                   for layer in model.decoder.layers]
         rows = src.shape[0] * self.beams
-        self.self_caches = [layer.self_attn.new_cache(rows, capacity, model.dtype)
-                            for layer in model.decoder.layers]
-
-    @property
-    def capacity(self):
-        """How many positions the state can hold."""
-        return self.self_caches[0].capacity
-
-    @property
-    def length(self):
-        """Positions decoded so far."""
-        return self.self_caches[0].length
-
-    @property
-    def batch_size(self):
-        """Rows being decoded (sources x beams, less those dropped by ``reorder``)."""
-        return self.self_caches[0].batch_size
+        self.caches = [layer.self_attn.new_cache(rows, capacity, model.dtype)
+                       for layer in model.decoder.layers]
 
     def first_tokens(self):
         """The tokens the first ``step`` takes: ``<bos>`` on every row."""
@@ -229,20 +215,11 @@ class TranslationState:
     def step(self, tokens):
         """The previous token of every row (R,) -> log-probabilities of the next one (R, V),
         float64, with ``<pad>`` and ``<bos>`` at -inf."""
-        model, rows = self.model, self.batch_size
-        tokens = np.asarray(tokens)
-        if tokens.shape != (rows,) or not np.issubdtype(tokens.dtype, np.integer):
-            raise ValueError(f"tokens: expected {rows} integer ids (one per row), got "
-                             f"{tokens.dtype} of shape {tokens.shape}")
-        if rows == 0:
-            raise ValueError("step: the state has no rows left (every one was dropped)")
-        if self.length >= self.capacity:
-            raise ValueError(f"step: the state is full ({self.capacity} positions, its "
-                             f"capacity); decode fewer tokens or give a larger capacity")
+        model, tokens = self.model, self.check_step(tokens)
         with model.evaluating(), runtime.blas_scope():   # one BLAS setting for the whole step
             x = model.embed(model.tgt_embed, model.tgt_dropout, tokens[:, None].astype(np.int64),
                             start=self.length)                           # (R, 1, D)
-            h = model.decoder.step(x, self.self_caches, self.memory_caches, self.src_mask)
+            h = model.decoder.step(x, self.caches, self.memory_caches, self.src_mask)
             logits = model.generator.forward(h)[:, 0]                    # (R, V)
         logits = logits.astype(np.float64)
         logits[:, [model.pad_id, self.bos_id]] = -np.inf                 # never a next token
@@ -252,16 +229,12 @@ class TranslationState:
         """Keep the rows ``index`` (R',) in that order; a row may repeat (beam search). Each run
         of ``beams`` consecutive entries must come from one source; sources left out are dropped
         from the cross-attention caches too (their keys and values are never copied otherwise)."""
-        index = np.asarray(index)
-        rows, beams = self.batch_size, self.beams
-        if index.ndim != 1 or not np.issubdtype(index.dtype, np.integer) or \
-                (index.size and (index.min() < 0 or index.max() >= rows)):
-            raise ValueError(f"reorder: expected row numbers in [0, {rows}), got {index!r:.80}")
+        index, beams = self.check_rows(index), self.beams
         sources = index // beams
         if len(index) % beams or (sources.reshape(-1, beams) != sources[::beams, None]).any():
             raise ValueError(f"reorder: each run of {beams} rows (the beams of a source) must "
                              f"come from one source, got rows {index!r:.80}")
-        for cache in self.self_caches:
+        for cache in self.caches:
             cache.reorder(index)
         kept = sources[::beams]
         if len(kept) != len(self.src_mask) or (kept != np.arange(len(kept))).any():

@@ -9,6 +9,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 MULTI30K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 
 
+@pytest.fixture(params=["numba", "numpy"])
+def backend(request):
+    """A test that takes ``backend`` runs on both: the Numba kernels and the NumPy reference
+    (restored afterwards)."""
+    import npformer as nf
+    before = nf.get_backend()
+    nf.set_backend(request.param)
+    yield request.param
+    nf.set_backend(before)
+
+
 @pytest.fixture
 def multi30k_dir():
     if not (MULTI30K_DIR / "train.de.gz").exists():

@@ -21,14 +21,6 @@ def tiny(dtype=np.float64, **kw):
     return nf.GPT(**cfg)
 
 
-@pytest.fixture(params=["numba", "numpy"])
-def backend(request):
-    previous = nf.get_backend()
-    nf.set_backend(request.param)
-    yield request.param
-    nf.set_backend(previous)
-
-
 def ids_batch(seed=0, b=3, t=7):
     return np.random.default_rng(seed).integers(0, V, size=(b, t))
 

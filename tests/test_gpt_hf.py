@@ -52,14 +52,6 @@ def folder(tmp_path_factory):
     return path, model, tok
 
 
-@pytest.fixture(params=["numba", "numpy"])
-def backend(request):
-    previous = nf.get_backend()
-    nf.set_backend(request.param)
-    yield request.param
-    nf.set_backend(previous)
-
-
 def batch(vocab, seed=0):
     return np.random.default_rng(seed).integers(0, vocab, size=(3, 13))
 

@@ -14,14 +14,6 @@ V_SRC, V_TGT = 13, 11
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-10, atol=1e-10)}
 
 
-@pytest.fixture(params=["numpy", "numba"])
-def backend(request):
-    before = nf.get_backend()
-    nf.set_backend(request.param)
-    yield request.param
-    nf.set_backend(before)
-
-
 def make_model(dtype=np.float64, seed=0, **kw):
     return nf.Transformer(V_SRC, V_TGT, d_model=16, n_heads=4, d_ff=24, n_encoder_layers=2,
                           n_decoder_layers=2, dropout=0.1, max_len=24, dtype=dtype, seed=seed,

@@ -42,7 +42,8 @@ class Adam:
         self.model = model
         self.params, self.grads = model.flat_params, model.flat_grads     # (P,) views of the model
         self.betas, self.eps, self.weight_decay = (beta1, beta2), eps, weight_decay
-        self.decay_ranges = _decay_ranges(model, decay)  # [(start, stop)] of the flat buffer
+        # [(start, stop, decays)] covering the flat buffer: runs of parameters decayed or not
+        self.segments = _segments(model, decay)
         self.step_count = 0
         self.exp_avg = np.zeros_like(self.params)
         self.exp_avg_sq = np.zeros_like(self.params)
@@ -56,43 +57,19 @@ class Adam:
         self._lr = check_real("lr", value, minimum=0)
 
     def step(self):
-        """One update of every parameter from its current gradient."""
-        beta1, beta2 = self.betas
-        lr, wd = self.lr, self.weight_decay
-        p, g, m, v = self.params, self.grads, self.exp_avg, self.exp_avg_sq
+        """One update of every parameter from its current gradient: the flat buffer's segments
+        (one, unless ``decay`` chose some parameters) each with its own weight decay."""
         self.step_count += 1
-        t = self.step_count
-        if wd != 0 and self.decay_ranges != [(0, p.size)]:
-            # decay on some parameters only: the same operations as below, on their ranges,
-            # then the update without decay (element for element what one pass computes)
-            if self.decoupled:
-                # the factor as each backend's one pass applies it: the kernel multiplies in
-                # float64 and rounds once; NumPy's reference multiplies in the weights' dtype
-                factor = np.float64(1.0 - lr * wd) if backend.get_backend() == "numba" \
-                    else 1.0 - lr * wd
-                for start, stop in self.decay_ranges:
-                    np.multiply(p[start:stop], factor, out=p[start:stop], casting="unsafe")
+        numba = backend.get_backend() == "numba"
+        for start, stop, decays in self.segments:
+            part = slice(start, stop)
+            args = (self.params[part], self.grads[part], self.exp_avg[part],
+                    self.exp_avg_sq[part], self.step_count, self.lr, *self.betas, self.eps,
+                    self.weight_decay if decays else 0.0, self.decoupled)
+            if numba:                                    # the same update fused into one pass
+                backend.ops().adam_step(*args)
             else:
-                g = g.copy()                             # the L2 term, not in the model's .grad
-                for start, stop in self.decay_ranges:
-                    g[start:stop] += wd * p[start:stop]
-            wd = 0.0
-        if backend.get_backend() == "numba":             # the same update fused into one pass
-            backend.ops().adam_step(p, g, m, v, t, lr, beta1, beta2, self.eps, wd, self.decoupled)
-            return
-        if wd != 0:
-            if self.decoupled:
-                p *= 1.0 - lr * wd                       # AdamW: shrink the weights directly
-            else:
-                g = g + wd * p                           # Adam: L2 term in the gradient
-        m += (1.0 - beta1) * (g - m)                     # m <- beta1 m + (1 - beta1) g
-        v *= beta2
-        v += (1.0 - beta2) * g * g                       # v <- beta2 v + (1 - beta2) g^2
-        step_size = lr / (1.0 - beta1 ** t)
-        denom = np.sqrt(v)
-        denom /= math.sqrt(1.0 - beta2 ** t)
-        denom += self.eps
-        p -= step_size * (m / denom)
+                _adam_update(*args)
 
     def state_dict(self):
         return {"step_count": np.array(self.step_count, dtype=np.int64),
@@ -121,21 +98,40 @@ def matrices_only(name, parameter):
     return parameter.data.ndim >= 2
 
 
-def _decay_ranges(model, decay):
-    """The parts of the flat buffer that ``decay`` chooses, as merged (start, stop) ranges."""
+def _segments(model, decay):
+    """The flat buffer as runs of consecutive parameters that ``decay`` chooses or not:
+    [(start, stop, decays)]; one run, decayed, for ``decay=None``."""
     flat = model.flat_params
     if decay is None:
-        return [(0, flat.size)]
+        return [(0, flat.size, True)]
     base = flat.__array_interface__["data"][0]
-    ranges = []
+    segments = []
     for name, p in model.named_parameters():
-        if decay(name, p):
-            start = (p.data.__array_interface__["data"][0] - base) // flat.itemsize
-            if ranges and ranges[-1][1] == start:
-                ranges[-1] = (ranges[-1][0], start + p.data.size)
-            else:
-                ranges.append((start, start + p.data.size))
-    return ranges
+        start = (p.data.__array_interface__["data"][0] - base) // flat.itemsize
+        decays = bool(decay(name, p))
+        if segments and segments[-1][2] == decays and segments[-1][1] == start:
+            segments[-1] = (segments[-1][0], start + p.data.size, decays)
+        else:
+            segments.append((start, start + p.data.size, decays))
+    return segments
+
+
+def _adam_update(p, g, m, v, t, lr, beta1, beta2, eps, wd, decoupled):
+    """The NumPy reference of one update of ``p`` (in place) at step ``t`` (1-based); the Numba
+    backend's ``adam_step`` is its fused twin."""
+    if wd != 0:
+        if decoupled:
+            p *= 1.0 - lr * wd                           # AdamW: shrink the weights directly
+        else:
+            g = g + wd * p                               # Adam: L2 term in the gradient
+    m += (1.0 - beta1) * (g - m)                         # m <- beta1 m + (1 - beta1) g
+    v *= beta2
+    v += (1.0 - beta2) * g * g                           # v <- beta2 v + (1 - beta2) g^2
+    step_size = lr / (1.0 - beta1 ** t)
+    denom = np.sqrt(v)
+    denom /= math.sqrt(1.0 - beta2 ** t)
+    denom += eps
+    p -= step_size * (m / denom)
 
 
 def check_betas(betas, name="betas"):

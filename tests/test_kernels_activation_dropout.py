@@ -56,3 +56,26 @@ def test_kernel_backward_rejects_a_wrong_dout_shape():
     _, cache = K.activation_dropout_forward(np.ones((2, 3)), "relu", 0.1, np.random.default_rng(0))
     with pytest.raises(ValueError, match="dout"):
         K.activation_dropout_backward(np.ones((3, 2)), cache)
+
+
+@pytest.mark.parametrize("size", [1000, 300_001], ids=["serial", "parallel"])
+def test_float32_gelu_tanh_by_the_sigmoid_stays_within_float32_rounding(size):
+    """The float32 kernel computes (1 + tanh u)/2 as sigmoid(2u) with a vectorised exp. Against
+    the float64 reference, over the whole range (saturation included, no overflow): as close as
+    NumPy's own float32 tanh form, forward and backward."""
+    x = np.concatenate([np.linspace(-40, 40, size // 2),
+                        np.random.default_rng(0).standard_normal(size - size // 2) * 3])
+    x32 = x.astype(np.float32)
+    out, cache = K.activation_dropout_forward(x32, "gelu_tanh", 0.0, None, training=False)
+    ref, ref_cache = F.activation_dropout_forward(x32.astype(np.float64), "gelu_tanh", 0.0, None,
+                                                  training=False)
+    np32, _ = F.activation_dropout_forward(x32, "gelu_tanh", 0.0, None, training=False)
+    assert np.isfinite(out).all()
+    err, err_numpy = np.abs(out - ref), np.abs(np32 - ref)
+    assert err.max() <= max(2 * err_numpy.max(), 1e-6)
+    assert (err / np.maximum(np.abs(ref), 1.0)).max() <= 2e-6
+    dout = np.ones_like(x32)
+    dh = K.activation_dropout_backward(dout, cache)
+    dref = F.activation_dropout_backward(dout.astype(np.float64), ref_cache)
+    assert np.isfinite(dh).all()
+    assert (np.abs(dh - dref) / np.maximum(np.abs(dref), 1.0)).max() <= 4e-6

@@ -243,11 +243,40 @@ def load_tokenizer(path):
     if not file.is_file():
         raise ValueError(f"{file.parent}: no tokenizer.json (npformer reads the tokenizers "
                          f"package's format; the Hugging Face hub has it for gpt2)")
+    return _tokenizer_file(file)
+
+
+class TextTokenizer:
+    """A folder's ``tokenizer.json`` with :class:`npformer.data.characters.CharTokenizer`'s
+    interface (``encode(text, name) -> int64 ids``, ``decode(ids) -> str``), so a language-model
+    task or ``npformer sample`` takes either. ``path``: the folder (or the file itself)."""
+
+    def __init__(self, path):
+        path = Path(path)
+        self.tokenizer = _tokenizer_file(path) if path.is_file() else load_tokenizer(path)
+        self.path = path if path.is_file() else path / "tokenizer.json"
+
+    def __len__(self):
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text, name="text"):
+        return np.asarray(self.tokenizer.encode(text).ids, dtype=np.int64)
+
+    def decode(self, ids):
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def token(self, i):
+        return self.tokenizer.id_to_token(int(i))
+
+
+def _tokenizer_file(file):
+    _require("tokenizers")
+    from tokenizers import Tokenizer
     try:
         return Tokenizer.from_file(str(file))
     except Exception as e:               # the Rust library's own exception type
         raise ValueError(f"{file}: not a tokenizers file ({str(e).splitlines()[0]})") from None
 
 
-__all__ = ["ACTIVATIONS", "BUFFERS", "CONV1D_TRANSPOSED", "hf_names", "load_tokenizer",
+__all__ = ["ACTIVATIONS", "BUFFERS", "CONV1D_TRANSPOSED", "TextTokenizer", "hf_names", "load_tokenizer",
            "read_config", "read_gpt2"]

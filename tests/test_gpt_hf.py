@@ -3,6 +3,7 @@ weights saved with save_pretrained (safetensors) and a tiny byte-level BPE token
 by npformer without torch; same logits (float32 and float64), loss, every gradient, AdamW steps
 and greedy generation. Bad folders are clear errors. Skips where transformers or torch are
 absent (CI installs them)."""
+import copy
 import json
 import shutil
 
@@ -249,3 +250,38 @@ def test_sample_command_bad_input_is_one_line(folder, tmp_path, capsys):
     assert "--top-k: only used when sampling" in capsys.readouterr().err
     assert main(["sample", "--hf", str(tmp_path), "--prompt", "hi"]) == 1
     assert "no tokenizer.json" in capsys.readouterr().err
+
+
+def test_lm_fine_tunes_gpt2_with_its_tokenizer_and_sample_reads_the_run(folder, tmp_path, capsys):
+    """``npformer lm --init-from`` a GPT-2 folder: the text goes through the folder's tokenizer,
+    training starts from its weights (the first validation equals the loss transformers gives on
+    the same windows), the run keeps the tokenizer.json, and ``npformer sample --checkpoint``
+    continues a prompt with the fine-tuned model."""
+    path, hf_model, tok = folder
+    data = tmp_path / "text.txt"
+    data.write_text("\n".join(TEXT) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["lm", "--data", str(data), "--init-from", str(path), "--out", str(out),
+                 "--context", "16", "--batch-size", "2", "--max-steps", "2", "--eval-every", "2",
+                 "--sample-tokens", "5", "--quiet"]) == 0
+    assert (out / "tokenizer.json").read_bytes() == (path / "tokenizer.json").read_bytes()
+    ids = tok.encode(data.read_text(encoding="utf-8")).ids
+    valid = ids[len(ids) - round(len(ids) * 0.1):]
+    from npformer.training.language_model import LanguageModelTask
+    task = LanguageModelTask(ids[:len(ids) - len(valid)], valid, 16, sample_tokens=0)
+    ours = task.evaluate(nf.GPT.from_pretrained(path, dtype=np.float64))["val_loss"]
+    reference = copy.deepcopy(hf_model).double()
+    total = 0.0
+    with torch.no_grad():                    # (its own loss= would round through float32)
+        for start in range(0, len(valid) - 1, 16):
+            window = torch.tensor(valid[start:start + 17])
+            logits = reference(window[None, :-1]).logits[0]
+            total += float(torch.nn.functional.cross_entropy(logits, window[1:],
+                                                             reduction="sum"))
+    assert ours == pytest.approx(total / (len(valid) - 1), rel=1e-10)
+    first = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in first if r["event"] == "eval"] == [2]
+    capsys.readouterr()
+    assert main(["sample", "--checkpoint", str(out / "best"), "--prompt", "hello world",
+                 "--max-new-tokens", "4", "--greedy"]) == 0
+    assert capsys.readouterr().out.startswith("hello world")

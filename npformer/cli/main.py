@@ -2,6 +2,8 @@
 
     npformer toy                                  # train the toy zh->en model, print examples
     npformer translate --checkpoint runs/toy "我 有 一个 苹果"
+    npformer lm --data ../shared/data/tinyshakespeare/input.txt --out runs/shakespeare
+    npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --max-new-tokens 300
     npformer sample --hf path/to/gpt2 --prompt "Hello" --max-new-tokens 20
     npformer <command> --help
 
@@ -21,13 +23,13 @@ import traceback
 import warnings
 
 from .. import runtime
-from . import (average, calibrate, download, evaluate, gradcheck, plot, sample, toy, train,
+from . import (average, calibrate, download, evaluate, gradcheck, lm, plot, sample, toy, train,
                translate)
 from .common import positive_int
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
             "gradcheck": gradcheck, "plot": plot, "download": download, "average": average,
-            "calibrate": calibrate, "sample": sample}
+            "calibrate": calibrate, "lm": lm, "sample": sample}
 EXIT_INTERNAL = 70                               # EX_SOFTWARE: a bug, not the user's mistake
 
 

@@ -49,7 +49,8 @@ from ..training.multi30k import checkpoint_preprocess
 TOY_MADE_BY = "npformer toy"
 TRAIN_MADE_BY = "npformer train"
 
-_RUN_FILE = re.compile(r"(?:(?:best|last|averaged|step_\d+)\.(?:npz|json)|metrics\.jsonl)")
+_RUN_FILE = re.compile(r"(?:(?:best|last|averaged|step_\d+)\.(?:npz|json)|metrics\.jsonl|"
+                       r"tokenizer\.json)")
 _STALE_TEMP = re.compile(r"\..+\.(?:npz|json)\.[0-9a-f]+\.tmp")
 _CHECKPOINT = re.compile(r"(?:best|last|averaged|step_\d+)\.npz")
 
@@ -288,16 +289,22 @@ def _equal(a, b):
     return a == b
 
 
-def apply_resume_policy(args, meta, checkpoint):
+def apply_resume_policy(args, meta, checkpoint, recorded=None, may_change=RESUME_MAY_CHANGE):
     """Options not given take the checkpoint's recorded values; options given with another value
-    must be in ``RESUME_MAY_CHANGE``, else one ValueError lists each (checkpoint's vs given)."""
-    recorded = recorded_options(meta)
+    must be in ``may_change``, else one ValueError lists each (checkpoint's vs given).
+    ``recorded``: the names another command records in ``extra.options`` (default: ``npformer
+    train``'s, read by ``recorded_options``)."""
+    if recorded is None:
+        recorded = recorded_options(meta)
+    else:
+        options = (meta.get("extra") or {}).get("options") or {}
+        recorded = {k: options[k] for k in recorded if k in options}
     refused = []
     for dest, saved in recorded.items():
         given = getattr(args, dest, None)
         if given is None:
             setattr(args, dest, saved)
-        elif dest not in RESUME_MAY_CHANGE and not _equal(given, saved):
+        elif dest not in may_change and not _equal(given, saved):
             refused.append(dest)
     if not refused:
         return
@@ -310,7 +317,7 @@ def apply_resume_policy(args, meta, checkpoint):
     raise ValueError(f"--resume {checkpoint}: a resume cannot change {', '.join(flag(d) for d in refused)}"
                      f"{swap}: {'; '.join(parts)}. Leave them out to keep the checkpoint's values, "
                      f"or start a new run with another --out. A resume may change only "
-                     f"{', '.join(flag(d) for d in RESUME_MAY_CHANGE)}")
+                     f"{', '.join(flag(d) for d in may_change)}")
 
 
 def _show(value):

@@ -1,14 +1,17 @@
-"""``npformer sample``: continue a prompt with a language model (GPT-2 from a Hugging Face folder).
+"""``npformer sample``: continue a prompt with a language model: GPT-2 from a Hugging Face folder,
+or a checkpoint of ``npformer lm``.
 
     npformer sample --hf path/to/gpt2 --prompt "Hello, I'm a language model," --max-new-tokens 40
+    npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --temperature 0.8
 """
 import sys
+from dataclasses import replace
 
 import numpy as np
 
 from ..decoding.search import greedy_search, sample_search
 from ..decoding.translator import format_token_trace
-from .common import _real, non_negative_int, positive_float, positive_int
+from .common import _real, non_negative_int, positive_float, positive_int, resolve_checkpoint
 
 TEMPERATURE = 1.0
 
@@ -19,17 +22,20 @@ def top_p_value(text):
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="continue a prompt with a language model (GPT-2)",
-                       description="Continue a prompt with GPT-2 weights from a Hugging Face "
-                                   "folder (config.json, model.safetensors, tokenizer.json; "
-                                   "extra hf). Samples by default; --greedy takes the most "
-                                   "likely token every time.")
-    p.add_argument("--hf", required=True, metavar="DIR",
-                   help="a Hugging Face GPT-2 folder (e.g. the files of the hub's gpt2)")
+    p = sub.add_parser(name, help="continue a prompt with a language model (npformer lm, GPT-2)",
+                       description="Continue a prompt with a checkpoint of npformer lm, or with "
+                                   "GPT-2 weights from a Hugging Face folder (config.json, "
+                                   "model.safetensors, tokenizer.json; extra hf). Samples by "
+                                   "default; --greedy takes the most likely token every time.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="CKPT",
+                        help="a checkpoint of npformer lm (RUN/best), or its run folder")
+    source.add_argument("--hf", metavar="DIR",
+                        help="a Hugging Face GPT-2 folder (e.g. the files of the hub's gpt2)")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=positive_int, default=50, metavar="N",
-                   help="tokens to generate at most (default %(default)s; generation also "
-                        "stops at <|endoftext|>)")
+                   help="tokens to generate at most (default %(default)s; GPT-2 also stops "
+                        "at <|endoftext|>)")
     p.add_argument("--greedy", action="store_true", help="the most likely token every time")
     p.add_argument("--temperature", type=positive_float, default=None,
                    help=f"> 0 (default {TEMPERATURE})")
@@ -56,22 +62,44 @@ def check_options(args):
                                  f"--greedy)")
 
 
-def run(args):
-    from ..hf import load_tokenizer
+def load_language_model(args):
+    """(model, tokenizer) of --checkpoint or --hf."""
     from ..nn.gpt import GPT
+    dtype = np.dtype(args.dtype)
+    if args.hf is not None:
+        from ..hf import TextTokenizer
+        tokenizer = TextTokenizer(args.hf)
+        return GPT.from_pretrained(args.hf, dtype=dtype), tokenizer
+    from ..training.checkpointing import load_model_checkpoint
+    from ..training.language_model import resolve_tokenizer
+    loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
+    if not isinstance(loaded.model, GPT):
+        raise ValueError(f"--checkpoint {args.checkpoint}: holds a {loaded.model.config.arch} "
+                         f"model, not a language model (translate with npformer translate)")
+    model = loaded.model
+    if model.dtype != dtype:
+        model = GPT.from_config(replace(model.config, dtype=args.dtype))
+        model.load_state_dict({k: v.astype(dtype) for k, v in loaded.model.state_dict().items()})
+        model.eval()
+    return model, resolve_tokenizer(loaded)
+
+
+def run(args):
     check_options(args)
-    tokenizer = load_tokenizer(args.hf)
-    model = GPT.from_pretrained(args.hf, dtype=np.dtype(args.dtype))
-    ids = tokenizer.encode(args.prompt).ids
+    model, tokenizer = load_language_model(args)
+    ids = [int(i) for i in tokenizer.encode(args.prompt, "--prompt")]
     if not ids:
         raise ValueError("--prompt: expected text that gives at least one token, got an empty "
                          "prompt")
     context = model.max_len
+    if len(ids) > context:
+        raise ValueError(f"--prompt: {len(ids)} tokens, longer than the model's context of "
+                         f"{context}; give a shorter prompt")
     if len(ids) - 1 + args.max_new_tokens > context:    # the last new token is never fed back
         raise ValueError(f"--prompt / --max-new-tokens: the prompt's {len(ids)} tokens and "
                          f"{args.max_new_tokens} new ones need {len(ids) - 1 + args.max_new_tokens} "
                          f"positions, more than the model's context of {context}; shorten the "
-                         f"prompt or ask for fewer tokens")
+                         f"prompt or ask for fewer tokens (at most {context - len(ids) + 1})")
     state = model.decoder_state(np.array([ids]), eos_id=model.eos_id)
     if args.greedy:
         hyp, = greedy_search(state, max_new_tokens=args.max_new_tokens)
@@ -84,7 +112,7 @@ def run(args):
     text = tokenizer.decode(ids + hyp.ids)
     if args.trace:
         tokens = [repr(tokenizer.decode([i])) for i in hyp.ids]
-        eos = repr(tokenizer.id_to_token(model.eos_id)) if hyp.finished else None
+        eos = repr(tokenizer.token(model.eos_id)) if hyp.finished else None
         text = format_token_trace("prompt", args.prompt, tokens, hyp.probs, eos, text)
     sys.stdout.write(text + "\n")
     return 0

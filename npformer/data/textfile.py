@@ -3,6 +3,7 @@
 * ``decode_utf8`` decodes strictly (a byte that is not UTF-8 is an error naming the source, the
   line and the byte offset, never a silent replacement) and drops a leading byte-order mark,
   which some editors write and which would otherwise stick to the first word.
+* ``read_text`` reads a whole UTF-8 text file (a language model's corpus) as one string.
 * ``read_lines`` reads a text file (gzip-compressed if its name ends in ``.gz``) or standard
   input (``-``) into its lines; ``read_parallel`` reads two such files, line i of one translating
   line i of the other, into (source, target) pairs.
@@ -24,7 +25,7 @@ from pathlib import Path
 # folder's fsync. npformer.checkpoint holds them because it must stay loadable on its own.
 from ..checkpoint import write_file_atomic
 
-__all__ = ["BOM", "decode_utf8", "read_lines", "read_parallel", "write_text_atomic"]
+__all__ = ["BOM", "decode_utf8", "read_lines", "read_parallel", "read_text", "write_text_atomic"]
 
 BOM = "\ufeff"
 
@@ -45,6 +46,28 @@ def decode_utf8(data: bytes, name: str) -> str:
             f"expected UTF-8 text"
         ) from None
     return text[1:] if text.startswith(BOM) else text
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The whole text of a UTF-8 file (gzip-compressed if its name ends in ``.gz``), line ends
+    as they are, a leading byte-order mark dropped. ``ValueError`` naming the file for a missing
+    file, a folder, a corrupt gzip stream, bytes that are not UTF-8 or an empty file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder, expected a text file")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as err:   # BadGzipFile is an OSError
+            raise ValueError(f"{path}: not a valid gzip file ({err})") from err
+    text = decode_utf8(data, str(path))
+    if not text:
+        raise ValueError(f"{path}: is empty, expected UTF-8 text")
+    return text
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:

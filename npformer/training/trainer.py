@@ -26,7 +26,7 @@ import numpy as np
 from .. import runtime
 from ..backend import ops
 from ..optim import (Adam, AdamW, NoamSchedule, PlateauSchedule, WarmupCosineSchedule,
-                     WarmupInverseSqrtSchedule, clip_grad_norm, grad_norm)
+                     WarmupInverseSqrtSchedule, clip_grad_norm, grad_norm, matrices_only)
 from ..optim.adam import check_betas
 from ..validation import check_int, check_real
 from .checkpointing import (LoadedCheckpoint, check_compatible, load_model_checkpoint,
@@ -38,6 +38,7 @@ from .progress import progress_bar
 from .task import Task
 
 SCHEDULES = ("inverse_sqrt", "cosine", "noam", "constant", "plateau")
+DECAY = {"all": None, "matrices": matrices_only}      # TrainConfig.decay -> Adam's decay=
 
 
 class TrainingDiverged(ValueError):
@@ -60,6 +61,8 @@ class TrainConfig:
     optimizer: str = "adam"          # or "adamw"
     betas: tuple = (0.9, 0.98)
     weight_decay: float = 0.0
+    decay: str = "all"               # the parameters weight decay applies to: "all", or
+                                     # "matrices" (weights and embeddings, not biases or norms)
     label_smoothing: float = 0.1
     clip_norm: float = 1.0           # None: no clipping
     seed: int = 0                    # batch order
@@ -108,6 +111,8 @@ class TrainConfig:
         self.clip_norm = check_real("clip_norm", self.clip_norm, minimum=0, min_open=True,
                                     allow_none=True)             # None: no clipping
         self.weight_decay = check_real("weight_decay", self.weight_decay, minimum=0)
+        if self.decay not in DECAY:
+            raise ValueError(f"decay: expected one of {tuple(DECAY)}, got {self.decay!r}")
         self.betas = check_betas(self.betas)
         self.target = check_real("target", self.target, allow_none=True)
         if self.optimizer not in ("adam", "adamw"):
@@ -158,7 +163,7 @@ class Trainer:
                              f"{task.metrics}, got {config.stop_metric!r}")
         opt_cls = AdamW if config.optimizer == "adamw" else Adam
         self.optimizer = opt_cls(model, lr=config.lr, betas=config.betas, eps=1e-9,
-                                 weight_decay=config.weight_decay)
+                                 weight_decay=config.weight_decay, decay=DECAY[config.decay])
         per_epoch = math.ceil(task.batches_per_epoch() / config.accum_steps)
         self.total_steps = config.max_steps or config.epochs * per_epoch
         self.schedule = make_schedule(config, self.total_steps)

@@ -1,0 +1,212 @@
+"""``npformer lm``: train a character-level GPT on a text file, or fine-tune GPT-2 on one.
+
+    npformer lm --data ../shared/data/tinyshakespeare/input.txt --out runs/shakespeare
+    npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --max-new-tokens 300
+    npformer lm --data my.txt --init-from path/to/gpt2 --out runs/gpt2-mine --max-steps 200
+
+The recipe is ``npformer.training.language_model``'s (``LM_MODEL``, ``LM_TRAIN``).
+"""
+import os
+from pathlib import Path
+
+from ..checkpoint import write_file_atomic
+from ..training.language_model import LM_MODEL, LM_TRAIN, lm_trainer
+from .common import (NoneDefaultFormatter, non_negative_float, non_negative_int, positive_float,
+                     positive_int, probability)
+from .runs import apply_resume_policy, plan_run_folder, refuse_inputs_in_run
+
+LM_MADE_BY = "npformer lm"
+# the options a checkpoint of ``npformer lm`` records, and those a resume may change
+LM_RECORDED = ("data", "init_from", "layers", "d_model", "n_heads", "d_ff", "context", "dropout",
+               "max_steps", "batch_size", "lr", "min_lr", "warmup_steps", "weight_decay",
+               "clip_norm", "eval_every_steps", "time_budget", "sample_tokens", "seed")
+LM_MAY_CHANGE = ("data", "init_from", "max_steps", "time_budget", "eval_every_steps",
+                 "sample_tokens")
+_SHAPE = ("layers", "d_model", "n_heads", "d_ff")
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, formatter_class=NoneDefaultFormatter,
+                       help="train a character-level GPT on a text file (or fine-tune GPT-2)",
+                       description="Train a decoder-only GPT on one UTF-8 text file: characters "
+                                   "as tokens, the first 90%% for training, the last 10%% for "
+                                   "the validation loss (nats per character, over the whole "
+                                   "split), samples at every validation, the best checkpoint by "
+                                   "validation loss. --init-from fine-tunes GPT-2 (a Hugging "
+                                   "Face folder) or an npformer GPT checkpoint instead, with "
+                                   "its tokenizer.")
+    p.add_argument("--data", required=True, metavar="FILE", help="the UTF-8 text to learn")
+    p.add_argument("--out", required=True,
+                   help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
+                        "a run is refused unless --resume continues it or --overwrite replaces it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out (its checkpoints, metrics.jsonl and "
+                        "tokenizer.json are removed, no other file)")
+    p.add_argument("--resume", metavar="CKPT",
+                   help="continue the run of this checkpoint, bit for bit (options left out keep "
+                        "the checkpoint's values; only %s may change)"
+                        % ", ".join("--" + d.replace("_", "-") for d in LM_MAY_CHANGE))
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from these weights: a Hugging Face GPT-2 folder (config.json, "
+                        "model.safetensors, tokenizer.json; extra hf) or an npformer GPT "
+                        "checkpoint; the text is cut by its tokenizer")
+    m = p.add_argument_group("model (a new one; --init-from brings its own)")
+    m.add_argument("--layers", type=positive_int, default=None,
+                   help=f"transformer blocks (default {LM_MODEL['n_layers']})")
+    m.add_argument("--d-model", type=positive_int, default=None,
+                   help=f"default {LM_MODEL['d_model']}")
+    m.add_argument("--n-heads", type=positive_int, default=None,
+                   help=f"default {LM_MODEL['n_heads']}")
+    m.add_argument("--d-ff", type=positive_int, default=None, help="default 4 x --d-model")
+    m.add_argument("--context", type=positive_int, default=None, metavar="T",
+                   help=f"tokens the model sees at once (default {LM_MODEL['max_len']}; with "
+                        f"--init-from the model's, at most 256)")
+    m.add_argument("--dropout", type=probability, default=None,
+                   help=f"in [0, 1) (default {LM_MODEL['dropout']}; with --init-from the model's)")
+    t = p.add_argument_group("training")
+    t.add_argument("--max-steps", type=positive_int, default=None,
+                   help=f"updates; the cosine schedule ends there (default {LM_TRAIN['max_steps']})")
+    t.add_argument("--time-budget", type=positive_float, default=None, metavar="MIN",
+                   help="stop after MIN minutes of wall time (validations included), then "
+                        "validate the final weights")
+    t.add_argument("--batch-size", type=positive_int, default=None,
+                   help=f"windows per update (default {LM_TRAIN['batch_size']})")
+    t.add_argument("--lr", type=positive_float, default=None,
+                   help=f"peak learning rate (default {LM_TRAIN['lr']})")
+    t.add_argument("--min-lr", type=non_negative_float, default=None,
+                   help=f"where the cosine ends (default {LM_TRAIN['min_lr']})")
+    t.add_argument("--warmup-steps", type=non_negative_int, default=None,
+                   help=f"default {LM_TRAIN['warmup_steps']}")
+    t.add_argument("--weight-decay", type=non_negative_float, default=None,
+                   help=f"AdamW's, on weight matrices and embeddings only (default "
+                        f"{LM_TRAIN['weight_decay']})")
+    t.add_argument("--clip-norm", type=non_negative_float, default=None,
+                   help=f"clip the gradient norm (0: no clipping; default {LM_TRAIN['clip_norm']})")
+    t.add_argument("--eval-every", dest="eval_every_steps", type=positive_int, default=None,
+                   metavar="N", help=f"validate, sample and checkpoint every N updates (default "
+                                     f"{LM_TRAIN['eval_every_steps']})")
+    t.add_argument("--sample-tokens", type=non_negative_int, default=None, metavar="N",
+                   help="tokens of the sample printed at each validation (default 200; 0: none)")
+    t.add_argument("--seed", type=non_negative_int, default=None)
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def _model_kwargs(args):
+    kwargs = {}
+    if args.layers is not None:
+        kwargs["n_layers"] = args.layers
+    for dest in ("d_model", "n_heads", "d_ff", "dropout"):
+        if getattr(args, dest) is not None:
+            kwargs[dest] = getattr(args, dest)
+    return kwargs
+
+
+def _train_kwargs(args):
+    kwargs = {dest: getattr(args, dest) for dest in ("max_steps", "batch_size", "lr", "min_lr",
+                                                     "warmup_steps", "weight_decay",
+                                                     "eval_every_steps")
+              if getattr(args, dest) is not None}
+    if args.clip_norm is not None:
+        kwargs["clip_norm"] = args.clip_norm or None             # 0: no clipping
+    if args.min_lr > args.lr:
+        raise ValueError(f"--min-lr {args.min_lr}: expected at most --lr {args.lr} (the cosine "
+                         f"falls from --lr to --min-lr)")
+    if args.time_budget is not None:
+        kwargs["time_budget"] = args.time_budget * 60.0
+    return dict(kwargs, out_dir=args.out, quiet=args.quiet)
+
+
+def _recorded(args):
+    return {"made_by": LM_MADE_BY,
+            "options": {dest: getattr(args, dest, None) for dest in LM_RECORDED}}
+
+
+def fill_defaults(args):
+    """Options left out take the recipe's values, so that every checkpoint records what its run
+    used (a model of --init-from keeps its own shape, context and dropout unless given)."""
+    if args.init_from is None:
+        for dest, key in (("layers", "n_layers"), ("d_model", "d_model"), ("n_heads", "n_heads"),
+                          ("context", "max_len"), ("dropout", "dropout")):
+            if getattr(args, dest) is None:
+                setattr(args, dest, LM_MODEL[key])
+        if args.d_ff is None:
+            args.d_ff = 4 * args.d_model
+    for dest in ("max_steps", "batch_size", "lr", "min_lr", "warmup_steps", "weight_decay",
+                 "clip_norm", "eval_every_steps"):
+        if getattr(args, dest) is None:
+            setattr(args, dest, LM_TRAIN[dest])
+    args.seed = 0 if args.seed is None else args.seed
+    args.sample_tokens = 200 if args.sample_tokens is None else args.sample_tokens
+
+
+def build(args, saved=None):
+    if args.init_from is not None and saved is None:
+        given = [d for d in _SHAPE if getattr(args, d) is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')}: the model of --init-from "
+                             f"{args.init_from} brings its own shape; leave it out")
+    fill_defaults(args)
+    refuse_inputs_in_run(args.out, [("--data", args.data)])
+    trainer, data = lm_trainer(args.data, _model_kwargs(args) if saved is None else {},
+                               _train_kwargs(args), seed=args.seed, context=args.context,
+                               init_from=None if saved is not None else args.init_from,
+                               sample_tokens=args.sample_tokens, extra=_recorded(args),
+                               saved=saved)
+    model = trainer.model
+    print(f"{args.data}: {len(data.train) + len(data.valid):,} tokens ({len(data.train):,} "
+          f"training, {len(data.valid):,} validation), a vocabulary of {len(data.tokenizer):,}; "
+          f"a GPT of {model.num_parameters():,} parameters ({model.config.n_layers} layers, "
+          f"d_model {model.config.d_model}, context {trainer.task.context}), "
+          f"{trainer.task.batches_per_epoch()} batches per epoch", flush=True)
+    return trainer, data
+
+
+def _copy_tokenizer(data, out):
+    """A fine-tuned GPT-2's run keeps the tokenizer.json it was trained with beside its
+    checkpoints (``npformer sample --checkpoint`` reads it there)."""
+    source = getattr(data.tokenizer, "path", None)
+    if source is None:
+        return
+    target = os.path.join(out, "tokenizer.json")
+    if os.path.exists(target) and os.path.samefile(source, target):
+        return
+    with open(source, "rb") as f:
+        payload = f.read()
+    os.makedirs(out, exist_ok=True)
+    write_file_atomic(Path(target), lambda f: f.write(payload))
+
+
+def run(args):
+    saved = None
+    if args.resume:
+        from ..training.checkpointing import load_model_checkpoint
+        saved = load_model_checkpoint(args.resume)
+        extra = saved.meta.get("extra") if isinstance(saved.meta.get("extra"), dict) else {}
+        if extra.get("made_by") != LM_MADE_BY:
+            raise ValueError(f"--resume {args.resume}: was not written by npformer lm (resume a "
+                             f"translation run with npformer train --resume)")
+        apply_resume_policy(args, saved.meta, args.resume, recorded=LM_RECORDED,
+                            may_change=LM_MAY_CHANGE)
+    trainer, data = build(args, saved)
+    folder = plan_run_folder(args.out, "lm", overwrite=args.overwrite, resume=args.resume)
+    if saved is not None:
+        trainer.resume(saved)
+    trainer.check_work_left()
+    folder.prepare()
+    _copy_tokenizer(data, args.out)
+
+    def on_eval(rec):
+        if not args.quiet:
+            print(f"step {rec['step']:5d}  {rec['seconds'] / 60:6.1f} min  val loss "
+                  f"{rec['val_loss']:.4f}", flush=True)
+            for sample in rec.get("examples") or []:
+                print("  " + sample.replace("\n", "\n  "), flush=True)
+
+    summary = trainer.fit(on_eval=on_eval)
+    best = summary.get("best_val_loss")
+    print(f"done: {summary['step']} steps in {summary['seconds'] / 60:.1f} min, stopped by "
+          f"{summary['stop_reason']}; best val loss "
+          f"{'n/a' if best is None else f'{best:.4f}'} -> {os.path.join(args.out, 'best')}")
+    return 0
+

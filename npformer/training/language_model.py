@@ -1,0 +1,281 @@
+"""Language modelling as a task of the training loop: next-token prediction over one long text.
+
+    tokenizer = CharTokenizer.from_text(text)            # or hf.TextTokenizer(folder)
+    train_ids, valid_ids = split_ids(tokenizer.encode(text), context=128)
+    task = LanguageModelTask(train_ids, valid_ids, context=128, batch_size=64,
+                             tokenizer=tokenizer, vocabs=Vocabularies.joint(tokenizer.vocab))
+    Trainer(GPT(len(tokenizer), ...), task, TrainConfig(...)).fit()
+
+**Training batches** are ``batch_size`` windows of ``context`` tokens at random places of the
+training split; the targets are the same windows shifted by one token. Where batch ``i`` of
+epoch ``e`` starts is drawn from a generator seeded by ``(seed, e, i)``, so a resumed run draws
+the very windows the uninterrupted run would have. An epoch is as many batches as hold the
+training split's tokens once (``len(train) // (batch_size * context)``, at least 1).
+
+**The validation loss** is the mean cross-entropy, in nats per token (per character for a
+character vocabulary), over the *whole* validation split: it is cut into fixed, non-overlapping
+windows of ``context`` tokens (the last one shorter), every token after the first is predicted
+once, from the tokens before it in its window. Not a random-batch estimate: the same weights
+give the same number every time.
+
+**Samples.** After each validation the model continues the validation split's first token for
+``sample_tokens`` tokens (temperature ``sample_temperature``, a generator seeded by ``seed``):
+``examples()`` returns the text, which the metrics log keeps beside the loss.
+"""
+import dataclasses
+import os
+import zlib
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..data.characters import CharTokenizer
+from ..data.textfile import read_text
+from ..data.vocab import Vocabularies
+from ..decoding.search import sample_search
+from ..hf import TextTokenizer
+from ..loss import cross_entropy
+from ..nn.gpt import GPT
+from .checkpointing import load_model_checkpoint
+from .task import Task
+from .trainer import TrainConfig, Trainer
+
+VALID_FRACTION = 0.1                 # the last tenth of the text, as nanoGPT's shakespeare_char
+EVAL_LOGITS = 1 << 25               # logits (rows x positions x vocabulary) per validation batch
+
+
+class LMBatch(NamedTuple):
+    inputs: np.ndarray               # (B, T) int64 token ids
+    targets: np.ndarray              # (B, T) int64: inputs shifted by one token
+
+
+def split_ids(ids, context, valid_fraction=VALID_FRACTION, name="text"):
+    """(train, valid): the first ``1 - valid_fraction`` of ``ids`` and the rest. Each must hold
+    at least one window of ``context`` tokens and its next token: ``ValueError`` naming ``name``
+    (the file) and the length needed otherwise."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n_valid = int(round(len(ids) * valid_fraction))
+    train, valid = ids[:len(ids) - n_valid], ids[len(ids) - n_valid:]
+    need = context + 1
+    if min(len(train), len(valid)) < need:
+        total = int(np.ceil(need / min(valid_fraction, 1 - valid_fraction)))
+        raise ValueError(f"{name}: {len(ids):,} tokens is too short for a context of {context}: "
+                         f"the training ({len(train):,}) and validation ({len(valid):,}, the last "
+                         f"{valid_fraction:.0%}) splits need {need} tokens each (two context "
+                         f"windows and more: about {total:,} tokens in all); give a longer text "
+                         f"or a smaller --context")
+    return train, valid
+
+
+class LanguageModelTask(Task):
+    """Trains a decoder-only model (``npformer.GPT``) on one token stream (module docstring)."""
+
+    name = "language_model"
+    metrics = ("val_loss",)
+    minimize = ("val_loss",)
+    batch_type = LMBatch
+
+    def __init__(self, train_ids, valid_ids, context, batch_size=64, seed=0, tokenizer=None,
+                 vocabs=None, sample_tokens=200, sample_temperature=0.8):
+        """``tokenizer`` (``encode``/``decode``; optional) turns samples into text; ``vocabs``
+        (a ``Vocabularies``, or None for a tokenizer of its own such as GPT-2's) is saved in
+        every checkpoint."""
+        self.context, self.batch_size, self.seed = int(context), int(batch_size), int(seed)
+        self.train_ids = np.ascontiguousarray(train_ids, dtype=np.int64)
+        self.valid_ids = np.ascontiguousarray(valid_ids, dtype=np.int64)
+        if len(self.train_ids) < self.context + 1:
+            raise ValueError(f"train_ids: expected at least context + 1 = {self.context + 1} "
+                             f"tokens, got {len(self.train_ids)}")
+        self.has_validation = len(self.valid_ids) >= 2
+        self.tokenizer, self.vocabs = tokenizer, vocabs
+        self.sample_tokens, self.sample_temperature = int(sample_tokens), float(sample_temperature)
+        self._epoch, self._done, self._sample = 0, 0, None
+
+    def check_model(self, model):
+        """The model predicts over a vocabulary that holds every id, and sees ``context``
+        positions."""
+        config = model.config
+        if not hasattr(config, "vocab_size") or model.config.vocab_sizes():
+            raise ValueError(f"model: the {self.name} task trains a decoder-only model (npformer."
+                             f"GPT), got a {type(model).__name__}")
+        if self.vocabs is not None and len(self.vocabs.tgt) != config.vocab_size:
+            raise ValueError(f"vocabs: the vocabulary has {len(self.vocabs.tgt)} tokens but the "
+                             f"model's configuration says vocab_size={config.vocab_size}")
+        top = max(int(self.train_ids.max()), int(self.valid_ids.max(initial=0)))
+        if top >= config.vocab_size:
+            raise ValueError(f"train_ids/valid_ids: token id {top} is outside the model's "
+                             f"vocabulary of {config.vocab_size}")
+        if self.context > model.max_len:
+            raise ValueError(f"context: {self.context} positions, more than the model's "
+                             f"max_len={model.max_len}")
+
+    # -- training batches ---------------------------------------------------------------------
+    def batches_per_epoch(self):
+        return max(1, len(self.train_ids) // (self.batch_size * self.context))
+
+    def batch(self, epoch, index):
+        """Batch ``index`` of ``epoch``: windows at offsets drawn from (seed, epoch, index)."""
+        rng = np.random.default_rng([self.seed, epoch, index])
+        starts = rng.integers(0, len(self.train_ids) - self.context, size=self.batch_size)
+        rows = starts[:, None] + np.arange(self.context)                # (B, T)
+        return LMBatch(self.train_ids[rows], self.train_ids[rows + 1])
+
+    def batches(self, epoch):
+        if epoch != self._epoch:
+            self._epoch, self._done = epoch, 0
+        while self._done < self.batches_per_epoch():
+            batch = self.batch(epoch, self._done)
+            self._done += 1
+            yield batch
+
+    def batches_done(self):
+        return self._done
+
+    def state_dict(self):
+        return {"epoch": self._epoch, "batches_done": self._done}
+
+    def load_state_dict(self, state):
+        self._epoch, self._done = int(state["epoch"]), int(state["batches_done"])
+
+    def fingerprint(self):
+        """CRC-32 of the training and validation token ids (a resume must see the same)."""
+        crc = zlib.crc32(self.train_ids.tobytes())
+        return zlib.crc32(self.valid_ids.tobytes(), zlib.crc32(b"|", crc))
+
+    # -- the loss -----------------------------------------------------------------------------
+    def tokens(self, batch):
+        return batch.targets.size
+
+    def loss_and_backward(self, model, batch, weight):
+        logits = model.forward(batch.inputs)                             # (B, T, V)
+        mean, dlogits = cross_entropy(logits, batch.targets)
+        if weight != 1.0:
+            dlogits *= weight                    # this batch's share of the update's tokens
+        model.backward(dlogits)
+        return float(mean) * batch.targets.size
+
+    # -- validation ---------------------------------------------------------------------------
+    def valid_windows(self):
+        """The validation split as (start, length) windows of at most ``context`` predicted
+        tokens, non-overlapping, covering every token after the first."""
+        last = len(self.valid_ids) - 1           # tokens that have a next one
+        return [(s, min(self.context, last - s)) for s in range(0, last, self.context)]
+
+    def evaluate(self, model):
+        """{'val_loss': mean nats per token over the whole validation split}."""
+        v, total, count = self.valid_ids, 0.0, 0
+        windows = self.valid_windows()
+        rows = max(1, min(self.batch_size, EVAL_LOGITS // (self.context * model.config.vocab_size)))
+        full = [s for s, n in windows if n == self.context]
+        groups = [full[i:i + rows] for i in range(0, len(full), rows)]
+        groups += [[s] for s, n in windows if n < self.context]              # the short tail
+        for starts in groups:
+            n = min(self.context, len(v) - 1 - starts[0])
+            idx = np.asarray(starts)[:, None] + np.arange(n)
+            logits = model.forward(v[idx])
+            loss, _ = cross_entropy(logits, v[idx + 1])
+            total += float(loss) * idx.size
+            count += idx.size
+        self._sample = self.sample(model) if self.tokenizer and self.sample_tokens else None
+        return {"val_loss": total / count}
+
+    def sample(self, model, prompt=None):
+        """``sample_tokens`` tokens after ``prompt`` (default: the validation split's first
+        token), drawn with a generator seeded by the task's seed; returns the text."""
+        prompt = self.valid_ids[:1] if prompt is None else np.asarray(prompt, dtype=np.int64)
+        n = min(self.sample_tokens, model.max_len - len(prompt) + 1)
+        state = model.decoder_state(prompt[None, :], eos_id=getattr(model, "eos_id", None))
+        hyp, = sample_search(state, temperature=self.sample_temperature, max_new_tokens=n,
+                             rng=np.random.default_rng(self.seed))
+        return self.tokenizer.decode(list(prompt) + list(hyp.ids))
+
+    def examples(self, n=3):
+        return [] if self._sample is None else [self._sample]
+
+
+# -- the recipe of ``npformer lm`` ----------------------------------------------------------------
+# A character-level GPT for a text of about a million characters (tinyshakespeare) on a few
+# cores: nanoGPT's shakespeare_char settings scaled to the compute of a CPU quarter hour (the
+# shape that did best at ~1e14 training FLOPs; docs/gpt.md has the calibration), AdamW with
+# weight decay on the matrices only, warm-up then a cosine to min_lr, clipping at 1.
+LM_MODEL = dict(n_layers=4, d_model=192, n_heads=6, d_ff=768, max_len=128, dropout=0.0)
+LM_TRAIN = dict(epochs=10**6, max_steps=1000, batch_size=64, lr=2e-3, warmup_steps=100,
+                schedule="cosine", min_lr=1e-4, optimizer="adamw", betas=(0.9, 0.99),
+                weight_decay=0.1, decay="matrices", clip_norm=1.0, label_smoothing=0.0,
+                eval_every_steps=100)
+INIT_CONTEXT = 256                  # --init-from: the default context, at most the model's
+
+
+@dataclass
+class LMData:
+    path: str
+    tokenizer: object                # CharTokenizer or hf.TextTokenizer
+    train: np.ndarray                # token ids
+    valid: np.ndarray
+
+
+def resolve_tokenizer(loaded):
+    """The tokenizer a language-model checkpoint's text goes through: its character vocabulary,
+    else the ``tokenizer.json`` its run copied beside it (a fine-tuned GPT-2's)."""
+    if loaded.vocabs is not None:
+        return CharTokenizer(loaded.vocabs.tgt)
+    beside = os.path.join(os.path.dirname(loaded.path), "tokenizer.json")
+    if not os.path.isfile(beside):
+        raise ValueError(f"checkpoint {loaded.path}: holds no vocabulary and there is no "
+                         f"tokenizer.json beside it (a fine-tuned model's run folder has one)")
+    return TextTokenizer(beside)
+
+
+def _initial_model(init_from):
+    """(model, tokenizer) of ``init_from``: a Hugging Face GPT-2 folder (config.json) or an
+    npformer GPT checkpoint (a path, or a run folder: its best)."""
+    if os.path.isdir(init_from) and os.path.isfile(os.path.join(init_from, "config.json")):
+        tokenizer = TextTokenizer(init_from)              # first: the cheaper file to refuse
+        return GPT.from_pretrained(init_from), tokenizer
+    path = os.path.join(init_from, "best") if os.path.isdir(init_from) else init_from
+    loaded = load_model_checkpoint(path)
+    if not isinstance(loaded.model, GPT):
+        raise ValueError(f"init_from {init_from}: holds a {loaded.model.config.arch} model; "
+                         f"a language model starts from a GPT (an npformer lm checkpoint or a "
+                         f"Hugging Face GPT-2 folder)")
+    return loaded.model, resolve_tokenizer(loaded)
+
+
+def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=None,
+               init_from=None, sample_tokens=200, extra=None, saved=None):
+    """The recipe's ``(Trainer, LMData)``: a character-level GPT of ``LM_MODEL`` (overridden by
+    ``model_kwargs``) on the text of ``text_file``, trained as ``LM_TRAIN`` says (overridden by
+    ``train_kwargs``). ``init_from`` fine-tunes a GPT-2 folder or an npformer GPT checkpoint
+    instead, on the text as its own tokenizer cuts it (``model_kwargs`` may then only set
+    ``dropout``). ``saved`` (a ``LoadedCheckpoint``) is the run a caller resumes: its model
+    shape and tokenizer are kept."""
+    text = read_text(text_file)
+    model_kwargs = dict(model_kwargs or {})
+    if saved is not None:
+        model, tokenizer = saved.model, resolve_tokenizer(saved)
+        context = context or model.max_len
+    elif init_from is not None:
+        shape = sorted(set(model_kwargs) - {"dropout"})
+        if shape:
+            raise ValueError(f"init_from {init_from}: the model's shape comes from it; "
+                             f"{', '.join(shape)} cannot be set")
+        model, tokenizer = _initial_model(init_from)
+        context = context or min(model.max_len, INIT_CONTEXT)
+    else:
+        tokenizer = CharTokenizer.from_text(text)
+        config = {**LM_MODEL, **model_kwargs, "seed": seed}
+        config["max_len"] = context = context or config["max_len"]
+        model = GPT(len(tokenizer), **config)
+    if "dropout" in model_kwargs and model_kwargs["dropout"] != model.config.dropout:
+        weights = model.state_dict()              # the same weights, another dropout rate
+        model = GPT.from_config(dataclasses.replace(model.config, dropout=model_kwargs["dropout"]))
+        model.load_state_dict(weights)
+    train, valid = split_ids(tokenizer.encode(text, str(text_file)), context, name=str(text_file))
+    config = TrainConfig(**{**LM_TRAIN, "seed": seed, **(train_kwargs or {})})
+    vocabs = (Vocabularies.joint(tokenizer.vocab) if isinstance(tokenizer, CharTokenizer)
+              else None)
+    task = LanguageModelTask(train, valid, context, config.batch_size, seed, tokenizer, vocabs,
+                             sample_tokens)
+    return Trainer(model.train(), task, config, extra=extra), LMData(str(text_file), tokenizer,
+                                                                     train, valid)

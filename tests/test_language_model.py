@@ -1,0 +1,243 @@
+"""The language-model task and ``npformer lm`` / ``npformer sample --checkpoint``: characters as
+tokens, the split, the random windows, the validation loss over the whole split, resuming bit for
+bit, weight decay on matrices only, fine-tuning from a checkpoint, and bad input."""
+import json
+
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer.cli.main import main
+from npformer.data.characters import CharTokenizer
+from npformer.data.textfile import read_text
+from npformer.loss import cross_entropy
+from npformer.training.language_model import (LanguageModelTask, LMBatch, lm_trainer,
+                                              split_ids)
+from npformer.training.checkpointing import load_model_checkpoint
+from npformer.training.trainer import TrainConfig
+
+TEXT = "".join(f"{w} the quick brown fox, line {i % 7}.\n" for i, w in
+               enumerate(["ROMEO:", "JULIET:", "Nurse:", "Friar:"] * 30))
+SMALL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "input.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+# -- characters, the file, the split --------------------------------------------------------------
+
+def test_characters_round_trip_and_unknown_ones_are_named():
+    tok = CharTokenizer.from_text(TEXT)
+    assert len(tok) == 4 + len(set(TEXT))
+    assert tok.vocab.tokens[4:] == sorted(set(TEXT))
+    ids = tok.encode("ROMEO: the fox.\n")
+    assert ids.dtype == np.int64 and (ids >= 4).all()
+    assert tok.decode(ids) == "ROMEO: the fox.\n"
+    assert tok.decode([0, 1, 2, 3] + list(ids[:5])) == "ROMEO"      # specials stand for nothing
+    with pytest.raises(ValueError, match=r"--prompt: 2 character\(s\) .*'Z', 'é'"):
+        tok.encode("éZ fox", "--prompt")
+
+
+@pytest.mark.parametrize("content, match", [(b"", "is empty"), (b"ab\xffcd", "not valid UTF-8"),
+                                            (None, "no such file")])
+def test_bad_text_files_are_named(tmp_path, content, match):
+    path = tmp_path / "t.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=match) as e:
+        read_text(path)
+    assert str(path) in str(e.value)
+
+
+def test_split_is_the_last_tenth_and_refuses_a_text_shorter_than_the_windows():
+    ids = np.arange(1000)
+    train, valid = split_ids(ids, context=16)
+    assert len(valid) == 100 and np.array_equal(np.concatenate([train, valid]), ids)
+    with pytest.raises(ValueError, match=r"mine.txt: 1,000 tokens is too short for a context of "
+                                         r"128.*validation \(100"):
+        split_ids(ids, context=128, name="mine.txt")
+
+
+# -- the task --------------------------------------------------------------------------------------
+
+def make_task(context=8, batch_size=4, seed=0, valid=None):
+    tok = CharTokenizer.from_text(TEXT)
+    train, v = split_ids(tok.encode(TEXT), context)
+    return LanguageModelTask(train, v if valid is None else valid, context, batch_size, seed,
+                             tok, nf.data.Vocabularies.joint(tok.vocab), sample_tokens=20), tok
+
+
+def test_windows_are_shifted_by_one_seeded_and_resume_where_they_stopped():
+    task, _ = make_task()
+    first = list(task.batches(0))
+    assert len(first) == task.batches_per_epoch() == len(task.train_ids) // (4 * 8)
+    b = first[0]
+    assert isinstance(b, LMBatch) and b.inputs.shape == b.targets.shape == (4, 8)
+    assert np.array_equal(b.inputs[:, 1:], b.targets[:, :-1])
+    assert all(np.array_equal(x.inputs, y.inputs) for x, y in zip(first, make_task()[0].batches(0)))
+    assert not np.array_equal(first[0].inputs, next(make_task()[0].batches(1)).inputs)
+    assert not np.array_equal(first[0].inputs, next(make_task(seed=1)[0].batches(0)).inputs)
+    half, _ = make_task()
+    it = half.batches(0)
+    for _ in range(3):
+        next(it)
+    again, _ = make_task()
+    again.load_state_dict(half.state_dict())
+    assert again.batches_done() == 3
+    rest = list(again.batches(0))
+    assert all(np.array_equal(x.inputs, y.inputs) for x, y in zip(rest, first[3:]))
+    assert len(rest) == len(first) - 3
+
+
+@pytest.mark.parametrize("n_valid", [41, 8 * 5 + 1, 9])
+def test_validation_loss_is_the_mean_over_every_token_of_the_split(backend, n_valid):
+    """Every token after the first predicted once, from its window of at most ``context``
+    tokens before it: the loss equals a brute-force loop over the windows, one at a time."""
+    tok = CharTokenizer.from_text(TEXT)
+    ids = tok.encode(TEXT)
+    task, _ = make_task(valid=ids[:n_valid])
+    model = nf.GPT(len(tok), max_len=8, dtype=np.float64, **SMALL).eval()
+    got = task.evaluate(model)["val_loss"]
+    total, count = 0.0, 0
+    for start in range(0, n_valid - 1, 8):
+        window = ids[start:min(start + 9, n_valid)]
+        loss, _ = cross_entropy(model.forward(window[None, :-1]), window[None, 1:])
+        total += loss * (len(window) - 1)
+        count += len(window) - 1
+    assert count == n_valid - 1
+    assert got == pytest.approx(total / count, rel=1e-12)
+    assert task.examples() and task.examples()[0].startswith(tok.decode(ids[:1]))
+
+
+def test_the_task_refuses_a_translation_model_and_a_context_beyond_the_model():
+    task, tok = make_task(context=16)
+    with pytest.raises(ValueError, match="decoder-only"):
+        task.check_model(nf.Transformer(10, 10, d_model=16, n_heads=2, d_ff=16,
+                                        n_encoder_layers=1, n_decoder_layers=1))
+    with pytest.raises(ValueError, match="context: 16 positions, more than the model's max_len=8"):
+        task.check_model(nf.GPT(len(tok), max_len=8, **SMALL))
+    with pytest.raises(ValueError, match="vocab_size=99"):
+        task.check_model(nf.GPT(99, max_len=16, **SMALL))
+
+
+def test_weight_decay_on_matrices_only_is_a_training_option():
+    with pytest.raises(ValueError, match="decay: expected one of"):
+        TrainConfig(decay="biases")
+    trainer, _ = lm_trainer_from(TEXT, train_kwargs=dict(max_steps=1))
+    decayed = {d for _, _, d in trainer.optimizer.segments}
+    assert decayed == {True, False} and trainer.config.decay == "matrices"
+    assert trainer.config.optimizer == "adamw" and trainer.config.schedule == "cosine"
+
+
+def lm_trainer_from(text, tmp=None, **kwargs):
+    import tempfile
+    folder = tmp or tempfile.mkdtemp()
+    path = f"{folder}/input.txt"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    kwargs.setdefault("model_kwargs", SMALL)
+    kwargs.setdefault("context", 8)
+    kwargs["train_kwargs"] = dict(dict(batch_size=4, quiet=True, warmup_steps=2),
+                                  **kwargs.get("train_kwargs", {}))
+    return lm_trainer(path, sample_tokens=10, **kwargs)
+
+
+def test_resuming_continues_bit_for_bit(tmp_path, backend):
+    """4 updates straight, or 2, a checkpoint, and 2 more from it: the same weights, bits and all
+    (dropout on, AdamW with decay on matrices, warm-up and cosine)."""
+    straight, _ = lm_trainer_from(TEXT, str(tmp_path), train_kwargs=dict(max_steps=4))
+    straight.fit()
+    first, _ = lm_trainer_from(TEXT, str(tmp_path), train_kwargs=dict(
+        max_steps=2, out_dir=str(tmp_path / "run")))
+    first.fit()
+    again, _ = lm_trainer_from(TEXT, str(tmp_path), train_kwargs=dict(
+        max_steps=4, out_dir=str(tmp_path / "run")))
+    again.resume(str(tmp_path / "run" / "last"))
+    again.fit()
+    assert np.array_equal(again.model.flat_params, straight.model.flat_params)
+
+
+def test_fine_tuning_starts_from_a_gpt_checkpoint_and_keeps_its_characters(tmp_path):
+    base, _ = lm_trainer_from(TEXT, str(tmp_path), train_kwargs=dict(
+        max_steps=2, out_dir=str(tmp_path / "base")))
+    base.fit()
+    tuned, data = lm_trainer_from("ROMEO: the fox.\n" * 40, str(tmp_path),
+                                  model_kwargs={}, init_from=str(tmp_path / "base"),
+                                  train_kwargs=dict(max_steps=1))
+    assert data.tokenizer.vocab == base.task.vocabs.tgt               # the checkpoint's characters
+    saved = load_model_checkpoint(str(tmp_path / "base" / "best"))
+    assert np.array_equal(tuned.model.flat_params, saved.model.flat_params)
+    with pytest.raises(ValueError, match="n_layers cannot be set"):
+        lm_trainer_from(TEXT, str(tmp_path), model_kwargs={"n_layers": 2},
+                        init_from=str(tmp_path / "base"))
+    with pytest.raises(ValueError, match=r"1 character\(s\) the model's vocabulary lacks \('Z'\)"):
+        lm_trainer_from("Z" + TEXT, str(tmp_path), model_kwargs={},
+                        init_from=str(tmp_path / "base"))
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+TINY = ["--layers", "1", "--d-model", "16", "--n-heads", "2", "--context", "16",
+        "--batch-size", "4", "--warmup-steps", "2", "--sample-tokens", "12", "--quiet"]
+
+
+def test_lm_trains_logs_val_loss_and_sample_continues_the_best(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--max-steps", "4",
+                 "--eval-every", "2", *TINY]) == 0
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if r["event"] == "eval"]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(np.isfinite(r["val_loss"]) and r["examples"] for r in evals)
+    assert "best val loss" in capsys.readouterr().out
+    assert main(["sample", "--checkpoint", str(out / "best"), "--prompt", "ROMEO:",
+                 "--max-new-tokens", "10", "--temperature", "0.8", "--seed", "3"]) == 0
+    first = capsys.readouterr().out
+    # 10 tokens, each a character (an untrained model may draw a special token: no character)
+    assert first.startswith("ROMEO:") and len("ROMEO:") + 1 < len(first) <= len("ROMEO:") + 11
+    assert main(["sample", "--checkpoint", str(out), "--prompt", "ROMEO:",
+                 "--max-new-tokens", "10", "--temperature", "0.8", "--seed", "3"]) == 0
+    assert capsys.readouterr().out == first                           # same seed, same text
+
+
+def test_lm_resume_keeps_the_options_and_refuses_changing_them(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--max-steps", "2", *TINY]) == 0
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--resume",
+                 str(out / "last"), "--max-steps", "3", "--quiet"]) == 0
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--resume",
+                 str(out / "last"), "--max-steps", "4", "--lr", "0.5"]) == 1
+    assert "cannot change --lr: --lr 0.002 in the checkpoint, 0.5 given" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"", "is empty, expected UTF-8 text"),
+    (b"caf\xe9 au lait\n" * 200, "not valid UTF-8"),
+    (b"short text\n" * 10, "too short for a context of 16"),
+])
+def test_lm_bad_text_is_one_line_naming_the_file(tmp_path, capsys, content, match):
+    path = tmp_path / "data.txt"
+    path.write_bytes(content)
+    assert main(["lm", "--data", str(path), "--out", str(tmp_path / "run"), *TINY]) == 1
+    err = capsys.readouterr().err
+    assert match in err and str(path) in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()                             # nothing was written
+
+
+def test_sample_bad_prompts_are_one_line(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--max-steps", "1", *TINY]) == 0
+    capsys.readouterr()
+    for prompt, match in (("ROMEO€", "--prompt: 1 character(s) the model's vocabulary lacks ('€')"),
+                          ("ROMEO " * 4, "--prompt: 24 tokens, longer than the model's context "
+                                         "of 16")):
+        assert main(["sample", "--checkpoint", str(out), "--prompt", prompt]) == 1
+        err = capsys.readouterr().err
+        assert match in err and len(err.strip().splitlines()) == 1
+    assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "x"),
+                 "--init-from", str(out), "--layers", "2"]) == 1
+    assert "--layers: the model of --init-from" in capsys.readouterr().err

@@ -19,7 +19,8 @@ a pass over all B*H*Tq*Tk scores in memory. Here:
 
 - The heads are computed in parts of about ``CHUNK_BYTES`` of scores (a few batch elements, or
   heads when B = 1), so a part's scores stay in L2 from the product that writes them, through
-  the Numba pass, to the product that reads them. The parts depend on the shape alone.
+  the Numba pass, to the product that reads them. The parts depend on the shape alone (and,
+  when masked keys are skipped, on the mask's blocks: see below).
 - The runtime's worker threads (``npformer.runtime.run_parts``) take the parts in turn, each the
   next one not yet taken (``np.matmul`` and the ``nogil`` kernels release the GIL; a waiting
   thread blocks, it does not spin). Parts write disjoint outputs, so the bits do not depend on
@@ -31,9 +32,37 @@ a pass over all B*H*Tq*Tk scores in memory. Here:
   (``_fastexp.exp32``); float64 keeps ``math.exp``, so the float64 path matches the reference
   to ~1e-15.
 
+Masked keys are skipped where a mask makes whole blocks of the scores useless. Under a causal
+mask (GPT's training: query i attends keys 0 .. i) about half of each Tq x Tk score matrix is
+masked, and a masked entry is exactly 0 in P, P' and dS whatever q, k, v hold. So
+:func:`_row_blocks` reads the mask (over every batch element and head) and cuts the query rows
+into at most ``ROW_BLOCKS`` blocks of at least ``MIN_BLOCK_ROWS`` rows, each with the number c1
+of leading keys any of its rows may attend (c1 = r1 for the causal mask, ``start + r1`` for
+``causal_mask(t, start)``). Where that leaves out at least ``SKIP_MIN`` of the products' work:
+
+- forward, per row block [r0, r1): S = q k^T over keys [0, c1) only; the softmax over those c1
+  columns, the block's columns from c1 on written as exact zeros in P and P' (the cache holds
+  what the reference's holds); out = P' v over keys [0, c1);
+- backward: dP' = dout v^T, dS and dq = dS k per row block over keys [0, c1); dv = P'^T dout and
+  dk = dS^T q per *key* block [k0, k1), over query rows from the first that attends one of
+  them (every earlier row has P' = dS = 0 there). Each entry of dq, dk, dv comes from one
+  product, so nothing is added up across calls.
+
+What is left out is products with exact zeros and sums of exact zeros, so the results are the
+reference's up to rounding (a shorter product may group its sums differently). The blocks
+depend on the mask and the shape alone, so the bits are still the same in every run and on any
+number of threads. At T = 128 (4 blocks of 32 rows) the products do 10/16 of the full work; the
+element-wise passes gain less, since they still write every entry of P and P', and each row
+costs about the same whatever its length (its loops run over c1 rounded up to a multiple of
+``VECTOR_RUN``, so that they vectorise). A causal mask of fewer than 96 queries (2 blocks at
+most, too little saved to pay for the extra calls) and a mask without such blocks (none, a
+padding mask unless every sequence is padded at its end) take the full path, unchanged.
+
 Outputs are written in (B, T, H, d) order and returned as (B, H, T, d) views, so ``merge_heads``
 afterwards is a free reshape; :func:`attention_backward_into` writes dq, dk, dv straight into the
-caller's buffers (the self-attention module passes three slices of one (B, T, 3D) array).
+caller's buffers (the self-attention module passes three slices of one (B, T, 3D) array). P, P'
+and those outputs come from :mod:`npformer.aligned`'s pool (arrays of 4 MiB and more), so the
+next step reuses their memory instead of having it mapped afresh (a page fault per page).
 """
 import math
 
@@ -50,6 +79,11 @@ from .matmul import THREAD_SAFE, matmul
 
 SPLIT_MIN = 1 << 15              # score entries (B*H*Tq*Tk) from which both cores work
 CHUNK_BYTES = 1 << 19            # scores per part, sized to stay in L2 between the products
+ROW_BLOCKS = 4                   # skipping masked keys: the query rows in at most 4 blocks ...
+MIN_BLOCK_ROWS = 32              # ... of at least 32 rows ...
+SKIP_MIN = 0.3                   # ... when that skips at least this share of the products' work
+BLOCK_CHUNK_BYTES = 1 << 20      # scores computed per part when skipping (each block's in L2)
+VECTOR_RUN = 64                  # LLVM vectorises a loop this many elements at a time
 
 
 @njit(inline="always", fastmath=FASTMATH, cache=True)
@@ -156,8 +190,89 @@ def _softmax_rows_backward(dp, probs, keep, drop_scale, use_dropout, scale):
             dp[r, j] = probs[r, j] * (dp[r, j] - dot) * scale
 
 
+@njit(inline="always", cache=True)
+def _padded(c1, tk):
+    """c1 rounded up to a multiple of VECTOR_RUN (at most tk): a loop over the first c1 columns
+    would run its last c1 % 64 iterations scalar (all of them for c1 = 32); over this many, with
+    the columns from c1 on made neutral, it is vectorised throughout."""
+    return min(tk, (c1 + VECTOR_RUN - 1) // VECTOR_RUN * VECTOR_RUN)
+
+
+@kernel
+def _softmax_block(s, bias, n_h, r0, r1, c1, scale, neg_inf, fast_exp, keep, drop_scale,
+                   use_dropout, probs_d):
+    """In place, rows r0 .. r1-1 of each head of s (B*H, Tq, Tk): the raw scores in the first c1
+    columns -> softmax(scale * s + bias) over those c1 keys; columns c1 .. Tk-1 (keys no row of
+    the block may attend, never computed, possibly garbage) become exactly 0, in s and probs_d.
+
+    As :func:`_softmax_rows` otherwise (bias (B|1, H|1, Tq|1, Tk), a fully masked row gives 0,
+    probs_d = probs * keep * drop_scale with dropout), one row at a time. The loops run over the
+    padded length (:func:`_padded`) with columns c1 .. n-1 taken as masked (-inf, so exp gives 0):
+    what a row sums is its c1 values plus exact zeros."""
+    n_bh, tq, tk = s.shape
+    zero, one = scale - scale, scale / scale                 # 0 and 1 in the dtype of s
+    n = _padded(c1, tk)
+    x = np.zeros(tk, dtype=s.dtype)                          # one row; stays 0 from n on
+    for bh in range(n_bh):                                   # (3-D indexing, no row views:
+        mb = bh // n_h if bias.shape[0] > 1 else 0           #  a view per row costs more than
+        mh = bh % n_h if bias.shape[1] > 1 else 0            #  a short row's arithmetic)
+        mq = bias.shape[2] > 1
+        for i in range(r0, r1):
+            mi = i if mq else 0
+            for j in range(n):                               # scale, mask (garbage from c1 on:
+                y = s[bh, i, j] * scale + bias[mb, mh, mi, j]    # selected away, never used)
+                x[j] = y if j < c1 else neg_inf
+            row_max = _row_max(x, n, neg_inf)
+            if row_max == neg_inf:                           # all masked: the row becomes 0
+                row_max = zero
+            total = zero
+            if fast_exp:                                     # exp32 stops at exp(-87) > 0
+                for j in range(n):
+                    e = exp32(x[j] - row_max)
+                    e = e if x[j] != neg_inf else zero
+                    x[j] = e
+                    total += e
+            else:
+                for j in range(n):
+                    e = math.exp(x[j] - row_max)
+                    x[j] = e
+                    total += e
+            inv = one / total if total > zero else zero
+            if use_dropout:                                  # normalise, dropout; x is 0
+                for j in range(tk):                          # from n on: so are the rows
+                    y = x[j] * inv
+                    s[bh, i, j] = y
+                    probs_d[bh, i, j] = y * drop_scale if keep[bh, i, j] else zero
+            else:
+                for j in range(tk):
+                    s[bh, i, j] = x[j] * inv
+
+
+@kernel
+def _softmax_block_backward(dp, probs, keep, r0, r1, c1, drop_scale, use_dropout, scale):
+    """In place, rows r0 .. r1-1 of each head of dp (B*H, Tq, Tk), first c1 columns:
+    dL/d(dropped probs) -> dL/d(raw scores), as :func:`_softmax_rows_backward` (probs, keep
+    shaped as dp). Columns from c1 on hold garbage, before and after: nothing reads them (the
+    loops run over the padded length, :func:`_padded`, and leave them out of the row's sum)."""
+    n_bh, tq, tk = dp.shape
+    zero = scale - scale
+    n = _padded(c1, tk)
+    for bh in range(n_bh):
+        for i in range(r0, r1):
+            if use_dropout:
+                for j in range(n):
+                    dp[bh, i, j] = dp[bh, i, j] * drop_scale if keep[bh, i, j] else zero
+            dot = zero
+            for j in range(n):
+                y = dp[bh, i, j] * probs[bh, i, j]
+                dot += y if j < c1 else zero
+            for j in range(n):
+                dp[bh, i, j] = probs[bh, i, j] * (dp[bh, i, j] - dot) * scale
+
+
 _TRUE = np.ones((1, 1, 1, 1), dtype=bool)              # no mask: every key may be attended
 _TRUE_2D = np.ones((1, 1), dtype=bool)        # stands in for the keep-mask without dropout
+_TRUE_3D = np.ones((1, 1, 1), dtype=bool)     # the same, for the row-block kernels
 
 
 def _check_qkv(q, k, v):
@@ -184,19 +299,62 @@ def _mask4(mask, full):
     return np.ascontiguousarray(np.broadcast_to(mask_b, mask_b.shape[:3] + (full[3],)))
 
 
-def _parts(shape, itemsize):
+def _parts(shape, itemsize, blocks=None):
     """How the heads are divided: (parts, parallel). parts lists (axis, lo, hi), axis 0 = B or
     1 = H (when B = 1); each part's scores take about CHUNK_BYTES, so they stay in the core's L2
     cache from the product that writes them to the one that reads them, and there are at least
     two parts when there are two batch elements (or heads). Below SPLIT_MIN scores everything
-    runs on this thread (parallel is False). The parts depend on the shape alone."""
+    runs on this thread (parallel is False). The parts depend on the shape alone.
+
+    With row ``blocks`` (:func:`_row_blocks`) a part's scores are computed block by block: its
+    parts hold about BLOCK_CHUNK_BYTES of computed scores (fewer, larger parts: each now makes
+    several calls per product, and what must stay in L2 is one block's scores)."""
     n_b, n_h, tq, tk = shape
     axis, n = (0, n_b) if n_b > 1 else (1, n_h)
-    step = max(1, CHUNK_BYTES // max(1, tq * tk * itemsize * (n_h if axis == 0 else 1)))
+    if blocks is None:
+        chunk, per_head = CHUNK_BYTES, tq * tk
+    else:
+        chunk, per_head = BLOCK_CHUNK_BYTES, sum((r1 - r0) * c1 for r0, r1, c1 in blocks)
+    step = max(1, chunk // max(1, per_head * itemsize * (n_h if axis == 0 else 1)))
     parallel = n >= 2 and n_b * n_h * tq * tk >= SPLIT_MIN
     if parallel:
         step = min(step, -(-n // 2))
     return [(axis, lo, min(lo + step, n)) for lo in range(0, n, step)], parallel
+
+
+def _row_blocks(mask4, tq, tk):
+    """The query rows in blocks, each with the keys its rows may attend: a list of (r0, r1, c1),
+    rows r0 .. r1-1 attend no key from c1 on in any batch element or head (c1 never decreases
+    from one block to the next), or None where that skips less than SKIP_MIN of the products'
+    work (no mask, a padding mask: the full path is taken).
+
+    Causal masks: T = 128 gives blocks of 32 rows and c1 = 32, 64, 96, 128, i.e. 10/16 of the
+    work; ``causal_mask(t, start)`` (decoding's prefill) gives c1 = start + r1."""
+    n_blocks = min(ROW_BLOCKS, tq // MIN_BLOCK_ROWS)
+    if n_blocks < 2 or tk == 0:
+        return None
+    rows = -(-tq // n_blocks)
+    seen = mask4.any(axis=(0, 1))                            # (Tq|1, Tk) any batch element, head
+    needs = np.where(seen.any(axis=1), tk - np.argmax(seen[:, ::-1], axis=1), 0)  # last True + 1
+    needs = np.broadcast_to(needs, (tq,))                    # keys each query row needs
+    blocks, c1 = [], 0
+    for r0 in range(0, tq, rows):
+        r1 = min(r0 + rows, tq)
+        c1 = max(c1, int(needs[r0:r1].max()))
+        blocks.append((r0, r1, c1))
+    work = sum((r1 - r0) * c1 for r0, r1, c1 in blocks)
+    return blocks if work <= (1.0 - SKIP_MIN) * tq * tk else None
+
+
+def _key_blocks(blocks):
+    """The keys in blocks, from row ``blocks``: (c0, c1, r0), keys c0 .. c1-1 are attended by
+    query rows r0 .. Tq-1 only (every earlier row block stops before c0)."""
+    keys, c0 = [], 0
+    for r0, _, c1 in blocks:
+        if c1 > c0:
+            keys.append((c0, c1, r0))
+            c0 = c1
+    return keys
 
 
 def _part(x, part):
@@ -233,14 +391,16 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     tk, d_v = k.shape[2], v.shape[3]
     full = (n_b, n_h, tq, tk)
     dtype = q.dtype.type
-    bias = np.where(_mask4(mask, full), dtype(0.0), dtype(-np.inf))   # (B|1, H|1, Tq|1, Tk)
+    mask4 = _mask4(mask, full)                                       # (B|1, H|1, Tq|1, Tk)
+    bias = np.where(mask4, dtype(0.0), dtype(-np.inf))
+    blocks = _row_blocks(mask4, tq, tk)                              # None: every key computed
     scale = 1.0 / math.sqrt(d_k)
     use_dropout = bool(training and dropout_p > 0.0)
-    probs = np.empty(full, dtype=q.dtype)                            # (B, H, Tq, Tk)
+    probs = empty_aligned(full, q.dtype)                             # (B, H, Tq, Tk)
     if use_dropout:
         keep = keep_mask(full, dropout_p, rng)                 # same draws as the reference
         drop_scale = q.dtype.type(1.0 / (1.0 - dropout_p))
-        probs_d = np.empty_like(probs)
+        probs_d = empty_aligned(full, q.dtype)
         drop_cache = (keep, drop_scale)
     else:
         keep, drop_scale, probs_d, drop_cache = None, q.dtype.type(1.0), probs, None
@@ -257,14 +417,33 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
                       _flat(_part(keep, part), heads) if use_dropout else _TRUE_2D,
                       drop_scale, use_dropout, _flat(p_d, heads))    # probs (B, H, Tq, Tk)
         matmul(p_d, _part(v, part), out=_part(out_bhtd, part), candidates=THREAD_SAFE)  # (B,H,Tq,dv)
-    _run(*_parts(full, q.itemsize), forward_part)
-    return out_bhtd, (q, k, v, probs, probs_d, drop_cache, scale)
+
+    def forward_blocks(part):                  # row block by row block, keys [0, c1) only
+        p, p_d, o = _part(probs, part), _part(probs_d, part), _part(out_bhtd, part)
+        q_p, v_p = _part(q, part), _part(v, part)
+        kt_p = np.ascontiguousarray(_part(kt, part))                 # (b, H, dk, Tk), once
+        heads = (p.shape[0] * p.shape[1], tq, tk)                    # (b*H, Tq, Tk) views
+        keep_p = _flat(_part(keep, part), heads) if use_dropout else _TRUE_3D
+        for r0, r1, c1 in blocks:
+            matmul(q_p[:, :, r0:r1], kt_p[..., :c1], out=p[:, :, r0:r1, :c1],
+                   candidates=THREAD_SAFE)                           # S block  (b,H,R,c1)
+            _softmax_block(_flat(p, heads), _part(bias, part), p.shape[1], r0, r1, c1,
+                           dtype(scale), dtype(-np.inf), q.dtype == np.float32, keep_p,
+                           drop_scale, use_dropout, _flat(p_d, heads))  # P, P' rows (0 from c1)
+            matmul(p_d[:, :, r0:r1, :c1], v_p[:, :, :c1], out=o[:, :, r0:r1],
+                   candidates=THREAD_SAFE)                           # out rows (b,H,R,dv)
+    if blocks is None:
+        _run(*_parts(full, q.itemsize), forward_part)
+    else:
+        _run(*_parts(full, q.itemsize, blocks), forward_blocks)
+    return out_bhtd, (q, k, v, probs, probs_d, drop_cache, scale, blocks)
 
 
 def attention_backward_into(dout, cache, dq, dk, dv):
     """attention_backward writing into given arrays dq (B, H, Tq, dk), dk (B, H, Tk, dk),
     dv (B, H, Tk, dv) (views of a larger buffer are fine). Returns (dq, dk, dv)."""
-    q, k, v, probs, probs_d, drop_cache, scale = cache
+    q, k, v, probs, probs_d, drop_cache, scale = cache[:7]
+    blocks = cache[7] if len(cache) > 7 else None          # (the reference's cache has none)
     n_b, n_h, tq, d_k = q.shape
     tk, d_v = k.shape[2], v.shape[3]
     if dout.shape != (n_b, n_h, tq, d_v):
@@ -293,7 +472,40 @@ def attention_backward_into(dout, cache, dq, dk, dv):
                candidates=THREAD_SAFE)                               # dq = dS k      (B,H,Tq,dk)
         matmul(ds.swapaxes(-1, -2), _part(q, part), out=_part(dk, part),
                candidates=THREAD_SAFE)                               # dk = dS^T q    (B,H,Tk,dk)
-    _run(*_parts(probs.shape, q.itemsize), backward_part)
+
+    def backward_blocks(part):
+        """dv per key block [k0, k1) over the rows r0 .. Tq-1 that may attend it; dP', dS and dq
+        per row block [r0, r1) over keys [0, c1); then dk per key block (it reads the dS of
+        rows from r0 on, all done by then). Every entry of dq, dk, dv is one product's,
+        computed once: nothing is accumulated across calls."""
+        p, p_d, g = _part(probs, part), _part(probs_d, part), _part(dout, part)
+        q_p, k_p = _part(q, part), _part(k, part)
+        dq_p, dk_p, dv_p = _part(dq, part), _part(dk, part), _part(dv, part)
+        vt_p = np.ascontiguousarray(_part(vt, part))                 # (b, H, dv, Tk), once
+        ds = empty_aligned(p.shape, q.dtype)                 # dP', then dS: written where read
+        heads = (p.shape[0] * p.shape[1], tq, tk)                    # (b*H, Tq, Tk) views
+        keep_p = _flat(_part(keep, part), heads) if use_dropout else _TRUE_3D
+        for k0, k1, r0 in key_blocks:                               # keys [k0, k1): rows r0..
+            matmul(p_d[:, :, r0:, k0:k1].swapaxes(-1, -2), g[:, :, r0:], out=dv_p[:, :, k0:k1],
+                   candidates=THREAD_SAFE)                           # dv = P'^T dout (b,H,C,dv)
+        for r0, r1, c1 in blocks:                                    # query rows [r0, r1)
+            matmul(g[:, :, r0:r1], vt_p[..., :c1], out=ds[:, :, r0:r1, :c1],
+                   candidates=THREAD_SAFE)                           # dP' = dout v^T (b,H,R,c1)
+            _softmax_block_backward(_flat(ds, heads), _flat(p, heads), keep_p, r0, r1, c1,
+                                    drop_scale, use_dropout, q.dtype.type(scale))   # dS
+            matmul(ds[:, :, r0:r1, :c1], k_p[:, :, :c1], out=dq_p[:, :, r0:r1],
+                   candidates=THREAD_SAFE)                           # dq = dS k      (b,H,R,dk)
+        for k0, k1, r0 in key_blocks:
+            matmul(ds[:, :, r0:, k0:k1].swapaxes(-1, -2), q_p[:, :, r0:], out=dk_p[:, :, k0:k1],
+                   candidates=THREAD_SAFE)                           # dk = dS^T q    (b,H,C,dk)
+        dk_p[:, :, end:] = 0                                         # keys no query attends
+        dv_p[:, :, end:] = 0
+    if blocks is None:
+        _run(*_parts(probs.shape, q.itemsize), backward_part)
+    else:
+        key_blocks = _key_blocks(blocks)
+        end = key_blocks[-1][1] if key_blocks else 0
+        _run(*_parts(probs.shape, q.itemsize, blocks), backward_blocks)
     return dq, dk, dv
 
 
@@ -304,7 +516,7 @@ def attention_backward(dout, cache):
     q, k, v = cache[:3]
     n_b, n_h, tq, d_k = q.shape
     tk, d_v = k.shape[2], v.shape[3]
-    dq = np.empty((n_b, tq, n_h, d_k), dtype=q.dtype).transpose(0, 2, 1, 3)
-    dk = np.empty((n_b, tk, n_h, d_k), dtype=q.dtype).transpose(0, 2, 1, 3)
-    dv = np.empty((n_b, tk, n_h, d_v), dtype=q.dtype).transpose(0, 2, 1, 3)
+    dq = empty_aligned((n_b, tq, n_h, d_k), q.dtype).transpose(0, 2, 1, 3)
+    dk = empty_aligned((n_b, tk, n_h, d_k), q.dtype).transpose(0, 2, 1, 3)
+    dv = empty_aligned((n_b, tk, n_h, d_v), q.dtype).transpose(0, 2, 1, 3)
     return attention_backward_into(dout, cache, dq, dk, dv)

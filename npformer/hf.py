@@ -237,8 +237,6 @@ def read_gpt2(path, dtype=np.float32):
 
 def load_tokenizer(path):
     """The ``tokenizers.Tokenizer`` of a folder's ``tokenizer.json``."""
-    _require("tokenizers")
-    from tokenizers import Tokenizer
     file = _folder(path) / "tokenizer.json"
     if not file.is_file():
         raise ValueError(f"{file.parent}: no tokenizer.json (npformer reads the tokenizers "
@@ -249,7 +247,8 @@ def load_tokenizer(path):
 class TextTokenizer:
     """A folder's ``tokenizer.json`` with :class:`npformer.data.characters.CharTokenizer`'s
     interface (``encode(text, name) -> int64 ids``, ``decode(ids) -> str``), so a language-model
-    task or ``npformer sample`` takes either. ``path``: the folder (or the file itself)."""
+    task or ``npformer sample`` takes either; ``token(id)`` names a token (the end-of-text one
+    in ``--trace``: only such tokenizers have one). ``path``: the folder (or the file itself)."""
 
     def __init__(self, path):
         path = Path(path)

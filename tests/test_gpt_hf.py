@@ -245,7 +245,7 @@ def test_sample_command_bad_input_is_one_line(folder, tmp_path, capsys):
     long_prompt = " ".join(["hello"] * 30)
     assert main(["sample", "--hf", str(path), "--prompt", long_prompt, "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err
-    assert "more than the model's context of 24" in err and len(err.strip().splitlines()) == 1
+    assert "longer than the model's context of 24" in err and len(err.strip().splitlines()) == 1
     assert main(["sample", "--hf", str(path), "--prompt", "hi", "--greedy", "--top-k", "3"]) == 1
     assert "--top-k: only used when sampling" in capsys.readouterr().err
     assert main(["sample", "--hf", str(tmp_path), "--prompt", "hi"]) == 1

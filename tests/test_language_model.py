@@ -93,10 +93,11 @@ def test_windows_are_shifted_by_one_seeded_and_resume_where_they_stopped():
     assert len(rest) == len(first) - 3
 
 
-@pytest.mark.parametrize("n_valid", [41, 8 * 5 + 1, 9])
+@pytest.mark.parametrize("n_valid", [41, 40, 12, 5, 2])
 def test_validation_loss_is_the_mean_over_every_token_of_the_split(backend, n_valid):
     """Every token after the first predicted once, from its window of at most ``context``
-    tokens before it: the loss equals a brute-force loop over the windows, one at a time."""
+    tokens before it: the loss equals a brute-force loop over the windows, one at a time
+    (41: full windows only; 40, 12: a shorter tail; 5, 2: no full window at all)."""
     tok = CharTokenizer.from_text(TEXT)
     ids = tok.encode(TEXT)
     task, _ = make_task(valid=ids[:n_valid])
@@ -204,13 +205,19 @@ def test_lm_trains_logs_val_loss_and_sample_continues_the_best(text_file, tmp_pa
     assert capsys.readouterr().out == first                           # same seed, same text
 
 
-def test_lm_resume_keeps_the_options_and_refuses_changing_them(text_file, tmp_path, capsys):
+def test_lm_resume_keeps_the_options_and_continues_bit_for_bit(text_file, tmp_path, capsys):
+    straight = tmp_path / "straight"
+    assert main(["lm", "--data", str(text_file), "--out", str(straight), "--max-steps", "4",
+                 "--dropout", "0.1", *TINY]) == 0
     out = tmp_path / "run"
-    assert main(["lm", "--data", str(text_file), "--out", str(out), "--max-steps", "2", *TINY]) == 0
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--max-steps", "2",
+                 "--dropout", "0.1", *TINY]) == 0
     assert main(["lm", "--data", str(text_file), "--out", str(out), "--resume",
-                 str(out / "last"), "--max-steps", "3", "--quiet"]) == 0
+                 str(out / "last"), "--max-steps", "4", "--quiet"]) == 0
+    assert np.array_equal(load_model_checkpoint(str(out / "last")).model.flat_params,
+                          load_model_checkpoint(str(straight / "last")).model.flat_params)
     assert main(["lm", "--data", str(text_file), "--out", str(out), "--resume",
-                 str(out / "last"), "--max-steps", "4", "--lr", "0.5"]) == 1
+                 str(out / "last"), "--max-steps", "5", "--lr", "0.5"]) == 1
     assert "cannot change --lr: --lr 0.002 in the checkpoint, 0.5 given" in capsys.readouterr().err
 
 
@@ -241,3 +248,12 @@ def test_sample_bad_prompts_are_one_line(text_file, tmp_path, capsys):
     assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "x"),
                  "--init-from", str(out), "--layers", "2"]) == 1
     assert "--layers: the model of --init-from" in capsys.readouterr().err
+    assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "x"),
+                 "--init-from", str(tmp_path / "missing")]) == 1
+    assert "missing: no such checkpoint or folder" in capsys.readouterr().err
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--overwrite",
+                 "--init-from", str(out)]) == 1                    # would delete its own input
+    assert "is in --out" in capsys.readouterr().err and (out / "best.npz").exists()
+    assert main(["train", "--dataset", "toy", "--out", str(tmp_path / "t"), "--resume",
+                 str(out / "last")]) == 1
+    assert "was written by npformer lm" in capsys.readouterr().err

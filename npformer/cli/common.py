@@ -78,7 +78,7 @@ def resolve_checkpoint(path):
         candidate = os.path.join(path, "best")
         if not os.path.exists(candidate + ".npz"):
             raise CheckpointError(f"--checkpoint {path}: a directory without best.npz "
-                                  f"(expected a run directory written by npformer toy/train --out)")
+                                  f"(expected a run directory written by npformer toy/train/lm --out)")
         return candidate
     return path
 

@@ -13,15 +13,14 @@ from ..checkpoint import write_file_atomic
 from ..training.language_model import LM_MODEL, LM_TRAIN, lm_trainer
 from .common import (NoneDefaultFormatter, non_negative_float, non_negative_int, positive_float,
                      positive_int, probability)
-from .runs import apply_resume_policy, plan_run_folder, refuse_inputs_in_run
+from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_inputs_in_run
 
 LM_MADE_BY = "npformer lm"
 # the options a checkpoint of ``npformer lm`` records, and those a resume may change
 LM_RECORDED = ("data", "init_from", "layers", "d_model", "n_heads", "d_ff", "context", "dropout",
                "max_steps", "batch_size", "lr", "min_lr", "warmup_steps", "weight_decay",
                "clip_norm", "eval_every_steps", "time_budget", "sample_tokens", "seed")
-LM_MAY_CHANGE = ("data", "init_from", "max_steps", "time_budget", "eval_every_steps",
-                 "sample_tokens")
+LM_MAY_CHANGE = ("data", "max_steps", "time_budget", "eval_every_steps", "sample_tokens")
 _SHAPE = ("layers", "d_model", "n_heads", "d_ff")
 
 
@@ -29,7 +28,7 @@ def add_parser(sub, name):
     p = sub.add_parser(name, formatter_class=NoneDefaultFormatter,
                        help="train a character-level GPT on a text file (or fine-tune GPT-2)",
                        description="Train a decoder-only GPT on one UTF-8 text file: characters "
-                                   "as tokens, the first 90%% for training, the last 10%% for "
+                                   "as tokens, the first 90% for training, the last 10% for "
                                    "the validation loss (nats per character, over the whole "
                                    "split), samples at every validation, the best checkpoint by "
                                    "validation loss. --init-from fine-tunes GPT-2 (a Hugging "
@@ -45,7 +44,7 @@ def add_parser(sub, name):
     p.add_argument("--resume", metavar="CKPT",
                    help="continue the run of this checkpoint, bit for bit (options left out keep "
                         "the checkpoint's values; only %s may change)"
-                        % ", ".join("--" + d.replace("_", "-") for d in LM_MAY_CHANGE))
+                        % ", ".join(flag(d) for d in LM_MAY_CHANGE))
     p.add_argument("--init-from", metavar="DIR",
                    help="start from these weights: a Hugging Face GPT-2 folder (config.json, "
                         "model.safetensors, tokenizer.json; extra hf) or an npformer GPT "
@@ -144,15 +143,23 @@ def build(args, saved=None):
     if args.init_from is not None and saved is None:
         given = [d for d in _SHAPE if getattr(args, d) is not None]
         if given:
-            raise ValueError(f"--{given[0].replace('_', '-')}: the model of --init-from "
+            raise ValueError(f"{flag(given[0])}: the model of --init-from "
                              f"{args.init_from} brings its own shape; leave it out")
     fill_defaults(args)
     refuse_inputs_in_run(args.out, [("--data", args.data)])
+    if args.init_from is not None and saved is None:
+        source = args.init_from if os.path.isdir(args.init_from) else os.path.dirname(
+            os.path.abspath(args.init_from))
+        if same_path(source, args.out):
+            raise ValueError(f"--init-from {args.init_from}: is in --out {args.out}, whose run "
+                             f"files the new run replaces; give another --out (nothing was "
+                             f"written)")
     trainer, data = lm_trainer(args.data, _model_kwargs(args) if saved is None else {},
                                _train_kwargs(args), seed=args.seed, context=args.context,
                                init_from=None if saved is not None else args.init_from,
                                sample_tokens=args.sample_tokens, extra=_recorded(args),
                                saved=saved)
+    args.context = trainer.extra["options"]["context"] = trainer.task.context   # as used
     model = trainer.model
     print(f"{args.data}: {len(data.train) + len(data.valid):,} tokens ({len(data.train):,} "
           f"training, {len(data.valid):,} validation), a vocabulary of {len(data.tokenizer):,}; "
@@ -162,19 +169,15 @@ def build(args, saved=None):
     return trainer, data
 
 
-def _copy_tokenizer(data, out):
-    """A fine-tuned GPT-2's run keeps the tokenizer.json it was trained with beside its
-    checkpoints (``npformer sample --checkpoint`` reads it there)."""
+def _tokenizer_bytes(data):
+    """The tokenizer.json a fine-tuned GPT-2 was cut with (None for characters, which the
+    checkpoints hold): read before the run folder is prepared, written into it afterwards
+    (``npformer sample --checkpoint`` reads it there)."""
     source = getattr(data.tokenizer, "path", None)
     if source is None:
-        return
-    target = os.path.join(out, "tokenizer.json")
-    if os.path.exists(target) and os.path.samefile(source, target):
-        return
+        return None
     with open(source, "rb") as f:
-        payload = f.read()
-    os.makedirs(out, exist_ok=True)
-    write_file_atomic(Path(target), lambda f: f.write(payload))
+        return f.read()
 
 
 def run(args):
@@ -193,8 +196,12 @@ def run(args):
     if saved is not None:
         trainer.resume(saved)
     trainer.check_work_left()
+    tokenizer = _tokenizer_bytes(data)
     folder.prepare()
-    _copy_tokenizer(data, args.out)
+    if tokenizer is not None:
+        os.makedirs(args.out, exist_ok=True)
+        write_file_atomic(Path(os.path.join(args.out, "tokenizer.json")),
+                          lambda f: f.write(tokenizer))
 
     def on_eval(rec):
         if not args.quiet:

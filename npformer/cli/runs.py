@@ -1,11 +1,12 @@
-"""Run folders: what ``npformer train`` and ``npformer toy`` may do with the folder ``--out``
-names, and what a resumed run may change. One place for the policy both commands follow.
+"""Run folders: what ``npformer train``, ``npformer lm`` and ``npformer toy`` may do with the
+folder ``--out`` names, and what a resumed run may change. One place for the policy they follow.
 
 A run folder holds one run's files: ``best``, ``last``, ``averaged`` and ``step_<N>``
-checkpoints (``.npz`` with a readable ``.json`` beside each) and ``metrics.jsonl``. Nothing else
-in the folder belongs to the run, and nothing else is ever touched.
+checkpoints (``.npz`` with a readable ``.json`` beside each), ``metrics.jsonl`` and, for a
+fine-tuned GPT-2, the ``tokenizer.json`` it was trained with. Nothing else in the folder belongs
+to the run, and nothing else is ever touched.
 
-* ``npformer train --out DIR`` refuses a DIR that holds a run, unless
+* ``npformer train --out DIR`` (and ``npformer lm``) refuses a DIR that holds a run, unless
   - ``--resume CKPT`` names a checkpoint of that very run (DIR is CKPT's folder): the run goes on
     in its own folder; or
   - ``--overwrite`` is given: exactly that run's files are removed (after every check of the new
@@ -96,7 +97,7 @@ def refuse_output_named_like_a_run_file(option, path):
     run's file: written into a run folder it would replace that run's checkpoint or log."""
     if is_run_file(path):
         raise ValueError(f"{option} {path}: is named like a run's own file (best/last/averaged/"
-                         f"step_<N> .npz/.json, metrics.jsonl), which it could replace; choose "
+                         f"step_<N> .npz/.json, metrics.jsonl, tokenizer.json), which it could replace; choose "
                          f"another name (nothing was written)")
 
 
@@ -148,7 +149,7 @@ def is_toy_run(folder):
     return all(_checkpoint_made_by(path) == TOY_MADE_BY for path in marked)
 
 
-def _same_path(a, b):
+def same_path(a, b):
     """Whether two paths name one file or folder (symlinks and ``..`` resolved)."""
     return os.path.realpath(a) == os.path.realpath(b)
 
@@ -174,14 +175,15 @@ class RunFolder:
 def plan_run_folder(out, command, overwrite=False, resume=None):
     """Check ``--out`` against the policy of this module; a ``RunFolder`` to ``prepare()``.
 
-    ``command`` is "train" or "toy"; ``resume`` the checkpoint a train run resumes, if any.
+    ``command`` is "train", "lm" or "toy"; ``resume`` the checkpoint a train or lm run resumes,
+    if any.
     Raises ValueError naming ``--out`` (or ``--overwrite``) when the folder may not be used.
     """
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out}: is a file; expected a run folder (nothing was written)")
     files = run_files(out)
     shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
-    if resume is not None and _same_path(os.path.dirname(os.path.abspath(resume)), out):
+    if resume is not None and same_path(os.path.dirname(os.path.abspath(resume)), out):
         if overwrite:
             raise ValueError(f"--overwrite: would remove the run in {out} that --resume {resume} "
                              f"continues; leave --overwrite out to resume it in its own folder")
@@ -209,7 +211,7 @@ def _check_resuming_the_newest(resume, out):
     ``last``: refuse that (resume ``last``, or write the continuation elsewhere)."""
     from ..checkpoint import checkpoint_paths, load_checkpoint
     last = os.path.join(out, "last")
-    if not os.path.exists(last + ".npz") or _same_path(checkpoint_paths(resume)[0], last + ".npz"):
+    if not os.path.exists(last + ".npz") or same_path(checkpoint_paths(resume)[0], last + ".npz"):
         return
     try:
         step = load_checkpoint(last)[1]["training"]["step"]
@@ -226,7 +228,7 @@ def refuse_inputs_in_run(out, inputs):
     """No input file may be one of the files the run writes into ``out``: ``inputs`` are
     (option, path) pairs; ValueError naming the first that is."""
     for option, path in inputs:
-        if path and is_run_file(path) and _same_path(os.path.dirname(os.path.abspath(path)), out):
+        if path and is_run_file(path) and same_path(os.path.dirname(os.path.abspath(path)), out):
             raise ValueError(f"{option} {path}: is a file of the run that --out {out} writes; "
                              f"give the input from another place (nothing was written)")
 

@@ -5,7 +5,6 @@ or a checkpoint of ``npformer lm``.
     npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --temperature 0.8
 """
 import sys
-from dataclasses import replace
 
 import numpy as np
 
@@ -78,9 +77,7 @@ def load_language_model(args):
                          f"model, not a language model (translate with npformer translate)")
     model = loaded.model
     if model.dtype != dtype:
-        model = GPT.from_config(replace(model.config, dtype=args.dtype))
-        model.load_state_dict({k: v.astype(dtype) for k, v in loaded.model.state_dict().items()})
-        model.eval()
+        model = model.reconfigured(dtype=args.dtype)
     return model, resolve_tokenizer(loaded)
 
 

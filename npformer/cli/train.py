@@ -12,8 +12,8 @@ from ..training.trainer import TrainConfig, step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, bucket_size,
                      model_kwargs, positive_float, positive_int, refuse_output_over_inputs,
                      train_kwargs)
-from .runs import (RECORDED_OPTIONS, TRAIN_MADE_BY, apply_resume_policy, flag, plan_run_folder,
-                   refuse_inputs_in_run)
+from .runs import (RECORDED_OPTIONS, TOY_MADE_BY, TRAIN_MADE_BY, apply_resume_policy, flag,
+                   plan_run_folder, refuse_inputs_in_run)
 
 DATASETS = ("toy", "files", "multi30k")
 # model/training options left unset take the defaults of the chosen dataset's recipe
@@ -270,6 +270,10 @@ def run(args):
     if args.resume:
         from ..training.checkpointing import load_model_checkpoint
         saved = load_model_checkpoint(args.resume)
+        made_by = (saved.meta.get("extra") or {}).get("made_by")
+        if made_by not in (None, TRAIN_MADE_BY, TOY_MADE_BY):
+            raise ValueError(f"--resume {args.resume}: was written by {made_by}; resume it with "
+                             f"that command")
         apply_resume_policy(args, saved.meta, args.resume)
     trainer = build(args, saved, given)          # bad data and options are reported first
     folder = plan_run_folder(args.out, "train", overwrite=args.overwrite, resume=args.resume)

@@ -52,7 +52,14 @@ def read_text(path: str | os.PathLike) -> str:
     """The whole text of a UTF-8 file (gzip-compressed if its name ends in ``.gz``), line ends
     as they are, a leading byte-order mark dropped. ``ValueError`` naming the file for a missing
     file, a folder, a corrupt gzip stream, bytes that are not UTF-8 or an empty file."""
-    path = Path(path)
+    text = _file_text(Path(path))
+    if not text:
+        raise ValueError(f"{path}: is empty, expected UTF-8 text")
+    return text
+
+
+def _file_text(path: Path) -> str:
+    """A file's text, decoded as ``decode_utf8`` does (gunzipped first for ``.gz``)."""
     if path.is_dir():
         raise ValueError(f"{path}: is a folder, expected a text file")
     try:
@@ -64,10 +71,7 @@ def read_text(path: str | os.PathLike) -> str:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as err:   # BadGzipFile is an OSError
             raise ValueError(f"{path}: not a valid gzip file ({err})") from err
-    text = decode_utf8(data, str(path))
-    if not text:
-        raise ValueError(f"{path}: is empty, expected UTF-8 text")
-    return text
+    return decode_utf8(data, str(path))
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
@@ -88,19 +92,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
         else:
             text = decode_utf8(stream.read(), "<stdin>")
     else:
-        path = Path(path)
-        if path.is_dir():
-            raise ValueError(f"{path}: is a folder, expected a text file")
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such file") from None
-        if path.name.endswith(".gz"):
-            try:
-                data = gzip.decompress(data)
-            except (OSError, EOFError, zlib.error) as err:   # BadGzipFile is an OSError
-                raise ValueError(f"{path}: not a valid gzip file ({err})") from err
-        text = decode_utf8(data, str(path))
+        text = _file_text(Path(path))
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines[-1] == "":                          # the text ends with a line end, or is empty
         lines.pop()

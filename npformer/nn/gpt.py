@@ -120,6 +120,15 @@ class GPT(Module):
         model.eos_id = eos_id
         return model.eval()
 
+    def reconfigured(self, **changes):
+        """A new model of ``config.replace(**changes)`` holding these weights (cast to its
+        dtype) and this ``eos_id``, in eval mode: another dropout rate to fine-tune with,
+        float64 for a check. The changes may not alter a parameter's shape."""
+        model = GPT.from_config(self.config.replace(**changes))
+        model.load_state_dict({k: v.astype(model.dtype) for k, v in self.state_dict().items()})
+        model.eos_id = self.eos_id
+        return model.eval()
+
     # -- pieces the forward pass and decoding share -------------------------------------------
     def embed(self, ids, start=0):
         """Token plus position vectors of ids (B, T) at positions start .. start + T - 1, then

@@ -22,7 +22,6 @@ give the same number every time.
 ``sample_tokens`` tokens (temperature ``sample_temperature``, a generator seeded by ``seed``):
 ``examples()`` returns the text, which the metrics log keeps beside the loss.
 """
-import dataclasses
 import os
 import zlib
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from ..decoding.search import sample_search
 from ..hf import TextTokenizer
 from ..loss import cross_entropy
 from ..nn.gpt import GPT
+from ..validation import check_int, check_real
 from .checkpointing import load_model_checkpoint
 from .task import Task
 from .trainer import TrainConfig, Trainer
@@ -81,7 +81,8 @@ class LanguageModelTask(Task):
         """``tokenizer`` (``encode``/``decode``; optional) turns samples into text; ``vocabs``
         (a ``Vocabularies``, or None for a tokenizer of its own such as GPT-2's) is saved in
         every checkpoint."""
-        self.context, self.batch_size, self.seed = int(context), int(batch_size), int(seed)
+        self.context, self.batch_size = check_int("context", context), check_int("batch_size", batch_size)
+        self.seed = check_int("seed", seed, minimum=0)
         self.train_ids = np.ascontiguousarray(train_ids, dtype=np.int64)
         self.valid_ids = np.ascontiguousarray(valid_ids, dtype=np.int64)
         if len(self.train_ids) < self.context + 1:
@@ -89,7 +90,9 @@ class LanguageModelTask(Task):
                              f"tokens, got {len(self.train_ids)}")
         self.has_validation = len(self.valid_ids) >= 2
         self.tokenizer, self.vocabs = tokenizer, vocabs
-        self.sample_tokens, self.sample_temperature = int(sample_tokens), float(sample_temperature)
+        self.sample_tokens = check_int("sample_tokens", sample_tokens, minimum=0)
+        self.sample_temperature = check_real("sample_temperature", sample_temperature, minimum=0,
+                                             min_open=True)
         self._epoch, self._done, self._sample = 0, 0, None
 
     def check_model(self, model):
@@ -133,9 +136,16 @@ class LanguageModelTask(Task):
         return self._done
 
     def state_dict(self):
-        return {"epoch": self._epoch, "batches_done": self._done}
+        return {"epoch": self._epoch, "batches_done": self._done, "context": self.context,
+                "batch_size": self.batch_size}
 
     def load_state_dict(self, state):
+        """The position inside an epoch; the windows must be the run's (same context and
+        batch size), else the resumed run would draw others."""
+        for key in ("context", "batch_size"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(f"{key}: the run drew windows with {key} {state[key]}, this "
+                                 f"task has {getattr(self, key)}")
         self._epoch, self._done = int(state["epoch"]), int(state["batches_done"])
 
     def fingerprint(self):
@@ -164,6 +174,9 @@ class LanguageModelTask(Task):
 
     def evaluate(self, model):
         """{'val_loss': mean nats per token over the whole validation split}."""
+        if not self.has_validation:
+            raise ValueError("valid_ids: the validation split needs at least 2 tokens (one "
+                             "predicted from the other)")
         v, total, count = self.valid_ids, 0.0, 0
         windows = self.valid_windows()
         rows = max(1, min(self.batch_size, EVAL_LOGITS // (self.context * model.config.vocab_size)))
@@ -197,13 +210,13 @@ class LanguageModelTask(Task):
 # -- the recipe of ``npformer lm`` ----------------------------------------------------------------
 # A character-level GPT for a text of about a million characters (tinyshakespeare) on a few
 # cores: nanoGPT's shakespeare_char settings scaled to the compute of a CPU quarter hour (the
-# shape that did best at ~1e14 training FLOPs; docs/gpt.md has the calibration), AdamW with
+# shape that did best at ~1e14 training FLOPs; BENCHMARKS.md has the runs), AdamW with
 # weight decay on the matrices only, warm-up then a cosine to min_lr, clipping at 1.
 LM_MODEL = dict(n_layers=4, d_model=192, n_heads=6, d_ff=768, max_len=128, dropout=0.0)
-LM_TRAIN = dict(epochs=10**6, max_steps=1000, batch_size=64, lr=2e-3, warmup_steps=100,
+LM_TRAIN = dict(epochs=10**6, max_steps=2100, batch_size=32, lr=2e-3, warmup_steps=100,
                 schedule="cosine", min_lr=1e-4, optimizer="adamw", betas=(0.9, 0.99),
                 weight_decay=0.1, decay="matrices", clip_norm=1.0, label_smoothing=0.0,
-                eval_every_steps=100)
+                eval_every_steps=300)
 INIT_CONTEXT = 256                  # --init-from: the default context, at most the model's
 
 
@@ -234,6 +247,10 @@ def _initial_model(init_from):
         tokenizer = TextTokenizer(init_from)              # first: the cheaper file to refuse
         return GPT.from_pretrained(init_from), tokenizer
     path = os.path.join(init_from, "best") if os.path.isdir(init_from) else init_from
+    if not os.path.exists(path) and not os.path.exists(str(path) + ".npz"):
+        raise ValueError(f"init_from {init_from}: no such checkpoint or folder (expected a "
+                         f"Hugging Face GPT-2 folder with config.json, an npformer GPT "
+                         f"checkpoint, or a run folder holding best.npz)")
     loaded = load_model_checkpoint(path)
     if not isinstance(loaded.model, GPT):
         raise ValueError(f"init_from {init_from}: holds a {loaded.model.config.arch} model; "
@@ -248,13 +265,16 @@ def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=
     ``model_kwargs``) on the text of ``text_file``, trained as ``LM_TRAIN`` says (overridden by
     ``train_kwargs``). ``init_from`` fine-tunes a GPT-2 folder or an npformer GPT checkpoint
     instead, on the text as its own tokenizer cuts it (``model_kwargs`` may then only set
-    ``dropout``). ``saved`` (a ``LoadedCheckpoint``) is the run a caller resumes: its model
-    shape and tokenizer are kept."""
+    ``dropout``: every dropout rate of the model). ``saved`` (a ``LoadedCheckpoint``) is the
+    run a caller resumes: its model and tokenizer are kept, and ``context`` must be given (the
+    run's). The context used is the task's (``trainer.task.context``)."""
     text = read_text(text_file)
     model_kwargs = dict(model_kwargs or {})
     if saved is not None:
+        if context is None:
+            raise ValueError("context: a resumed run must give its own context (recorded in its "
+                             "checkpoints)")
         model, tokenizer = saved.model, resolve_tokenizer(saved)
-        context = context or model.max_len
     elif init_from is not None:
         shape = sorted(set(model_kwargs) - {"dropout"})
         if shape:
@@ -262,16 +282,16 @@ def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=
                              f"{', '.join(shape)} cannot be set")
         model, tokenizer = _initial_model(init_from)
         context = context or min(model.max_len, INIT_CONTEXT)
+        if "dropout" in model_kwargs:            # the same weights; every rate is the new one
+            model = model.reconfigured(dropout=model_kwargs["dropout"], attention_dropout=None)
     else:
         tokenizer = CharTokenizer.from_text(text)
-        config = {**LM_MODEL, **model_kwargs, "seed": seed}
-        config["max_len"] = context = context or config["max_len"]
-        model = GPT(len(tokenizer), **config)
-    if "dropout" in model_kwargs and model_kwargs["dropout"] != model.config.dropout:
-        weights = model.state_dict()              # the same weights, another dropout rate
-        model = GPT.from_config(dataclasses.replace(model.config, dropout=model_kwargs["dropout"]))
-        model.load_state_dict(weights)
+        context = context or LM_MODEL["max_len"]
+        model = None                             # built once the text has passed its checks
     train, valid = split_ids(tokenizer.encode(text, str(text_file)), context, name=str(text_file))
+    if model is None:
+        model = GPT(len(tokenizer), **{**LM_MODEL, **model_kwargs, "seed": seed,
+                                       "max_len": context})
     config = TrainConfig(**{**LM_TRAIN, "seed": seed, **(train_kwargs or {})})
     vocabs = (Vocabularies.joint(tokenizer.vocab) if isinstance(tokenizer, CharTokenizer)
               else None)

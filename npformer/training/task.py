@@ -28,7 +28,8 @@ accumulated ones, or spread over several processes (fairseq's normalisation). Th
 N is applied to each batch's gradient before its backward, where the loop knows N beforehand
 (``Collective.total_tokens``); that keeps the bits of the loop before the task protocol.
 
-Tasks: ``npformer.training.translation.TranslationTask``; tests/test_task.py holds a task with no
+Tasks: ``npformer.training.translation.TranslationTask``,
+``npformer.training.language_model.LanguageModelTask``; tests/test_task.py holds a task with no
 vocabulary at all (a regression on random vectors) to prove the loop needs none.
 """
 

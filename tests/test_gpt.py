@@ -286,3 +286,25 @@ def test_checkpoint_round_trip_and_bit_exact_resume(tmp_path):
     assert restore_training_state(loaded, resumed, opt2) == {"step": 2}
     train_steps(resumed, opt2, 2, seed=1)
     np.testing.assert_array_equal(resumed.flat_params, model.flat_params)
+
+
+def test_a_sliding_state_draws_each_token_from_the_last_context_tokens():
+    """Past the context, ``slide=True`` gives each step the distribution one forward over the
+    last ``max_len`` tokens gives (nanoGPT's cropping); without it the full state refuses."""
+    model = nf.GPT(23, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_len=6, dropout=0.0,
+                   dtype=np.float64, seed=1).eval()
+    seq = np.random.default_rng(0).integers(0, 23, size=(2, 15))
+    state = model.decoder_state(seq[:, :3], slide=True)
+    tokens = state.first_tokens()
+    for t in range(3, 15):
+        logp = state.step(tokens)
+        window = seq[:, max(0, t - 6):t]
+        expected = nf.functional.log_softmax(model.forward(window)[:, -1].astype(np.float64))
+        np.testing.assert_allclose(logp, expected, rtol=1e-10, atol=1e-10)
+        tokens = seq[:, t]
+    full = model.decoder_state(seq[:, :3])
+    tokens = full.first_tokens()
+    with pytest.raises(ValueError, match="the state is full"):
+        for t in range(3, 15):
+            full.step(tokens)
+            tokens = seq[:, t]

@@ -34,7 +34,8 @@ def add_parser(sub, name):
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=positive_int, default=50, metavar="N",
                    help="tokens to generate at most (default %(default)s; GPT-2 also stops "
-                        "at <|endoftext|>)")
+                        "at <|endoftext|>); past the model's context each token sees the last "
+                        "context tokens")
     p.add_argument("--greedy", action="store_true", help="the most likely token every time")
     p.add_argument("--temperature", type=positive_float, default=None,
                    help=f"> 0 (default {TEMPERATURE})")
@@ -92,12 +93,8 @@ def run(args):
     if len(ids) > context:
         raise ValueError(f"--prompt: {len(ids)} tokens, longer than the model's context of "
                          f"{context}; give a shorter prompt")
-    if len(ids) - 1 + args.max_new_tokens > context:    # the last new token is never fed back
-        raise ValueError(f"--prompt / --max-new-tokens: the prompt's {len(ids)} tokens and "
-                         f"{args.max_new_tokens} new ones need {len(ids) - 1 + args.max_new_tokens} "
-                         f"positions, more than the model's context of {context}; shorten the "
-                         f"prompt or ask for fewer tokens (at most {context - len(ids) + 1})")
-    state = model.decoder_state(np.array([ids]), eos_id=model.eos_id)
+    # past the context, each new token sees the last ``context`` tokens (the state slides)
+    state = model.decoder_state(np.array([ids]), eos_id=model.eos_id, slide=True)
     if args.greedy:
         hyp, = greedy_search(state, max_new_tokens=args.max_new_tokens)
     else:

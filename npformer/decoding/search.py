@@ -31,12 +31,16 @@ class Hypothesis:
 
 
 def _check_max_new(state, max_new_tokens):
-    """How many tokens a search may add: ``max_new_tokens``, at most the state's room."""
-    room = state.capacity - state.length
+    """How many tokens a search may add: ``max_new_tokens``, at most the state's room (a state
+    that slides over its context has no limit, so it needs the number)."""
+    room = None if getattr(state, "slide", False) else state.capacity - state.length
     if max_new_tokens is None:
+        if room is None:
+            raise ValueError("max_new_tokens: expected a number of tokens for a state that slides "
+                             "past its context (it has no end of its own), got None")
         return room
     max_new = check_int("max_new_tokens", max_new_tokens)
-    if max_new > room:
+    if room is not None and max_new > room:
         raise ValueError(f"max_new_tokens: expected at most {room} (the state's capacity "
                          f"{state.capacity} less the {state.length} positions it holds), got "
                          f"{max_new}")

@@ -140,10 +140,11 @@ class GPT(Module):
             x += self.positions[start:start + ids.shape[1]]
         return self.embed_dropout.forward(x)
 
-    def decoder_state(self, prompt, eos_id=None, capacity=None):
+    def decoder_state(self, prompt, eos_id=None, capacity=None, slide=False):
         """A ``LanguageModelState`` prefilled with ``prompt`` (R, P): what
-        ``npformer.decoding``'s greedy and sampling searches run over."""
-        return LanguageModelState(self, prompt, eos_id, capacity)
+        ``npformer.decoding``'s greedy and sampling searches run over (``slide``: generate
+        past the context, each token from the ``capacity`` tokens before it)."""
+        return LanguageModelState(self, prompt, eos_id, capacity, slide)
 
     # -- training -----------------------------------------------------------------------------
     def forward(self, ids):
@@ -189,12 +190,15 @@ class LanguageModelState(CachedState):
     first P - 1 tokens fill the caches in one pass (causal among themselves); its last token is
     ``first_tokens()``, so the first ``step`` returns the distribution of the token after the
     prompt. Every row holds the same number of positions (one prompt, or prompts of one length).
-    ``capacity`` (default: the model's ``max_len``) bounds prompt plus generated tokens.
+    ``capacity`` (default: the model's ``max_len``) bounds prompt plus generated tokens, unless
+    ``slide``: then, once the caches are full, every step re-fills fresh caches with the last
+    ``capacity - 1`` tokens before running its own, so each token is drawn from the ``capacity``
+    tokens before it (nanoGPT's cropping; a full forward over the context per token).
     """
 
     beams = 1
 
-    def __init__(self, model, prompt, eos_id=None, capacity=None):
+    def __init__(self, model, prompt, eos_id=None, capacity=None, slide=False):
         vocab = model.config.vocab_size
         capacity = model.max_len if capacity is None else check_int("capacity", capacity)
         if capacity > model.max_len:
@@ -209,13 +213,18 @@ class LanguageModelState(CachedState):
             eos_id = check_int("eos_id", eos_id, minimum=0)
             if eos_id >= vocab:
                 raise ValueError(f"eos_id: expected a token id in [0, {vocab}), got {eos_id}")
-        self.model, self.eos_id = model, eos_id
+        self.model, self.eos_id, self.slide = model, eos_id, bool(slide)
         model._logits_shape = None       # its training activations are overwritten from here on
-        self.caches = [layer.self_attn.new_cache(prompt.shape[0], capacity, model.dtype)
-                       for layer in model.transformer.layers]
-        if prompt.shape[1] > 1:
-            self._run(prompt[:, :-1], logits=False)          # prefill; no logits needed
+        self._fill(prompt[:, :-1], capacity)
         self._first = prompt[:, -1].copy()
+        self._history = prompt[:, :-1].copy()   # (R, n): the tokens fed so far (for sliding)
+
+    def _fill(self, ids, capacity):
+        """Fresh caches holding ids (R, t) at positions 0 .. t-1 (one prefill pass)."""
+        self.caches = [layer.self_attn.new_cache(ids.shape[0], capacity, self.model.dtype)
+                       for layer in self.model.transformer.layers]
+        if ids.shape[1] > 0:
+            self._run(ids, logits=False)                     # prefill; no logits needed
 
     def first_tokens(self):
         """The prompt's last token on every row: the first ``step``'s input."""
@@ -233,8 +242,12 @@ class LanguageModelState(CachedState):
     def step(self, tokens):
         """The previous token of every row (R,) -> log-probabilities of the next one (R, V),
         float64."""
+        if self.slide and self.length >= self.capacity:      # the last capacity - 1 tokens
+            n = self._history.shape[1]
+            self._fill(self._history[:, n - (self.capacity - 1):], self.capacity)
         tokens = self.check_step(tokens)
         tokens = check_token_ids("tokens", tokens[:, None], self.model.config.vocab_size)
+        self._history = np.concatenate([self._history, tokens], axis=1)
         return F.log_softmax(self._run(tokens).astype(np.float64))
 
     def reorder(self, index):
@@ -243,3 +256,4 @@ class LanguageModelState(CachedState):
         for cache in self.caches:
             cache.reorder(index)
         self._first = self._first[index]
+        self._history = self._history[index]

@@ -197,10 +197,10 @@ class LanguageModelTask(Task):
         """``sample_tokens`` tokens after ``prompt`` (default: the validation split's first
         token), drawn with a generator seeded by the task's seed; returns the text."""
         prompt = self.valid_ids[:1] if prompt is None else np.asarray(prompt, dtype=np.int64)
-        n = min(self.sample_tokens, model.max_len - len(prompt) + 1)
-        state = model.decoder_state(prompt[None, :], eos_id=getattr(model, "eos_id", None))
-        hyp, = sample_search(state, temperature=self.sample_temperature, max_new_tokens=n,
-                             rng=np.random.default_rng(self.seed))
+        state = model.decoder_state(prompt[None, :], eos_id=getattr(model, "eos_id", None),
+                                    slide=True)
+        hyp, = sample_search(state, temperature=self.sample_temperature,
+                             max_new_tokens=self.sample_tokens, rng=np.random.default_rng(self.seed))
         return self.tokenizer.decode(list(prompt) + list(hyp.ids))
 
     def examples(self, n=3):

@@ -59,6 +59,17 @@ def cases(np, F, K, dtype):
             return lambda: ops.attention_backward(dout, ops.attention_forward(q, k, v, mask)[1])
         yield f"attention fwd+bwd B=128 H=8 T=S={t} d=32", att(F), att(K)
 
+    # a character GPT's causal self-attention, dropout 0.1 (the kernel skips masked key blocks)
+    q, k, v, dout = (randn(64, 6, 128, 32) for _ in range(4))
+    causal = F.causal_mask(128)
+
+    def att_causal(ops):
+        def run():
+            _, cache = ops.attention_forward(q, k, v, causal, 0.1, np.random.default_rng(1), True)
+            return ops.attention_backward(dout, cache)
+        return run
+    yield "attention fwd+bwd B=64 H=6 T=S=128 d=32, causal, dropout 0.1", att_causal(F), att_causal(K)
+
     n, dm = 128 * 15, 256
     x, g, bta, dy = randn(n, dm), randn(dm), randn(dm), randn(n, dm)
 
@@ -89,12 +100,15 @@ def cases(np, F, K, dtype):
         return lambda: ops.dropout_backward(xd, ops.dropout_forward(xd, 0.1, np.random.default_rng(1))[1])
     yield f"dropout fwd+bwd ({n}, 512)", drop(F), drop(K)
 
-    def relu_drop(ops):
+    def act_drop(ops, activation, h):
         def run():
-            out, cache = ops.activation_dropout_forward(xd, "relu", 0.1, np.random.default_rng(1))
+            out, cache = ops.activation_dropout_forward(h, activation, 0.1, np.random.default_rng(1))
             return ops.activation_dropout_backward(out, cache)
         return run
-    yield f"ReLU+dropout fwd+bwd ({n}, 512)", relu_drop(F), relu_drop(K)
+    yield f"ReLU+dropout fwd+bwd ({n}, 512)", act_drop(F, "relu", xd), act_drop(K, "relu", xd)
+    xg = randn(64 * 128, 768)                         # a character GPT's feed-forward
+    yield ("GELU (tanh form)+dropout fwd+bwd (8192, 768)", act_drop(F, "gelu_tanh", xg),
+           act_drop(K, "gelu_tanh", xg))
 
     wl, bl, xl = randn(512, dm), randn(512), randn(n, dm)
     dw_acc, db_acc = np.zeros((512, dm), dtype), np.zeros(512, dtype)

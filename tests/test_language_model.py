@@ -218,7 +218,7 @@ def test_lm_resume_keeps_the_options_and_continues_bit_for_bit(text_file, tmp_pa
                           load_model_checkpoint(str(straight / "last")).model.flat_params)
     assert main(["lm", "--data", str(text_file), "--out", str(out), "--resume",
                  str(out / "last"), "--max-steps", "5", "--lr", "0.5"]) == 1
-    assert "cannot change --lr: --lr 0.002 in the checkpoint, 0.5 given" in capsys.readouterr().err
+    assert "cannot change --lr: --lr 0.003 in the checkpoint, 0.5 given" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("content, match", [

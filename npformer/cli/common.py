@@ -77,10 +77,44 @@ def resolve_checkpoint(path):
     if os.path.isdir(path):
         candidate = os.path.join(path, "best")
         if not os.path.exists(candidate + ".npz"):
+            if os.path.exists(os.path.join(path, "model.bin")):
+                raise CheckpointError(f"--checkpoint {path}: a CTranslate2 model folder; run it "
+                                      f"with --engine ctranslate2")
             raise CheckpointError(f"--checkpoint {path}: a directory without best.npz "
                                   f"(expected a run directory written by npformer toy/train/lm --out)")
         return candidate
     return path
+
+
+ENGINES = ("npformer", "ctranslate2")
+
+
+def add_engine_arg(p):
+    """--engine of translate and eval."""
+    p.add_argument("--engine", choices=ENGINES, default="npformer",
+                   help="decode with npformer (default) or with CTranslate2 (extra ctranslate2; "
+                        "--checkpoint is then a folder written by `npformer export --format "
+                        "ctranslate2`)")
+
+
+def load_translation_model(args):
+    """The model that --checkpoint names for --engine: an npformer checkpoint
+    (``LoadedCheckpoint``) or a CTranslate2 export (``npformer.ct2.ExportedModel``)."""
+    if args.engine == "ctranslate2":
+        from ..ct2 import load_exported
+        return load_exported(args.checkpoint)
+    from ..training.checkpointing import load_model_checkpoint
+    return load_model_checkpoint(resolve_checkpoint(args.checkpoint))
+
+
+def checkpoint_files(args):
+    """(option, path) of the files --checkpoint stands for under --engine (what an output must
+    not overwrite)."""
+    if args.engine == "ctranslate2":
+        return [("--checkpoint", os.path.join(args.checkpoint, name))
+                for name in ("model.bin", "npformer.json")]
+    npz, meta = checkpoint_paths(resolve_checkpoint(args.checkpoint))
+    return [("--checkpoint", str(npz)), ("--checkpoint", str(meta))]
 
 
 def beam_length_penalty(args):

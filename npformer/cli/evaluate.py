@@ -2,17 +2,16 @@
 of text files."""
 import json
 
-from ..checkpoint import checkpoint_paths
 from ..data.multi30k import LANGUAGES, resolve_data_dir
 from ..data.textfile import read_lines
 from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
-from ..decoding.translator import Translator
-from ..training.checkpointing import load_model_checkpoint
+from ..decoding.translator import whitespace_tokenize
 from ..training.metrics import corpus_bleu, exact_match
-from ..training.multi30k import evaluate_checkpoint
-from .common import (add_text_args, beam_length_penalty, check_writable, non_negative_float,
-                     positive_int, refuse_output_over_inputs, refuse_text_args, resolve_checkpoint,
-                     resolve_text_settings, write_json, write_lines)
+from ..training.multi30k import evaluate_checkpoint, make_translator
+from .common import (add_engine_arg, add_text_args, beam_length_penalty, check_writable,
+                     checkpoint_files, load_translation_model, non_negative_float, positive_int,
+                     refuse_output_over_inputs, refuse_text_args, resolve_text_settings,
+                     write_json, write_lines)
 from .runs import refuse_output_named_like_a_run_file
 
 
@@ -40,15 +39,15 @@ def add_parser(sub, name):
                    help="write bleu, signature, bleu_cased, seconds, sentences, ... as JSON")
     p.add_argument("--truncate", action="store_true")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_engine_arg(p)
     add_text_args(p)
     p.set_defaults(run=run)
 
 
-def _inputs(args, checkpoint):
-    """(option, path) of every file the command reads: the checkpoint's two files, --src/--ref
+def _inputs(args):
+    """(option, path) of every file the command reads: the checkpoint's files, --src/--ref
     or the Multi30k files of --split."""
-    npz, meta = checkpoint_paths(checkpoint)
-    inputs = [("--checkpoint", str(npz)), ("--checkpoint", str(meta))]
+    inputs = checkpoint_files(args)
     if args.dataset == "multi30k":
         folder = resolve_data_dir(args.data_dir)
         inputs += [("--split", str(folder / f"{args.split}.{lang}{gz}"))
@@ -58,13 +57,13 @@ def _inputs(args, checkpoint):
     return inputs
 
 
-def check_outputs(args, checkpoint):
+def check_outputs(args):
     """Before any decoding: --out and --metrics-json must be writable, apart, and name no input."""
     outputs = [(option, path) for option, path in (("--out", args.out),
                                                    ("--metrics-json", args.metrics_json)) if path]
     for option, path in outputs:
         check_writable(option, path)
-        refuse_output_over_inputs(option, path, _inputs(args, checkpoint))
+        refuse_output_over_inputs(option, path, _inputs(args))
         refuse_output_named_like_a_run_file(option, path)
     if len(outputs) == 2:
         refuse_output_over_inputs("--metrics-json", args.metrics_json, outputs[:1])
@@ -120,9 +119,8 @@ def check_options(args):
 
 def run(args):
     check_options(args)
-    checkpoint = resolve_checkpoint(args.checkpoint)
-    check_outputs(args, checkpoint)
-    loaded = load_model_checkpoint(checkpoint)
+    check_outputs(args)
+    loaded = load_translation_model(args)
     if args.dataset == "multi30k":
         return run_multi30k(args, loaded)
     src, ref = read_lines(args.src), read_lines(args.ref)
@@ -130,7 +128,8 @@ def run(args):
         raise ValueError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
     if not src:
         raise ValueError(f"--src {args.src}: no sentences")
-    translator = Translator(loaded.model, loaded.vocabs)
+    translator = make_translator(loaded, whitespace_tokenize, " ".join, batch_size=500,
+                                 token_probs=False)
     hyps = [t.text for t in translator.translate(
         src, method="beam" if args.beam else "greedy", beam_size=args.beam or 4,
         length_penalty=beam_length_penalty(args), truncate=args.truncate)]

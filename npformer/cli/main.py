@@ -23,13 +23,13 @@ import traceback
 import warnings
 
 from .. import runtime
-from . import (average, calibrate, download, evaluate, gradcheck, lm, plot, sample, toy, train,
-               translate)
+from . import (average, calibrate, download, evaluate, export, gradcheck, lm, plot, sample, toy,
+               train, translate)
 from .common import positive_int
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
             "gradcheck": gradcheck, "plot": plot, "download": download, "average": average,
-            "calibrate": calibrate, "lm": lm, "sample": sample}
+            "calibrate": calibrate, "lm": lm, "sample": sample, "export": export}
 EXIT_INTERNAL = 70                               # EX_SOFTWARE: a bug, not the user's mistake
 
 

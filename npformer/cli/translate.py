@@ -7,10 +7,10 @@ import numpy as np
 from ..data.textfile import read_lines
 from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
 from ..decoding.translator import format_trace
-from ..training.checkpointing import load_model_checkpoint
 from ..training.multi30k import translator_for
-from .common import (add_text_args, beam_length_penalty, non_negative_float, non_negative_int,
-                     positive_float, positive_int, resolve_checkpoint, resolve_text_settings)
+from .common import (add_engine_arg, add_text_args, beam_length_penalty, load_translation_model,
+                     non_negative_float, non_negative_int, positive_float, positive_int,
+                     resolve_text_settings)
 
 TEMPERATURE = 1.0                                # --sample's unless --temperature
 
@@ -23,7 +23,8 @@ def add_parser(sub, name):
     p.add_argument("sentences", nargs="*", help="source sentences (whitespace-tokenised for toy/files "
                    "models, raw text for Multi30k models)")
     p.add_argument("--checkpoint", required=True, metavar="CKPT",
-                   help="checkpoint path (run/best) or a run directory")
+                   help="checkpoint path (run/best) or a run directory (with --engine "
+                        "ctranslate2: an exported folder)")
     p.add_argument("--input", metavar="FILE", help="read sentences from FILE instead of stdin")
     p.add_argument("--beam", type=positive_int, default=None, metavar="N",
                    help="beam search with N beams")
@@ -41,6 +42,7 @@ def add_parser(sub, name):
     p.add_argument("--batch-size", type=positive_int, default=500,
                    help="sentences decoded together (default %(default)s)")
     p.add_argument("--time", action="store_true", help="report decoding time on stderr")
+    add_engine_arg(p)
     add_text_args(p)
     p.set_defaults(run=run)
 
@@ -62,7 +64,7 @@ def check_options(args):
 
 def run(args):
     check_options(args)
-    loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
+    loaded = load_translation_model(args)
     settings = resolve_text_settings(args, loaded)       # before reading stdin
     if args.sentences:
         lines = args.sentences
@@ -70,7 +72,8 @@ def run(args):
         lines = read_lines(args.input or "-")
     method = "beam" if args.beam is not None else "sample" if args.sample else "greedy"
     # Multi30k checkpoints tokenise raw text as their run did; toy/files ones split on spaces
-    translator = translator_for(loaded, batch_size=args.batch_size, settings=settings)
+    translator = translator_for(loaded, batch_size=args.batch_size, settings=settings,
+                                token_probs=args.trace)
     start = time.perf_counter()
     results = translator.translate(lines, method=method, beam_size=args.beam or 4,
                                    length_penalty=beam_length_penalty(args),

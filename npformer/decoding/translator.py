@@ -104,21 +104,30 @@ class Translator:
             src = np.full((len(chunk), width), pad, dtype=np.int64)    # (B, S)
             for row, i in enumerate(chunk):
                 src[row, :len(encoded[i][0])] = encoded[i][0]
-            tgt = self.vocabs.tgt
-            state = self.model.decoder_state(src, tgt.bos_id, tgt.eos_id, beams=beams,
-                                             capacity=max_new_tokens)
-            if method == "greedy":
-                hyps = greedy_search(state)
-            elif method == "beam":
-                hyps = beam_search(state, beam_size, length_penalty)
-            else:
-                hyps = sample_search(state, temperature, top_k, rng)
+            hyps = self.search(src, method, beam_size=beams, length_penalty=length_penalty,
+                               temperature=temperature, top_k=top_k, rng=rng,
+                               max_new_tokens=max_new_tokens)
             for i, hyp in zip(chunk, hyps):
                 r = results[i]
                 r.tokens = [self.vocabs.tgt.id_to_token(t) for t in hyp.ids]   # as chosen
                 r.probs, r.finished = hyp.probs, hyp.finished
                 r.text = self.detokenize(self.vocabs.tgt.decode(hyp.ids))      # <pad>/<bos> dropped
         return results
+
+
+    def search(self, src, method, beam_size, length_penalty, temperature, top_k, rng,
+               max_new_tokens):
+        """One batch of sources ``src`` (B, S), padded -> one ``Hypothesis`` each, in order.
+        ``max_new_tokens`` None: the decoder state's capacity, ``min(max_len, 2 * S + 10)``.
+        (``npformer.ct2.CT2Translator`` runs an exported model here instead.)"""
+        tgt = self.vocabs.tgt
+        state = self.model.decoder_state(src, tgt.bos_id, tgt.eos_id, beams=beam_size,
+                                         capacity=max_new_tokens)
+        if method == "greedy":
+            return greedy_search(state)
+        if method == "beam":
+            return beam_search(state, beam_size, length_penalty)
+        return sample_search(state, temperature, top_k, rng)
 
 
 def format_trace(translation):

@@ -1,0 +1,203 @@
+"""Decoding speed: npformer's decoder against CTranslate2 (float32 and int8) on the same model,
+sentences, cores and batches, in one run.
+
+    python benchmarks/bench_decode.py [--checkpoint ../shared/checkpoints/m30k-de-en/averaged]
+                                      [--data-dir ../shared/data/multi30k] [--split test_2016_flickr]
+                                      [--methods greedy beam5] [--repeats 3] [--cores N]
+                                      [--engines npformer ct2-float32 ct2-int8] [--toy] [--profile]
+
+The checkpoint is exported to CTranslate2 (``npformer.ct2``) into a temporary folder, once per
+quantization. Each engine then runs in its own subprocess (so one engine's threads never wait
+on the cores while another runs), translating the whole split as ``npformer eval`` does (the
+same tokenisation, batches of 200 sentences sorted by length) ``--repeats`` times after one
+warm-up pass; the table gives the median seconds, output tokens per second, the ratio to
+CTranslate2 float32 in the same run, and whether greedy output is token for token npformer's.
+
+Cores: the workers inherit this process's CPU affinity; ``--cores N`` pins them to the first N
+CPUs of it with ``taskset``. npformer's runtime and CTranslate2 (``intra_threads``) both take
+the cores the process may use.
+
+``--toy`` also times npformer translating 1,000 sentences of the toy zh->en corpus greedily (the
+model of ``npformer toy``, trained here with its defaults unless ``--toy-checkpoint`` names one).
+``--profile`` prints where npformer's greedy pass spends its time (cProfile, 25 functions by own
+time).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+CHECKPOINT = SHARED / "checkpoints" / "m30k-de-en" / "averaged"
+DATA = SHARED / "data" / "multi30k"
+BATCH = 200                                     # npformer eval's batch
+sys.path.insert(0, str(ROOT))
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def _method(name):
+    if name == "greedy":
+        return "greedy", 1
+    if name.startswith("beam") and name[4:].isdigit():
+        return "beam", int(name[4:])
+    raise SystemExit(f"--methods: expected greedy or beamN, got {name!r}")
+
+
+def worker(args):
+    """One engine in this process: print {method: {"seconds": [...], "tokens": n, "output": [...]}}."""
+    from npformer.training.checkpointing import load_model_checkpoint
+    from npformer.training.multi30k import (checkpoint_text_settings, load_split, make_translator,
+                                            text_pipeline)
+    if args.worker == "npformer":
+        loaded = load_model_checkpoint(args.checkpoint)
+    else:
+        from npformer.ct2 import load_exported
+        loaded = load_exported(args.export)
+    settings = checkpoint_text_settings(loaded)
+    pipeline = text_pipeline(loaded, settings)
+    sources = [s for s, _ in load_split(args.data_dir, args.split, settings["src_lang"],
+                                        settings["tgt_lang"])]
+    translator = make_translator(loaded, pipeline.tokenize, pipeline.tokenised_text, BATCH,
+                                 token_probs=False)
+    warnings.filterwarnings("ignore", message=".*unknown words mapped to <unk>")   # as eval does
+    out = {}
+    for name in args.methods:
+        method, beams = _method(name)
+
+        def run():
+            return translator.translate(sources, method=method, beam_size=beams, truncate=True)
+        run()                                                          # warm-up (JIT, caches)
+        seconds = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            results = run()
+            seconds.append(time.perf_counter() - start)
+        if args.profile and args.worker == "npformer" and method == "greedy":
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.runcall(run)
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+        out[name] = {"seconds": seconds, "tokens": sum(len(r.tokens) + r.finished for r in results),
+                     "output": [r.tokens for r in results]}
+    if args.toy_checkpoint and args.worker == "npformer":
+        out["toy"] = toy_seconds(args.toy_checkpoint, args.repeats)
+    print(json.dumps(out))
+
+
+def toy_seconds(checkpoint, repeats):
+    from npformer.data.toy import generate_toy_corpus
+    from npformer.training.checkpointing import load_model_checkpoint
+    from npformer.training.multi30k import translator_for
+    loaded = load_model_checkpoint(checkpoint)
+    corpus = generate_toy_corpus(seed=1, n_train=1000)
+    sentences = [zh for zh, _ in corpus.train][:1000]
+    translator = translator_for(loaded, batch_size=BATCH, token_probs=False)
+    translator.translate(sentences)
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        translator.translate(sentences)
+        seconds.append(time.perf_counter() - start)
+    return {"seconds": seconds, "sentences": len(sentences)}
+
+
+def train_toy(folder):
+    from npformer.training.toy import run_toy
+    run_toy(seed=0, out_dir=str(folder), quiet=True, n_examples=0)
+    return str(Path(folder) / "best")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", default=str(CHECKPOINT))
+    p.add_argument("--data-dir", default=str(DATA))
+    p.add_argument("--split", default="test_2016_flickr")
+    p.add_argument("--methods", nargs="+", default=["greedy", "beam5"])
+    p.add_argument("--engines", nargs="+", default=["npformer", "ct2-float32", "ct2-int8"],
+                   choices=["npformer", "ct2-float32", "ct2-int8"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cores", type=int, default=None)
+    p.add_argument("--toy", action="store_true")
+    p.add_argument("--toy-checkpoint", default=None)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--export", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    for name in args.methods:
+        _method(name)
+    if not Path(args.checkpoint + ".npz").exists():
+        raise SystemExit(f"--checkpoint {args.checkpoint}: not found (see "
+                         f"shared/checkpoints/m30k-de-en/README.md)")
+
+    from npformer import runtime
+    from npformer.ct2 import export_ctranslate2
+    from npformer.training.checkpointing import load_model_checkpoint
+    affinity = sorted(os.sched_getaffinity(0))
+    cores = args.cores or runtime.available_cores()[0]
+    pin = ["taskset", "-c", ",".join(map(str, affinity[:args.cores]))] if args.cores else []
+    tmp = Path(tempfile.mkdtemp(prefix="bench_decode."))
+    try:
+        loaded = load_model_checkpoint(args.checkpoint)
+        exports = {}
+        for engine in args.engines:
+            if engine.startswith("ct2-"):
+                quant = engine[4:]
+                exports[engine] = export_ctranslate2(loaded, tmp / engine,
+                                                     None if quant == "float32" else quant)
+        toy = None
+        if args.toy and "npformer" in args.engines:
+            toy = args.toy_checkpoint or train_toy(tmp / "toy")
+        print(f"bench_decode: {args.checkpoint}, {args.split}, {cores} cores, repeats "
+              f"{args.repeats}, {time.strftime('%Y-%m-%d %H:%M')}, load "
+              f"{os.getloadavg()[0]:.2f}")
+        results = {}
+        for engine in args.engines:
+            cmd = pin + [sys.executable, __file__, "--worker", engine, "--checkpoint",
+                         args.checkpoint, "--data-dir", args.data_dir, "--split", args.split,
+                         "--repeats", str(args.repeats), "--methods", *args.methods]
+            if engine in exports:
+                cmd += ["--export", str(exports[engine])]
+            if toy and engine == "npformer":
+                cmd += ["--toy-checkpoint", toy]
+            if args.profile:
+                cmd += ["--profile"]
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+            results[engine] = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"\n{'method':8s} {'engine':12s} {'seconds':>8s} {'tokens/s':>9s} {'x ct2-f32':>9s}  "
+          f"same output as npformer")
+    for name in args.methods:
+        ref = results.get("ct2-float32", {}).get(name)
+        for engine, res in results.items():
+            r = res[name]
+            sec = _median(r["seconds"])
+            ratio = f"{sec / _median(ref['seconds']):.2f}" if ref else "-"
+            same = ("-" if engine == "npformer" else
+                    "yes" if r["output"] == results.get("npformer", {}).get(name, {}).get("output")
+                    else "no")
+            print(f"{name:8s} {engine:12s} {sec:8.2f} {r['tokens'] / sec:9.0f} {ratio:>9s}  {same}")
+    if toy:
+        t = results["npformer"]["toy"]
+        print(f"\ntoy: {t['sentences']} sentences greedy in {_median(t['seconds']):.3f} s "
+              f"(median of {len(t['seconds'])})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,367 @@
+"""Export an encoder-decoder checkpoint to CTranslate2, and translate with the exported folder.
+
+CTranslate2 (OpenNMT's C++ inference engine, ``pip install "npformer[ctranslate2]"``) is what
+translation users deploy on CPUs. ``export_ctranslate2`` writes a ``TransformerSpec`` built from
+the weights as they are (no retraining, no approximation unless ``quantization`` asks for one);
+``load_exported`` reads such a folder back as something ``npformer translate`` / ``eval`` run
+with ``--engine ctranslate2``:
+
+    npformer export --checkpoint run/best --format ctranslate2 --out run/ct2 [--quantization int8]
+    npformer translate --engine ctranslate2 --checkpoint run/ct2 "ein mann fährt fahrrad ."
+
+How npformer's layout maps onto the spec:
+
+- Self-attention's fused ``in_proj`` (q, k, v stacked, ``(3D, D)`` in torch's ``[out, in]``
+  layout) is ``self_attention.linear[0]``; cross-attention's is split into ``attention.linear[0]``
+  (the query rows) and ``attention.linear[1]`` (key and value rows, fused).
+- npformer's encoder and decoder end in a LayerNorm, post-norm or pre-norm (as
+  torch.nn.Transformer). The spec holds final norms only when built pre-norm, so it is built with
+  ``pre_norm=True``, then set to the model's norm placement; the runtime applies the final norms
+  whenever they are present.
+- The sinusoidal table is npformer's, interleaved (sin, cos, sin, ...), given explicitly with the
+  model's ``max_len`` rows (CTranslate2's default table is concatenated sin | cos).
+- ``<pad> <bos> <eos> <unk>`` are CTranslate2's ``<blank> <s> </s> <unk>``. npformer never
+  chooses ``<pad>`` or ``<bos>`` as a next token; the translator here suppresses them too.
+- LayerNorm's epsilon is the model's (CTranslate2's default differs).
+
+What the spec cannot hold is refused with a ValueError naming it: a language model (this is the
+encoder-decoder export), ``qk_dim`` different from ``d_model``.
+
+The folder also holds ``npformer.json``: the model's configuration, its npformer vocabularies
+and its text settings (languages, lowercasing, the word tokenizer or the SentencePiece model), so
+the exported model reads raw text exactly as the checkpoint does.
+"""
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import runtime
+from .data.vocab import Vocab, Vocabularies
+from .decoding.search import Hypothesis
+from .decoding.translator import Translator
+from .registry import config_from_dict
+from .version import VERSION
+
+KIND = "npformer-ctranslate2-export"
+META_FILE = "npformer.json"
+QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
+# npformer's specials -> CTranslate2's names for them (ids 0-3 in both)
+SPECIALS = {Vocab.PAD: "<blank>", Vocab.BOS: "<s>", Vocab.EOS: "</s>", Vocab.UNK: "<unk>"}
+_SPECIALS_BACK = {v: k for k, v in SPECIALS.items()}
+_SUPPRESSED = [[SPECIALS[Vocab.PAD]], [SPECIALS[Vocab.BOS]]]     # never a next token
+
+
+def require_ctranslate2():
+    """The ``ctranslate2`` module, or a ValueError naming the extra that installs it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ValueError("ctranslate2 is not installed: pip install 'npformer[ctranslate2]'") from None
+    return ctranslate2
+
+
+def ct2_tokens(vocab):
+    """An npformer ``Vocab`` as CTranslate2's token list: the specials renamed, nothing else."""
+    tokens = vocab.tokens
+    clash = sorted(set(tokens[4:]) & set(SPECIALS.values()))
+    if clash:
+        raise ValueError(f"vocabulary: the tokens {clash} are CTranslate2's special tokens, so "
+                         f"the export cannot keep them apart from npformer's specials")
+    return [SPECIALS.get(t, t) for t in tokens]
+
+
+# -- export -----------------------------------------------------------------------------------
+def _activation(cs, name):
+    table = {"relu": cs.Activation.RELU, "gelu": cs.Activation.GELU,
+             "gelu_tanh": cs.Activation.GELUTanh}
+    if name not in table:
+        raise ValueError(f"activation {name!r}: CTranslate2 export supports {sorted(table)}")
+    return table[name]
+
+
+def check_exportable(model):
+    """ValueError naming what CTranslate2's TransformerSpec cannot hold."""
+    cfg = model.config
+    if getattr(cfg, "arch", None) != "transformer":
+        raise ValueError(f"checkpoint: CTranslate2 export takes an encoder-decoder "
+                         f"('transformer') model, got a {getattr(cfg, 'arch', None)!r} model")
+    if cfg.qk_dim is not None and cfg.qk_dim != cfg.d_model:
+        raise ValueError(f"checkpoint: qk_dim={cfg.qk_dim} differs from d_model={cfg.d_model}; "
+                         f"CTranslate2's attention projects queries and keys to d_model")
+    if cfg.activation not in ("relu", "gelu", "gelu_tanh"):
+        raise ValueError(f"checkpoint: activation {cfg.activation!r} has no CTranslate2 "
+                         f"counterpart")
+
+
+def _linear(spec, weight, bias):
+    spec.weight = np.ascontiguousarray(weight, dtype=np.float32)
+    spec.bias = np.ascontiguousarray(bias, dtype=np.float32)
+
+
+def _norm(spec, weights, name):
+    spec.gamma = weights[name + ".weight"]
+    spec.beta = weights[name + ".bias"]
+
+
+def build_spec(model, vocabs):
+    """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights and ``vocabs``."""
+    require_ctranslate2()
+    from ctranslate2.specs import common_spec as cs, transformer_spec as ts
+
+    check_exportable(model)
+    cfg = model.config
+    w = {k: np.asarray(v, dtype=np.float32) for k, v in model.state_dict().items()}
+    if cfg.share_all_embeddings:
+        w["tgt_embed.weight"] = w["src_embed.weight"]
+    if cfg.tie_embeddings:
+        w["generator.weight"] = w["tgt_embed.weight"]
+    d = cfg.d_model
+    spec = ts.TransformerSpec.from_config(
+        (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=True,
+        activation=_activation(cs, cfg.activation))
+    # built pre-norm so that the final norms exist; then the model's own placement
+    spec.encoder.pre_norm = spec.decoder.pre_norm = bool(cfg.norm_first)
+    positions = np.ascontiguousarray(model.positions, dtype=np.float32)        # (max_len, D)
+
+    enc = spec.encoder
+    enc.embeddings[0].weight = w["src_embed.weight"]
+    enc.position_encodings.encodings = positions
+    _norm(enc.layer_norm, w, "encoder.norm")
+    for i, layer in enumerate(enc.layer):
+        p = f"encoder.layers.{i}."
+        att = layer.self_attention
+        _linear(att.linear[0], w[p + "self_attn.in_proj_weight"], w[p + "self_attn.in_proj_bias"])
+        _linear(att.linear[1], w[p + "self_attn.out_proj.weight"], w[p + "self_attn.out_proj.bias"])
+        _norm(att.layer_norm, w, p + "norm1")
+        _linear(layer.ffn.linear_0, w[p + "ffn.linear1.weight"], w[p + "ffn.linear1.bias"])
+        _linear(layer.ffn.linear_1, w[p + "ffn.linear2.weight"], w[p + "ffn.linear2.bias"])
+        _norm(layer.ffn.layer_norm, w, p + "norm2")
+
+    dec = spec.decoder
+    dec.embeddings.weight = w["tgt_embed.weight"]
+    dec.position_encodings.encodings = positions
+    _norm(dec.layer_norm, w, "decoder.norm")
+    for i, layer in enumerate(dec.layer):
+        p = f"decoder.layers.{i}."
+        att = layer.self_attention
+        _linear(att.linear[0], w[p + "self_attn.in_proj_weight"], w[p + "self_attn.in_proj_bias"])
+        _linear(att.linear[1], w[p + "self_attn.out_proj.weight"], w[p + "self_attn.out_proj.bias"])
+        _norm(att.layer_norm, w, p + "norm1")
+        cross, wq, bq = layer.attention, w[p + "multihead_attn.in_proj_weight"], \
+            w[p + "multihead_attn.in_proj_bias"]
+        _linear(cross.linear[0], wq[:d], bq[:d])                                   # queries
+        _linear(cross.linear[1], wq[d:], bq[d:])                                   # keys, values
+        _linear(cross.linear[2], w[p + "multihead_attn.out_proj.weight"],
+                w[p + "multihead_attn.out_proj.bias"])
+        _norm(cross.layer_norm, w, p + "norm2")
+        _linear(layer.ffn.linear_0, w[p + "ffn.linear1.weight"], w[p + "ffn.linear1.bias"])
+        _linear(layer.ffn.linear_1, w[p + "ffn.linear2.weight"], w[p + "ffn.linear2.bias"])
+        _norm(layer.ffn.layer_norm, w, p + "norm3")
+    _linear(dec.projection, w["generator.weight"], w["generator.bias"])
+
+    spec.config.layer_norm_epsilon = float(cfg.layer_norm_eps)
+    spec.config.unk_token, spec.config.bos_token = SPECIALS[Vocab.UNK], SPECIALS[Vocab.BOS]
+    spec.config.eos_token, spec.config.decoder_start_token = SPECIALS[Vocab.EOS], SPECIALS[Vocab.BOS]
+    spec.register_source_vocabulary(ct2_tokens(vocabs.src))
+    spec.register_target_vocabulary(ct2_tokens(vocabs.tgt))
+    return spec
+
+
+def _is_export(folder):
+    try:
+        return json.loads((Path(folder) / META_FILE).read_text("utf-8")).get("kind") == KIND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_export_target(out, inputs=(), overwrite=False):
+    """Refuse an ``out`` that exists (unless ``overwrite`` and it is an earlier export or an
+    empty folder), that is a file, or that holds one of ``inputs`` (paths the export reads)."""
+    out = Path(out)
+    for path in inputs:
+        real, target = os.path.realpath(path), os.path.realpath(out)
+        if real == target or real.startswith(target + os.sep):
+            raise ValueError(f"--out {out}: holds the input {path}; export to another folder "
+                             f"(nothing was written)")
+    if out.is_file():
+        raise ValueError(f"--out {out}: is a file, expected a folder to create")
+    if out.exists():
+        if not overwrite:
+            raise ValueError(f"--out {out}: already exists; pass --overwrite to replace it")
+        if any(out.iterdir()) and not _is_export(out):
+            raise ValueError(f"--out {out}: exists and is not an npformer CTranslate2 export "
+                             f"(no {META_FILE}); --overwrite only replaces an earlier export")
+
+
+def export_ctranslate2(loaded, out, quantization=None, overwrite=False):
+    """Write ``loaded`` (a ``LoadedCheckpoint``) as a CTranslate2 model folder ``out``.
+
+    The folder is written under a temporary name beside ``out`` and renamed into place, so an
+    interrupted export leaves no half-written model; an existing ``out`` is replaced only with
+    ``overwrite`` and only if it is an earlier export. Returns the folder's path."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization: expected one of {QUANTIZATIONS} or None, got "
+                         f"{quantization!r}")
+    out = Path(out)
+    check_export_target(out, overwrite=overwrite)
+    spec = build_spec(loaded.model, loaded.vocabs)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    meta = {"kind": KIND, "npformer_version": VERSION, "quantization": quantization or "float32",
+            "checkpoint": str(loaded.path), "config": loaded.model.config.to_dict(),
+            "vocabularies": loaded.vocabs.to_dict(), "extra": loaded.meta.get("extra") or {}}
+    parent = out.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+    try:
+        spec.save(str(tmp))
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n",
+                                     encoding="utf-8")
+        old = None
+        if out.exists():                             # --overwrite: swap, then remove the old one
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=parent))
+            os.replace(out, old / "model")
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# -- running an exported folder ---------------------------------------------------------------
+@dataclass
+class CT2Model:
+    """An exported model loaded in CTranslate2: what ``Translator`` checks (``config``,
+    ``max_len``) and the engine that decodes (``translator``, a ``ctranslate2.Translator``)."""
+    config: object
+    translator: object
+
+    @property
+    def max_len(self):
+        return self.config.max_len
+
+
+@dataclass
+class ExportedModel:
+    """An export read back: the fields of a ``LoadedCheckpoint`` that translation reads."""
+    model: CT2Model
+    vocabs: Vocabularies
+    meta: dict
+    path: str
+
+    def translator(self, tokenize, detokenize, batch_size=200, token_probs=False):
+        """A ``CT2Translator`` of this model (what ``make_translator`` asks for)."""
+        return CT2Translator(self.model, self.vocabs, tokenize, detokenize, batch_size,
+                             token_probs)
+
+
+def _read_vocabulary_file(folder, names):
+    for name in names:
+        path = folder / name
+        if path.exists():
+            try:
+                if name.endswith(".json"):
+                    return path, json.loads(path.read_text("utf-8"))
+                return path, path.read_text("utf-8").splitlines()
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{path}: unreadable vocabulary ({e})") from None
+    return None, None
+
+
+def load_exported(path, threads=None):
+    """Read an export (``export_ctranslate2``'s folder) into an ``ExportedModel``; ValueError
+    naming the folder if it is not one, or if its CTranslate2 vocabularies are not the ones
+    npformer.json records."""
+    ctranslate2 = require_ctranslate2()
+    folder = Path(path)
+    if not folder.is_dir() or not (folder / "model.bin").exists():
+        raise ValueError(f"--checkpoint {path}: expected a CTranslate2 model folder (with "
+                         f"model.bin), as `npformer export --format ctranslate2` writes")
+    meta_path = folder / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text("utf-8"))
+    except OSError:
+        raise ValueError(f"--checkpoint {path}: a CTranslate2 model without {META_FILE}; only "
+                         f"folders written by `npformer export` carry npformer's text settings") from None
+    except ValueError as e:
+        raise ValueError(f"{meta_path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("kind") != KIND:
+        raise ValueError(f"{meta_path}: expected kind {KIND!r}, got "
+                         f"{meta.get('kind') if isinstance(meta, dict) else meta!r:.60}")
+    try:
+        config = config_from_dict(meta["config"])
+        vocabs = Vocabularies.from_dict(meta["vocabularies"])
+        Vocabularies.check_fits(vocabs, config.vocab_sizes(), str(meta_path))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{meta_path}: bad configuration or vocabularies ({e})") from None
+    expected = {"source": ct2_tokens(vocabs.src), "target": ct2_tokens(vocabs.tgt)}
+    shared_path, shared = _read_vocabulary_file(folder, ("shared_vocabulary.json",
+                                                         "shared_vocabulary.txt"))
+    for side in ("source", "target"):
+        file, tokens = ((shared_path, shared) if shared is not None else
+                        _read_vocabulary_file(folder, (f"{side}_vocabulary.json",
+                                                       f"{side}_vocabulary.txt")))
+        if tokens is None:
+            raise ValueError(f"--checkpoint {path}: no {side} vocabulary file")
+        if tokens != expected[side]:
+            raise ValueError(f"{file}: the CTranslate2 {side} vocabulary ({len(tokens)} tokens) "
+                             f"is not the one {META_FILE} records ({len(expected[side])} tokens)")
+    cores = threads or runtime.policy().cores
+    try:
+        engine = ctranslate2.Translator(str(folder), device="cpu", inter_threads=1,
+                                        intra_threads=cores)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"--checkpoint {path}: CTranslate2 cannot load it ({e})") from None
+    return ExportedModel(CT2Model(config, engine), vocabs, meta, str(folder))
+
+
+class CT2Translator(Translator):
+    """``Translator`` whose batches run in CTranslate2: the same tokenisation, batching and
+    results; greedy decoding gives npformer's tokens. Beam search ranks finished hypotheses by
+    CTranslate2's length normalisation (log-probability / length ** alpha), not GNMT's, so its
+    choices can differ. ``token_probs``: also score every output token (``--trace``), one more
+    pass over the outputs."""
+
+    def __init__(self, model, vocabs, tokenize, detokenize, batch_size=500, token_probs=False):
+        super().__init__(model, vocabs, tokenize, detokenize, batch_size)
+        self.token_probs = token_probs
+        self._src_tokens = ct2_tokens(vocabs.src)
+        self._tgt_ids = {t: i for i, t in enumerate(ct2_tokens(vocabs.tgt))}
+
+    def search(self, src, method, beam_size, length_penalty, temperature, top_k, rng,
+               max_new_tokens):
+        pad = self.vocabs.src.pad_id
+        sources = [[self._src_tokens[i] for i in row if i != pad] for row in src]
+        capacity = (min(self.model.max_len, 2 * src.shape[1] + 10) if max_new_tokens is None
+                    else max_new_tokens)
+        options = dict(max_decoding_length=capacity, min_decoding_length=0, max_batch_size=0,
+                       return_scores=True, suppress_sequences=_SUPPRESSED)
+        if method == "beam":
+            options.update(beam_size=beam_size, length_penalty=length_penalty)
+        elif method == "sample":             # CTranslate2's own generator, seeded from rng
+            require_ctranslate2().set_random_seed(int(rng.integers(2**31)) if rng is not None else 0)
+            options.update(beam_size=1, sampling_topk=top_k or 0,
+                           sampling_temperature=temperature)
+        else:
+            options.update(beam_size=1)
+        results = self.model.translator.translate_batch(sources, **options)
+        hyps = []
+        for result in results:
+            tokens = result.hypotheses[0]
+            ids = [self._tgt_ids.get(t, self.vocabs.tgt.unk_id) for t in tokens]
+            hyps.append(Hypothesis(ids=ids, score=float(result.scores[0]),
+                                   finished=len(ids) < capacity))
+        if self.token_probs:                   # score_batch adds </s>: kept where it was chosen
+            targets = [[SPECIALS.get(t, t) for t in map(self.vocabs.tgt.id_to_token, h.ids)]
+                       for h in hyps]
+            scored = self.model.translator.score_batch(sources, targets)
+            for h, s in zip(hyps, scored):
+                h.probs = [float(np.exp(lp)) for lp in s.log_probs[:len(h.ids) + h.finished]]
+        return hyps

@@ -44,6 +44,7 @@ from . import runtime
 from .data.vocab import Vocab, Vocabularies
 from .decoding.search import Hypothesis
 from .decoding.translator import Translator
+from .checkpoint import checkpoint_paths
 from .registry import config_from_dict
 from .version import VERSION
 
@@ -185,7 +186,8 @@ def check_export_target(out, inputs=(), overwrite=False):
     out = Path(out)
     for path in inputs:
         real, target = os.path.realpath(path), os.path.realpath(out)
-        if real == target or real.startswith(target + os.sep):
+        if real == target or real.startswith(target + os.sep) or \
+                os.path.splitext(real)[0] == target:     # run/best would shadow run/best.npz
             raise ValueError(f"--out {out}: holds the input {path}; export to another folder "
                              f"(nothing was written)")
     if out.is_file():
@@ -208,7 +210,8 @@ def export_ctranslate2(loaded, out, quantization=None, overwrite=False):
         raise ValueError(f"quantization: expected one of {QUANTIZATIONS} or None, got "
                          f"{quantization!r}")
     out = Path(out)
-    check_export_target(out, overwrite=overwrite)
+    inputs = [str(p) for p in checkpoint_paths(loaded.path)]
+    check_export_target(out, inputs, overwrite=overwrite)
     spec = build_spec(loaded.model, loaded.vocabs)
     spec.validate()
     spec.optimize(quantization=quantization)
@@ -218,20 +221,24 @@ def export_ctranslate2(loaded, out, quantization=None, overwrite=False):
     parent = out.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+    old = None
     try:
         spec.save(str(tmp))
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n",
                                      encoding="utf-8")
-        old = None
+        check_export_target(out, inputs, overwrite=overwrite)    # again: the export took time
         if out.exists():                             # --overwrite: swap, then remove the old one
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=parent))
             os.replace(out, old / "model")
         os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and (old / "model").exists() and not out.exists():
+            os.replace(old / "model", out)           # the earlier export comes back
         raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return out
 
 
@@ -326,8 +333,9 @@ class CT2Translator(Translator):
     """``Translator`` whose batches run in CTranslate2: the same tokenisation, batching and
     results; greedy decoding gives npformer's tokens. Beam search ranks finished hypotheses by
     CTranslate2's length normalisation (log-probability / length ** alpha), not GNMT's, so its
-    choices can differ. ``token_probs``: also score every output token (``--trace``), one more
-    pass over the outputs."""
+    choices can differ. Sampling and ``token_probs`` (``--trace``) are refused: CTranslate2's
+    sampling is not seeded from here, and its probabilities are not npformer's (they keep
+    ``<pad>`` and ``<bos>`` in the softmax)."""
 
     def __init__(self, model, vocabs, tokenize, detokenize, batch_size=500, token_probs=False):
         super().__init__(model, vocabs, tokenize, detokenize, batch_size)
@@ -337,18 +345,23 @@ class CT2Translator(Translator):
 
     def search(self, src, method, beam_size, length_penalty, temperature, top_k, rng,
                max_new_tokens):
+        if self.token_probs:
+            raise ValueError("--trace: --engine ctranslate2 does not report each token's "
+                             "probability as npformer computes it (without <pad> and <bos>); "
+                             "trace with the npformer engine")
         pad = self.vocabs.src.pad_id
         sources = [[self._src_tokens[i] for i in row if i != pad] for row in src]
         capacity = (min(self.model.max_len, 2 * src.shape[1] + 10) if max_new_tokens is None
                     else max_new_tokens)
         options = dict(max_decoding_length=capacity, min_decoding_length=0, max_batch_size=0,
+                       max_input_length=0,
                        return_scores=True, suppress_sequences=_SUPPRESSED)
         if method == "beam":
             options.update(beam_size=beam_size, length_penalty=length_penalty)
-        elif method == "sample":             # CTranslate2's own generator, seeded from rng
-            require_ctranslate2().set_random_seed(int(rng.integers(2**31)) if rng is not None else 0)
-            options.update(beam_size=1, sampling_topk=top_k or 0,
-                           sampling_temperature=temperature)
+        elif method == "sample":
+            raise ValueError("--sample: --engine ctranslate2 decodes greedily or with beam "
+                             "search only (its sampling cannot be seeded from here, so a run "
+                             "would not repeat); sample with the npformer engine")
         else:
             options.update(beam_size=1)
         results = self.model.translator.translate_batch(sources, **options)
@@ -358,10 +371,4 @@ class CT2Translator(Translator):
             ids = [self._tgt_ids.get(t, self.vocabs.tgt.unk_id) for t in tokens]
             hyps.append(Hypothesis(ids=ids, score=float(result.scores[0]),
                                    finished=len(ids) < capacity))
-        if self.token_probs:                   # score_batch adds </s>: kept where it was chosen
-            targets = [[SPECIALS.get(t, t) for t in map(self.vocabs.tgt.id_to_token, h.ids)]
-                       for h in hyps]
-            scored = self.model.translator.score_batch(sources, targets)
-            for h, s in zip(hyps, scored):
-                h.probs = [float(np.exp(lp)) for lp in s.log_probs[:len(h.ids) + h.finished]]
         return hyps

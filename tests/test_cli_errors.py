@@ -176,9 +176,9 @@ def test_eval_refuses_length_penalty_without_beam(run_dir, pair, capsys):
 @pytest.fixture
 def no_decoding(monkeypatch):
     """eval must fail before it loads the checkpoint (and so before decoding)."""
-    def load(path):
+    def load(args):
         raise AssertionError("eval loaded the checkpoint before checking its outputs")
-    monkeypatch.setattr(evaluate, "load_model_checkpoint", load)
+    monkeypatch.setattr(evaluate, "load_translation_model", load)
 
 
 @pytest.mark.parametrize("option,target", [("--out", "src"), ("--out", "ref"),

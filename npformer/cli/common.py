@@ -110,9 +110,9 @@ def load_translation_model(args):
 def checkpoint_files(args):
     """(option, path) of the files --checkpoint stands for under --engine (what an output must
     not overwrite)."""
-    if args.engine == "ctranslate2":
+    if args.engine == "ctranslate2" and os.path.isdir(args.checkpoint):
         return [("--checkpoint", os.path.join(args.checkpoint, name))
-                for name in ("model.bin", "npformer.json")]
+                for name in sorted(os.listdir(args.checkpoint))]     # every file of the model
     npz, meta = checkpoint_paths(resolve_checkpoint(args.checkpoint))
     return [("--checkpoint", str(npz)), ("--checkpoint", str(meta))]
 

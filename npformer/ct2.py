@@ -109,6 +109,18 @@ def _norm(spec, weights, name):
     spec.beta = weights[name + ".bias"]
 
 
+def _self_attention_and_ffn(layer, w, p, ffn_norm):
+    """What encoder and decoder layers share: self-attention (fused QKV, output projection,
+    norm1) and the feed-forward block (its norm is ``ffn_norm``)."""
+    att = layer.self_attention
+    _linear(att.linear[0], w[p + "self_attn.in_proj_weight"], w[p + "self_attn.in_proj_bias"])
+    _linear(att.linear[1], w[p + "self_attn.out_proj.weight"], w[p + "self_attn.out_proj.bias"])
+    _norm(att.layer_norm, w, p + "norm1")
+    _linear(layer.ffn.linear_0, w[p + "ffn.linear1.weight"], w[p + "ffn.linear1.bias"])
+    _linear(layer.ffn.linear_1, w[p + "ffn.linear2.weight"], w[p + "ffn.linear2.bias"])
+    _norm(layer.ffn.layer_norm, w, p + ffn_norm)
+
+
 def build_spec(model, vocabs):
     """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights and ``vocabs``."""
     require_ctranslate2()
@@ -134,14 +146,7 @@ def build_spec(model, vocabs):
     enc.position_encodings.encodings = positions
     _norm(enc.layer_norm, w, "encoder.norm")
     for i, layer in enumerate(enc.layer):
-        p = f"encoder.layers.{i}."
-        att = layer.self_attention
-        _linear(att.linear[0], w[p + "self_attn.in_proj_weight"], w[p + "self_attn.in_proj_bias"])
-        _linear(att.linear[1], w[p + "self_attn.out_proj.weight"], w[p + "self_attn.out_proj.bias"])
-        _norm(att.layer_norm, w, p + "norm1")
-        _linear(layer.ffn.linear_0, w[p + "ffn.linear1.weight"], w[p + "ffn.linear1.bias"])
-        _linear(layer.ffn.linear_1, w[p + "ffn.linear2.weight"], w[p + "ffn.linear2.bias"])
-        _norm(layer.ffn.layer_norm, w, p + "norm2")
+        _self_attention_and_ffn(layer, w, f"encoder.layers.{i}.", ffn_norm="norm2")
 
     dec = spec.decoder
     dec.embeddings.weight = w["tgt_embed.weight"]
@@ -149,10 +154,7 @@ def build_spec(model, vocabs):
     _norm(dec.layer_norm, w, "decoder.norm")
     for i, layer in enumerate(dec.layer):
         p = f"decoder.layers.{i}."
-        att = layer.self_attention
-        _linear(att.linear[0], w[p + "self_attn.in_proj_weight"], w[p + "self_attn.in_proj_bias"])
-        _linear(att.linear[1], w[p + "self_attn.out_proj.weight"], w[p + "self_attn.out_proj.bias"])
-        _norm(att.layer_norm, w, p + "norm1")
+        _self_attention_and_ffn(layer, w, p, ffn_norm="norm3")
         cross, wq, bq = layer.attention, w[p + "multihead_attn.in_proj_weight"], \
             w[p + "multihead_attn.in_proj_bias"]
         _linear(cross.linear[0], wq[:d], bq[:d])                                   # queries
@@ -160,9 +162,6 @@ def build_spec(model, vocabs):
         _linear(cross.linear[2], w[p + "multihead_attn.out_proj.weight"],
                 w[p + "multihead_attn.out_proj.bias"])
         _norm(cross.layer_norm, w, p + "norm2")
-        _linear(layer.ffn.linear_0, w[p + "ffn.linear1.weight"], w[p + "ffn.linear1.bias"])
-        _linear(layer.ffn.linear_1, w[p + "ffn.linear2.weight"], w[p + "ffn.linear2.bias"])
-        _norm(layer.ffn.layer_norm, w, p + "norm3")
     _linear(dec.projection, w["generator.weight"], w["generator.bias"])
 
     spec.config.layer_norm_epsilon = float(cfg.layer_norm_eps)

@@ -69,8 +69,7 @@ def worker(args):
     pipeline = text_pipeline(loaded, settings)
     sources = [s for s, _ in load_split(args.data_dir, args.split, settings["src_lang"],
                                         settings["tgt_lang"])]
-    translator = make_translator(loaded, pipeline.tokenize, pipeline.tokenised_text, BATCH,
-                                 token_probs=False)
+    translator = make_translator(loaded, pipeline.tokenize, pipeline.tokenised_text, BATCH)
     warnings.filterwarnings("ignore", message=".*unknown words mapped to <unk>")   # as eval does
     out = {}
     for name in args.methods:
@@ -104,7 +103,7 @@ def toy_seconds(checkpoint, repeats):
     loaded = load_model_checkpoint(checkpoint)
     corpus = generate_toy_corpus(seed=1, n_train=1000)
     sentences = [zh for zh, _ in corpus.train][:1000]
-    translator = translator_for(loaded, batch_size=BATCH, token_probs=False)
+    translator = translator_for(loaded, batch_size=BATCH)
     translator.translate(sentences)
     seconds = []
     for _ in range(repeats):

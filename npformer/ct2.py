@@ -44,6 +44,7 @@ from . import runtime
 from .data.vocab import Vocab, Vocabularies
 from .decoding.search import Hypothesis
 from .decoding.translator import Translator
+from .nn.transformer import default_capacity
 from .checkpoint import checkpoint_paths
 from .registry import config_from_dict
 from .version import VERSION
@@ -53,7 +54,6 @@ META_FILE = "npformer.json"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
 # npformer's specials -> CTranslate2's names for them (ids 0-3 in both)
 SPECIALS = {Vocab.PAD: "<blank>", Vocab.BOS: "<s>", Vocab.EOS: "</s>", Vocab.UNK: "<unk>"}
-_SPECIALS_BACK = {v: k for k, v in SPECIALS.items()}
 _SUPPRESSED = [[SPECIALS[Vocab.PAD]], [SPECIALS[Vocab.BOS]]]     # never a next token
 
 
@@ -262,10 +262,9 @@ class ExportedModel:
     meta: dict
     path: str
 
-    def translator(self, tokenize, detokenize, batch_size=200, token_probs=False):
+    def translator(self, tokenize, detokenize, batch_size=200):
         """A ``CT2Translator`` of this model (what ``make_translator`` asks for)."""
-        return CT2Translator(self.model, self.vocabs, tokenize, detokenize, batch_size,
-                             token_probs)
+        return CT2Translator(self.model, self.vocabs, tokenize, detokenize, batch_size)
 
 
 def _read_vocabulary_file(folder, names):
@@ -332,33 +331,27 @@ class CT2Translator(Translator):
     """``Translator`` whose batches run in CTranslate2: the same tokenisation, batching and
     results; greedy decoding gives npformer's tokens. Beam search ranks finished hypotheses by
     CTranslate2's length normalisation (log-probability / length ** alpha), not GNMT's, so its
-    choices can differ. Sampling and ``token_probs`` (``--trace``) are refused: CTranslate2's
-    sampling is not seeded from here, and its probabilities are not npformer's (they keep
-    ``<pad>`` and ``<bos>`` in the softmax)."""
+    choices can differ. Sampling is refused (CTranslate2's is not seeded from here), and the
+    translations carry no per-token ``probs``: CTranslate2's keep ``<pad>`` and ``<bos>`` in the
+    softmax, so they would not be npformer's."""
 
-    def __init__(self, model, vocabs, tokenize, detokenize, batch_size=500, token_probs=False):
+    def __init__(self, model, vocabs, tokenize, detokenize, batch_size=500):
         super().__init__(model, vocabs, tokenize, detokenize, batch_size)
-        self.token_probs = token_probs
         self._src_tokens = ct2_tokens(vocabs.src)
         self._tgt_ids = {t: i for i, t in enumerate(ct2_tokens(vocabs.tgt))}
 
     def search(self, src, method, beam_size, length_penalty, temperature, top_k, rng,
                max_new_tokens):
-        if self.token_probs:
-            raise ValueError("--trace: --engine ctranslate2 does not report each token's "
-                             "probability as npformer computes it (without <pad> and <bos>); "
-                             "trace with the npformer engine")
         pad = self.vocabs.src.pad_id
         sources = [[self._src_tokens[i] for i in row if i != pad] for row in src]
-        capacity = (min(self.model.max_len, 2 * src.shape[1] + 10) if max_new_tokens is None
-                    else max_new_tokens)
+        capacity = (default_capacity(self.model.max_len, src.shape[1]) if max_new_tokens is None
+                    else max_new_tokens)                 # npformer's decoder state holds as many
         options = dict(max_decoding_length=capacity, min_decoding_length=0, max_batch_size=0,
-                       max_input_length=0,
-                       return_scores=True, suppress_sequences=_SUPPRESSED)
+                       max_input_length=0, return_scores=True, suppress_sequences=_SUPPRESSED)
         if method == "beam":
             options.update(beam_size=beam_size, length_penalty=length_penalty)
         elif method == "sample":
-            raise ValueError("--sample: --engine ctranslate2 decodes greedily or with beam "
+            raise ValueError("method 'sample': a CTranslate2 export decodes greedily or with beam "
                              "search only (its sampling cannot be seeded from here, so a run "
                              "would not repeat); sample with the npformer engine")
         else:

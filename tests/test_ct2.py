@@ -105,6 +105,8 @@ def test_sampling_is_refused_by_the_ctranslate2_engine(tmp_path, capsys):
     err = _cli_error(capsys, ["translate", "--engine", "ctranslate2", "--checkpoint", str(out),
                               "--sample", "--seed", "0", "s4 s5"])
     assert "--sample" in err and "npformer engine" in err
+    with pytest.raises(ValueError, match="method 'sample'"):      # the library refuses it too
+        load_exported(out).translator(str.split, " ".join).translate(["s4"], method="sample")
 
 
 def test_int8_export_loads_and_translates(tmp_path):

@@ -58,6 +58,12 @@ def check_options(args):
             if value is not None:
                 raise ValueError(f"{option}: only used with --sample (it would be ignored)")
     beam_length_penalty(args)
+    if args.engine == "ctranslate2":
+        for option, given in (("--sample", args.sample), ("--trace", args.trace)):
+            if given:
+                raise ValueError(f"{option}: --engine ctranslate2 does not give npformer's "
+                                 f"{'seeded samples' if option == '--sample' else 'token probabilities'}"
+                                 f"; use the npformer engine for {option}")
     if args.sentences and args.input:
         raise ValueError("--input: give sentences either as arguments or with --input, not both")
 
@@ -72,8 +78,7 @@ def run(args):
         lines = read_lines(args.input or "-")
     method = "beam" if args.beam is not None else "sample" if args.sample else "greedy"
     # Multi30k checkpoints tokenise raw text as their run did; toy/files ones split on spaces
-    translator = translator_for(loaded, batch_size=args.batch_size, settings=settings,
-                                token_probs=args.trace)
+    translator = translator_for(loaded, batch_size=args.batch_size, settings=settings)
     start = time.perf_counter()
     results = translator.translate(lines, method=method, beam_size=args.beam or 4,
                                    length_penalty=beam_length_penalty(args),

@@ -193,7 +193,7 @@ class TranslationState(CachedState):
             raise ValueError(f"beams: expected at most the target vocabulary size {vocab}, got "
                              f"{self.beams}")
         if capacity is None:
-            capacity = min(model.max_len, 2 * src.shape[1] + 10)
+            capacity = default_capacity(model.max_len, src.shape[1])
         capacity = check_int("capacity", capacity)
         if capacity > model.max_len:
             raise ValueError(f"capacity: expected at most the model's max_len={model.max_len} "
@@ -241,6 +241,12 @@ class TranslationState(CachedState):
             for cache in self.memory_caches:
                 cache.reorder(kept)
             self.src_mask = self.src_mask[kept]
+
+
+def default_capacity(max_len, src_len):
+    """Positions a translation of sources padded to ``src_len`` may take: twice the source and
+    ten more, at most the model's ``max_len``."""
+    return min(max_len, 2 * src_len + 10)
 
 
 def _check_id(name, value, vocab):

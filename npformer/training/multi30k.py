@@ -352,24 +352,22 @@ def text_pipeline(loaded, settings=None):
     return TextPipeline(settings or checkpoint_text_settings(loaded), checkpoint_subword(loaded))
 
 
-def make_translator(loaded, tokenize, detokenize, batch_size=200, token_probs=True):
+def make_translator(loaded, tokenize, detokenize, batch_size=200):
     """The ``Translator`` of a loaded checkpoint, or of a CTranslate2 export read back
-    (``npformer.ct2.load_exported``: its batches run in CTranslate2, which scores each output
-    token only with ``token_probs``)."""
+    (``npformer.ct2.load_exported``: its batches run in CTranslate2)."""
     make = getattr(loaded, "translator", None)
     if make is not None:
-        return make(tokenize, detokenize, batch_size=batch_size, token_probs=token_probs)
+        return make(tokenize, detokenize, batch_size=batch_size)
     return Translator(loaded.model, loaded.vocabs, tokenize, detokenize, batch_size=batch_size)
 
 
-def translator_for(loaded, batch_size=200, settings=None, token_probs=True):
+def translator_for(loaded, batch_size=200, settings=None):
     """A ``Translator`` that tokenises and detokenises as the checkpoint's run did (or as
     ``settings``, from ``text_settings_for``, say)."""
     if not is_multi30k(loaded):                   # toy / files runs: whitespace-tokenised text
-        return make_translator(loaded, whitespace_tokenize, " ".join, batch_size, token_probs)
+        return make_translator(loaded, whitespace_tokenize, " ".join, batch_size)
     pipeline = text_pipeline(loaded, settings)
-    return make_translator(loaded, pipeline.tokenize, pipeline.detokenize, batch_size,
-                           token_probs)
+    return make_translator(loaded, pipeline.tokenize, pipeline.detokenize, batch_size)
 
 
 def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=None,
@@ -391,8 +389,7 @@ def evaluate_checkpoint(loaded, data_dir=None, split="test_2016_flickr", beam=No
     if not pairs:
         raise ValueError(f"split {split!r}: no sentences in {data_dir}")
     pipeline = text_pipeline(loaded, settings)
-    translator = make_translator(loaded, pipeline.tokenize, pipeline.tokenised_text,
-                                 token_probs=False)
+    translator = make_translator(loaded, pipeline.tokenize, pipeline.tokenised_text)
     sources = [s for s, _ in pairs]
     start = time.perf_counter()
     with warnings.catch_warnings():              # one summary line instead of a warning per line

@@ -96,19 +96,6 @@ def test_exported_greedy_output_equals_npformer(tmp_path, variant):
     assert ends == {True, False}
 
 
-def test_sampling_is_refused_by_the_ctranslate2_engine(tmp_path, capsys):
-    make_checkpoint(tmp_path)
-    out = tmp_path / "ct2"
-    main(["export", "--checkpoint", str(tmp_path / "model"), "--format", "ctranslate2", "--out",
-          str(out)])
-    capsys.readouterr()
-    err = _cli_error(capsys, ["translate", "--engine", "ctranslate2", "--checkpoint", str(out),
-                              "--sample", "--seed", "0", "s4 s5"])
-    assert "--sample" in err and "npformer engine" in err
-    with pytest.raises(ValueError, match="method 'sample'"):      # the library refuses it too
-        load_exported(out).translator(str.split, " ".join).translate(["s4"], method="sample")
-
-
 def test_int8_export_loads_and_translates(tmp_path):
     loaded = make_checkpoint(tmp_path)
     exported = load_exported(export_ctranslate2(loaded, tmp_path / "ct2", quantization="int8"))
@@ -143,15 +130,18 @@ def test_cli_export_then_translate_and_eval_with_ctranslate2(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["exact_match"] == 1.0
 
 
-def test_trace_is_refused_by_the_ctranslate2_engine(tmp_path, capsys):
+@pytest.mark.parametrize("option", [["--sample", "--seed", "0"], ["--trace"]])
+def test_sampling_and_trace_are_refused_by_the_ctranslate2_engine(tmp_path, capsys, option):
     make_checkpoint(tmp_path)
     out = tmp_path / "ct2"
     main(["export", "--checkpoint", str(tmp_path / "model"), "--format", "ctranslate2", "--out",
           str(out)])
     capsys.readouterr()
     err = _cli_error(capsys, ["translate", "--engine", "ctranslate2", "--checkpoint", str(out),
-                              "--trace", "s4 s5"])
-    assert "--trace" in err and "npformer engine" in err
+                              *option, "s4 s5"])
+    assert option[0] in err and "npformer engine" in err
+    with pytest.raises(ValueError, match="method 'sample'"):      # the library refuses it too
+        load_exported(out).translator(str.split, " ".join).translate(["s4"], method="sample")
 
 
 def _cli_error(capsys, argv):

@@ -42,7 +42,7 @@ def test_the_policy_covers_every_train_option():
     parser = build_parser()
     train_parser = parser._subparsers._group_actions[0].choices["train"]
     dests = {a.dest for a in train_parser._actions if a.dest != "help"}
-    about_this_invocation = {"out", "resume", "overwrite", "quiet"}
+    about_this_invocation = {"out", "resume", "overwrite", "quiet", "reduce"}
     assert dests - about_this_invocation == set(RECORDED_OPTIONS)
     assert set(RESUME_MAY_CHANGE) <= set(RECORDED_OPTIONS) | {"quiet"}
 

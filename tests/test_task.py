@@ -230,7 +230,7 @@ def test_a_reduction_over_two_simulated_ranks_equals_one_process_seeing_both(num
 
 def test_every_stop_goes_through_the_collective():
     class OtherRankStops(SingleProcess):
-        def agree(self, reason):                    # another process ran out of time at step 3
+        def agree(self, reason, check=None):        # another process ran out of time at step 3
             return reason or ("time_budget" if self.trainer.step >= 3 else None)
 
     collective = OtherRankStops()

@@ -13,6 +13,7 @@ from ..checkpoint import write_file_atomic
 from ..training.language_model import LM_MODEL, LM_TRAIN, lm_trainer
 from .common import (NoneDefaultFormatter, non_negative_float, non_negative_int, positive_float,
                      positive_int, probability)
+from .parallel import add_parallel_args, join
 from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_inputs_in_run
 
 LM_MADE_BY = "npformer lm"
@@ -88,6 +89,7 @@ def add_parser(sub, name):
                    help="tokens of the sample printed at each validation (default 200; 0: none)")
     t.add_argument("--seed", type=non_negative_int, default=None)
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_parallel_args(p)
     p.set_defaults(run=run)
 
 
@@ -181,6 +183,7 @@ def _tokenizer_bytes(data):
 
 
 def run(args):
+    collective = join(args)                      # one process, or this rank of an MPI job
     saved = None
     if args.resume:
         from ..training.checkpointing import load_model_checkpoint
@@ -192,13 +195,16 @@ def run(args):
         apply_resume_policy(args, saved.meta, args.resume, recorded=LM_RECORDED,
                             may_change=LM_MAY_CHANGE)
     trainer, data = build(args, saved)
-    folder = plan_run_folder(args.out, "lm", overwrite=args.overwrite, resume=args.resume)
+    trainer.set_collective(collective)
+    root = collective.is_root                    # the one process that writes the run folder
+    folder = root and plan_run_folder(args.out, "lm", overwrite=args.overwrite, resume=args.resume)
     if saved is not None:
         trainer.resume(saved)
     trainer.check_work_left()
     tokenizer = _tokenizer_bytes(data)
-    folder.prepare()
-    if tokenizer is not None:
+    if root:
+        folder.prepare()
+    if tokenizer is not None and root:
         os.makedirs(args.out, exist_ok=True)
         write_file_atomic(Path(os.path.join(args.out, "tokenizer.json")),
                           lambda f: f.write(tokenizer))

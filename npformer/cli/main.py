@@ -22,14 +22,16 @@ import time
 import traceback
 import warnings
 
-from .. import runtime
-from . import (average, calibrate, download, evaluate, export, gradcheck, lm, plot, sample, toy,
-               train, translate)
+from .. import distributed, runtime
+from . import parallel
+from . import (average, calibrate, download, evaluate, export, gradcheck, info, lm, plot, sample,
+               toy, train, translate)
 from .common import positive_int
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
             "gradcheck": gradcheck, "plot": plot, "download": download, "average": average,
-            "calibrate": calibrate, "lm": lm, "sample": sample, "export": export}
+            "calibrate": calibrate, "lm": lm, "sample": sample, "export": export,
+            "info": info}
 EXIT_INTERNAL = 70                               # EX_SOFTWARE: a bug, not the user's mistake
 
 
@@ -105,33 +107,54 @@ def _debug(args):
     return getattr(args, "debug", False) or os.environ.get("NPFORMER_DEBUG", "") not in ("", "0")
 
 
+def _who(prefix):
+    """The messages' prefix: ``npformer train``, or ``npformer train (rank 1 of 4)`` in a
+    data-parallel run."""
+    world = distributed.active()
+    return prefix if world is None else f"{prefix} (rank {world.rank} of {world.size})"
+
+
 def main(argv=None):
     """Entry point (setup.cfg: ``npformer = npformer.cli.main:main``). Returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _show_warning
+    try:
+        code = _run(args)
+    except BaseException:                        # --debug lets it through: end every rank too
+        if distributed.active() is not None:
+            traceback.print_exc()
+            distributed.abort(1)
+        raise
+    if code and distributed.active() is not None:
+        distributed.abort(code)                  # the other ranks would wait for this one
+    return code
+
+
+def _run(args):
     prefix = f"npformer {args.command}"
     try:
+        parallel.refuse_launcher(args.command)
         if args.threads or args.blas_threads:        # else the runtime applies itself
             runtime.configure_runtime(threads=args.threads, blas_threads=args.blas_threads)
         return args.run(args) or 0
     except KeyboardInterrupt:
-        print(f"{prefix}: interrupted", file=sys.stderr)
+        print(f"{_who(prefix)}: interrupted", file=sys.stderr)
         return 130
     except ValueError as e:                      # bad input: a message, not a traceback
         if _debug(args):
             raise
-        print(f"{prefix}: error: {e}", file=sys.stderr)
+        print(f"{_who(prefix)}: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
         if _debug(args):
             raise
-        print(f"{prefix}: error: {describe_os_error(e)}", file=sys.stderr)
+        print(f"{_who(prefix)}: error: {describe_os_error(e)}", file=sys.stderr)
         return 1
     except MemoryError as e:
         if _debug(args):
             raise
-        print(f"{prefix}: error: {describe_memory_error(e)}", file=sys.stderr)
+        print(f"{_who(prefix)}: error: {describe_memory_error(e)}", file=sys.stderr)
         return 1
     except Exception as e:                       # a bug: say so, keep the traceback in a file
         if _debug(args):
@@ -140,7 +163,7 @@ def main(argv=None):
         where = (f"traceback in {path}" if path else
                  "the traceback could not be saved; run again with --debug to see it")
         first = str(e).splitlines()[0] if str(e) else ""
-        print(f"{prefix}: internal error: {type(e).__name__}: {first} ({where})", file=sys.stderr)
+        print(f"{_who(prefix)}: internal error: {type(e).__name__}: {first} ({where})", file=sys.stderr)
         return EXIT_INTERNAL
 
 

@@ -12,6 +12,7 @@ from ..training.trainer import TrainConfig, step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, bucket_size,
                      model_kwargs, positive_float, positive_int, refuse_output_over_inputs,
                      train_kwargs)
+from .parallel import add_parallel_args, join
 from .runs import (RECORDED_OPTIONS, TOY_MADE_BY, TRAIN_MADE_BY, apply_resume_policy, flag,
                    plan_run_folder, refuse_inputs_in_run)
 
@@ -110,6 +111,7 @@ def add_parser(sub, name):
                         "the checkpoint's values; only --max-steps, --epochs, --time-budget, "
                         "--patience, --target, --eval-every, --keep-last, --average-last, --quiet "
                         "and the data files' locations may change (docs/reliability.md)")
+    add_parallel_args(p)
     # None = not given, so that a resume can tell the options given from those to take from the
     # checkpoint (npformer.cli.runs); fill_defaults sets the recipe's values afterwards
     p.set_defaults(run=run, seed=None)
@@ -266,6 +268,7 @@ def _existing(path):
 
 def run(args):
     given = {dest for dest in RECORDED_OPTIONS if getattr(args, dest, None) is not None}
+    collective = join(args)                      # one process, or this rank of an MPI job
     saved = None
     if args.resume:
         from ..training.checkpointing import load_model_checkpoint
@@ -276,11 +279,15 @@ def run(args):
                              f"that command")
         apply_resume_policy(args, saved.meta, args.resume)
     trainer = build(args, saved, given)          # bad data and options are reported first
-    folder = plan_run_folder(args.out, "train", overwrite=args.overwrite, resume=args.resume)
+    trainer.set_collective(collective)
+    root = collective.is_root                    # the one process that writes the run folder
+    folder = root and plan_run_folder(args.out, "train", overwrite=args.overwrite,
+                                      resume=args.resume)
     if saved is not None:
         trainer.resume(saved)                    # the checkpoint loaded (and checked) above
     trainer.check_work_left()                    # before the folder is touched
-    folder.prepare()
+    if root:
+        folder.prepare()
 
     def on_eval(rec):
         if not args.quiet:
@@ -294,7 +301,7 @@ def run(args):
     best, last = os.path.join(args.out, "best"), os.path.join(args.out, "last")
     shown = best if trainer.task.has_validation and _existing(best) else last if _existing(last) else None
     print(f"checkpoint: {shown}" if shown else "checkpoint: none written")
-    if args.average_last:
+    if args.average_last and root:
         kept = step_checkpoints(args.out)[-args.average_last:]
         if len(kept) < 2:
             print(f"--average-last {args.average_last}: only {len(kept)} checkpoint(s) kept, "

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import time
+import warnings
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -156,7 +157,7 @@ class Trainer:
         if config.stop_metric is None:       # the task's first metric, in a copy: the caller's
             config = dataclasses.replace(config, stop_metric=task.metrics[0])   # stays as given
         self.config = config
-        self.extra, self.collective = extra, collective or SingleProcess()
+        self.extra = extra
         task.check_model(model)
         if config.stop_metric not in task.metrics:
             raise ValueError(f"stop_metric: expected one of the {task.name} task's metrics "
@@ -164,9 +165,7 @@ class Trainer:
         opt_cls = AdamW if config.optimizer == "adamw" else Adam
         self.optimizer = opt_cls(model, lr=config.lr, betas=config.betas, eps=1e-9,
                                  weight_decay=config.weight_decay, decay=DECAY[config.decay])
-        per_epoch = math.ceil(task.batches_per_epoch() / config.accum_steps)
-        self.total_steps = config.max_steps or config.epochs * per_epoch
-        self.schedule = make_schedule(config, self.total_steps)
+        self.set_collective(collective or SingleProcess())
         if config.schedule == "plateau" and not (task.has_validation and "loss" in task.metrics):
             raise ValueError(f"schedule: 'plateau' watches the validation loss, and the "
                              f"{task.name} task has {'no validation data' if not task.has_validation else 'no loss metric'}")
@@ -182,6 +181,22 @@ class Trainer:
         self._fingerprint = None                # task.fingerprint(), once asked for
         self._validated_at = None               # step of the latest validation
         self.bit_exact_resume = True            # False once resumed with other kernel variants
+
+    def set_collective(self, collective):
+        """Train as one process of a data-parallel run (``npformer.training.collective``); call it
+        before ``resume`` and ``fit``. An update then consumes ``accum_steps`` batches on every
+        process, so an epoch holds that many times fewer updates (the schedule follows)."""
+        self.collective = collective
+        per_epoch = math.ceil(self.task.batches_per_epoch()
+                              / (self.config.accum_steps * collective.size))
+        self.total_steps = self.config.max_steps or self.config.epochs * per_epoch
+        self.schedule = make_schedule(self.config, self.total_steps)
+
+    @property
+    def out_dir(self):
+        """Where this process writes checkpoints and the metrics log: the config's ``out_dir`` on
+        the first process of a run, nowhere on the others."""
+        return self.config.out_dir if self.collective.is_root else None
 
     # -- one update ------------------------------------------------------------------------------
     def train_step(self, batch):
@@ -201,6 +216,9 @@ class Trainer:
             raise ValueError(f"task {self.task.name!r}, step {self.step + 1}: its batches hold no "
                              f"tokens at all (tokens() gave 0 for every one); nothing to learn from")
         model.zero_grad()
+        if self.collective.size > 1:             # this process's masks: from (seed, rank, step)
+            seed = self.collective.dropout_seed(cfg.seed, self.step + 1)
+            model.rng.bit_generator.state = type(model.rng.bit_generator)(seed).state
         loss = 0.0
         for b, n in zip(batches, counts):
             weight = n / n_total                 # this batch's share of the update's tokens
@@ -231,9 +249,13 @@ class Trainer:
         return int(n)
 
     def evaluate(self):
-        """The task's metrics for the current weights (in eval mode, restored afterwards)."""
-        with self.model.evaluating():
-            return self.task.evaluate(self.model)
+        """The task's metrics for the current weights (in eval mode, restored afterwards). In a
+        data-parallel run the first process evaluates and the others receive its record."""
+        record = None
+        if self.collective.is_root:
+            with self.model.evaluating():
+                record = self.task.evaluate(self.model)
+        return self.collective.share(record)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def training_state(self):
@@ -242,6 +264,7 @@ class Trainer:
                 "early_stopping": self.stopper.state_dict(), "config": self.config.to_dict(),
                 "seconds": self.elapsed(), "data_crc32": self.data_fingerprint(),
                 "best_value": self.best_value if math.isfinite(self.best_value) else None,
+                "world_size": self.collective.size,
                 **({"schedule": self.schedule.state_dict()}
                    if hasattr(self.schedule, "state_dict") else {})}
 
@@ -267,9 +290,11 @@ class Trainer:
 
     def _save_step_checkpoint(self):
         """``step_<N>``, keeping the last ``keep_last`` of them (all if keep_last is None)."""
-        self.save(os.path.join(self.config.out_dir, f"step_{self.step}"))
+        if not self.out_dir:
+            return
+        self.save(os.path.join(self.out_dir, f"step_{self.step}"))
         if self.config.keep_last:
-            for path in step_checkpoints(self.config.out_dir)[:-self.config.keep_last]:
+            for path in step_checkpoints(self.out_dir)[:-self.config.keep_last]:
                 for suffix in (".npz", ".json"):
                     if os.path.exists(path + suffix):
                         os.remove(path + suffix)
@@ -304,8 +329,16 @@ class Trainer:
             if hasattr(self.schedule, "load_state_dict"):
                 self.schedule.load_state_dict(training["schedule"])
             self.saved_step = self.step
+            ranks = int(training.get("world_size", 1))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"checkpoint {loaded.path}: training state does not fit this run ({e})") from None
+        if ranks != self.collective.size:
+            warnings.warn(f"checkpoint {loaded.path}: its run trained on {ranks} process(es), this "
+                          f"one on {self.collective.size}: it continues with the same weights, "
+                          f"optimizer and data position, but the batches go to other processes "
+                          f"and draw other dropout masks, so it is not bit-exact with a run that "
+                          f"went straight through", stacklevel=2)
+            self.bit_exact_resume = False
         self.optimizer.lr = self.schedule(max(self.step, 1))
         self.model.train()
         return self
@@ -362,12 +395,12 @@ class Trainer:
             reason = "max_steps"
         elif cfg.time_budget is not None and self.elapsed() >= cfg.time_budget:
             reason = "time_budget"
-        return self.collective.agree(reason)
+        return self.collective.agree(reason, check=None if record is not None else self.grad_norm)
 
     def _non_finite_message(self, loss):
         saved = ("no checkpoint was written" if self.saved_step is None else
                  f"the latest checkpoint (step {self.saved_step}) is untouched")
-        where = f" in {self.config.out_dir}" if self.config.out_dir else ""
+        where = f" in {self.out_dir}" if self.out_dir else ""
         return (f"task {self.task.name!r}, step {self.step + 1}: the training loss is {loss} and "
                 f"the gradient norm {self.grad_norm}: training stopped without applying this "
                 f"update; {saved}{where}. Start a new run (another --out, or --overwrite) with a "
@@ -402,10 +435,10 @@ class Trainer:
         improved = self.stopper.better(value, self.best_value)
         if improved:
             self.best_value = value
-        if cfg.out_dir:
-            self.save(os.path.join(cfg.out_dir, "last"))
+        if self.out_dir:
+            self.save(os.path.join(self.out_dir, "last"))
             if improved:
-                self.save(os.path.join(cfg.out_dir, "best"))
+                self.save(os.path.join(self.out_dir, "best"))
             if cfg.keep_last and not (cfg.save_every_steps or cfg.save_every_epochs):
                 self._save_step_checkpoint()     # else step_<N> follow their own schedule
         if on_eval:
@@ -426,6 +459,7 @@ class Trainer:
         """
         cfg = self.config
         self.check_work_left()
+        self.collective.start(self)              # every process: the same run, the same weights
         self._open_log()
         self.model.train()
         self._start = start = time.perf_counter()
@@ -435,7 +469,7 @@ class Trainer:
                 stop = self._train_epoch(on_eval)
                 if stop is None:
                     self.epoch += 1
-                    if cfg.save_every_epochs and cfg.out_dir \
+                    if cfg.save_every_epochs and self.out_dir \
                             and self.epoch % cfg.save_every_epochs == 0:
                         self._save_step_checkpoint()         # for averaging, no validation
                     if self.task.has_validation and not cfg.eval_every_steps \
@@ -462,12 +496,14 @@ class Trainer:
         """The updates of the current epoch (from where a resume left it); returns a stop
         reason, or None at the epoch's end."""
         cfg, task, stop = self.config, self.task, None
-        bar = progress_bar(total=task.batches_per_epoch(), quiet=cfg.quiet,
+        bar = progress_bar(total=task.batches_per_epoch(),
+                           quiet=cfg.quiet or not self.collective.is_root,
                            desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
                            initial=task.batches_done())
         meter = _Throughput()
-        for group in _groups(task.batches(self.epoch), cfg.accum_steps):
-            loss = self.train_step(group)
+        # every process reads the same batches; an update takes accum_steps on each of them
+        for group in _groups(task.batches(self.epoch), cfg.accum_steps * self.collective.size):
+            loss = self.train_step(self.collective.shard(group))
             stop = self.decide_stop(loss=loss)
             if stop == "non_finite":
                 self._failure = self._non_finite_message(loss)
@@ -477,7 +513,7 @@ class Trainer:
             bar.update(len(group))
             if self.step % cfg.log_every == 0:
                 self._log_train(meter, bar)
-            if cfg.save_every_steps and cfg.out_dir and self.step % cfg.save_every_steps == 0:
+            if cfg.save_every_steps and self.out_dir and self.step % cfg.save_every_steps == 0:
                 self._save_step_checkpoint()
             if stop is None and cfg.eval_every_steps and task.has_validation \
                     and self.step % cfg.eval_every_steps == 0:
@@ -494,15 +530,14 @@ class Trainer:
         if (stop in ("max_steps", "time_budget", "epochs") and self.task.has_validation
                 and self._validated_at != self.step):
             self.validate(scheduled=False, on_eval=on_eval)
-        if self.config.out_dir:
-            self.save(os.path.join(self.config.out_dir, "last"))
+        if self.out_dir:
+            self.save(os.path.join(self.out_dir, "last"))
 
     # -- the metrics log -------------------------------------------------------------------------
     def _open_log(self):
-        cfg = self.config
-        if cfg.out_dir:
-            os.makedirs(cfg.out_dir, exist_ok=True)
-            self.log = MetricsLog(os.path.join(cfg.out_dir, "metrics.jsonl"), append=self.step > 0)
+        if self.out_dir:
+            os.makedirs(self.out_dir, exist_ok=True)
+            self.log = MetricsLog(os.path.join(self.out_dir, "metrics.jsonl"), append=self.step > 0)
             if self.step == 0:                   # says who started the run (npformer.cli.runs)
                 self.log.log("start", made_by=(self.extra or {}).get("made_by"))
 

@@ -1,0 +1,199 @@
+"""Data-parallel training throughput: R ranks x T threads for every split of the machine's cores,
+against the best single process (and PyTorch eager on all the cores) in the same run.
+
+    python benchmarks/bench_data_parallel.py [--config base] [--repeats 7] [--cores N]
+                                             [--reduce ordered|mpi] [--splits 1x16 8x2 ...]
+                                             [--no-torch]
+
+For each split R x T of C cores (R * T = C; every divisor R of C unless ``--splits`` names
+some), the script starts R ranks with ``mpiexec -n R python -m mpi4py`` (a single process
+without mpiexec), all pinned with ``taskset`` to the first C CPUs of this process's affinity;
+npformer gives each rank its own T of them (``npformer.distributed.share_cores``). Every rank
+trains bench_train_step.py's ``--config`` batch each step (forward, loss, backward, the gradient
+exchange, clipping, Adam), so R ranks train R batches a step. Printed per split: tokens/s of all
+ranks together (source + target tokens, median step after two warm-up steps), the step time,
+the gradient exchange's share of the step, and the speed against the single process of C
+threads. Then, on the split with the most ranks, the exchange alone on the model's gradient
+buffer: the ordered sum (``--reduce ordered``, the default) and one MPI Allreduce, with their
+algorithm bandwidth (buffer bytes / seconds).
+
+PyTorch eager on C threads (bench_train_step.py's worker) is printed for reference where torch is
+installed (``--no-torch`` skips it). Needs mpiexec and mpi4py (``pip install 'npformer[mpi]'``).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from bench_train_step import CONFIGS, affinity, cpu_list, make_batch, step_tokens  # noqa: E402
+
+
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def worker(args):
+    """One rank (or the single process): time ``repeats`` training steps; rank 0 prints JSON."""
+    import numpy as np
+
+    import npformer as nf
+    from npformer import distributed
+    from npformer.optim.clip import clip_grad_norm
+    from npformer.training.collective import MPICollective, SingleProcess
+
+    world = distributed.connect()
+    if world is None:
+        nf.configure_runtime(threads=args.threads)
+        collective = SingleProcess()
+    else:
+        distributed.share_cores(world)
+        collective = MPICollective(world, reduce=args.reduce)
+    c = CONFIGS[args.config]
+    model = nf.Transformer(c["src_vocab_size"], c["tgt_vocab_size"], d_model=c["d_model"],
+                           n_heads=c["n_heads"], d_ff=c["d_ff"],
+                           n_encoder_layers=c["n_encoder_layers"],
+                           n_decoder_layers=c["n_decoder_layers"], dropout=0.1, max_len=64,
+                           dtype=np.float32, seed=0)
+    opt = nf.Adam(model, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    src, tgt_in, tgt_out = make_batch(c, np)
+    n_tokens = int((tgt_out != 0).sum())
+    exchange = []
+
+    def train_step():
+        n_total = collective.total_tokens(n_tokens)
+        model.zero_grad()
+        logits = model.forward(src, tgt_in)
+        _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
+        dlogits *= n_tokens / n_total
+        model.backward(dlogits)
+        t0 = time.perf_counter()
+        collective.reduce(model, 0.0)
+        exchange.append(time.perf_counter() - t0)
+        clip_grad_norm(model, 1.0)
+        opt.step()
+
+    for _ in range(2):
+        train_step()
+    exchange.clear()
+    steps = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        train_step()
+        steps.append(time.perf_counter() - t0)
+    result = {"ranks": collective.size, "threads": nf.runtime.policy().cores,
+              "step_s": median(steps), "exchange_s": median(exchange),
+              "tokens_per_step": step_tokens(c) * collective.size,
+              "buffer_mb": model.flat_grads.nbytes / 1e6}
+    if world is not None and args.bandwidth:
+
+        for mode in ("ordered", "mpi"):
+            col, times = MPICollective(world, reduce=mode), []
+            for _ in range(args.repeats + 1):
+                world.comm.Barrier()
+                t0 = time.perf_counter()
+                col.reduce(model, 0.0)
+                times.append(time.perf_counter() - t0)
+            result[f"{mode}_s"] = median(times[1:])
+    if collective.is_root:
+        print(json.dumps(result))
+
+
+def run_split(args, ranks, threads, cpus):
+    cmd = [sys.executable, __file__, "--worker", "--config", args.config, "--repeats",
+           str(args.repeats), "--reduce", args.reduce, "--threads", str(threads)]
+    if ranks > 1:
+        if args.bandwidth_at == ranks:
+            cmd.append("--bandwidth")
+        cmd = [shutil.which("mpiexec"), "-n", str(ranks), sys.executable, "-m", "mpi4py"] + cmd[1:]
+    cmd = ["taskset", "-c", cpu_list(cpus)] + cmd
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{ranks}x{threads} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_torch(args, cpus):
+    cmd = ["taskset", "-c", cpu_list(cpus), sys.executable, str(HERE / "bench_train_step.py"),
+           "--worker", "torch-eager", "--config", args.config, "--repeats", str(args.repeats)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        print(f"PyTorch eager: skipped ({(out.stderr.strip().splitlines() or ['failed'])[-1]})")
+        return None
+    return median(json.loads(out.stdout.strip().splitlines()[-1])["times"])
+
+
+def splits_of(cores, named):
+    if named:
+        out = []
+        for s in named:
+            r, _, t = s.partition("x")
+            if not (r.isdigit() and t.isdigit()) or int(r) * int(t) != cores:
+                raise SystemExit(f"--splits {s}: expected RxT with R*T = {cores} cores")
+            out.append((int(r), int(t)))
+        return out
+    return [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--config", choices=sorted(k for k, c in CONFIGS.items()
+                                               if c.get("model") != "gpt"), default="base")
+    ap.add_argument("--repeats", type=int, default=7, help="timed steps per split")
+    ap.add_argument("--cores", type=int, metavar="N", help="use the first N CPUs (default: all)")
+    ap.add_argument("--reduce", choices=["ordered", "mpi"], default="ordered")
+    ap.add_argument("--splits", nargs="+", metavar="RxT", help="only these splits (e.g. 8x2)")
+    ap.add_argument("--no-torch", action="store_true", help="skip PyTorch eager")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--bandwidth", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if shutil.which("mpiexec") is None:
+        raise SystemExit("mpiexec not found: pip install 'npformer[mpi]' (mpi4py and the MPICH wheel)")
+    cpus = affinity()
+    cores = args.cores or len(cpus)
+    if not 1 <= cores <= len(cpus):
+        raise SystemExit(f"--cores {args.cores}: this process may use {len(cpus)} CPUs")
+    cpus = cpus[:cores]
+    splits = splits_of(cores, args.splits)
+    args.bandwidth_at = max(r for r, _ in splits)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"bench_data_parallel --config {args.config}: {cores} cores (CPUs {cpu_list(cpus)}), "
+          f"--reduce {args.reduce}, median of {args.repeats} steps, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}, load {load:.2f}")
+    results = [run_split(args, r, t, cpus) for r, t in splits]
+    single = run_split(args, 1, cores, cpus) if (1, cores) not in splits else None
+    base = next(res for res in results + [single] if res and res["ranks"] == 1)
+    base_tps = base["tokens_per_step"] / base["step_s"]
+    print(f"{'ranks x threads':>16} {'tokens/s':>10} {'step ms':>8} {'exchange':>9} "
+          f"{'vs 1x' + str(cores):>8}")
+    for res in results:
+        tps = res["tokens_per_step"] / res["step_s"]
+        share = res["exchange_s"] / res["step_s"] if res["ranks"] > 1 else 0.0
+        print(f"{res['ranks']:>9} x {res['threads']:<4} {tps:10.0f} {res['step_s'] * 1e3:8.1f} "
+              f"{share:8.1%} {tps / base_tps:7.2f}x")
+    if not args.no_torch:
+        t = run_torch(args, cpus)
+        if t is not None:
+            tps = step_tokens(CONFIGS[args.config]) / t
+            print(f"{'PyTorch eager 1':>11} x {cores:<4} {tps:10.0f} {t * 1e3:8.1f} {'':>9} "
+                  f"{tps / base_tps:7.2f}x")
+    top = next((res for res in results if res["ranks"] == args.bandwidth_at), {})
+    if "ordered_s" in top:
+        mb = top["buffer_mb"]
+        print(f"exchange of the {mb:.1f} MB gradient buffer on {top['ranks']} ranks: ordered sum "
+              f"{top['ordered_s'] * 1e3:.1f} ms ({mb / 1e3 / top['ordered_s']:.2f} GB/s), MPI "
+              f"Allreduce {top['mpi_s'] * 1e3:.1f} ms ({mb / 1e3 / top['mpi_s']:.2f} GB/s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from bench_train_step import CONFIGS, affinity, cpu_list, make_batch, step_tokens  # noqa: E402
+from bench_train_step import (CONFIGS, affinity, cpu_list, make_batch, step_tokens,  # noqa: E402
+                              transformer_and_adam)
 
 
 def median(values):
@@ -57,12 +58,7 @@ def worker(args):
         distributed.share_cores(world)
         collective = MPICollective(world, reduce=args.reduce)
     c = CONFIGS[args.config]
-    model = nf.Transformer(c["src_vocab_size"], c["tgt_vocab_size"], d_model=c["d_model"],
-                           n_heads=c["n_heads"], d_ff=c["d_ff"],
-                           n_encoder_layers=c["n_encoder_layers"],
-                           n_decoder_layers=c["n_decoder_layers"], dropout=0.1, max_len=64,
-                           dtype=np.float32, seed=0)
-    opt = nf.Adam(model, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    model, opt = transformer_and_adam(c)
     src, tgt_in, tgt_out = make_batch(c, np)
     n_tokens = int((tgt_out != 0).sum())
     exchange = []

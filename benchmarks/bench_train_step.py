@@ -129,6 +129,19 @@ def make_batch(c, np):
     return src, tgt[:, :-1], tgt[:, 1:]
 
 
+def transformer_and_adam(c):
+    """npformer's encoder-decoder of config ``c`` (float32, dropout 0.1) and its Adam."""
+    import numpy as np
+
+    import npformer as nf
+    model = nf.Transformer(c["src_vocab_size"], c["tgt_vocab_size"], d_model=c["d_model"],
+                           n_heads=c["n_heads"], d_ff=c["d_ff"],
+                           n_encoder_layers=c["n_encoder_layers"],
+                           n_decoder_layers=c["n_decoder_layers"], dropout=0.1, max_len=64,
+                           dtype=np.float32, seed=0)
+    return model, nf.Adam(model, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+
 def time_steps(step, repeats):
     for _ in range(2):                                        # warm-up (compiles, allocates)
         step()
@@ -186,12 +199,7 @@ def run_npformer(c, backend_name, args):
             model.backward(dlogits)
             opt.step()
     else:
-        model = nf.Transformer(c["src_vocab_size"], c["tgt_vocab_size"], d_model=c["d_model"],
-                               n_heads=c["n_heads"], d_ff=c["d_ff"],
-                               n_encoder_layers=c["n_encoder_layers"],
-                               n_decoder_layers=c["n_decoder_layers"], dropout=0.1, max_len=64,
-                               dtype=np.float32, seed=0)
-        opt = nf.Adam(model, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        model, opt = transformer_and_adam(c)
         src, tgt_in, tgt_out = make_batch(c, np)
 
         def train_step():

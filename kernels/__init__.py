@@ -21,12 +21,13 @@ from npformer import runtime
 
 from .activation_dropout import activation_dropout_backward, activation_dropout_forward
 from .adam import adam_step
-from .attention import attention_backward, attention_backward_into, attention_forward
+from .attention import (attention_backward, attention_backward_into, attention_forward,
+                        take_rows)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward, sinusoidal_positions
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
-from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax
+from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .matmul import matmul
 
 runtime.ensure()
@@ -42,5 +43,5 @@ __all__ = [
     "linear_forward", "log_softmax", "matmul",
     "merge_heads", "padding_mask", "position_embedding_backward", "position_embedding_forward",
     "relu_backward", "relu_forward", "sinusoidal_positions",
-    "softmax_backward", "softmax_forward", "split_heads",
+    "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
 ]

@@ -67,7 +67,7 @@ next step reuses their memory instead of having it mapped afresh (a page fault p
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from npformer import runtime
 from npformer.aligned import empty_aligned
@@ -377,6 +377,32 @@ def _flat(x, shape):
     view = x.view()
     view.shape = shape
     return view
+
+
+@kernel(parallel=True, work=2)
+def _take_rows(x, index, out):
+    """out[r] = x[index[r]] for 4-D x, out (rows of a cache; views, strided between rows)."""
+    n, n_h, t, d = out.shape
+    for r in prange(n):
+        src = index[r]
+        for h in range(n_h):
+            for j in range(t):
+                for c in range(d):
+                    out[r, h, j, c] = x[src, h, j, c]
+
+
+def take_rows(x, index, out):
+    """out[r] = x[index[r]], as the NumPy reference, in one parallel pass (NumPy's fancy index
+    first copies the rows into a fresh array). ``out`` must not overlap ``x``. Returns out."""
+    if x.ndim != 4 or out.ndim != 4 or out.shape[1:] != x.shape[1:] or len(index) != len(out):
+        raise ValueError(f"take_rows: expected 4-D x and out of equal rows and index of one "
+                         f"entry per row of out, got {x.shape}, {out.shape}, {len(index)}")
+    if len(index) and (index.min() < 0 or index.max() >= len(x)):
+        raise ValueError(f"take_rows: index: expected rows in [0, {len(x)}), got "
+                         f"{index.min()}..{index.max()}")
+    if out.size:
+        _take_rows(x, np.ascontiguousarray(index, dtype=np.int64), out)
+    return out
 
 
 def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):

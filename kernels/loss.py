@@ -16,12 +16,14 @@ import math
 import numpy as np
 from numba import prange
 
+from npformer import runtime
 from npformer.aligned import empty_aligned
 
 from ._fastexp import exp32
 from ._jit import kernel
 from .attention import _row_max
 from npformer.functional.loss import log_softmax  # noqa: F401  (same public names as the reference)
+
 
 @kernel(parallel=True)
 def _row_stats(z, fast_exp, with_sum, row_max, sum_exp, row_sum):
@@ -112,3 +114,76 @@ def cross_entropy_backward(dloss, cache):
     _grad_rows(logits, lse, safe_targets, valid, dt(eps / vocab), dt(1.0 - eps), dt(dloss / count),
                logits.dtype == np.float32, grad)
     return grad
+
+
+@kernel(fastmath=False)
+def _top_rows(x, row_max, lse, offset, ids, logp):
+    """For each row r of x (R, V): the ids (R, n) and log-probabilities (R, n) of the n best
+    entries by key = offset[r] + ((x[r, c] - row_max[r]) - lse[r]), computed in float64 in the
+    reference's order of operations (no fastmath: no reassociation), best first, ties by the
+    lower id. offset (R,) or (0,): none.
+
+    One pass over the row keeps the n best so far, sorted; the key never decreases as x grows,
+    so an entry below the n-th best's x cannot enter and is skipped on one comparison."""
+    n_rows, vocab = x.shape
+    n = ids.shape[1]
+    with_offset = offset.shape[0] > 0
+    keys = np.empty(n)                                       # a row's n best keys, best first
+    for r in range(n_rows):
+        m, l = row_max[r], lse[r]
+        s = offset[r] if with_offset else 0.0
+        held = 0                                             # entries in keys so far
+        floor = x[r, 0]                                      # x of the n-th best (when held == n)
+        for c in range(vocab):
+            xc = x[r, c]
+            if held == n and xc < floor:
+                continue
+            lp = (np.float64(xc) - m) - l
+            key = s + lp if with_offset else lp
+            if held == n and not key > keys[n - 1]:          # equal keys: the lower id stays
+                continue
+            j = held if held < n else n - 1                  # insert, after any equal key
+            while j > 0 and keys[j - 1] < key:
+                keys[j], ids[r, j], logp[r, j] = keys[j - 1], ids[r, j - 1], logp[r, j - 1]
+                j -= 1
+            keys[j], ids[r, j], logp[r, j] = key, c, lp
+            if held < n:
+                held += 1
+            if held == n:
+                floor = x[r, ids[r, n - 1]]
+
+
+TOP_PART_ROWS = 32               # rows per part of top_log_softmax (fixed: the bits never depend
+                                 # on the parts, which only share the rows between the workers)
+
+
+def top_log_softmax(logits, n, offset=None):
+    """The ``n`` best next tokens of every row and their float64 log-probabilities, as the
+    reference (:func:`npformer.functional.top_log_softmax`), bit for bit, without its (R, V)
+    float64 arrays of log-probabilities and keys.
+
+    The log-normaliser of each row is the reference's own NumPy arithmetic (the same exp and the
+    same pairwise sum give the same bits); the selection is one Numba pass over the logits
+    (:func:`_top_rows`) that computes the float64 key only for entries that may enter. Both run
+    on parts of ``TOP_PART_ROWS`` rows, which the runtime's workers share (NumPy releases the
+    GIL in its loops, the kernel is ``nogil``) and whose float64 rows stay in cache from the
+    subtraction to the sum."""
+    x = np.ascontiguousarray(logits)                                   # (R, V)
+    n_rows, vocab = x.shape
+    n = min(int(n), vocab)
+    ids = np.empty((n_rows, n), dtype=np.int64)
+    logp = np.empty((n_rows, n), dtype=np.float64)
+    offset = None if offset is None else np.ascontiguousarray(offset, dtype=np.float64)
+    no_offset = np.empty(0)
+
+    def part(r0):
+        rows = slice(r0, min(r0 + TOP_PART_ROWS, n_rows))
+        xs = x[rows]
+        row_max = xs.max(axis=-1, keepdims=True)                       # (r, 1)
+        z = np.subtract(xs, row_max, dtype=np.float64)                 # z = x - max x, float64
+        lse = np.log(np.exp(z, out=z).sum(axis=-1))                    # (r,) log sum exp(z)
+        _top_rows(xs, row_max[:, 0].astype(np.float64), lse,
+                  no_offset if offset is None else offset[rows], ids[rows], logp[rows])
+    if n:
+        runtime.run_parts(part, range(0, n_rows, TOP_PART_ROWS))
+    return ids, logp

@@ -211,3 +211,181 @@ def test_beam_wider_than_the_vocabulary_is_refused():
     with pytest.raises(ValueError, match=f"beam_size: expected at most the target vocabulary "
                                          f"size {V_TGT}, got {10**9}"):
         translator.translate(["s1"], method="beam", beam_size=10**9)
+
+
+# -- the array beam search against the per-hypothesis one it replaced ------------------------
+
+def _top_candidates(cand, n):
+    """Column indices of the ``n`` largest entries of each row of ``cand`` (B, M), best first,
+    ties by index. (The code before used ``argpartition``, which may take either of two equal
+    entries at the cut; this is the rule its docstring stated, and the array search's.)"""
+    cols = np.broadcast_to(np.arange(cand.shape[1]), cand.shape)
+    return np.lexsort((cols, -cand), axis=1)[:, :n]
+
+
+def reference_beam_search(state, beam_size, length_penalty, max_new):
+    """The beam search as it was before its bookkeeping became arrays (commit c3e47c7):
+    a Python loop over sources and candidates, list copies per candidate. The array
+    version must give the same hypotheses, bit for bit."""
+    k, eos_id = beam_size, state.eos_id
+    b = state.batch_size // k
+    active = np.arange(b)                        # sources still searching, k rows each
+    # only the first beam of each source is live at the start (the others are copies)
+    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], b)             # (A*K,)
+    seqs = [[] for _ in range(b * k)]
+    probs = [[] for _ in range(b * k)]
+    prev = state.first_tokens()
+    finished = [[] for _ in range(b)]                                    # (norm score, ids, probs)
+    bound_norm = length_penalty_gnmt(max_new, length_penalty)
+
+    for t in range(max_new):
+        a = len(active)
+        logp = state.step(prev)                                          # (A*K, V)
+        v = logp.shape[1]
+        cand = (scores[:, None] + logp).reshape(a, k * v)                # (A, K*V)
+        top = _top_candidates(cand, 2 * k)                               # (A, 2K) best first
+        new_rows, new_tok, new_scores = [], [], []
+        for j in range(a):
+            s, kept = active[j], 0
+            for c in top[j]:
+                score = cand[j, c]
+                if score == -np.inf:
+                    break
+                row, tok = j * k + c // v, int(c % v)
+                if tok == eos_id:
+                    norm = score / length_penalty_gnmt(t + 1, length_penalty)
+                    finished[s].append((norm, list(seqs[row]),
+                                        probs[row] + [float(np.exp(logp[row, tok]))]))
+                    continue
+                new_rows.append(row)
+                new_tok.append(tok)
+                new_scores.append(score)
+                kept += 1
+                if kept == k:
+                    break
+            while kept < k:                                              # pad with dead beams
+                new_rows.append(j * k)
+                new_tok.append(eos_id)
+                new_scores.append(-np.inf)
+                kept += 1
+        new_rows = np.array(new_rows)
+        probs = [probs[r] + [float(np.exp(logp[r, tok]))] for r, tok in zip(new_rows, new_tok)]
+        seqs = [seqs[r] + [tok] for r, tok in zip(new_rows, new_tok)]
+        scores = np.array(new_scores)
+        # a sentence is done when K hypotheses are finished and no open beam can beat the best:
+        # log-probabilities only fall, and with alpha >= 0 the best possible normaliser is the
+        # largest length still reachable
+        best_open = scores.reshape(a, k).max(axis=1)                     # (A,)
+        keep = np.ones(a, dtype=bool)
+        for j in range(a):
+            f = finished[active[j]]
+            if (len(f) >= k and max(x[0] for x in f) >= best_open[j] / bound_norm) \
+                    or not np.isfinite(best_open[j]):
+                keep[j] = False
+        if not keep.any():
+            active = active[:0]
+            break
+        if not keep.all():                       # drop finished sentences from the batch
+            rows = np.flatnonzero(np.repeat(keep, k))                    # (A'*K,)
+            new_rows, scores = new_rows[rows], scores[rows]
+            seqs, probs = [seqs[r] for r in rows], [probs[r] for r in rows]
+            new_tok = [new_tok[r] for r in rows]
+            active = active[keep]
+        state.reorder(new_rows)
+        prev = np.array(new_tok, dtype=np.int64)
+
+    open_best = {}                               # sentences that ran out of room
+    for j, s in enumerate(active):
+        row = j * k + int(np.argmax(scores[j * k:(j + 1) * k]))
+        open_best[s] = row
+    hyps = []
+    for s in range(b):
+        if finished[s]:
+            norm, ids, p = max(finished[s], key=lambda f: f[0])
+            hyps.append(Hypothesis(ids=ids, probs=p, score=float(norm), finished=True))
+        else:
+            row = open_best[s]
+            hyps.append(Hypothesis(ids=seqs[row], probs=probs[row], score=float(scores[row]),
+                                   finished=False))
+    return hyps
+
+
+class TableState:
+    """A decoder state whose logits are a function of each row's prefix, drawn from few distinct
+    values, so that equal scores (ties) are common; rows move with ``reorder``. It offers
+    ``step`` only: the searches rank its (R, V) log-probabilities themselves."""
+
+    def __init__(self, n_sources, beams, vocab, seed, capacity=7, eos_id=2):
+        self.beams, self.eos_id, self.capacity = beams, eos_id, capacity
+        self.vocab, self.seed = vocab, seed
+        self.prefix = np.zeros((n_sources * beams, 0), dtype=np.int64)
+        self.source = np.repeat(np.arange(n_sources), beams)
+
+    batch_size = property(lambda self: len(self.prefix))
+    length = property(lambda self: self.prefix.shape[1])
+
+    def first_tokens(self):
+        return np.full(self.batch_size, 1, dtype=np.int64)
+
+    def logits(self, tokens):
+        self.prefix = np.concatenate([self.prefix, np.asarray(tokens)[:, None]], axis=1)
+        logits = np.empty((self.batch_size, self.vocab), dtype=np.float32)
+        for r, (s, row) in enumerate(zip(self.source, self.prefix)):
+            rng = np.random.default_rng([self.seed, s, *row.tolist()])
+            logits[r] = rng.integers(0, 3, self.vocab) * 0.75        # few values: ties
+            logits[r, self.eos_id] += rng.choice([-2.0, 0.0, 1.5])
+        logits[:, [0, 1]] = -np.inf
+        return logits
+
+    def step(self, tokens):
+        return F.log_softmax(self.logits(tokens).astype(np.float64))
+
+    def reorder(self, rows):
+        self.prefix, self.source = self.prefix[rows], self.source[rows]
+
+
+class TopTableState(TableState):
+    """The same, with ``step_top`` (as ``TranslationState``'s): the searches take each row's n
+    best from the backend's ``top_log_softmax``."""
+
+    def step_top(self, tokens, n, offset=None):
+        return nf.backend.ops().top_log_softmax(self.logits(tokens), n, offset)
+
+
+def same_hypotheses(a, b):
+    assert [(h.ids, h.probs, h.score, h.finished) for h in a] == \
+        [(h.ids, h.probs, h.score, h.finished) for h in b]
+    assert all(type(p) is float for h in a for p in h.probs)
+    assert all(type(i) is int for h in a for i in h.ids)
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("state", [TableState, TopTableState])
+def test_array_beam_search_equals_the_per_hypothesis_one_with_ties(backend, state, seed):
+    rng = np.random.default_rng(seed)
+    n, k, vocab = int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.integers(5, 12))
+    alpha, cap = float(rng.choice([0.0, 0.6, 1.0])), int(rng.integers(1, 8))
+    want = reference_beam_search(TableState(n, k, vocab, seed, cap), k, alpha, cap)
+    got = beam_search(state(n, k, vocab, seed, cap), k, alpha, cap)
+    same_hypotheses(got, want)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_greedy_with_step_top_equals_greedy_with_step(backend, seed):
+    rng = np.random.default_rng(seed)
+    n, vocab, cap = int(rng.integers(1, 6)), int(rng.integers(5, 12)), int(rng.integers(1, 8))
+    want = greedy_search(TableState(n, 1, vocab, seed, cap))
+    same_hypotheses(greedy_search(TopTableState(n, 1, vocab, seed, cap)), want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), beams=st.integers(1, 5), alpha=st.sampled_from([0.0, 0.6]),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_array_beam_search_equals_the_per_hypothesis_one_on_models(seed, beams, alpha, dtype):
+    """On real (random, small) models: the state's ``step_top`` on the active backend against the
+    per-hypothesis search over its full ``step``."""
+    model = make_model(seed=seed, dtype=dtype)
+    model.generator.bias.data[2] += np.random.default_rng(seed).normal(0, 2)   # <eos> varies
+    src = random_src(np.random.default_rng(seed), 4, 5)
+    want = reference_beam_search(decoder_state(model, src, beams, 9), beams, alpha, 9)
+    same_hypotheses(beam_decode(model, src, beams, alpha, max_new_tokens=9), want)

@@ -89,14 +89,22 @@ def test_beam_rows_decode_as_their_source_decoded_alone():
         np.testing.assert_allclose(logp[row], solo_logp[0], rtol=1e-10, atol=1e-10)
 
 
-def test_kv_cache_grows_in_place_and_gathers_rows_in_place():
+def test_kv_cache_grows_in_place_and_gathers_rows_between_two_buffers(backend):
     cache = KVCache(3, 2, 4, 5, 6, np.float64)
     k, v = cache.k, cache.v
     for t in range(2):
-        cache.append(np.full((3, 2, 1, 5), t), np.full((3, 2, 1, 6), t))
-    cache.reorder(np.array([2, 2]))
+        cache.append(np.arange(3)[:, None, None, None] * 10 + np.full((3, 2, 1, 5), t),
+                     np.full((3, 2, 1, 6), t))
+    assert cache.k is k and cache.v is v                       # appended in place
+    cache.reorder(np.array([2, 0, 2]))
+    assert cache.k is not k and cache.keys().shape == (3, 2, 2, 5)
+    np.testing.assert_array_equal(cache.keys()[:, 0, :, 0], [[20, 21], [0, 1], [20, 21]])
+    gathered = cache.k
+    cache.reorder(np.array([1, 1]))                            # back into the first pair
     assert cache.k is k and cache.v is v and cache.keys().shape == (2, 2, 2, 5)
     np.testing.assert_array_equal(cache.keys()[:, 0, :, 0], [[0, 1], [0, 1]])
+    cache.reorder(np.array([0, 1]))                            # nothing moves
+    assert cache.k is k and gathered is not k
     with pytest.raises(ValueError, match="KVCache: 5 positions exceed its capacity of 4"):
         cache.append(np.zeros((2, 2, 3, 5)), np.zeros((2, 2, 3, 6)))
 

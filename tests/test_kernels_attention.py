@@ -371,3 +371,13 @@ def test_causal_blocks_give_the_same_bits_every_run_and_on_any_thread_count():
     for result in results[1:]:
         for got, first in zip(result, results[0]):
             np.testing.assert_array_equal(got, first)
+
+
+def test_take_rows_gathers_rows_of_strided_views(backend):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 2, 7, 3))[:, :, :4]                  # (rows, H, t, d), strided
+    out = np.zeros((6, 2, 7, 3))[:, :, :4]
+    index = np.array([4, 0, 0, 2, 3, 4])
+    result = nf.backend.ops().take_rows(x, index, out)
+    assert result is out
+    np.testing.assert_array_equal(out, x[index])

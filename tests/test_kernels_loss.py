@@ -67,3 +67,57 @@ def test_out_of_range_target_is_rejected():
         K.cross_entropy_forward(np.zeros((2, 3)), np.array([0, 3]))
     with pytest.raises(ValueError, match="logits, targets"):
         K.cross_entropy_forward(np.zeros((2, 3)), np.array([0, 1, 2]))
+
+
+def _top_inputs(rng, n, vocab, dtype, kind):
+    """Logits with the cases a selection can get wrong: many equal values (ties), -inf entries
+    (<pad>, <bos>), a row maximum so small that distinct logits round to one log-probability."""
+    if kind == "ties":
+        x = rng.integers(0, 4, (n, vocab)) * 0.75
+    elif kind == "tiny":
+        x = rng.integers(-3, 4, (n, vocab)) * 1e-30                  # all within rounding of 0
+    else:
+        x = rng.standard_normal((n, vocab)) * 4
+    x = x.astype(dtype)
+    x[:, rng.integers(0, vocab, 2)] = -np.inf
+    return x
+
+
+@settings(deadline=None, max_examples=60)
+@given(n=st.integers(1, 30), vocab=st.integers(3, 400), top=st.integers(1, 12),
+       dtype=st.sampled_from([np.float32, np.float64]),
+       kind=st.sampled_from(["ties", "tiny", "normal"]),
+       offset=st.sampled_from([None, "scores", "dead"]), seed=st.integers(0, 2**16))
+def test_top_log_softmax_is_the_reference_bit_for_bit(n, vocab, top, dtype, kind, offset, seed):
+    """The n best next tokens (greedy: 1, beam search: 2K, ranked by a beam's score + log p),
+    their ids and log-probabilities, equal to the reference's argsort of the full (R, V)
+    log-probabilities: same ids in the same order, same bits."""
+    rng = np.random.default_rng(seed)
+    x = _top_inputs(rng, n, vocab, dtype, kind)
+    top = min(top, vocab)
+    off = None
+    if offset is not None:
+        off = rng.integers(-4, 1, n) * 0.5
+        if offset == "dead":
+            off[rng.random(n) < 0.5] = -np.inf                         # beam search's dead rows
+    ids_ref, logp_ref = F.top_log_softmax(x, top, off)
+    ids, logp = K.top_log_softmax(x, top, off)
+    np.testing.assert_array_equal(ids, ids_ref)
+    np.testing.assert_array_equal(logp, logp_ref)
+    full = F.log_softmax(x.astype(np.float64))
+    np.testing.assert_array_equal(logp_ref, np.take_along_axis(full, ids_ref, axis=1))
+    if off is None:                                      # greedy: np.argmax's first maximum
+        np.testing.assert_array_equal(ids_ref[:, 0], full.argmax(axis=1))
+
+
+def test_top_log_softmax_on_long_rows_in_parts():
+    """A beam step's shape (rows of a 5,921-word vocabulary, more rows than one part holds): the
+    parts the workers share select what the reference selects over all rows at once."""
+    rng = np.random.default_rng(5)
+    x = _top_inputs(rng, 100, 5921, np.float32, "normal")
+    off = rng.standard_normal(100)
+    for top, offset in ((10, off), (1, None)):
+        want = F.top_log_softmax(x, top, offset)
+        got = K.top_log_softmax(x, top, offset)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])

@@ -3,10 +3,13 @@
 A decoder state (``Transformer.decoder_state(src, bos_id, eos_id, beams)``, or a language
 model's state prefilled with a prompt) offers ``first_tokens()``, ``step(tokens) -> (R, V)
 log-probabilities``, ``reorder(rows)``, ``batch_size`` (R rows), ``capacity`` (positions it
-can hold), ``beams`` (rows per source) and ``eos_id`` (None: never stops by itself). The searches
-read nothing else: no layer, no vocabulary, no source. Each returns one ``Hypothesis`` per
-source: the generated ids (without ``<bos>``/``<eos>``), the probability of every chosen token
-(``<eos>`` included, when it was produced) and the total log-probability.
+can hold), ``beams`` (rows per source) and ``eos_id`` (None: never stops by itself); it may also
+offer ``step_top(tokens, n, offset) -> ids (R, n), log-probabilities (R, n)``, a step that
+returns only each row's n best next tokens (by ``offset[r] + log p``, ties by the lower id),
+which greedy and beam search then use instead of ``step``. The searches read nothing else: no
+layer, no vocabulary, no source. Each returns one ``Hypothesis`` per source: the generated ids
+(without ``<bos>``/``<eos>``), the probability of every chosen token (``<eos>`` included, when
+it was produced) and the total log-probability.
 
     hyps = greedy_search(model.decoder_state(src, bos_id=1, eos_id=2))
     hyps = beam_search(model.decoder_state(src, 1, 2, beams=4), beam_size=4, length_penalty=0.6)
@@ -55,8 +58,9 @@ def _finish(out_ids, out_probs, done):
     return hyps
 
 
-def _generate(state, choose, max_new_tokens):
-    """Shared loop of greedy and sampling: ``choose(logp (R, V)) -> ids (R,)``."""
+def _generate(state, next_tokens, max_new_tokens):
+    """Shared loop of greedy and sampling: ``next_tokens(state, prev (R,)) -> ids (R,), their
+    log-probabilities (R,)`` runs one step of the state and chooses."""
     if state.beams != 1:
         raise ValueError(f"state: expected one row per source for greedy or sampling, got "
                          f"beams={state.beams}")
@@ -64,32 +68,42 @@ def _generate(state, choose, max_new_tokens):
     b, eos_id = state.batch_size, state.eos_id
     prev = state.first_tokens()
     done = np.zeros(b, dtype=bool)
-    out_ids = [[] for _ in range(b)]
-    out_probs = [[] for _ in range(b)]
-    rows = np.arange(b)                           # sources still running, in state order
-    for _ in range(max_new):
-        logp = state.step(prev)                   # (R_running, V)
-        nxt = choose(logp)
-        p = np.exp(logp[np.arange(len(nxt)), nxt])
-        for r, tok, prob in zip(rows, nxt, p):
-            out_probs[r].append(float(prob))
-            if tok == eos_id:
-                done[r] = True
-            else:
-                out_ids[r].append(int(tok))
+    tokens = np.zeros((b, max_new), dtype=np.int64)   # what each source chose at each step
+    probs = np.zeros((b, max_new))                    # ... and its probability
+    steps = np.zeros(b, dtype=np.int64)               # steps each source took (<eos> included)
+    rows = np.arange(b)                               # sources still running, in state order
+    for t in range(max_new):
+        nxt, logp = next_tokens(state, prev)          # (R_running,) each
+        tokens[rows, t], probs[rows, t] = nxt, np.exp(logp)
+        steps[rows] += 1
+        done[rows] = nxt == eos_id
         keep = ~done[rows]
         if not keep.any():
             break
-        if not keep.all():                        # drop finished sources from the batch
+        if not keep.all():                            # drop finished sources from the batch
             state.reorder(np.flatnonzero(keep))
             rows, nxt = rows[keep], nxt[keep]
         prev = nxt
+    out_ids = [tokens[r, :n - d].tolist() for r, (n, d) in enumerate(zip(steps, done))]
+    out_probs = [probs[r, :n].tolist() for r, n in enumerate(steps)]
     return _finish(out_ids, out_probs, done)
+
+
+def _greedy_tokens(state, prev):
+    """The most probable next token of every row (the first on a tie) and its
+    log-probability: from the state's ``step_top`` where it has one (no (R, V) array), else
+    from ``step``."""
+    if hasattr(state, "step_top"):
+        ids, logp = state.step_top(prev, 1)
+        return ids[:, 0], logp[:, 0]
+    logp = state.step(prev)
+    nxt = logp.argmax(axis=-1)
+    return nxt, logp[np.arange(len(nxt)), nxt]
 
 
 def greedy_search(state, max_new_tokens=None):
     """The most probable token at every step. Returns one hypothesis per row of ``state``."""
-    return _generate(state, lambda logp: logp.argmax(axis=-1), max_new_tokens)
+    return _generate(state, _greedy_tokens, max_new_tokens)
 
 
 def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=None, top_p=None):
@@ -127,22 +141,17 @@ def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=N
         u = rng.random((p.shape[0], 1))
         return np.minimum((np.cumsum(p, axis=1) < u).sum(axis=1), p.shape[1] - 1)
 
-    return _generate(state, choose, max_new_tokens)
+    def next_tokens(state, prev):
+        logp = state.step(prev)                          # (R, V)
+        nxt = choose(logp)
+        return nxt, logp[np.arange(len(nxt)), nxt]
+
+    return _generate(state, next_tokens, max_new_tokens)
 
 
 def length_penalty_gnmt(length, alpha):
     """GNMT's ((5 + length) / 6) ** alpha; scores are divided by it (alpha 0: no penalty)."""
     return ((5.0 + length) / 6.0) ** alpha
-
-
-def _top_candidates(cand, n):
-    """Column indices of the ``n`` largest entries of each row of ``cand`` (B, M), best first,
-    ties by index. ``argpartition`` finds them in O(M), then only those n are sorted."""
-    n = min(n, cand.shape[1])
-    part = np.argpartition(-cand, n - 1, axis=1)[:, :n]                  # (B, n), unordered
-    vals = np.take_along_axis(cand, part, axis=1)
-    order = np.lexsort((part, -vals), axis=1)                            # by score, then index
-    return np.take_along_axis(part, order, axis=1)
 
 
 def check_beam_size(beam_size, vocab_size):
@@ -162,6 +171,16 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
     ``<eos>``). The prefixes of all running sources go as one batch of (running sources *
     beam_size) rows through the state; a source leaves the batch as soon as no open prefix can
     beat its best finished hypothesis.
+
+    One step, for every running source at once (arrays, no loop over sources or hypotheses):
+    the 2K best continuations of its K prefixes (ranked by total log-probability, ties by the
+    lower prefix row, then the lower token id; K of them at most end in ``<eos>``, one per
+    prefix, so at least K remain) are read best first, as a reader would walk the list: a
+    candidate ending in ``<eos>`` becomes a finished hypothesis, any other the next open prefix,
+    until K prefixes are taken (:func:`_walk_candidates`). The 2K best of a source are among
+    the 2K best of each of its rows, which the state gives (``step_top``) without writing the
+    rows' whole (V,) distributions. Prefixes are rows of two arrays, the tokens and their
+    probabilities, gathered by parent row at every step.
     """
     beam_size = check_int("beam_size", beam_size)
     if state.beams != beam_size:
@@ -176,79 +195,102 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
     active = np.arange(b)                        # sources still searching, k rows each
     # only the first beam of each source is live at the start (the others are copies)
     scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], b)             # (A*K,)
-    seqs = [[] for _ in range(b * k)]
-    probs = [[] for _ in range(b * k)]
+    seqs = np.zeros((b * k, 0), dtype=np.int64)                          # (A*K, t) tokens
+    seq_probs = np.zeros((b * k, 0))                                     # (A*K, t) their probs
     prev = state.first_tokens()
-    finished = [[] for _ in range(b)]                                    # (norm score, ids, probs)
+    # per source: finished hypotheses so far, and the best one (the first of the highest score)
+    n_finished = np.zeros(b, dtype=np.int64)
+    best_norm = np.full(b, -np.inf)
+    best = [None] * b                                                    # (ids, probs)
     bound_norm = length_penalty_gnmt(max_new, length_penalty)
 
     for t in range(max_new):
         a = len(active)
-        logp = state.step(prev)                                          # (A*K, V)
-        v = logp.shape[1]
-        cand = (scores[:, None] + logp).reshape(a, k * v)                # (A, K*V)
-        top = _top_candidates(cand, 2 * k)                               # (A, 2K) best first
-        new_rows, new_tok, new_scores = [], [], []
-        for j in range(a):
-            s, kept = active[j], 0
-            for c in top[j]:
-                score = cand[j, c]
-                if score == -np.inf:
-                    break
-                row, tok = j * k + c // v, int(c % v)
-                if tok == eos_id:
-                    norm = score / length_penalty_gnmt(t + 1, length_penalty)
-                    finished[s].append((norm, list(seqs[row]),
-                                        probs[row] + [float(np.exp(logp[row, tok]))]))
-                    continue
-                new_rows.append(row)
-                new_tok.append(tok)
-                new_scores.append(score)
-                kept += 1
-                if kept == k:
-                    break
-            while kept < k:                                              # pad with dead beams
-                new_rows.append(j * k)
-                new_tok.append(eos_id)
-                new_scores.append(-np.inf)
-                kept += 1
-        new_rows = np.array(new_rows)
-        probs = [probs[r] + [float(np.exp(logp[r, tok]))] for r, tok in zip(new_rows, new_tok)]
-        seqs = [seqs[r] + [tok] for r, tok in zip(new_rows, new_tok)]
-        scores = np.array(new_scores)
+        # each row's 2K best continuations, then each source's 2K best of its K rows' (ties:
+        # the lower row, then the lower id, as in one list of the source's K*V continuations)
+        ids, logp = _step_top(state, prev, 2 * k, scores)                # (A*K, 2K) each
+        n_top = ids.shape[1]
+        cand = (scores[:, None] + logp).reshape(a, k * n_top)            # (A, K*2K)
+        beam = np.repeat(np.arange(k), n_top)                            # (K*2K,) row in source
+        ids, logp = ids.reshape(a, k * n_top), logp.reshape(a, k * n_top)
+        top = np.lexsort((ids, np.broadcast_to(beam, ids.shape), -cand), axis=1)[:, :2 * k]
+        top_scores = np.take_along_axis(cand, top, axis=1)               # (A, 2K) best first
+        top_rows = beam[top] + (np.arange(a) * k)[:, None]               # rows of the state
+        top_tok = np.take_along_axis(ids, top, axis=1)
+        top_logp = np.take_along_axis(logp, top, axis=1)
+        ends, opens = _walk_candidates(top_scores, top_tok == eos_id, k)
+
+        # candidates ending in <eos>: finished hypotheses; a source's first one this step is its
+        # best this step (same length, so the best score has the best normalised score)
+        src_pos, cand_pos = np.nonzero(ends)
+        if len(src_pos):
+            n_finished += np.bincount(active[src_pos], minlength=b)
+            first = np.r_[True, src_pos[1:] != src_pos[:-1]]
+            src_pos, cand_pos = src_pos[first], cand_pos[first]
+            norms = top_scores[src_pos, cand_pos] / length_penalty_gnmt(t + 1, length_penalty)
+            better = norms > best_norm[active[src_pos]]          # ties: the earlier one stays
+            rows, lps = top_rows[src_pos, cand_pos][better], top_logp[src_pos, cand_pos][better]
+            for s, norm, row, lp in zip(active[src_pos][better], norms[better], rows, lps):
+                best_norm[s] = norm
+                best[s] = (seqs[row].tolist(), seq_probs[row].tolist() + [float(np.exp(lp))])
+
+        # the K open prefixes of each source, best first; a source with fewer live candidates
+        # is padded with dead ones (score -inf, extending its first row by <eos>)
+        pick = np.argsort(~opens, axis=1, kind="stable")[:, :k]          # (A, K) positions
+        live = np.take_along_axis(opens, pick, axis=1)
+        new_rows = np.where(live, np.take_along_axis(top_rows, pick, axis=1),
+                            (np.arange(a) * k)[:, None]).reshape(-1)     # (A*K,)
+        new_tok = np.where(live, np.take_along_axis(top_tok, pick, axis=1), eos_id).reshape(-1)
+        scores = np.where(live, np.take_along_axis(top_scores, pick, axis=1), -np.inf).reshape(-1)
+        new_probs = np.exp(np.take_along_axis(top_logp, pick, axis=1).reshape(-1))
+        seqs = np.concatenate([seqs[new_rows], new_tok[:, None]], axis=1)
+        seq_probs = np.concatenate([seq_probs[new_rows], new_probs[:, None]], axis=1)
         # a sentence is done when K hypotheses are finished and no open beam can beat the best:
         # log-probabilities only fall, and with alpha >= 0 the best possible normaliser is the
         # largest length still reachable
         best_open = scores.reshape(a, k).max(axis=1)                     # (A,)
-        keep = np.ones(a, dtype=bool)
-        for j in range(a):
-            f = finished[active[j]]
-            if (len(f) >= k and max(x[0] for x in f) >= best_open[j] / bound_norm) \
-                    or not np.isfinite(best_open[j]):
-                keep[j] = False
-        if not keep.any():
+        done = ((n_finished[active] >= k) & (best_norm[active] >= best_open / bound_norm)) \
+            | ~np.isfinite(best_open)
+        if done.all():
             active = active[:0]
             break
-        if not keep.all():                       # drop finished sentences from the batch
-            rows = np.flatnonzero(np.repeat(keep, k))                    # (A'*K,)
-            new_rows, scores = new_rows[rows], scores[rows]
-            seqs, probs = [seqs[r] for r in rows], [probs[r] for r in rows]
-            new_tok = [new_tok[r] for r in rows]
-            active = active[keep]
+        if done.any():                           # drop finished sentences from the batch
+            rows = np.flatnonzero(np.repeat(~done, k))                   # (A'*K,)
+            new_rows, scores, new_tok = new_rows[rows], scores[rows], new_tok[rows]
+            seqs, seq_probs = seqs[rows], seq_probs[rows]
+            active = active[~done]
         state.reorder(new_rows)
-        prev = np.array(new_tok, dtype=np.int64)
+        prev = new_tok
 
-    open_best = {}                               # sentences that ran out of room
-    for j, s in enumerate(active):
-        row = j * k + int(np.argmax(scores[j * k:(j + 1) * k]))
-        open_best[s] = row
-    hyps = []
-    for s in range(b):
-        if finished[s]:
-            norm, ids, p = max(finished[s], key=lambda f: f[0])
-            hyps.append(Hypothesis(ids=ids, probs=p, score=float(norm), finished=True))
-        else:
-            row = open_best[s]
-            hyps.append(Hypothesis(ids=seqs[row], probs=probs[row], score=float(scores[row]),
-                                   finished=False))
+    hyps = [None if best[s] is None else
+            Hypothesis(ids=best[s][0], probs=best[s][1], score=float(best_norm[s]), finished=True)
+            for s in range(b)]
+    for j, s in enumerate(active):               # sentences that ran out of room
+        if hyps[s] is None:
+            row = j * k + int(np.argmax(scores[j * k:(j + 1) * k]))
+            hyps[s] = Hypothesis(ids=seqs[row].tolist(), probs=seq_probs[row].tolist(),
+                                 score=float(scores[row]), finished=False)
     return hyps
+
+
+def _step_top(state, prev, n, offset):
+    """One step of the state: the ``n`` best next tokens of every row by ``offset[r] + log p``,
+    best first, ties by the lower id, and their log-probabilities: ids (R, n), logp (R, n).
+    From the state's ``step_top`` where it has one (no (R, V) array), else from ``step``."""
+    if hasattr(state, "step_top"):
+        return state.step_top(prev, n, offset)
+    logp = state.step(prev)                                              # (R, V)
+    ids = np.argsort(-(offset[:, None] + logp), axis=1, kind="stable")[:, :n]
+    return ids, np.take_along_axis(logp, ids, axis=1)
+
+
+def _walk_candidates(top_scores, is_eos, k):
+    """Which of each source's candidates (A, 2K), best first, a reader walking the list takes:
+    ``ends`` (ending in ``<eos>``: finished) and ``opens`` (the open prefixes, at most K). The
+    walk stops at the first dead candidate (score -inf) or once K open prefixes are taken, so
+    an ``<eos>`` candidate counts only if it comes before the K-th open one."""
+    alive = top_scores > -np.inf
+    extends = alive & ~is_eos
+    opened_before = np.cumsum(extends, axis=1) - extends       # open prefixes taken before each
+    walked = alive & (opened_before < k)
+    return walked & is_eos, walked & ~is_eos

@@ -12,13 +12,13 @@ from .activation_dropout import activation_dropout_backward, activation_dropout_
 from .activations import (ACTIVATIONS, gelu_backward, gelu_forward, gelu_tanh_backward,
                           gelu_tanh_forward, relu_backward, relu_forward)
 from .attention import (attention_backward, attention_backward_into, attention_forward,
-                        merge_heads, split_heads)
+                        merge_heads, split_heads, take_rows)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import (embedding_backward, embedding_forward, position_embedding_backward,
                         position_embedding_forward, sinusoidal_positions)
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
-from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax
+from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .masks import causal_mask, decoder_self_mask, padding_mask
 from .softmax import softmax_backward, softmax_forward
 
@@ -32,5 +32,5 @@ __all__ = [
     "linear_forward", "log_softmax",
     "merge_heads", "padding_mask", "position_embedding_backward", "position_embedding_forward",
     "relu_backward", "relu_forward", "sinusoidal_positions",
-    "softmax_backward", "softmax_forward", "split_heads",
+    "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
 ]

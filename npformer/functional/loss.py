@@ -12,6 +12,21 @@ def log_softmax(logits):
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+def top_log_softmax(logits, n, offset=None):
+    """The ``n`` best next tokens of every row, by log-probability in float64, as a search
+    reads them: ids (R, n) best first and their log-probabilities (R, n).
+
+    logits (R, V) -> log p = log_softmax(float64(logits)) (R, V); the rows are ranked by
+    ``offset[r] + log p[r, c]`` (offset (R,) float64, e.g. a beam's running scores; None: by
+    log p alone), ties by the lower id. Greedy search takes n = 1, beam search n = 2K with its
+    scores as offset. (The Numba twin gives the same bits without the (R, V) float64 arrays.)
+    """
+    logp = log_softmax(logits.astype(np.float64))                       # (R, V)
+    key = logp if offset is None else offset[:, None] + logp
+    ids = np.argsort(-key, axis=-1, kind="stable")[:, :n]               # best first, ties by id
+    return ids, np.take_along_axis(logp, ids, axis=-1)
+
+
 def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.0):
     """Mean over non-ignored positions of
 

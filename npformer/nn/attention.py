@@ -5,6 +5,7 @@ Derivation: docs/backprop.md#multi-head-attention.
 import numpy as np
 
 from .. import functional as F
+from ..aligned import empty_aligned
 from ..backend import ops
 from .init import xavier_uniform
 from .linear import Linear
@@ -15,15 +16,19 @@ class KVCache:
     """Keys and values of attention, preallocated: ``k`` (B, H, T_max, d_k), ``v`` (B, H, T_max,
     d_v), filled up to ``length``. Incremental decoding appends one position per step (a
     language model's prompt: several at once), never copying what is already there; beam search
-    gathers rows in place (``reorder``).
+    gathers rows (``reorder``) into a second pair of buffers, which then become ``k`` and ``v``
+    (the first pair is the next reorder's target: one copy per reorder, never a fresh array).
 
-    A cache of the encoder memory (cross-attention) is filled once and never grows.
+    A cache of the encoder memory (cross-attention) is filled once and never grows. The buffers
+    come from ``npformer.aligned``'s pool, in sizes rounded up to a few classes, so the next
+    batch's caches reuse the memory of this one's instead of having it mapped afresh.
     """
 
     def __init__(self, batch_size, n_heads, capacity, d_k, d_v, dtype):
-        self.k = np.empty((batch_size, n_heads, capacity, d_k), dtype=dtype)
-        self.v = np.empty((batch_size, n_heads, capacity, d_v), dtype=dtype)
+        self.k = _cache_buffer((batch_size, n_heads, capacity, d_k), dtype)
+        self.v = _cache_buffer((batch_size, n_heads, capacity, d_v), dtype)
         self.batch_size, self.length = batch_size, 0
+        self._spare = None                        # (k, v) the next reorder gathers into
 
     @property
     def capacity(self):
@@ -45,16 +50,36 @@ class KVCache:
         return self.v[:self.batch_size, :, :self.length]
 
     def reorder(self, index):
-        """Keep rows ``index`` (B',), in that order (a row may be repeated), gathered in place;
-        at most as many rows as the cache was made for."""
+        """Keep rows ``index`` (B',), in that order (a row may be repeated), gathered into the
+        spare buffers, which become ``k`` and ``v``; at most as many rows as the cache was made
+        for."""
         n, t = len(index), self.length
         if n > self.k.shape[0]:
             raise ValueError(f"KVCache: {n} rows exceed the {self.k.shape[0]} it holds")
         if n == self.batch_size and np.array_equal(index, np.arange(n)):
             return                                                # nothing moves
-        self.k[:n, :, :t] = self.k[index, :, :t]
-        self.v[:n, :, :t] = self.v[index, :, :t]
+        if self._spare is None:
+            self._spare = (_cache_buffer(self.k.shape, self.k.dtype),
+                           _cache_buffer(self.v.shape, self.v.dtype))
+        k, v = self._spare
+        index = np.asarray(index, dtype=np.int64)
+        ops().take_rows(self.k[:, :, :t], index, k[:n, :, :t])
+        ops().take_rows(self.v[:, :, :t], index, v[:n, :, :t])
+        self._spare, self.k, self.v = (self.k, self.v), k, v
         self.batch_size = n
+
+
+_SIZE_CLASSES = 4                # cache buffers: sizes rounded up to 2 ** (i / 4) elements
+
+
+def _cache_buffer(shape, dtype):
+    """np.empty(shape, dtype) from ``npformer.aligned``'s pool, its size rounded up to the next
+    of ``_SIZE_CLASSES`` classes per doubling (the pool hands a buffer out again for a request
+    at most a quarter smaller: caches of similar sizes then share one class)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    size = 1 if n <= 1 else int(np.ceil(2.0 ** (np.ceil(_SIZE_CLASSES * np.log2(n))
+                                                 / _SIZE_CLASSES)))
+    return empty_aligned(max(size, n), dtype)[:n].reshape(shape)
 
 
 class MultiHeadAttention(Module):

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import runtime
+from ..backend import ops
 from ..configs import TransformerConfig
 from ..validation import check_array, check_int, check_same_batch, check_token_ids
 from .decoder import Decoder
@@ -215,15 +216,27 @@ class TranslationState(CachedState):
     def step(self, tokens):
         """The previous token of every row (R,) -> log-probabilities of the next one (R, V),
         float64, with ``<pad>`` and ``<bos>`` at -inf."""
+        return F.log_softmax(self._logits(tokens).astype(np.float64))
+
+    def step_top(self, tokens, n, offset=None):
+        """As :meth:`step`, but only the ``n`` best next tokens of every row: ids (R, n), best
+        first, and their log-probabilities (R, n), the same bits as :meth:`step`'s. Rows are
+        ranked by ``offset[r] + log p`` (a beam's running scores; None: log p), ties by the
+        lower id (``top_log_softmax`` of the backend: the (R, V) float64 arrays are never
+        written on the Numba backend)."""
+        return ops().top_log_softmax(self._logits(tokens), n, offset)
+
+    def _logits(self, tokens):
+        """The decoder and generator one position on: (R,) tokens -> logits (R, V) in the
+        model's dtype, ``<pad>`` and ``<bos>`` at -inf (never a next token)."""
         model, tokens = self.model, self.check_step(tokens)
         with model.evaluating(), runtime.blas_scope():   # one BLAS setting for the whole step
             x = model.embed(model.tgt_embed, model.tgt_dropout, tokens[:, None].astype(np.int64),
                             start=self.length)                           # (R, 1, D)
             h = model.decoder.step(x, self.caches, self.memory_caches, self.src_mask)
             logits = model.generator.forward(h)[:, 0]                    # (R, V)
-        logits = logits.astype(np.float64)
-        logits[:, [model.pad_id, self.bos_id]] = -np.inf                 # never a next token
-        return F.log_softmax(logits)
+        logits[:, [model.pad_id, self.bos_id]] = -np.inf
+        return logits
 
     def reorder(self, index):
         """Keep the rows ``index`` (R',) in that order; a row may repeat (beam search). Each run

@@ -173,10 +173,11 @@ def plan_shares(cpu_sets, cores, local_size):
     return [cpus[i * per:(i + 1) * per] for i in range(local_size)], threads, None
 
 
-def share_cores(world, threads=None):
+def share_cores(world, threads=None, blas_threads=None):
     """Pin this rank to its share of the machine's CPUs (``plan_shares``) and set the runtime's
-    thread policy to its share, unless ``threads`` (the user's ``--threads``) says otherwise.
-    Returns the number of threads this rank uses."""
+    thread policy to its share (``threads``, the user's ``--threads``, may ask for fewer; more
+    than the share is capped, with a warning; ``blas_threads`` is kept). Returns the number of
+    threads this rank uses."""
     from . import runtime
     cpus, cores = machine_cores()
     width = max(max(cpus) + 1, os.cpu_count() or 1)
@@ -192,7 +193,7 @@ def share_cores(world, threads=None):
         os.sched_setaffinity(0, [int(c) for c in shares[world.local_rank]])
     if threads is None:
         threads = share_threads if share_threads is not None else machine_cores()[1]
-    runtime.configure_runtime(threads=threads)
+    runtime.configure_runtime(threads=threads, blas_threads=blas_threads)
     return threads
 
 

@@ -209,11 +209,13 @@ def test_an_error_on_one_rank_ends_the_job(tmp_path, launch):
 
 
 @needs_mpi
-def test_ranks_started_differently_are_refused(tmp_path):
+@pytest.mark.parametrize("other,named", [(["--lr", "0.002"], "option lr"),
+                                          (["--reduce", "mpi"], "option reduce")])
+def test_ranks_started_differently_are_refused(tmp_path, other, named):
     r = mpirun((1, NPFORMER + TOY + ["--out", tmp_path / "run"]),
-               (1, NPFORMER + TOY + ["--out", tmp_path / "run", "--lr", "0.002"]), timeout=90)
+               (1, NPFORMER + TOY + ["--out", tmp_path / "run"] + other), timeout=90)
     assert r.returncode != 0
-    assert "rank 1 of the data-parallel run was started with other option lr than rank 0" in r.stderr
+    assert f"rank 1 of the data-parallel run was started with other {named} than rank 0" in r.stderr
     assert not (tmp_path / "run" / "last.npz").exists()
 
 

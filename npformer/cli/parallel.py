@@ -30,7 +30,8 @@ def join(args):
     world = distributed.connect()
     if world is None:
         return SingleProcess()
-    distributed.share_cores(world, threads=getattr(args, "threads", None))
+    distributed.share_cores(world, threads=getattr(args, "threads", None),
+                            blas_threads=getattr(args, "blas_threads", None))
     if not world.is_root:
         sys.stdout = open(os.devnull, "w")       # rank 0 speaks for the run
     return MPICollective(world, reduce=args.reduce)

@@ -190,7 +190,7 @@ class MPICollective:
                   ("training or validation data", trainer.data_fingerprint()),
                   ("position in the run (step, epoch, batches)",
                    [trainer.step, trainer.epoch, trainer.task.state_dict()]),
-                  ("number of ranks", self.size)]
+                  ("number of ranks", self.size), ("option reduce", self.mode)]
         mine = np.array([_hash(v) for _, v in items], dtype=np.int64)
         every = np.zeros((self.size, len(items)), dtype=np.int64)
         self.comm.Allgather(mine, every)

@@ -71,9 +71,9 @@ def worker(args):
         dlogits *= n_tokens / n_total
         model.backward(dlogits)
         t0 = time.perf_counter()
-        collective.reduce(model, 0.0)
+        _, norm = collective.reduce(model, 0.0)
         exchange.append(time.perf_counter() - t0)
-        clip_grad_norm(model, 1.0)
+        clip_grad_norm(model, 1.0, norm=norm)
         opt.step()
 
     for _ in range(2):

@@ -23,6 +23,7 @@ This module holds what happens before training:
 
 The design and a scaling model for several machines are in docs/distributed.md.
 """
+import contextlib
 import os
 import sys
 import time
@@ -85,6 +86,9 @@ class World:
     local: object         # the ranks on this machine (a communicator of shared memory)
     local_rank: int
     local_size: int
+    MPI: object = None    # mpi4py's MPI module
+    machine_cpus: list = None   # every local rank's CPUs together (share_cores)
+    share: tuple = None         # (CPUs, threads, blas_threads) of this rank (share_cores)
 
     @property
     def is_root(self):
@@ -119,7 +123,7 @@ def connect(environ=None):
         return None
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     _world = World(comm, comm.Get_rank(), comm.Get_size(), local, local.Get_rank(),
-                   local.Get_size())
+                   local.Get_size(), MPI)
     return _world
 
 
@@ -138,63 +142,106 @@ def abort(code=1):
         _world.comm.Abort(code)
 
 
-def machine_cores():
-    """(cpus, cores): the CPUs this process may run on (its affinity, sorted) and how many cores
-    that is after a container's CPU quota (``npformer.runtime.available_cores`` without the
+def plan_shares(cpu_sets, cores):
+    """Each local rank's CPUs and threads, from every local rank's affinity (``cpu_sets``, in
+    local rank order) and the usable ``cores`` of all of them together (fewer than their CPUs
+    under a container's quota): ``(shares, threads, note)``, two lists in local rank order and
+    a note (None, or why the plan is slower than it could be).
+
+    Ranks the launcher left on the same CPUs (every rank on every CPU, MPICH's default; or
+    Open MPI's default binding of several ranks to one socket) split them: the i-th of k such
+    ranks gets the i-th of k equal slices (the CPUs left over, fewer than the ranks, stay idle:
+    a step waits for the slowest rank, so unequal shares buy nothing). A rank alone on its CPUs
+    (bound by ``--bind-to core``, ``srun --cpu-bind``) keeps them. Each rank runs a thread per
+    CPU of its share, scaled down by the quota. More ranks than CPUs on a set: one CPU each, in
+    turn, and ``note`` says they share cores."""
+    union = sorted({c for s in cpu_sets for c in s})
+    groups = {}
+    for rank, cpus in enumerate(cpu_sets):
+        groups.setdefault(tuple(sorted(cpus)), []).append(rank)
+    shares, note = [None] * len(cpu_sets), None
+    for cpus, ranks in groups.items():
+        k = len(ranks)
+        if k > len(cpus):
+            note = (f"{k} ranks on {len(cpus)} CPU(s): they share cores and each runs slower "
+                    f"than it would alone; start at most one rank per core")
+            for i, rank in enumerate(ranks):
+                shares[rank] = [cpus[i % len(cpus)]]
+            continue
+        per = len(cpus) // k
+        for i, rank in enumerate(ranks):
+            shares[rank] = list(cpus[i * per:(i + 1) * per])
+    threads = [max(1, len(share) * cores // len(union)) for share in shares]
+    if note is None and sum(threads) > cores:
+        note = (f"{len(cpu_sets)} ranks on a quota of {cores} core(s): they share cores and each "
+                f"runs slower than it would alone; start at most {cores} ranks per machine")
+    return shares, threads, note
+
+
+def affinity():
+    """The CPUs this process may run on, sorted."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def machine_cores(cpus=None):
+    """The usable cores of the CPUs ``cpus`` (default: this process's): their number, or a
+    container's CPU quota where it is lower (``npformer.runtime.available_cores`` without the
     per-process thread caps, which describe one rank, not the machine)."""
     from . import runtime
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        list(range(os.cpu_count() or 1))
+    cpus = affinity() if cpus is None else cpus
     cores, _ = runtime.available_cores(affinity=len(cpus), quota=runtime.cgroup_cpu_limit(),
                                        environ={})
-    return cpus, cores
-
-
-def plan_shares(cpu_sets, cores, local_size):
-    """Each local rank's CPUs, from every local rank's affinity (``cpu_sets``, in local rank
-    order) and the machine's usable ``cores``: ``(shares, threads, note)``.
-
-    When the launcher left every rank on the same CPUs, rank i gets the i-th of ``local_size``
-    equal slices of them (``shares``), and ``threads`` = cores // local_size each (the cores
-    left over, fewer than the ranks, stay idle: a step waits for the slowest rank, so unequal
-    shares buy nothing). When the launcher bound the ranks itself (``--bind-to``, ``srun
-    --cpu-bind``), their sets are kept (``shares`` None) and each uses the CPUs it has. More
-    ranks than cores: one thread each, and ``note`` says they share cores."""
-    same = all(s == cpu_sets[0] for s in cpu_sets)
-    if not same:
-        return None, None, None
-    cpus = cpu_sets[0]
-    if local_size > cores:
-        note = (f"{local_size} ranks on a machine of {cores} core(s): they share cores and each "
-                f"runs slower than it would alone; start at most {cores} ranks per machine")
-        return [[cpus[i % len(cpus)]] for i in range(local_size)], 1, note
-    per = len(cpus) // local_size
-    threads = max(1, cores // local_size)
-    return [cpus[i * per:(i + 1) * per] for i in range(local_size)], threads, None
+    return cores
 
 
 def share_cores(world, threads=None, blas_threads=None):
     """Pin this rank to its share of the machine's CPUs (``plan_shares``) and set the runtime's
-    thread policy to its share (``threads``, the user's ``--threads``, may ask for fewer; more
-    than the share is capped, with a warning; ``blas_threads`` is kept). Returns the number of
-    threads this rank uses."""
+    thread policy to it (``threads``, the user's ``--threads``, may ask for fewer;
+    ``blas_threads`` is kept). Returns the number of threads this rank uses."""
     from . import runtime
-    cpus, cores = machine_cores()
-    width = max(max(cpus) + 1, os.cpu_count() or 1)
-    mask = np.zeros(width, dtype=np.uint8)
+    cpus = affinity()
+    width = np.array([max(max(cpus) + 1, os.cpu_count() or 1)], dtype=np.int64)
+    world.local.Allreduce(world.MPI.IN_PLACE, width, op=world.MPI.MAX)   # one mask length
+    mask = np.zeros(int(width[0]), dtype=np.uint8)
     mask[cpus] = 1
-    masks = np.zeros((world.local_size, width), dtype=np.uint8)
+    masks = np.zeros((world.local_size, int(width[0])), dtype=np.uint8)
     world.local.Allgather(mask, masks)           # every local rank's affinity
-    cpu_sets = [list(np.flatnonzero(m)) for m in masks]
-    shares, share_threads, note = plan_shares(cpu_sets, cores, world.local_size)
+    cpu_sets = [[int(c) for c in np.flatnonzero(m)] for m in masks]
+    union = sorted({c for s in cpu_sets for c in s})
+    shares, share_threads, note = plan_shares(cpu_sets, machine_cores(union))
     if note and world.local_rank == 0:
         warnings.warn(f"npformer: {note}", stacklevel=2)
-    if shares is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, [int(c) for c in shares[world.local_rank]])
+    mine = shares[world.local_rank]
+    if mine != cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, mine)
     if threads is None:
-        threads = share_threads if share_threads is not None else machine_cores()[1]
+        threads = share_threads[world.local_rank]
     runtime.configure_runtime(threads=threads, blas_threads=blas_threads)
+    world.machine_cpus, world.share = union, (mine, threads, blas_threads)
     return threads
+
+
+@contextlib.contextmanager
+def whole_machine(world):
+    """Run the block on every CPU of the machine's ranks, with as many threads, then return to
+    this rank's share: for work that rank 0 does alone while the others wait (validation; they
+    wait asleep, see ``npformer.training.collective.MPICollective.share``)."""
+    from . import runtime
+    if world is None or world.share is None or world.local_size == 1 \
+            or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    cpus, threads, blas_threads = world.share
+    os.sched_setaffinity(0, world.machine_cpus)
+    runtime.configure_runtime(threads=machine_cores(world.machine_cpus),
+                              blas_threads=blas_threads)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cpus)
+        runtime.configure_runtime(threads=threads, blas_threads=blas_threads)
 
 
 def suggest_split(cores):

@@ -1,5 +1,10 @@
 """The one-process reference of a data-parallel update, for tests/test_mpi.py and the worker
 script it launches (tests/mpi_steps.py)."""
+import math
+
+import numpy as np
+
+from npformer import runtime
 from npformer.optim.clip import clip_grad_norm
 from npformer.training.collective import dropout_seed
 from npformer.training.toy import toy_trainer
@@ -38,7 +43,13 @@ def reference_params(dropout, steps, ranks=2):
         for buf in buffers[1:]:                              # rank order
             total = total + buf
         model.flat_grads[:] = total
-        clip_grad_norm(model, cfg.clip_norm)
+        bounds = np.linspace(0, total.size, ranks + 1).astype(np.int64)
+        squares = 0.0
+        for r in range(ranks):
+            part = total[bounds[r]:bounds[r + 1]]
+            with runtime.blas_scope():
+                squares += float(np.dot(part, part))
+        clip_grad_norm(model, cfg.clip_norm, norm=math.sqrt(squares))
         opt.lr = trainer.schedule(step)
         opt.step()
     return model.flat_params.copy()

@@ -1,8 +1,10 @@
 """Data-parallel training on MPI (issue: "Data-parallel training on MPI"). The tests launch
 ``mpiexec`` themselves, with a timeout, and skip where it or mpi4py is absent (the ``mpi`` extra:
 ``pip install 'npformer[mpi]'``)."""
+import dataclasses
 import importlib.util
 import json
+import math
 import os
 import shutil
 import signal
@@ -67,16 +69,65 @@ def test_launcher_size_reads_the_launchers_environment():
 
 def test_every_rank_gets_its_own_share_of_the_cores():
     cpus = list(range(16))
-    shares, threads, note = plan_shares([cpus] * 8, 16, 8)
-    assert shares == [cpus[i:i + 2] for i in range(0, 16, 2)] and threads == 2 and note is None
-    shares, threads, _ = plan_shares([cpus] * 3, 16, 3)             # 16 // 3: one core idle
-    assert [len(s) for s in shares] == [5, 5, 5] and threads == 5
+    shares, threads, note = plan_shares([cpus] * 8, 16)
+    assert shares == [cpus[i:i + 2] for i in range(0, 16, 2)] and threads == [2] * 8
+    assert note is None
+    shares, threads, _ = plan_shares([cpus] * 3, 16)                # 16 // 3: one core idle
+    assert [len(s) for s in shares] == [5, 5, 5] and threads == [5] * 3
     assert len({c for s in shares for c in s}) == 15                # disjoint
-    shares, threads, _ = plan_shares([cpus] * 2, 4, 2)              # a quota of 4 cores
-    assert threads == 2
-    assert plan_shares([[0, 1], [2, 3]], 4, 2) == (None, None, None)   # the launcher bound them
-    shares, threads, note = plan_shares([[0, 1]] * 3, 2, 3)
-    assert threads == 1 and "3 ranks on a machine of 2 core(s)" in note
+    shares, threads, _ = plan_shares([cpus] * 2, 4)                 # a quota of 4 cores
+    assert threads == [2, 2]
+    shares, threads, note = plan_shares([[0, 1]] * 3, 2)
+    assert threads == [1] * 3 and "3 ranks on 2 CPU(s)" in note
+    shares, threads, note = plan_shares([cpus] * 8, 4)              # 8 ranks, a quota of 4
+    assert threads == [1] * 8 and "8 ranks on a quota of 4 core(s)" in note
+
+
+def test_ranks_bound_by_the_launcher_keep_their_cpus_or_split_a_shared_set():
+    # bound one per core (srun --cpu-bind, Open MPI's default for 2 ranks): kept
+    assert plan_shares([[0, 1], [2, 3]], 4) == ([[0, 1], [2, 3]], [2, 2], None)
+    # Open MPI's default for more ranks: bound per socket; the ranks of a socket split it
+    sockets = [list(range(8))] * 2 + [list(range(8, 16))] * 2
+    shares, threads, note = plan_shares(sockets, 16)
+    assert shares == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert threads == [4] * 4 and note is None
+    # a rank alone on its socket keeps it, while the other socket's two ranks split theirs
+    shares, threads, _ = plan_shares([list(range(8))] * 2 + [list(range(8, 16))], 16)
+    assert shares == [[0, 1, 2, 3], [4, 5, 6, 7], list(range(8, 16))] and threads == [4, 4, 8]
+
+
+def test_a_resume_on_another_number_of_ranks_keeps_the_schedule(tmp_path):
+    """An epoch of a 2-rank run holds half the updates of one process's: the cosine's length
+    is the run's as it began (recorded in the checkpoint), so the rate does not jump; it moves
+    only where --epochs or --max-steps does."""
+    from mpi_reference import small_toy_trainer
+
+    from npformer.training.collective import SingleProcess
+
+    class TwoRanks(SingleProcess):               # only its size matters here
+        size = 2
+
+    def trainer(**changes):
+        t = small_toy_trainer(0.0, None)
+        t.config = dataclasses.replace(t.config, **{"schedule": "cosine", "epochs": 4, **changes})
+        t.set_collective(SingleProcess())
+        return t
+
+    one = trainer()
+    one.step = 30
+    one.save(tmp_path / "ckpt")
+    two = trainer()
+    two.set_collective(TwoRanks())
+    assert two.total_steps < one.total_steps
+    with pytest.warns(UserWarning, match="trained on 1 process"):
+        two.resume(tmp_path / "ckpt")
+    assert two.total_steps == one.total_steps
+    assert [two.schedule(s) for s in (31, 60)] == [one.schedule(s) for s in (31, 60)]
+    longer = trainer(epochs=6)                   # the user asked for a longer run
+    longer.set_collective(TwoRanks())
+    with pytest.warns(UserWarning):
+        longer.resume(tmp_path / "ckpt")
+    assert longer.total_steps == 6 * math.ceil(one.task.batches_per_epoch() / 2)
 
 
 def test_suggested_split():
@@ -206,6 +257,26 @@ def test_an_error_on_one_rank_ends_the_job(tmp_path, launch):
     assert r.returncode != 0
     assert "(rank 1 of 2): error:" in r.stderr and "missing.txt" in r.stderr
     assert time.monotonic() - t0 < 60
+
+
+@needs_mpi
+@pytest.mark.parametrize("fault,says", [
+    ("save", ["npformer (rank 0 of 2): OSError", "No space left on device"]),
+    ("evaluate", ["npformer (rank 0 of 2): RuntimeError", "validation failed",
+                  "rank 0 of the data-parallel run failed in validation"]),
+    ("drift", ["data-parallel ranks diverged: the weights of rank 1 differ from rank 0's"])])
+def test_a_trainer_failing_on_one_rank_ends_every_rank(tmp_path, fault, says):
+    """The Trainer used as a library: an exception on one rank alone (rank 0's save or
+    validation), or weights that drift apart, end the job within seconds instead of leaving the
+    other rank waiting in its next exchange."""
+    t0 = time.monotonic()
+    r = mpirun((2, [sys.executable, "-m", "mpi4py", HERE / "mpi_steps.py",
+                    tmp_path / "params.npy", "ordered", 0.0, 3, fault]), timeout=90)
+    assert r.returncode != 0
+    for text in says:
+        assert text in r.stderr, r.stderr[-3000:]
+    assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "params.npy").exists()
 
 
 @needs_mpi

@@ -32,11 +32,14 @@ def mpi_status():
 
 
 def run(args):
-    _, cores = distributed.machine_cores()
+    cores = distributed.machine_cores()
     ranks, threads = distributed.suggest_split(cores)
     mpi4py_version, library = mpi_status()
-    launch = (f"mpiexec -n {ranks} python -m mpi4py -m npformer train ..." if ranks > 1 else
-              "npformer train ... (one process)")
+    # Open MPI binds each of 1 or 2 ranks to a single core unless told not to; npformer shares
+    # the cores among the ranks itself (npformer.distributed.plan_shares)
+    bind = "--bind-to none " if "Open MPI" in (library or "") else ""
+    launch = (f"mpiexec {bind}-n {ranks} python -m mpi4py -m npformer train ..." if ranks > 1
+              else "npformer train ... (one process)")
     summary = {"npformer": __version__, "machine_cores": cores, "runtime": runtime.describe(),
                "mpi4py": mpi4py_version, "mpi_library": library,
                "suggested_split": {"ranks": ranks, "threads": threads}, "launch": launch}

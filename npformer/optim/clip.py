@@ -18,12 +18,14 @@ def grad_norm(model):
         return float(np.sqrt(np.dot(model.flat_grads, model.flat_grads)))
 
 
-def clip_grad_norm(model, max_norm):
+def clip_grad_norm(model, max_norm, norm=None):
     """Scale all gradients by min(1, max_norm / (||g|| + 1e-6)), ||g|| the L2 norm over every
-    parameter at once. Returns the norm before clipping: inf or NaN when a gradient is not finite
-    (the gradients are then left as they are; the training loop stops on it)."""
+    parameter at once (``norm``, where the caller has it: a data-parallel run computes it in its
+    exchange, see ``npformer.training.collective``). Returns the norm before clipping: inf or NaN
+    when a gradient is not finite (the gradients are then left as they are; the training loop
+    stops on it)."""
     check_real("max_norm", max_norm, minimum=0, min_open=True)
-    total = grad_norm(model)
+    total = grad_norm(model) if norm is None else float(norm)
     coef = max_norm / (total + 1e-6)
     if math.isfinite(total) and coef < 1.0:      # a non-finite norm is reported, not scaled in
         model.flat_grads *= coef

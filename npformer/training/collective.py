@@ -8,23 +8,40 @@ step:
 * ``total_tokens(n)``, before the backward of an update: the tokens of the update's batches on
   every process together (the loss is normalised by it, see ``npformer.training.task``);
 * ``reduce(model, loss)``, after the backward: the gradient buffer and the update's loss summed
-  over the processes (in place, then returned); the loop then clips and steps;
+  over the processes (the buffer in place), and the gradient norm: ``(loss, norm)``; the loop
+  then clips by that norm and steps. Every process gets the same bits of both, so the same
+  update follows on every one, whatever CPU it runs on (clipping and Adam are element by
+  element, correctly rounded: the norm, a sum, is the one place a CPU's kernels could differ);
 * ``agree(reason, check)``: every stop decision of the loop (a non-finite loss, max steps, the
   time budget, the target, early stopping) goes through here once; every process gets the
-  first process's answer. ``check`` (the gradient norm) must have the same bits everywhere: a
-  process whose weights drifted from the others' is caught at the step it happens;
+  first process's answer. ``check`` (``weights_check``: a sample of the weights' bits) must be
+  the same everywhere: a process whose weights drifted from the others' is caught;
 * ``shard(group)``: every process reads the same batches; each trains on its own share;
 * ``share(record)``: the first process's validation record, for every process (they take the
   same early-stopping and schedule decisions from it);
 * ``start(trainer)``: before the first update: the same options, model, vocabularies and data
   on every process (a mismatch is refused, naming it), then the first process's weights and
   optimizer state for everyone;
-* ``dropout_seed(seed, step)``: the seed of this process's dropout masks at an update.
+* ``dropout_seed(seed, step)``: the seed of this process's dropout masks at an update;
+* ``fail(error)``: an exception that only this process met (a failed save, a bug) ends every
+  process of the run, which would otherwise wait for this one in their next exchange.
+
+A collective of one's own (another transport) subclasses ``SingleProcess`` and overrides what
+it exchanges.
 """
+import contextlib
 import hashlib
 import json
+import math
+import sys
+import time
+import traceback
+import zlib
 
 import numpy as np
+
+from .. import runtime
+from ..optim.clip import grad_norm
 
 REDUCE_MODES = ("ordered", "mpi")
 # the stop reasons agree() carries, as small integers (index 0: go on)
@@ -40,7 +57,7 @@ class SingleProcess:
         return n_tokens
 
     def reduce(self, model, loss):
-        return loss
+        return loss, grad_norm(model)
 
     def agree(self, reason, check=None):
         return reason
@@ -49,10 +66,28 @@ class SingleProcess:
         return group
 
     def share(self, record):
+        if isinstance(record, BaseException):
+            raise record
         return record
+
+    def alone(self):
+        """A context for work the first process does while the others wait (validation)."""
+        return contextlib.nullcontext()
 
     def start(self, trainer):
         pass
+
+    def dropout_seed(self, seed, step):
+        return dropout_seed(seed, self.rank, step)
+
+    def fail(self, error):
+        """Called with an exception that leaves ``Trainer.fit``: one process has nothing to
+        tell (the exception propagates)."""
+
+
+class EveryRankError(ValueError):
+    """An error every process of a data-parallel run raises together (they took the same
+    decision from the same exchanged values): it propagates on each, nothing is aborted."""
 
 
 def dropout_seed(seed, rank, step):
@@ -60,6 +95,35 @@ def dropout_seed(seed, rank, step):
     run: a pure function of the three, so nothing per rank needs saving, and a resume on the same
     number of ranks draws the same masks."""
     return np.random.SeedSequence([int(seed), int(rank), int(step)])
+
+
+def weights_check(flat, step, sample=4096):
+    """A check of the weights' bits that costs microseconds: the CRC-32 of about ``sample``
+    elements of the flat buffer ``flat``, evenly spaced from an offset that moves with ``step``
+    (every element is looked at within ``len(flat) // sample`` updates). Equal on every process
+    of a run whose weights are the same."""
+    stride = max(1, flat.size // sample)
+    return zlib.crc32(np.ascontiguousarray(flat[step % stride::stride]).tobytes())
+
+
+def slice_bounds(n, size):
+    """The ``size + 1`` bounds of the equal slices of a buffer of ``n`` elements: rank r owns
+    ``[bounds[r], bounds[r + 1])`` of the gradient buffer in the exchange and its norm."""
+    return np.linspace(0, n, size + 1).astype(np.int64)
+
+
+def sum_of_squares(part):
+    """The slice's sum of squares (one BLAS thread: a fixed order on a given CPU)."""
+    with runtime.blas_scope():
+        return float(np.dot(part, part))
+
+
+def _plain(value):
+    """``json.dumps``' fallback for a record's numpy numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"a validation record holds a {type(value).__name__} ({value!r}), which "
+                    f"the data-parallel run cannot send to its other processes")
 
 
 def _hash(value):
@@ -89,7 +153,7 @@ class MPICollective:
         self.world, self.comm, self.mode = world, world.comm, reduce
         self.rank, self.size = world.rank, world.size
         self.is_root = self.rank == 0
-        self._slices = None                      # (counts, displs, received) of ordered sums
+        self._slices = None                      # (slice bounds, receive buffer) of the exchange
 
     # -- the exchange of an update ---------------------------------------------------------------
     def total_tokens(self, n_tokens):
@@ -98,27 +162,44 @@ class MPICollective:
         return int(total[0])
 
     def reduce(self, model, loss):
+        """The update's gradients summed over the ranks (into ``model.flat_grads``), with its
+        loss and gradient norm: ``(loss, norm)``.
+
+        The norm of a data-parallel run is the square root of the sums of squares of the
+        buffer's slices (``slice_bounds``), added in rank order. Rank r computes its slice's sum
+        alone; one ``Allgather`` carries every rank's (loss, sum of squares), and every rank adds
+        the same numbers in the same order: the same bits everywhere, even on machines whose
+        CPUs' dot products differ in the last bit."""
         grads = model.flat_grads
+        bounds = self._bounds(grads.size)
+        mine = slice(int(bounds[self.rank]), int(bounds[self.rank + 1]))
         if self.mode == "ordered":
-            self._ordered_sum(grads)
+            self._ordered_sum(grads, bounds)
         else:
             self.comm.Allreduce(self.MPI.IN_PLACE, grads, op=self.MPI.SUM)
-        losses = np.zeros(self.size, dtype=np.float64)
-        self.comm.Allgather(np.array([loss], dtype=np.float64), losses)
-        total = 0.0
-        for value in losses:                     # rank order
+        every = np.zeros((self.size, 2), dtype=np.float64)
+        self.comm.Allgather(np.array([loss, sum_of_squares(grads[mine])], dtype=np.float64),
+                            every)
+        total, squares = 0.0, 0.0
+        for value, sq in every:                  # rank order
             total += float(value)
-        return total
+            squares += float(sq)
+        return total, math.sqrt(squares)
 
-    def _ordered_sum(self, buf):
+    def _bounds(self, n):
+        if self._slices is None or self._slices[0][-1] != n:
+            self._slices = (slice_bounds(n, self.size), None)
+        return self._slices[0]
+
+    def _ordered_sum(self, buf, bounds):
         """``buf`` <- the sum of every rank's ``buf``, added in rank order (see the class)."""
-        n, size = buf.size, self.size
-        if self._slices is None or self._slices[0].sum() != n or self._slices[2].dtype != buf.dtype:
-            bounds = np.linspace(0, n, size + 1).astype(np.int64)      # rank r owns a slice
-            counts = np.diff(bounds)
-            self._slices = (counts, bounds[:-1], np.empty((size, counts[self.rank]), buf.dtype))
-        counts, displs, received = self._slices
+        size = self.size
+        counts, displs = np.diff(bounds), bounds[:-1]
         mine = int(counts[self.rank])
+        received = self._slices[1]
+        if received is None or received.dtype != buf.dtype:
+            received = np.empty((size, mine), dtype=buf.dtype)
+            self._slices = (bounds, received)
         dtype = self._datatype(buf)
         # every rank sends its slice r to rank r; rank r receives the N copies of its slice
         self.comm.Alltoallv([buf, (counts, displs), dtype],
@@ -134,19 +215,19 @@ class MPICollective:
 
     # -- decisions ---------------------------------------------------------------------------------
     def agree(self, reason, check=None):
-        mine = np.array([REASONS.index(reason),
-                         np.nan if check is None else float(check)], dtype=np.float64)
-        every = np.zeros((self.size, 2), dtype=np.float64)
+        """Rank 0's ``reason`` on every rank; ``check`` (``weights_check``) must be the same on
+        every rank, else every rank raises the same ``EveryRankError``."""
+        mine = np.array([REASONS.index(reason), -1 if check is None else int(check)],
+                        dtype=np.int64)
+        every = np.zeros((self.size, 2), dtype=np.int64)
         self.comm.Allgather(mine, every)
-        if check is not None:
-            bits = every[:, 1].view(np.int64)
-            differ = [r for r in range(self.size) if bits[r] != bits[0]]
-            if differ:
-                raise ValueError(
-                    f"data-parallel ranks diverged: the gradient norm is {every[0, 1]!r} on rank "
-                    f"0 but {every[differ[0], 1]!r} on rank {differ[0]}; their weights are no "
-                    f"longer the same (a fault, or an MPI that gives its ranks different sums "
-                    f"with --reduce mpi). Resume from the last checkpoint (--reduce ordered)")
+        differ = [r for r in range(self.size) if every[r, 1] != every[0, 1]]
+        if differ:
+            raise EveryRankError(
+                f"data-parallel ranks diverged: the weights of rank {differ[0]} differ from rank "
+                f"0's (a fault of memory or of a process, or an MPI that gave its ranks "
+                f"different sums with --reduce mpi); resume from the last checkpoint "
+                f"(--reduce ordered)")
         return REASONS[int(every[0, 0])]        # the first rank's clock and validation decide
 
     def shard(self, group):
@@ -156,14 +237,42 @@ class MPICollective:
         return group[self.rank::self.size]
 
     def share(self, record):
-        """The first rank's ``record`` (a JSON-able dict) on every rank."""
-        data = json.dumps(record).encode() if self.is_root else b""
+        """The first rank's ``record`` (a dict of JSON values and numpy numbers) on every rank.
+        ``record`` may be an exception rank 0 met making it: every rank then raises (rank 0 its
+        own exception, the others an ``EveryRankError`` naming it), none waits for the others."""
+        if self.is_root:
+            if isinstance(record, BaseException):
+                data = json.dumps({"error": f"{type(record).__name__}: {record}"})
+            else:
+                try:
+                    data = json.dumps({"record": record}, default=_plain)
+                except (TypeError, ValueError) as e:
+                    record = e
+                    data = json.dumps({"error": f"{type(e).__name__}: {e}"})
+            data = data.encode()
+        else:
+            data = b""
         length = np.array([len(data)], dtype=np.int64)
-        self.comm.Bcast(length, root=0)
+        # (non-blocking on every rank: a blocking and a non-blocking collective never match)
+        request = self.comm.Ibcast(length, root=0)
+        while not request.Test():                # the others wait asleep: rank 0 may be
+            time.sleep(0.002)                    # validating on their cores
         buf = np.frombuffer(data, dtype=np.uint8).copy() if self.is_root else \
             np.empty(int(length[0]), dtype=np.uint8)
         self.comm.Bcast(buf, root=0)
-        return json.loads(buf.tobytes().decode())
+        message = json.loads(buf.tobytes().decode())
+        if "error" in message:
+            if isinstance(record, BaseException):
+                raise record
+            raise EveryRankError(f"rank 0 of the data-parallel run failed in validation "
+                                 f"({message['error']})")
+        return message["record"]
+
+    def alone(self):
+        """Rank 0's validation runs on every core of its machine (the other ranks wait for its
+        record in ``share``, asleep)."""
+        from ..distributed import whole_machine
+        return whole_machine(self.world) if self.is_root else contextlib.nullcontext()
 
     def broadcast(self, array):
         """Rank 0's ``array`` into every rank's (in place)."""
@@ -197,12 +306,32 @@ class MPICollective:
         for r in range(1, self.size):
             differ = [items[i][0] for i in np.flatnonzero(every[r] != every[0])]
             if differ:
-                raise ValueError(f"rank {r} of the data-parallel run was started with other "
+                raise EveryRankError(f"rank {r} of the data-parallel run was started with other "
                                  f"{', '.join(differ)} than rank 0: every rank must run the same "
                                  f"command on the same data (and resume the same checkpoint)")
 
     def dropout_seed(self, seed, step):
         return dropout_seed(seed, self.rank, step)
+
+    def fail(self, error):
+        """``error`` left ``Trainer.fit`` on this rank. An ``EveryRankError`` was raised by every
+        rank together and propagates; any other may be this rank's alone (a failed save or log
+        write on rank 0, a bug) while the others wait for it in their next exchange, so it ends
+        the whole job: this rank's message (and, for what is not a ValueError, its traceback)
+        on standard error, then ``MPI.Abort``."""
+        if isinstance(error, EveryRankError):
+            return
+        where = f"rank {self.rank} of {self.size}"
+        if isinstance(error, ValueError):
+            print(f"npformer ({where}): error: {error}", file=sys.stderr)
+        else:
+            print(f"npformer ({where}): {type(error).__name__} in training; ending every rank",
+                  file=sys.stderr)
+            traceback.print_exception(error, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(1.0)              # the launcher forwards output asynchronously: let it reach it
+        self.comm.Abort(1)
 
     def __repr__(self):
         return f"MPICollective(rank {self.rank} of {self.size}, reduce={self.mode!r})"

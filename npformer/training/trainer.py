@@ -27,12 +27,12 @@ import numpy as np
 from .. import runtime
 from ..backend import ops
 from ..optim import (Adam, AdamW, NoamSchedule, PlateauSchedule, WarmupCosineSchedule,
-                     WarmupInverseSqrtSchedule, clip_grad_norm, grad_norm, matrices_only)
+                     WarmupInverseSqrtSchedule, clip_grad_norm, matrices_only)
 from ..optim.adam import check_betas
 from ..validation import check_int, check_real
 from .checkpointing import (LoadedCheckpoint, check_compatible, load_model_checkpoint,
                             restore_training_state, save_model_checkpoint)
-from .collective import SingleProcess
+from .collective import SingleProcess, weights_check
 from .early_stopping import EarlyStopping
 from .metrics_log import MetricsLog
 from .progress import progress_bar
@@ -174,6 +174,7 @@ class Trainer:
         self.best_value = self.stopper.best      # metric of the weights in ``best`` (any validation)
         self.step, self.epoch = 0, 0
         self.grad_norm = None                    # of the latest train_step, before clipping
+        self._failure = None                     # why fit stopped without an update (non-finite)
         self.saved_step = None                   # step of the latest checkpoint written (or resumed)
         self.seconds_before = 0.0               # wall time of earlier sessions (resumed runs)
         self.history = []                       # validation records
@@ -189,8 +190,12 @@ class Trainer:
         self.collective = collective
         per_epoch = math.ceil(self.task.batches_per_epoch()
                               / (self.config.accum_steps * collective.size))
-        self.total_steps = self.config.max_steps or self.config.epochs * per_epoch
-        self.schedule = make_schedule(self.config, self.total_steps)
+        self._set_total_steps(self.config.max_steps or self.config.epochs * per_epoch)
+
+    def _set_total_steps(self, total_steps):
+        """The number of updates the schedule spans (a cosine decays over them)."""
+        self.total_steps = total_steps
+        self.schedule = make_schedule(self.config, total_steps)
 
     @property
     def out_dir(self):
@@ -224,11 +229,9 @@ class Trainer:
             weight = n / n_total                 # this batch's share of the update's tokens
             loss_sum = self.task.loss_and_backward(model, b, weight)
             loss += (loss_sum / n) * weight if n else 0.0
-        loss = self.collective.reduce(model, loss)
+        loss, self.grad_norm = self.collective.reduce(model, loss)    # the norm before clipping
         if cfg.clip_norm is not None:
-            self.grad_norm = clip_grad_norm(model, cfg.clip_norm)    # the norm before clipping
-        else:
-            self.grad_norm = grad_norm(model)
+            clip_grad_norm(model, cfg.clip_norm, norm=self.grad_norm)
         if not (math.isfinite(loss) and math.isfinite(self.grad_norm)):
             return float(loss)                   # no update from non-finite values
         self.step += 1
@@ -250,11 +253,16 @@ class Trainer:
 
     def evaluate(self):
         """The task's metrics for the current weights (in eval mode, restored afterwards). In a
-        data-parallel run the first process evaluates and the others receive its record."""
+        data-parallel run every process calls it: the first evaluates, on the cores of its
+        machine's processes, and the others receive its record (or its error: then every
+        process raises)."""
         record = None
         if self.collective.is_root:
-            with self.model.evaluating():
-                record = self.task.evaluate(self.model)
+            try:
+                with self.collective.alone(), self.model.evaluating():
+                    record = self.task.evaluate(self.model)
+            except Exception as e:               # the others are waiting for the record
+                record = e
         return self.collective.share(record)
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -264,7 +272,7 @@ class Trainer:
                 "early_stopping": self.stopper.state_dict(), "config": self.config.to_dict(),
                 "seconds": self.elapsed(), "data_crc32": self.data_fingerprint(),
                 "best_value": self.best_value if math.isfinite(self.best_value) else None,
-                "world_size": self.collective.size,
+                "world_size": self.collective.size, "total_steps": self.total_steps,
                 **({"schedule": self.schedule.state_dict()}
                    if hasattr(self.schedule, "state_dict") else {})}
 
@@ -288,11 +296,20 @@ class Trainer:
         return save_model_checkpoint(path, self.model, self.task.vocabs, self.optimizer,
                                      self.training_state(), extra=self.extra)
 
+    def _save_run(self, name):
+        """Checkpoint ``name`` of the run folder: written by the first process, and counted as
+        saved on every process (their messages agree on the latest checkpoint)."""
+        if self.config.out_dir is None:
+            return
+        if self.out_dir:
+            self.save(os.path.join(self.out_dir, name))
+        self.saved_step = self.step
+
     def _save_step_checkpoint(self):
         """``step_<N>``, keeping the last ``keep_last`` of them (all if keep_last is None)."""
+        self._save_run(f"step_{self.step}")
         if not self.out_dir:
             return
-        self.save(os.path.join(self.out_dir, f"step_{self.step}"))
         if self.config.keep_last:
             for path in step_checkpoints(self.out_dir)[:-self.config.keep_last]:
                 for suffix in (".npz", ".json"):
@@ -326,6 +343,13 @@ class Trainer:
             best_value = training.get("best_value", self.stopper.state_dict()["best"])
             self.best_value = self.stopper.best if best_value is None else float(best_value)
             self.seconds_before = float(training.get("seconds", 0.0))
+            recorded = training.get("config") or {}
+            if "total_steps" in training and all(recorded.get(k) == getattr(self.config, k)
+                                                 for k in ("epochs", "max_steps")):
+                # the run's length as it began: on another number of ranks an epoch holds
+                # another number of updates, and a cosine must not jump (its end moves only
+                # when --epochs or --max-steps does)
+                self._set_total_steps(int(training["total_steps"]))
             if hasattr(self.schedule, "load_state_dict"):
                 self.schedule.load_state_dict(training["schedule"])
             self.saved_step = self.step
@@ -395,7 +419,9 @@ class Trainer:
             reason = "max_steps"
         elif cfg.time_budget is not None and self.elapsed() >= cfg.time_budget:
             reason = "time_budget"
-        return self.collective.agree(reason, check=None if record is not None else self.grad_norm)
+        check = None if self.collective.size == 1 else \
+            weights_check(self.model.flat_params, self.step)
+        return self.collective.agree(reason, check=check)
 
     def _non_finite_message(self, loss):
         saved = ("no checkpoint was written" if self.saved_step is None else
@@ -435,12 +461,11 @@ class Trainer:
         improved = self.stopper.better(value, self.best_value)
         if improved:
             self.best_value = value
-        if self.out_dir:
-            self.save(os.path.join(self.out_dir, "last"))
-            if improved:
-                self.save(os.path.join(self.out_dir, "best"))
-            if cfg.keep_last and not (cfg.save_every_steps or cfg.save_every_epochs):
-                self._save_step_checkpoint()     # else step_<N> follow their own schedule
+        self._save_run("last")
+        if improved:
+            self._save_run("best")
+        if cfg.keep_last and not (cfg.save_every_steps or cfg.save_every_epochs):
+            self._save_step_checkpoint()         # else step_<N> follow their own schedule
         if on_eval:
             on_eval(record)
         return record
@@ -456,9 +481,23 @@ class Trainer:
         that has nothing left to train (a resumed checkpoint already at max_steps, ...) is a
         ValueError before anything is written. ``on_eval(record)`` is called after each
         validation (the CLI prints it).
+
+        In a data-parallel run every process calls it. An exception that leaves it on one
+        process (a failed save on the first, a bug) ends every process of the run
+        (``collective.fail``): the others would wait for it in their next exchange.
         """
-        cfg = self.config
         self.check_work_left()
+        try:
+            summary = self._fit(on_eval)
+        except BaseException as e:
+            self.collective.fail(e)              # one process's error ends a data-parallel run
+            raise
+        if self._failure is not None:            # every process stopped at this update
+            raise TrainingDiverged(self._failure)
+        return summary
+
+    def _fit(self, on_eval):
+        cfg = self.config
         self.collective.start(self)              # every process: the same run, the same weights
         self._open_log()
         self.model.train()
@@ -469,8 +508,7 @@ class Trainer:
                 stop = self._train_epoch(on_eval)
                 if stop is None:
                     self.epoch += 1
-                    if cfg.save_every_epochs and self.out_dir \
-                            and self.epoch % cfg.save_every_epochs == 0:
+                    if cfg.save_every_epochs and self.epoch % cfg.save_every_epochs == 0:
                         self._save_step_checkpoint()         # for averaging, no validation
                     if self.task.has_validation and not cfg.eval_every_steps \
                             and self.epoch % cfg.eval_every == 0:
@@ -484,8 +522,6 @@ class Trainer:
         finally:
             self._close_log(stop, start)
         self.model.eval()
-        if self._failure is not None:
-            raise TrainingDiverged(self._failure)
         best = self.best_value
         return {"step": self.step, "epoch": self.epoch, "stop_reason": stop,
                 "seconds": time.perf_counter() - start,
@@ -513,7 +549,7 @@ class Trainer:
             bar.update(len(group))
             if self.step % cfg.log_every == 0:
                 self._log_train(meter, bar)
-            if cfg.save_every_steps and self.out_dir and self.step % cfg.save_every_steps == 0:
+            if cfg.save_every_steps and self.step % cfg.save_every_steps == 0:
                 self._save_step_checkpoint()
             if stop is None and cfg.eval_every_steps and task.has_validation \
                     and self.step % cfg.eval_every_steps == 0:
@@ -530,8 +566,7 @@ class Trainer:
         if (stop in ("max_steps", "time_budget", "epochs") and self.task.has_validation
                 and self._validated_at != self.step):
             self.validate(scheduled=False, on_eval=on_eval)
-        if self.out_dir:
-            self.save(os.path.join(self.out_dir, "last"))
+        self._save_run("last")
 
     # -- the metrics log -------------------------------------------------------------------------
     def _open_log(self):

@@ -13,9 +13,10 @@ This module holds what happens before training:
   ``srun``) without importing MPI, so a command started without a launcher never touches it;
 * :func:`connect` joins the job (imports mpi4py; a clear error naming the extra to install when
   it or an MPI library is missing, on every rank, so N ranks never train N independent copies);
-* :func:`share_cores` gives each rank of a machine its own equal share of the cores (the
-  launcher leaves every rank on every core unless told to bind; N ranks of C threads each would
-  oversubscribe), which the runtime's thread policy then follows;
+* :func:`share_cores` gives each rank of a machine its own equal share of the cores (MPICH's
+  launcher leaves every rank on every core unless told to bind, Open MPI's binds several ranks
+  to one socket; N ranks of C threads each would oversubscribe), which the runtime's thread
+  policy then follows;
 * :func:`suggest_split` is the ranks x threads split recommended for a machine of C cores
   (``npformer info`` prints it with the ``mpiexec`` line);
 * :func:`abort` ends the whole job when one rank fails (otherwise the others would wait for it
@@ -172,6 +173,10 @@ def plan_shares(cpu_sets, cores):
         for i, rank in enumerate(ranks):
             shares[rank] = list(cpus[i * per:(i + 1) * per])
     threads = [max(1, len(share) * cores // len(union)) for share in shares]
+    sets = [set(cpus) for cpus in groups]
+    if note is None and any(a & b for i, a in enumerate(sets) for b in sets[i + 1:]):
+        note = ("the launcher bound some ranks to CPUs that others also run on: they share "
+                "cores; bind every rank (--bind-to core) or none (--bind-to none)")
     if note is None and sum(threads) > cores:
         note = (f"{len(cpu_sets)} ranks on a quota of {cores} core(s): they share cores and each "
                 f"runs slower than it would alone; start at most {cores} ranks per machine")
@@ -214,8 +219,8 @@ def share_cores(world, threads=None, blas_threads=None):
     if note and world.local_rank == 0:
         warnings.warn(f"npformer: {note}", stacklevel=2)
     mine = shares[world.local_rank]
-    if mine != cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, mine)
+    if mine != cpus:
+        pin(mine)
     if threads is None:
         threads = share_threads[world.local_rank]
     runtime.configure_runtime(threads=threads, blas_threads=blas_threads)
@@ -234,14 +239,30 @@ def whole_machine(world):
         yield
         return
     cpus, threads, blas_threads = world.share
-    os.sched_setaffinity(0, world.machine_cpus)
-    runtime.configure_runtime(threads=machine_cores(world.machine_cpus),
-                              blas_threads=blas_threads)
     try:
+        pin(world.machine_cpus)
+        runtime.configure_runtime(blas_threads=blas_threads)   # the policy of those CPUs
         yield
     finally:
-        os.sched_setaffinity(0, cpus)
+        pin(cpus)
         runtime.configure_runtime(threads=threads, blas_threads=blas_threads)
+
+
+def pin(cpus):
+    """Run every thread of this process on ``cpus``: the calling thread, and the workers the
+    runtime, Numba and the BLAS started before (a thread keeps the affinity it had when it was
+    started, whatever the process's main thread is given later)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:                              # no /proc: the calling thread at least
+        threads = [0]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:                          # a thread that ended meanwhile
+            pass
 
 
 def suggest_split(cores):

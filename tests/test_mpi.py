@@ -86,6 +86,9 @@ def test_every_rank_gets_its_own_share_of_the_cores():
 def test_ranks_bound_by_the_launcher_keep_their_cpus_or_split_a_shared_set():
     # bound one per core (srun --cpu-bind, Open MPI's default for 2 ranks): kept
     assert plan_shares([[0, 1], [2, 3]], 4) == ([[0, 1], [2, 3]], [2, 2], None)
+    # a rank bound to CPUs that an unbound one also runs on: said
+    assert "bound some ranks to CPUs that others also run on" in plan_shares(
+        [[0, 1, 2, 3], [0, 1]], 4)[2]
     # Open MPI's default for more ranks: bound per socket; the ranks of a socket split it
     sockets = [list(range(8))] * 2 + [list(range(8, 16))] * 2
     shares, threads, note = plan_shares(sockets, 16)
@@ -96,10 +99,11 @@ def test_ranks_bound_by_the_launcher_keep_their_cpus_or_split_a_shared_set():
     assert shares == [[0, 1, 2, 3], [4, 5, 6, 7], list(range(8, 16))] and threads == [4, 4, 8]
 
 
-def test_a_resume_on_another_number_of_ranks_keeps_the_schedule(tmp_path):
-    """An epoch of a 2-rank run holds half the updates of one process's: the cosine's length
-    is the run's as it began (recorded in the checkpoint), so the rate does not jump; it moves
-    only where --epochs or --max-steps does."""
+def test_a_resume_on_another_number_of_ranks_stretches_the_rest_of_the_schedule(tmp_path):
+    """An epoch of a 2-rank run holds half the updates of one process's: a cosine over the run
+    keeps its rate at the resume (no jump) and its rest is stretched over the updates left on
+    the new number of ranks, so it still reaches min_lr at the last one; a second resume keeps
+    that stretch."""
     from mpi_reference import small_toy_trainer
 
     from npformer.training.collective import SingleProcess
@@ -107,27 +111,78 @@ def test_a_resume_on_another_number_of_ranks_keeps_the_schedule(tmp_path):
     class TwoRanks(SingleProcess):               # only its size matters here
         size = 2
 
-    def trainer(**changes):
+    def trainer(collective, **changes):
         t = small_toy_trainer(0.0, None)
-        t.config = dataclasses.replace(t.config, **{"schedule": "cosine", "epochs": 4, **changes})
-        t.set_collective(SingleProcess())
+        t.config = dataclasses.replace(t.config, **{"schedule": "cosine", "epochs": 4,
+                                                    "min_lr": 1e-5, **changes})
+        t.set_collective(collective)
         return t
 
-    one = trainer()
-    one.step = 30
+    one = trainer(SingleProcess())
+    per_epoch = one.task.batches_per_epoch()
+    one.step, one.epoch = per_epoch, 1           # the end of epoch 1 of 4, on one process
     one.save(tmp_path / "ckpt")
-    two = trainer()
-    two.set_collective(TwoRanks())
-    assert two.total_steps < one.total_steps
+    two = trainer(TwoRanks())
     with pytest.warns(UserWarning, match="trained on 1 process"):
         two.resume(tmp_path / "ckpt")
-    assert two.total_steps == one.total_steps
-    assert [two.schedule(s) for s in (31, 60)] == [one.schedule(s) for s in (31, 60)]
-    longer = trainer(epochs=6)                   # the user asked for a longer run
-    longer.set_collective(TwoRanks())
+    left = 3 * math.ceil(per_epoch / 2)          # the updates of 3 epochs on 2 ranks
+    assert two.schedule(per_epoch) == one.schedule(per_epoch)          # no jump
+    assert two.schedule(per_epoch + left) == pytest.approx(1e-5)       # the end at the end
+    assert two.schedule(per_epoch + left // 2) == pytest.approx(one.schedule(
+        per_epoch + 3 * per_epoch // 2), rel=0.05)                      # halfway is halfway
+    # a second resume, on 2 ranks again, keeps the stretch
+    two.step, two.epoch = per_epoch + math.ceil(per_epoch / 2), 2
+    two.save(tmp_path / "ckpt2")
+    again = trainer(TwoRanks())
+    again.resume(tmp_path / "ckpt2")
+    assert [again.schedule(s) for s in (two.step, per_epoch + left)] == \
+        [two.schedule(s) for s in (two.step, per_epoch + left)]
+    # asking for a longer run (--epochs) gives a new schedule over it
+    longer = trainer(TwoRanks(), epochs=6)
     with pytest.warns(UserWarning):
         longer.resume(tmp_path / "ckpt")
-    assert longer.total_steps == 6 * math.ceil(one.task.batches_per_epoch() / 2)
+    assert longer.total_steps == 6 * math.ceil(per_epoch / 2)
+
+
+def test_the_weights_check_looks_at_every_weight():
+    from npformer.training.collective import weights_check
+    flat = np.arange(10_000, dtype=np.float32)
+    stride = 10_000 // 4096
+    base = [weights_check(flat, step) for step in range(stride)]
+    for i in (0, 1, 4097, 9_999):                # any one weight changed is seen within stride
+        moved = flat.copy()
+        moved[i] += 1
+        assert any(weights_check(moved, step) != base[step] for step in range(stride)), i
+
+
+def test_rank_0_validates_on_every_cpu_of_the_machine_then_returns_to_its_share():
+    """``whole_machine`` (validation on rank 0) moves every thread of the process, the runtime's
+    workers included, onto the machine's CPUs and back (a fake world of 2 local ranks)."""
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs Linux affinity and at least 2 CPUs")
+    code = """
+import os, types
+import numpy as np
+from npformer import distributed, runtime
+from npformer.kernels.layernorm import layernorm_forward
+cpus = sorted(os.sched_getaffinity(0))
+distributed.pin(cpus[:1])
+runtime.configure_runtime(threads=1)
+x = np.ones((512, 128), np.float32); g = np.ones(128, np.float32)
+layernorm_forward(x, g, 0 * g)                  # (start the workers on the share)
+world = types.SimpleNamespace(local_size=2, machine_cpus=cpus, share=(cpus[:1], 1, None))
+def every_thread():
+    return {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")}
+with distributed.whole_machine(world):
+    layernorm_forward(x, g, 0 * g)
+    assert every_thread() == {tuple(cpus)}, every_thread()
+    assert runtime.policy().cores == len(cpus)
+assert every_thread() == {tuple(cpus[:1])}, every_thread()
+assert runtime.policy().cores == 1
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env=_env())
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_suggested_split():
@@ -262,8 +317,8 @@ def test_an_error_on_one_rank_ends_the_job(tmp_path, launch):
 @needs_mpi
 @pytest.mark.parametrize("fault,says", [
     ("save", ["npformer (rank 0 of 2): OSError", "No space left on device"]),
-    ("evaluate", ["npformer (rank 0 of 2): RuntimeError", "validation failed",
-                  "rank 0 of the data-parallel run failed in validation"]),
+    ("evaluate", ["RuntimeError: validation failed (a test's fault)",          # its traceback
+                  "EveryRankError: rank 0 of the data-parallel run failed in validation"]),
     ("drift", ["data-parallel ranks diverged: the weights of rank 1 differ from rank 0's"])])
 def test_a_trainer_failing_on_one_rank_ends_every_rank(tmp_path, fault, says):
     """The Trainer used as a library: an exception on one rank alone (rank 0's save or

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import npformer as nf
+from npformer.optim.clip import grad_norm
 from npformer import registry
 from npformer.configs import ModelConfig
 from npformer.nn.linear import Linear
@@ -212,7 +213,7 @@ class TwoRanks(SingleProcess):
         n = self.task.tokens(self.batch)
         loss_sum = self.task.loss_and_backward(other, self.batch, n / self.n_total)
         model.flat_grads += other.flat_grads                     # in rank order: 0, then 1
-        return loss + (loss_sum / n) * (n / self.n_total)
+        return loss + (loss_sum / n) * (n / self.n_total), grad_norm(model)
 
 
 def test_a_reduction_over_two_simulated_ranks_equals_one_process_seeing_both(numpy_backend):

@@ -34,7 +34,8 @@ def join(args):
                             blas_threads=getattr(args, "blas_threads", None))
     if not world.is_root:
         sys.stdout = open(os.devnull, "w")       # rank 0 speaks for the run
-    return MPICollective(world, reduce=args.reduce)
+    return MPICollective(world, reduce=args.reduce, abort_on_error=False)   # cli.main ends the
+                                                                             # job on an error
 
 
 def refuse_launcher(command):

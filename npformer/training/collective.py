@@ -27,7 +27,7 @@ step:
   process of the run, which would otherwise wait for this one in their next exchange.
 
 A collective of one's own (another transport) subclasses ``SingleProcess`` and overrides what
-it exchanges.
+it exchanges (``MPICollective`` is one).
 """
 import contextlib
 import hashlib
@@ -49,7 +49,8 @@ REASONS = (None, "non_finite", "max_steps", "time_budget", "target", "early_stop
 
 
 class SingleProcess:
-    """The collective operations of a run of one process: nothing to exchange."""
+    """The collective operations of a run of one process: nothing to exchange. A collective of
+    one's own subclasses it; ``reduce`` returns ``(loss, gradient norm)``."""
 
     rank, size, is_root = 0, 1, True
 
@@ -132,7 +133,7 @@ def _hash(value):
     return np.frombuffer(hashlib.sha256(text).digest()[:8], dtype=np.int64)[0]
 
 
-class MPICollective:
+class MPICollective(SingleProcess):
     """The collective operations of a data-parallel run over an MPI communicator (``world``: a
     ``npformer.distributed.World``).
 
@@ -145,12 +146,15 @@ class MPICollective:
     run to run with the tree the library picks (same result within float32 round-off).
     """
 
-    def __init__(self, world, reduce="ordered"):
+    def __init__(self, world, reduce="ordered", abort_on_error=True):
+        """``abort_on_error``: ``fail`` ends the job (a library's caller); the command line
+        passes False, as it ends the job itself after printing the error its own way."""
         if reduce not in REDUCE_MODES:
             raise ValueError(f"reduce: expected one of {REDUCE_MODES}, got {reduce!r}")
         from ..distributed import import_mpi
         self.MPI = import_mpi("a data-parallel run needs MPI")
         self.world, self.comm, self.mode = world, world.comm, reduce
+        self.abort_on_error = abort_on_error
         self.rank, self.size = world.rank, world.size
         self.is_root = self.rank == 0
         self._slices = None                      # (slice bounds, receive buffer) of the exchange
@@ -238,8 +242,9 @@ class MPICollective:
 
     def share(self, record):
         """The first rank's ``record`` (a dict of JSON values and numpy numbers) on every rank.
-        ``record`` may be an exception rank 0 met making it: every rank then raises (rank 0 its
-        own exception, the others an ``EveryRankError`` naming it), none waits for the others."""
+        ``record`` may be an exception rank 0 met making it: every rank then raises the same
+        ``EveryRankError`` naming it (rank 0 from its own, whose traceback it prints first
+        where it is not a ValueError), none waits for the others."""
         if self.is_root:
             if isinstance(record, BaseException):
                 data = json.dumps({"error": f"{type(record).__name__}: {record}"})
@@ -262,10 +267,14 @@ class MPICollective:
         self.comm.Bcast(buf, root=0)
         message = json.loads(buf.tobytes().decode())
         if "error" in message:
+            failed = EveryRankError(f"rank 0 of the data-parallel run failed in validation "
+                                    f"({message['error']})")
             if isinstance(record, BaseException):
-                raise record
-            raise EveryRankError(f"rank 0 of the data-parallel run failed in validation "
-                                 f"({message['error']})")
+                if not isinstance(record, ValueError):
+                    traceback.print_exception(type(record), record, record.__traceback__,
+                                              file=sys.stderr)
+                raise failed from record
+            raise failed
         return message["record"]
 
     def alone(self):
@@ -310,28 +319,28 @@ class MPICollective:
                                  f"{', '.join(differ)} than rank 0: every rank must run the same "
                                  f"command on the same data (and resume the same checkpoint)")
 
-    def dropout_seed(self, seed, step):
-        return dropout_seed(seed, self.rank, step)
-
     def fail(self, error):
         """``error`` left ``Trainer.fit`` on this rank. An ``EveryRankError`` was raised by every
         rank together and propagates; any other may be this rank's alone (a failed save or log
         write on rank 0, a bug) while the others wait for it in their next exchange, so it ends
         the whole job: this rank's message (and, for what is not a ValueError, its traceback)
         on standard error, then ``MPI.Abort``."""
-        if isinstance(error, EveryRankError):
+        if isinstance(error, EveryRankError) or not self.abort_on_error:
             return
         where = f"rank {self.rank} of {self.size}"
-        if isinstance(error, ValueError):
-            print(f"npformer ({where}): error: {error}", file=sys.stderr)
-        else:
-            print(f"npformer ({where}): {type(error).__name__} in training; ending every rank",
-                  file=sys.stderr)
-            traceback.print_exception(error, file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        time.sleep(1.0)              # the launcher forwards output asynchronously: let it reach it
-        self.comm.Abort(1)
+        try:
+            if isinstance(error, ValueError):
+                print(f"npformer ({where}): error: {error}", file=sys.stderr)
+            else:
+                print(f"npformer ({where}): {type(error).__name__} in training; ending every "
+                      f"rank", file=sys.stderr)
+                traceback.print_exception(type(error), error, error.__traceback__,
+                                          file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            time.sleep(1.0)          # the launcher forwards output asynchronously: let it reach it
+        finally:
+            self.comm.Abort(1)
 
     def __repr__(self):
         return f"MPICollective(rank {self.rank} of {self.size}, reduce={self.mode!r})"

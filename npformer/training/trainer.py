@@ -32,7 +32,7 @@ from ..optim.adam import check_betas
 from ..validation import check_int, check_real
 from .checkpointing import (LoadedCheckpoint, check_compatible, load_model_checkpoint,
                             restore_training_state, save_model_checkpoint)
-from .collective import SingleProcess, weights_check
+from .collective import EveryRankError, SingleProcess, weights_check
 from .early_stopping import EarlyStopping
 from .metrics_log import MetricsLog
 from .progress import progress_bar
@@ -143,6 +143,29 @@ def make_schedule(config, total_steps):
     return lambda step: config.lr
 
 
+class WarpedSchedule:
+    """A schedule whose rest, from update ``start`` on, is stretched by ``factor`` for each
+    ``[start, factor]`` of ``warps`` (in the order they were made): update s > start reads the
+    rate the schedule had at start + (s - start) * factor."""
+
+    def __init__(self, schedule, warps):
+        self.schedule, self.warps = schedule, warps
+
+    def __call__(self, step):
+        for start, factor in reversed(self.warps):       # the latest stretch is the outermost
+            if step > start:
+                step = start + (step - start) * factor
+        return self.schedule(step)
+
+    @staticmethod
+    def unwarp(step, warps):
+        """The update at which the warped schedule reads the schedule's update ``step``."""
+        for start, factor in warps:
+            if step > start:
+                step = start + (step - start) / factor
+        return step
+
+
 class Trainer:
     """Trains ``model`` on ``task`` (a ``npformer.training.task.Task``). See ``TrainConfig``."""
 
@@ -192,10 +215,29 @@ class Trainer:
                               / (self.config.accum_steps * collective.size))
         self._set_total_steps(self.config.max_steps or self.config.epochs * per_epoch)
 
-    def _set_total_steps(self, total_steps):
-        """The number of updates the schedule spans (a cosine decays over them)."""
-        self.total_steps = total_steps
-        self.schedule = make_schedule(self.config, total_steps)
+    def _set_total_steps(self, total_steps, warps=()):
+        """The number of updates the schedule spans (a cosine decays over them), and the
+        stretches of its rest that resumes on another number of processes made (``warps``)."""
+        self.total_steps, self.schedule_warps = total_steps, [list(w) for w in warps]
+        schedule = make_schedule(self.config, total_steps)
+        self.schedule = WarpedSchedule(schedule, self.schedule_warps) if warps else schedule
+
+    def _resume_schedule(self, total_steps, warps, ranks):
+        """A resumed run keeps the schedule it began with (no jump in the rate). On another
+        number of processes an epoch holds another number of updates: a schedule that spans the
+        run (cosine, over epochs) then has its rest stretched over the updates left, so that it
+        still ends at min_lr with the last one."""
+        cfg, size = self.config, self.collective.size
+        warps = [list(w) for w in warps]
+        if ranks != size and cfg.schedule == "cosine" and cfg.max_steps is None:
+            per_update = cfg.accum_steps * size
+            per_epoch = self.task.batches_per_epoch()
+            left_now = (math.ceil((per_epoch - self.task.batches_done()) / per_update)
+                        + (cfg.epochs - self.epoch - 1) * math.ceil(per_epoch / per_update))
+            left_then = WarpedSchedule.unwarp(total_steps, warps) - self.step
+            if left_now > 0 and left_then > 0:
+                warps.append([self.step, left_then / left_now])
+        self._set_total_steps(total_steps, warps)
 
     @property
     def out_dir(self):
@@ -217,8 +259,8 @@ class Trainer:
         batches = list(batch) if isinstance(batch, (list, tuple)) else [batch]
         counts = [self._tokens(b) for b in batches]
         n_total = self.collective.total_tokens(sum(counts))
-        if n_total == 0:
-            raise ValueError(f"task {self.task.name!r}, step {self.step + 1}: its batches hold no "
+        if n_total == 0:                         # (every process sees the same n_total)
+            raise (EveryRankError if self.collective.size > 1 else ValueError)(f"task {self.task.name!r}, step {self.step + 1}: its batches hold no "
                              f"tokens at all (tokens() gave 0 for every one); nothing to learn from")
         model.zero_grad()
         if self.collective.size > 1:             # this process's masks: from (seed, rank, step)
@@ -273,6 +315,7 @@ class Trainer:
                 "seconds": self.elapsed(), "data_crc32": self.data_fingerprint(),
                 "best_value": self.best_value if math.isfinite(self.best_value) else None,
                 "world_size": self.collective.size, "total_steps": self.total_steps,
+                "schedule_warps": self.schedule_warps,
                 **({"schedule": self.schedule.state_dict()}
                    if hasattr(self.schedule, "state_dict") else {})}
 
@@ -299,7 +342,7 @@ class Trainer:
     def _save_run(self, name):
         """Checkpoint ``name`` of the run folder: written by the first process, and counted as
         saved on every process (their messages agree on the latest checkpoint)."""
-        if self.config.out_dir is None:
+        if not self.config.out_dir:
             return
         if self.out_dir:
             self.save(os.path.join(self.out_dir, name))
@@ -328,8 +371,8 @@ class Trainer:
         loaded = (checkpoint if isinstance(checkpoint, LoadedCheckpoint)
                   else load_model_checkpoint(checkpoint))
         check_compatible(loaded, self.model.config, self.task.vocabs)
-        recorded = (loaded.meta.get("training") or {}).get("data_crc32")   # older: absent
-        if recorded is not None and recorded != self.data_fingerprint():
+        crc = (loaded.meta.get("training") or {}).get("data_crc32")   # older: absent
+        if crc is not None and crc != self.data_fingerprint():
             raise ValueError(f"checkpoint {loaded.path}: the {self.task.name} task's training or "
                              f"validation data differ from its run's (their token ids do not match its data_crc32); a "
                              f"resume continues the same data, so start a new run for other data")
@@ -343,17 +386,15 @@ class Trainer:
             best_value = training.get("best_value", self.stopper.state_dict()["best"])
             self.best_value = self.stopper.best if best_value is None else float(best_value)
             self.seconds_before = float(training.get("seconds", 0.0))
-            recorded = training.get("config") or {}
-            if "total_steps" in training and all(recorded.get(k) == getattr(self.config, k)
+            ranks = int(training.get("world_size", 1))
+            run_config = training.get("config") or {}
+            if "total_steps" in training and all(run_config.get(k) == getattr(self.config, k)
                                                  for k in ("epochs", "max_steps")):
-                # the run's length as it began: on another number of ranks an epoch holds
-                # another number of updates, and a cosine must not jump (its end moves only
-                # when --epochs or --max-steps does)
-                self._set_total_steps(int(training["total_steps"]))
+                self._resume_schedule(int(training["total_steps"]),
+                                      training.get("schedule_warps", []), ranks)
             if hasattr(self.schedule, "load_state_dict"):
                 self.schedule.load_state_dict(training["schedule"])
             self.saved_step = self.step
-            ranks = int(training.get("world_size", 1))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"checkpoint {loaded.path}: training state does not fit this run ({e})") from None
         if ranks != self.collective.size:

@@ -15,6 +15,7 @@ ever shares memory with another live one. At most ``POOL_IDLE_BYTES`` of idle bu
 :func:`release_pool` frees them. This concerns npformer's own arrays only, not the process's
 allocator.
 """
+import math
 import sys
 import threading
 
@@ -74,15 +75,16 @@ def empty_aligned(shape, dtype, aligned_rows=False):
     every row (last axis) starts a cache line: rows are padded to a multiple of ALIGNMENT bytes
     and the result is a view of the unpadded part (not C-contiguous where padding was needed)."""
     dtype = np.dtype(dtype)
-    shape = (shape,) if np.ndim(shape) == 0 else tuple(shape)
+    shape = tuple(map(int, shape)) if isinstance(shape, (tuple, list, np.ndarray)) \
+        else (int(shape),)
     per_line = ALIGNMENT // dtype.itemsize
     if aligned_rows and shape and shape[-1] % per_line:
         padded = empty_aligned(shape[:-1] + (shape[-1] + per_line - shape[-1] % per_line,), dtype)
         return padded[..., :shape[-1]]
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(shape)
     nbytes = n * dtype.itemsize + ALIGNMENT
     buf = _pooled_bytes(nbytes) if nbytes >= POOL_MIN_BYTES else np.empty(nbytes, dtype=np.uint8)
-    start = -buf.ctypes.data % ALIGNMENT
+    start = -buf.__array_interface__["data"][0] % ALIGNMENT
     return buf[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
 
 

@@ -50,14 +50,6 @@ def _check_max_new(state, max_new_tokens):
     return max_new
 
 
-def _finish(out_ids, out_probs, done):
-    hyps = []
-    for ids, probs, d in zip(out_ids, out_probs, done):
-        score = float(np.sum(np.log(np.maximum(probs, 1e-300)))) if probs else 0.0
-        hyps.append(Hypothesis(ids=ids, probs=probs, score=score, finished=bool(d)))
-    return hyps
-
-
 def _generate(state, next_tokens, max_new_tokens):
     """Shared loop of greedy and sampling: ``next_tokens(state, prev (R,)) -> ids (R,), their
     log-probabilities (R,)`` runs one step of the state and chooses."""
@@ -84,9 +76,11 @@ def _generate(state, next_tokens, max_new_tokens):
             state.reorder(np.flatnonzero(keep))
             rows, nxt = rows[keep], nxt[keep]
         prev = nxt
-    out_ids = [tokens[r, :n - d].tolist() for r, (n, d) in enumerate(zip(steps, done))]
-    out_probs = [probs[r, :n].tolist() for r, n in enumerate(steps)]
-    return _finish(out_ids, out_probs, done)
+    taken = np.arange(probs.shape[1]) < steps[:, None]           # (B, max_new)
+    scores = np.where(taken, np.log(np.maximum(probs, 1e-300)), 0.0).sum(axis=1)
+    return [Hypothesis(ids=tokens[r, :n - d].tolist(), probs=probs[r, :n].tolist(),
+                       score=float(scores[r]), finished=bool(d))
+            for r, (n, d) in enumerate(zip(steps.tolist(), done.tolist()))]
 
 
 def _greedy_tokens(state, prev):

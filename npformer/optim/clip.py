@@ -7,15 +7,19 @@ from .. import runtime
 from ..validation import check_real
 
 
-def grad_norm(model):
-    """||g||, the L2 norm of every parameter's gradient at once (inf or NaN if one is not finite).
+def sum_of_squares(x):
+    """x . x of a 1-D array, in its dtype, inside npformer's BLAS scope (one thread): a BLAS
+    shares a dot product between its threads, and the partial sums' order would follow their
+    number."""
+    with runtime.blas_scope():
+        return np.dot(x, x)
 
-    The sum of squares runs inside npformer's BLAS scope (one thread): a BLAS shares a dot
-    product between its threads, and the partial sums' order would follow their number."""
+
+def grad_norm(model):
+    """||g||, the L2 norm of every parameter's gradient at once (inf or NaN if one is not finite)."""
     if model.flat_grads is None:
         model.flatten_parameters()
-    with runtime.blas_scope():
-        return float(np.sqrt(np.dot(model.flat_grads, model.flat_grads)))
+    return float(np.sqrt(sum_of_squares(model.flat_grads)))
 
 
 def clip_grad_norm(model, max_norm, norm=None):

@@ -143,3 +143,28 @@ class PlateauSchedule:
         self.lr = float(state["lr"])
         self.best = (math.inf if self.mode == "min" else -math.inf) if best is None else float(best)
         self.bad, self.cooldown_left = int(state["bad"]), int(state["cooldown_left"])
+
+
+class WarpedSchedule:
+    """A schedule whose rest, from update ``start`` on, is stretched by ``factor`` for each
+    ``[start, factor]`` of ``warps`` (in the order they were made): update s > start reads the
+    rate the schedule had at start + (s - start) * factor. The Trainer stretches a cosine this
+    way when a run resumes on another number of data-parallel processes (an epoch then holds
+    another number of updates), so that it still ends at min_lr with the last update."""
+
+    def __init__(self, schedule, warps):
+        self.schedule, self.warps = schedule, warps
+
+    def __call__(self, step):
+        for start, factor in reversed(self.warps):       # the latest stretch is the outermost
+            if step > start:
+                step = start + (step - start) * factor
+        return self.schedule(step)
+
+    @staticmethod
+    def unwarp(step, warps):
+        """The update at which the warped schedule reads the schedule's update ``step``."""
+        for start, factor in warps:
+            if step > start:
+                step = start + (step - start) / factor
+        return step

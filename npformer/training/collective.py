@@ -40,8 +40,7 @@ import zlib
 
 import numpy as np
 
-from .. import runtime
-from ..optim.clip import grad_norm
+from ..optim.clip import grad_norm, sum_of_squares
 
 REDUCE_MODES = ("ordered", "mpi")
 # the stop reasons agree() carries, as small integers (index 0: go on)
@@ -113,12 +112,6 @@ def slice_bounds(n, size):
     return np.linspace(0, n, size + 1).astype(np.int64)
 
 
-def sum_of_squares(part):
-    """The slice's sum of squares (one BLAS thread: a fixed order on a given CPU)."""
-    with runtime.blas_scope():
-        return float(np.dot(part, part))
-
-
 def _plain(value):
     """``json.dumps``' fallback for a record's numpy numbers."""
     if isinstance(value, np.generic):
@@ -157,7 +150,8 @@ class MPICollective(SingleProcess):
         self.abort_on_error = abort_on_error
         self.rank, self.size = world.rank, world.size
         self.is_root = self.rank == 0
-        self._slices = None                      # (slice bounds, receive buffer) of the exchange
+        self._bounds = None                      # the slices of the gradient buffer (slice_bounds)
+        self._received = None                    # the N copies of this rank's slice
 
     # -- the exchange of an update ---------------------------------------------------------------
     def total_tokens(self, n_tokens):
@@ -175,35 +169,31 @@ class MPICollective(SingleProcess):
         the same numbers in the same order: the same bits everywhere, even on machines whose
         CPUs' dot products differ in the last bit."""
         grads = model.flat_grads
-        bounds = self._bounds(grads.size)
+        if self._bounds is None or self._bounds[-1] != grads.size:
+            self._bounds, self._received = slice_bounds(grads.size, self.size), None
+        bounds = self._bounds
         mine = slice(int(bounds[self.rank]), int(bounds[self.rank + 1]))
         if self.mode == "ordered":
             self._ordered_sum(grads, bounds)
         else:
             self.comm.Allreduce(self.MPI.IN_PLACE, grads, op=self.MPI.SUM)
         every = np.zeros((self.size, 2), dtype=np.float64)
-        self.comm.Allgather(np.array([loss, sum_of_squares(grads[mine])], dtype=np.float64),
-                            every)
+        self.comm.Allgather(np.array([loss, float(sum_of_squares(grads[mine]))],
+                                     dtype=np.float64), every)
         total, squares = 0.0, 0.0
         for value, sq in every:                  # rank order
             total += float(value)
             squares += float(sq)
         return total, math.sqrt(squares)
 
-    def _bounds(self, n):
-        if self._slices is None or self._slices[0][-1] != n:
-            self._slices = (slice_bounds(n, self.size), None)
-        return self._slices[0]
-
     def _ordered_sum(self, buf, bounds):
         """``buf`` <- the sum of every rank's ``buf``, added in rank order (see the class)."""
         size = self.size
         counts, displs = np.diff(bounds), bounds[:-1]
         mine = int(counts[self.rank])
-        received = self._slices[1]
-        if received is None or received.dtype != buf.dtype:
-            received = np.empty((size, mine), dtype=buf.dtype)
-            self._slices = (bounds, received)
+        if self._received is None or self._received.dtype != buf.dtype:
+            self._received = np.empty((size, mine), dtype=buf.dtype)
+        received = self._received
         dtype = self._datatype(buf)
         # every rank sends its slice r to rank r; rank r receives the N copies of its slice
         self.comm.Alltoallv([buf, (counts, displs), dtype],

@@ -28,6 +28,7 @@ from .. import runtime
 from ..backend import ops
 from ..optim import (Adam, AdamW, NoamSchedule, PlateauSchedule, WarmupCosineSchedule,
                      WarmupInverseSqrtSchedule, clip_grad_norm, matrices_only)
+from ..optim.schedules import WarpedSchedule
 from ..optim.adam import check_betas
 from ..validation import check_int, check_real
 from .checkpointing import (LoadedCheckpoint, check_compatible, load_model_checkpoint,
@@ -143,29 +144,6 @@ def make_schedule(config, total_steps):
     return lambda step: config.lr
 
 
-class WarpedSchedule:
-    """A schedule whose rest, from update ``start`` on, is stretched by ``factor`` for each
-    ``[start, factor]`` of ``warps`` (in the order they were made): update s > start reads the
-    rate the schedule had at start + (s - start) * factor."""
-
-    def __init__(self, schedule, warps):
-        self.schedule, self.warps = schedule, warps
-
-    def __call__(self, step):
-        for start, factor in reversed(self.warps):       # the latest stretch is the outermost
-            if step > start:
-                step = start + (step - start) * factor
-        return self.schedule(step)
-
-    @staticmethod
-    def unwarp(step, warps):
-        """The update at which the warped schedule reads the schedule's update ``step``."""
-        for start, factor in warps:
-            if step > start:
-                step = start + (step - start) / factor
-        return step
-
-
 class Trainer:
     """Trains ``model`` on ``task`` (a ``npformer.training.task.Task``). See ``TrainConfig``."""
 
@@ -260,8 +238,9 @@ class Trainer:
         counts = [self._tokens(b) for b in batches]
         n_total = self.collective.total_tokens(sum(counts))
         if n_total == 0:                         # (every process sees the same n_total)
-            raise (EveryRankError if self.collective.size > 1 else ValueError)(f"task {self.task.name!r}, step {self.step + 1}: its batches hold no "
-                             f"tokens at all (tokens() gave 0 for every one); nothing to learn from")
+            error = EveryRankError if self.collective.size > 1 else ValueError
+            raise error(f"task {self.task.name!r}, step {self.step + 1}: its batches hold no "
+                        f"tokens at all (tokens() gave 0 for every one); nothing to learn from")
         model.zero_grad()
         if self.collective.size > 1:             # this process's masks: from (seed, rank, step)
             seed = self.collective.dropout_seed(cfg.seed, self.step + 1)

@@ -22,7 +22,7 @@ from npformer import runtime
 from .activation_dropout import activation_dropout_backward, activation_dropout_forward
 from .adam import adam_step
 from .attention import (attention_backward, attention_backward_into, attention_forward,
-                        take_rows)
+                        move_rows, take_rows)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward, sinusoidal_positions
 from .layernorm import layernorm_backward, layernorm_forward
@@ -41,7 +41,7 @@ __all__ = [
     "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
     "linear_backward", "linear_backward_accumulate",
     "linear_forward", "log_softmax", "matmul",
-    "merge_heads", "padding_mask", "position_embedding_backward", "position_embedding_forward",
+    "merge_heads", "move_rows", "padding_mask", "position_embedding_backward", "position_embedding_forward",
     "relu_backward", "relu_forward", "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
 ]

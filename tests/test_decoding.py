@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 import npformer as nf
 from npformer import functional as F
 from npformer.data.vocab import Vocab, Vocabularies
-from npformer.decoding.search import (Hypothesis, beam_search, greedy_search,
-                                      length_penalty_gnmt, sample_search)
+from npformer.decoding.search import (Hypothesis, _compacted, _place_prefixes, beam_search,
+                                      greedy_search, length_penalty_gnmt, sample_search)
 from npformer.decoding.translator import Translator, format_trace
 
 V_SRC, V_TGT = 13, 11
@@ -389,3 +389,34 @@ def test_array_beam_search_equals_the_per_hypothesis_one_on_models(seed, beams, 
     src = random_src(np.random.default_rng(seed), 4, 5)
     want = reference_beam_search(decoder_state(model, src, beams, 9), beams, alpha, 9)
     same_hypotheses(beam_decode(model, src, beams, alpha, max_new_tokens=9), want)
+
+
+# -- where prefixes sit in the state ----------------------------------------------------------------
+
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 6), sources=st.integers(1, 6))
+@settings(max_examples=50, deadline=None)
+def test_prefixes_take_their_parents_rows_so_only_rows_that_change_are_copied(seed, k, sources):
+    """Each source's K new prefixes fill its K rows; a parent's first continuation stays in the
+    parent's row, and every row that changes takes a row that stays (the cache then moves
+    those rows in place). Finished sources' blocks go to the last running ones."""
+    rng = np.random.default_rng(seed)
+    keep = rng.random(sources) < 0.7
+    index = _compacted(keep)
+    assert sorted(index) == list(np.flatnonzero(keep))
+    assert all(index[i] == i for i in range(len(index)) if keep[i])       # kept rows stay put
+    old_group = np.flatnonzero(keep)                   # running sources, in order
+    moved_to = np.empty(sources, dtype=np.int64)
+    moved_to[index] = np.arange(len(index))
+    group = moved_to[old_group]                        # their blocks now
+    parents = (old_group[:, None] * k + rng.integers(0, k, (len(index), k))).reshape(-1)
+    slot = _place_prefixes(parents.copy(), group, k)
+    assert sorted(slot) == list(range(len(index) * k))                   # a permutation
+    reorder = np.empty_like(slot)
+    reorder[slot] = parents
+    assert np.array_equal(reorder // k, index.repeat(k))                # each block its source's
+    if keep.all():
+        changed = reorder != np.arange(len(reorder))
+        assert not np.isin(reorder[changed], np.flatnonzero(changed)).any()
+        for j, p in enumerate(parents):                # the first continuation of p stays in p
+            if p not in parents[:j]:
+                assert slot[j] == p

@@ -96,17 +96,44 @@ def test_kv_cache_grows_in_place_and_gathers_rows_between_two_buffers(backend):
         cache.append(np.arange(3)[:, None, None, None] * 10 + np.full((3, 2, 1, 5), t),
                      np.full((3, 2, 1, 6), t))
     assert cache.k is k and cache.v is v                       # appended in place
-    cache.reorder(np.array([2, 0, 2]))
+    cache.reorder(np.array([2, 0, 2]))             # row 0 is read after row 0 is written
     assert cache.k is not k and cache.keys().shape == (3, 2, 2, 5)
     np.testing.assert_array_equal(cache.keys()[:, 0, :, 0], [[20, 21], [0, 1], [20, 21]])
     gathered = cache.k
-    cache.reorder(np.array([1, 1]))                            # back into the first pair
-    assert cache.k is k and cache.v is v and cache.keys().shape == (2, 2, 2, 5)
-    np.testing.assert_array_equal(cache.keys()[:, 0, :, 0], [[0, 1], [0, 1]])
+    cache.reorder(np.array([1, 0, 0]))                         # back into the first pair
+    assert cache.k is k and cache.v is v
+    np.testing.assert_array_equal(cache.keys()[:, 0, :, 0], [[0, 1], [20, 21], [20, 21]])
     cache.reorder(np.array([0, 1]))                            # nothing moves
-    assert cache.k is k and gathered is not k
+    assert cache.k is k and gathered is not k and cache.keys().shape == (2, 2, 2, 5)
     with pytest.raises(ValueError, match="KVCache: 5 positions exceed its capacity of 4"):
         cache.append(np.zeros((2, 2, 3, 5)), np.zeros((2, 2, 3, 6)))
+
+
+@pytest.mark.parametrize("index, rows", [([0, 0, 2, 2], [0, 0, 2, 2]),    # beam: firsts stay
+                                         ([0, 3, 2], [0, 3, 2]),          # a finished row's place
+                                         ([3, 1], [3, 1])])               # taken by the last
+def test_kv_cache_moves_only_the_rows_that_change_where_each_takes_a_row_that_stays(backend,
+                                                                                     index, rows):
+    cache = KVCache(4, 2, 3, 2, 3, np.float64)
+    for t in range(2):
+        cache.append(np.arange(4)[:, None, None, None] * 10.0 + t + np.zeros((4, 2, 1, 2)),
+                     np.arange(4)[:, None, None, None] * -10.0 + t + np.zeros((4, 2, 1, 3)))
+    k, v = cache.k, cache.v
+    before_k, before_v = cache.keys().copy(), cache.values().copy()
+    cache.reorder(np.array(index))
+    assert cache.k is k and cache.v is v                       # in place, no gather
+    np.testing.assert_array_equal(cache.keys(), before_k[rows])
+    np.testing.assert_array_equal(cache.values(), before_v[rows])
+
+
+def test_move_rows_refuses_a_row_it_would_read_after_writing(backend):
+    x = np.arange(24.0).reshape(4, 1, 2, 3)
+    np.testing.assert_array_equal(nf.backend.ops().move_rows(x.copy(), np.array([3, 3]),
+                                                             np.array([0, 1])),
+                                  x[[3, 3, 2, 3]])
+    if backend == "numba":
+        with pytest.raises(ValueError, match="a row of dst is also in src"):
+            nf.backend.ops().move_rows(x, np.array([1, 0]), np.array([0, 1]))
 
 
 def test_bad_use_of_a_state_is_a_clear_error():

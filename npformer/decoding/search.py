@@ -50,9 +50,12 @@ def _check_max_new(state, max_new_tokens):
     return max_new
 
 
-def _generate(state, next_tokens, max_new_tokens):
+def _generate(state, next_tokens, max_new_tokens, in_order=False):
     """Shared loop of greedy and sampling: ``next_tokens(state, prev (R,)) -> ids (R,), their
-    log-probabilities (R,)`` runs one step of the state and chooses."""
+    log-probabilities (R,)`` runs one step of the state and chooses. Finished sources leave the
+    state's batch; the last running ones take their rows (:func:`_compacted`), unless
+    ``in_order`` (sampling: each row draws its own random numbers, so sources keep their
+    order and a source's draws do not depend on which others have finished)."""
     if state.beams != 1:
         raise ValueError(f"state: expected one row per source for greedy or sampling, got "
                          f"beams={state.beams}")
@@ -73,14 +76,25 @@ def _generate(state, next_tokens, max_new_tokens):
         if not keep.any():
             break
         if not keep.all():                            # drop finished sources from the batch
-            state.reorder(np.flatnonzero(keep))
-            rows, nxt = rows[keep], nxt[keep]
+            index = np.flatnonzero(keep) if in_order else _compacted(keep)
+            state.reorder(index)
+            rows, nxt = rows[index], nxt[index]
         prev = nxt
     taken = np.arange(probs.shape[1]) < steps[:, None]           # (B, max_new)
     scores = np.where(taken, np.log(np.maximum(probs, 1e-300)), 0.0).sum(axis=1)
     return [Hypothesis(ids=tokens[r, :n - d].tolist(), probs=probs[r, :n].tolist(),
                        score=float(scores[r]), finished=bool(d))
             for r, (n, d) in enumerate(zip(steps.tolist(), done.tolist()))]
+
+
+def _compacted(keep):
+    """The rows ``keep`` (R,) bool marks, as a ``reorder`` index that moves as few cached rows
+    as it can: a kept row among the first ``keep.sum()`` stays where it is, and the kept rows
+    after those fill, in order, the places of the dropped ones."""
+    n = int(keep.sum())
+    index = np.arange(n)
+    index[np.flatnonzero(~keep[:n])] = np.flatnonzero(keep[n:]) + n
+    return index
 
 
 def _greedy_tokens(state, prev):
@@ -140,7 +154,7 @@ def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=N
         nxt = choose(logp)
         return nxt, logp[np.arange(len(nxt)), nxt]
 
-    return _generate(state, next_tokens, max_new_tokens)
+    return _generate(state, next_tokens, max_new_tokens, in_order=True)
 
 
 def length_penalty_gnmt(length, alpha):
@@ -192,6 +206,12 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
     seqs = np.zeros((b * k, 0), dtype=np.int64)                          # (A*K, t) tokens
     seq_probs = np.zeros((b * k, 0))                                     # (A*K, t) their probs
     prev = state.first_tokens()
+    # the state's row of each prefix: a source's prefixes sit in its block of K rows in any
+    # order, and finished sources' blocks are taken by the last running ones, so that a step
+    # moves as few cached rows as it can (_place_prefixes, _compacted); the search itself keeps
+    # its sources in order and their prefixes best first
+    slot = np.arange(b * k)
+    group = np.arange(b)                         # the block of K rows of each running source
     # per source: finished hypotheses so far, and the best one (the first of the highest score)
     n_finished = np.zeros(b, dtype=np.int64)
     best_norm = np.full(b, -np.inf)
@@ -202,7 +222,8 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
         a = len(active)
         # each row's 2K best continuations, then each source's 2K best of its K rows' (ties:
         # the lower row, then the lower id, as in one list of the source's K*V continuations)
-        ids, logp = _step_top(state, prev, 2 * k, scores)                # (A*K, 2K) each
+        ids, logp = _step_top(state, _in_rows(prev, slot), 2 * k, _in_rows(scores, slot))
+        ids, logp = ids[slot], logp[slot]                                # (A*K, 2K) each
         n_top = ids.shape[1]
         cand = (scores[:, None] + logp).reshape(a, k * n_top)            # (A, K*2K)
         beam = np.repeat(np.arange(k), n_top)                            # (K*2K,) row in source
@@ -252,8 +273,15 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
             rows = np.flatnonzero(np.repeat(~done, k))                   # (A'*K,)
             new_rows, scores, new_tok = new_rows[rows], scores[rows], new_tok[rows]
             seqs, seq_probs = seqs[rows], seq_probs[rows]
-            active = active[~done]
-        state.reorder(new_rows)
+            kept = np.zeros(len(done), dtype=bool)
+            kept[group] = ~done                  # by block of the state
+            blocks = _compacted(kept)            # the old block of each new one
+            moved_to = np.empty(len(kept), dtype=np.int64)
+            moved_to[blocks] = np.arange(len(blocks))
+            active, group = active[~done], moved_to[group[~done]]
+        parents = slot[new_rows]                         # the state's rows of the new prefixes'
+        slot = _place_prefixes(parents, group, k)
+        state.reorder(_in_rows(parents, slot))
         prev = new_tok
 
     hyps = [None if best[s] is None else
@@ -265,6 +293,38 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
             hyps[s] = Hypothesis(ids=seqs[row].tolist(), probs=seq_probs[row].tolist(),
                                  score=float(scores[row]), finished=False)
     return hyps
+
+
+def _in_rows(x, slot):
+    """Per-prefix values ``x`` (R,) put in the state's row order: out[slot[i]] = x[i]."""
+    out = np.empty_like(x)
+    out[slot] = x
+    return out
+
+
+def _place_prefixes(parents, group, k):
+    """The state's row of each new prefix, given the state's row of each one's parent (R,),
+    R = sources * K, each source's K prefixes best first and their parents among its K rows,
+    and the block of K rows each source (A,) takes now (``group``: a source whose block is
+    freed by finished ones moves to another).
+
+    A parent's first (best) continuation takes the parent's own row, whose cached keys and
+    values are then already in place; the other continuations take, in order, the rows whose
+    prefix had none. Every row that changes thus takes a row that stays, and the cache moves
+    only those (``KVCache.reorder``), where placing the prefixes best first moves most rows.
+    """
+    place = (parents % k).reshape(-1, k)             # (A, K) the parent's row in its source
+    a, rows = len(place), np.arange(len(place))
+    taken = np.zeros((a, k), dtype=bool)             # rows a first continuation has taken
+    first = np.zeros((a, k), dtype=bool)
+    for j in range(k):                               # prefixes best first
+        first[:, j] = ~taken[rows, place[:, j]]
+        taken[rows, place[:, j]] = True
+    later = np.argsort(first, axis=1, kind="stable")     # other continuations first, in order
+    free = np.argsort(taken, axis=1, kind="stable")      # rows no continuation took, in order
+    pair = np.arange(k) < (~first).sum(axis=1)[:, None]
+    place[np.nonzero(pair)[0], later[pair]] = free[pair]
+    return (place + (group * k)[:, None]).reshape(-1)
 
 
 def _step_top(state, prev, n, offset):

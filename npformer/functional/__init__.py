@@ -12,7 +12,7 @@ from .activation_dropout import activation_dropout_backward, activation_dropout_
 from .activations import (ACTIVATIONS, gelu_backward, gelu_forward, gelu_tanh_backward,
                           gelu_tanh_forward, relu_backward, relu_forward)
 from .attention import (attention_backward, attention_backward_into, attention_forward,
-                        merge_heads, split_heads, take_rows)
+                        merge_heads, move_rows, split_heads, take_rows)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import (embedding_backward, embedding_forward, position_embedding_backward,
                         position_embedding_forward, sinusoidal_positions)
@@ -30,7 +30,7 @@ __all__ = [
     "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
     "linear_backward", "linear_backward_accumulate",
     "linear_forward", "log_softmax",
-    "merge_heads", "padding_mask", "position_embedding_backward", "position_embedding_forward",
+    "merge_heads", "move_rows", "padding_mask", "position_embedding_backward", "position_embedding_forward",
     "relu_backward", "relu_forward", "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
 ]

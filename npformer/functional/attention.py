@@ -27,6 +27,14 @@ def take_rows(x, index, out):
     return out
 
 
+def move_rows(x, src, dst):
+    """x[dst[i]] = x[src[i]] in place for every i: the rows of a decoding cache that beam search
+    moves (no row of ``dst`` may also be in ``src``: nothing is read after it is written).
+    Returns x."""
+    x[dst] = x[src]
+    return x
+
+
 def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
     """out = dropout(softmax(q k^T / sqrt(d_k), mask)) v.
 

@@ -15,9 +15,10 @@ from .module import Module, Parameter
 class KVCache:
     """Keys and values of attention, preallocated: ``k`` (B, H, T_max, d_k), ``v`` (B, H, T_max,
     d_v), filled up to ``length``. Incremental decoding appends one position per step (a
-    language model's prompt: several at once), never copying what is already there; beam search
-    gathers rows (``reorder``) into a second pair of buffers, which then become ``k`` and ``v``
-    (the first pair is the next reorder's target: one copy per reorder, never a fresh array).
+    language model's prompt: several at once), never copying what is already there. Beam search
+    moves rows (``reorder``): in place when only some rows change and each takes a row that
+    stays, else by gathering all rows into a second pair of buffers, which then become ``k`` and
+    ``v`` (the first pair is the next such reorder's target: never a fresh array).
 
     A cache of the encoder memory (cross-attention) is filled once and never grows. The buffers
     come from ``npformer.aligned``'s pool, in sizes rounded up to a few classes, so the next
@@ -50,19 +51,29 @@ class KVCache:
         return self.v[:self.batch_size, :, :self.length]
 
     def reorder(self, index):
-        """Keep rows ``index`` (B',), in that order (a row may be repeated), gathered into the
-        spare buffers, which become ``k`` and ``v``; at most as many rows as the cache was made
-        for."""
+        """Keep rows ``index`` (B',), in that order (a row may be repeated); at most as many rows
+        as the cache was made for. Where every row that changes takes a row that stays (beam
+        search places each prefix's first continuation in its parent's row: see
+        ``npformer.decoding.search``), only the changed rows are copied, in place; otherwise
+        all rows are gathered into the spare buffers, which become ``k`` and ``v``."""
         n, t = len(index), self.length
         if n > self.k.shape[0]:
             raise ValueError(f"KVCache: {n} rows exceed the {self.k.shape[0]} it holds")
-        if n == self.batch_size and np.array_equal(index, np.arange(n)):
-            return                                                # nothing moves
+        index = np.asarray(index, dtype=np.int64)
+        changed = np.flatnonzero(index != np.arange(n))                 # rows that get new ones
+        src = index[changed]
+        overwritten = np.zeros(max(n, self.batch_size), dtype=bool)
+        overwritten[changed] = True
+        if not overwritten[src].any():               # no row is read after it is overwritten
+            if len(changed):
+                ops().move_rows(self.k[:, :, :t], src, changed)
+                ops().move_rows(self.v[:, :, :t], src, changed)
+            self.batch_size = n
+            return
         if self._spare is None:
             self._spare = (_cache_buffer(self.k.shape, self.k.dtype),
                            _cache_buffer(self.v.shape, self.v.dtype))
         k, v = self._spare
-        index = np.asarray(index, dtype=np.int64)
         ops().take_rows(self.k[:, :, :t], index, k[:n, :, :t])
         ops().take_rows(self.v[:, :, :t], index, v[:n, :, :t])
         self._spare, self.k, self.v = (self.k, self.v), k, v

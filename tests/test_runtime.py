@@ -120,8 +120,10 @@ def test_numba_runs_on_the_workqueue_layer_and_an_explicit_layer_wins():
     code = """
 import numba, numpy as np, npformer as nf
 K = nf.backend.load("numba")
+from npformer.kernels._jit import SERIAL_BELOW
 # work large enough for the parallel kernel (smaller runs its serial twin, see kernels/_jit.py)
-K.adam_step(*(np.ones(1 << 16, np.float32) for _ in range(4)), 1, 1e-3, 0.9, 0.98, 1e-9, 0.0, False)
+K.adam_step(*(np.ones(SERIAL_BELOW, np.float32) for _ in range(4)), 1, 1e-3, 0.9, 0.98, 1e-9, 0.0,
+            False)
 print(numba.threading_layer())
 """
     assert run_python(code)[-1] == "workqueue"

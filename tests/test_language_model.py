@@ -114,6 +114,20 @@ def test_validation_loss_is_the_mean_over_every_token_of_the_split(backend, n_va
     assert task.examples() and task.examples()[0].startswith(tok.decode(ids[:1]))
 
 
+def test_the_default_sample_fills_the_context_once():
+    """By default a validation's sample is ``context - 1`` tokens after its one-token prompt:
+    it never slides the window (which recomputes every position for each token past it)."""
+    tok = CharTokenizer.from_text(TEXT)
+    train, valid = split_ids(tok.encode(TEXT), 8)
+    decoded = []
+    spy = type("Spy", (), {"decode": lambda self, ids: decoded.append(list(ids)) or "text"})()
+    task = LanguageModelTask(train, valid, 8, 4, 0, spy, nf.data.Vocabularies.joint(tok.vocab))
+    assert task.sample_tokens == 7
+    task.evaluate(nf.GPT(len(tok), max_len=8, dtype=np.float64, **SMALL).eval())
+    assert task.examples() == ["text"] and len(decoded) == 1
+    assert len(decoded[0]) == 8 and decoded[0][0] == valid[0]          # prompt + 7 tokens
+
+
 def test_the_task_refuses_a_translation_model_and_a_context_beyond_the_model():
     task, tok = make_task(context=16)
     with pytest.raises(ValueError, match="decoder-only"):

@@ -86,7 +86,8 @@ def add_parser(sub, name):
                    metavar="N", help=f"validate, sample and checkpoint every N updates (default "
                                      f"{LM_TRAIN['eval_every_steps']})")
     t.add_argument("--sample-tokens", type=non_negative_int, default=None, metavar="N",
-                   help="tokens of the sample printed at each validation (default 200; 0: none)")
+                   help="tokens of the sample printed at each validation (default: what fits the "
+                        "context after the prompt, context - 1; 0: none)")
     t.add_argument("--seed", type=non_negative_int, default=None)
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     add_parallel_args(p)
@@ -138,7 +139,6 @@ def fill_defaults(args):
         if getattr(args, dest) is None:
             setattr(args, dest, LM_TRAIN[dest])
     args.seed = 0 if args.seed is None else args.seed
-    args.sample_tokens = 200 if args.sample_tokens is None else args.sample_tokens
 
 
 def build(args, saved=None):

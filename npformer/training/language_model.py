@@ -20,7 +20,10 @@ give the same number every time.
 
 **Samples.** After each validation the model continues the validation split's first token for
 ``sample_tokens`` tokens (temperature ``sample_temperature``, a generator seeded by ``seed``):
-``examples()`` returns the text, which the metrics log keeps beside the loss.
+``examples()`` returns the text, which the metrics log keeps beside the loss. By default the
+sample fills the context once (``context - 1`` tokens after the one-token prompt): every token
+is then one cached decoding step, where a longer sample slides its window and recomputes all
+``context`` positions for each token past it.
 """
 import os
 import zlib
@@ -77,7 +80,7 @@ class LanguageModelTask(Task):
     batch_type = LMBatch
 
     def __init__(self, train_ids, valid_ids, context, batch_size=64, seed=0, tokenizer=None,
-                 vocabs=None, sample_tokens=200, sample_temperature=0.8):
+                 vocabs=None, sample_tokens=None, sample_temperature=0.8):
         """``tokenizer`` (``encode``/``decode``; optional) turns samples into text; ``vocabs``
         (a ``Vocabularies``, or None for a tokenizer of its own such as GPT-2's) is saved in
         every checkpoint."""
@@ -90,7 +93,8 @@ class LanguageModelTask(Task):
                              f"tokens, got {len(self.train_ids)}")
         self.has_validation = len(self.valid_ids) >= 2
         self.tokenizer, self.vocabs = tokenizer, vocabs
-        self.sample_tokens = check_int("sample_tokens", sample_tokens, minimum=0)
+        self.sample_tokens = (self.context - 1 if sample_tokens is None
+                              else check_int("sample_tokens", sample_tokens, minimum=0))
         self.sample_temperature = check_real("sample_temperature", sample_temperature, minimum=0,
                                              min_open=True)
         self._epoch, self._done, self._sample = 0, 0, None
@@ -260,7 +264,7 @@ def _initial_model(init_from):
 
 
 def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=None,
-               init_from=None, sample_tokens=200, extra=None, saved=None):
+               init_from=None, sample_tokens=None, extra=None, saved=None):
     """The recipe's ``(Trainer, LMData)``: a character-level GPT of ``LM_MODEL`` (overridden by
     ``model_kwargs``) on the text of ``text_file``, trained as ``LM_TRAIN`` says (overridden by
     ``train_kwargs``). ``init_from`` fine-tunes a GPT-2 folder or an npformer GPT checkpoint

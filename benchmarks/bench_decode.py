@@ -9,8 +9,9 @@ sentences, cores and batches, in one run.
 The checkpoint is exported to CTranslate2 (``npformer.ct2``) into a temporary folder, once per
 quantization. Each engine then runs in its own subprocess (so one engine's threads never wait
 on the cores while another runs), translating the whole split as ``npformer eval`` does (the
-same tokenisation, batches of 200 sentences sorted by length) ``--repeats`` times after one
-warm-up pass; the table gives the median seconds, output tokens per second, the ratio to
+same tokenisation, the sentences sorted by length in ``Translator``'s batches by tokens: both
+engines get the same batches) ``--repeats`` times after one warm-up pass; the table gives
+the median seconds, output tokens per second, the ratio to
 CTranslate2 float32 in the same run, and whether greedy output is token for token npformer's.
 
 Cores: the workers inherit this process's CPU affinity; ``--cores N`` pins them to the first N
@@ -37,7 +38,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 CHECKPOINT = SHARED / "checkpoints" / "m30k-de-en" / "averaged"
 DATA = SHARED / "data" / "multi30k"
-BATCH = 200                                     # npformer eval's batch
 sys.path.insert(0, str(ROOT))
 
 
@@ -69,7 +69,7 @@ def worker(args):
     pipeline = text_pipeline(loaded, settings)
     sources = [s for s, _ in load_split(args.data_dir, args.split, settings["src_lang"],
                                         settings["tgt_lang"])]
-    translator = make_translator(loaded, pipeline.tokenize, pipeline.tokenised_text, BATCH)
+    translator = make_translator(loaded, pipeline.tokenize, pipeline.tokenised_text)
     warnings.filterwarnings("ignore", message=".*unknown words mapped to <unk>")   # as eval does
     out = {}
     for name in args.methods:
@@ -103,7 +103,7 @@ def toy_seconds(checkpoint, repeats):
     loaded = load_model_checkpoint(checkpoint)
     corpus = generate_toy_corpus(seed=1, n_train=1000)
     sentences = [zh for zh, _ in corpus.train][:1000]
-    translator = translator_for(loaded, batch_size=BATCH)
+    translator = translator_for(loaded)
     translator.translate(sentences)
     seconds = []
     for _ in range(repeats):

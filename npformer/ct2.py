@@ -262,7 +262,7 @@ class ExportedModel:
     meta: dict
     path: str
 
-    def translator(self, tokenize, detokenize, batch_size=200):
+    def translator(self, tokenize, detokenize, batch_size=None):
         """A ``CT2Translator`` of this model (what ``make_translator`` asks for)."""
         return CT2Translator(self.model, self.vocabs, tokenize, detokenize, batch_size)
 
@@ -335,7 +335,7 @@ class CT2Translator(Translator):
     translations carry no per-token ``probs``: CTranslate2's keep ``<pad>`` and ``<bos>`` in the
     softmax, so they would not be npformer's."""
 
-    def __init__(self, model, vocabs, tokenize, detokenize, batch_size=500):
+    def __init__(self, model, vocabs, tokenize, detokenize, batch_size=None):
         super().__init__(model, vocabs, tokenize, detokenize, batch_size)
         self._src_tokens = ct2_tokens(vocabs.src)
         self._tgt_ids = {t: i for i, t in enumerate(ct2_tokens(vocabs.tgt))}

@@ -178,6 +178,35 @@ def test_translator_too_long_errors_or_truncates_with_warning():
     assert out[0].truncated
 
 
+@pytest.mark.parametrize("max_tokens, batch_size, beams, want", [
+    (12, None, 1, [[0, 1, 2, 3], [4, 5, 6], [7, 8], [9]]),   # rows x longest <= 12
+    (12, 2, 1, [[0, 1], [2, 3], [4, 5], [6, 7], [8], [9]]),  # and at most 2 sentences
+    (12, None, 2, [[0, 1], [2, 3], [4], [5], [6], [7], [8], [9]]),   # a sentence is 2 rows
+    (1, None, 1, [[i] for i in range(10)])])                 # one sentence at least
+def test_translator_batches_by_rows_times_the_longest_source(max_tokens, batch_size, beams,
+                                                             want):
+    tr = toy_translator()
+    tr = Translator(tr.model, tr.vocabs, batch_size=batch_size, max_tokens=max_tokens)
+    lengths = [1, 2, 3, 3, 4, 4, 4, 5, 6, 13]
+    assert [list(b) for b in tr.batches(lengths, beams)] == want
+
+
+def test_translations_do_not_depend_on_the_batches():
+    tr = toy_translator()
+    rng = np.random.default_rng(3)
+    lines = [" ".join(f"s{i}" for i in rng.integers(0, V_SRC - 4, rng.integers(1, 9)))
+             for _ in range(30)]
+    # (an output that never ends runs to the capacity, which follows the batch's longest source
+    # unless max_new_tokens fixes it)
+    one_batch = [r.tokens for r in tr.translate(lines, method="beam", beam_size=3,
+                                                max_new_tokens=6)]
+    small = Translator(tr.model, tr.vocabs, max_tokens=20)
+    assert [r.tokens for r in small.translate(lines, method="beam", beam_size=3,
+                                              max_new_tokens=6)] == one_batch
+    with pytest.raises(ValueError, match="max_tokens: expected a positive integer, got 0"):
+        Translator(tr.model, tr.vocabs, max_tokens=0)
+
+
 def test_translator_rejects_mismatched_vocab_and_method():
     tr = toy_translator()
     with pytest.raises(ValueError, match="tgt vocabulary has 5 tokens but the model's "

@@ -128,7 +128,7 @@ def run(args):
         raise ValueError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
     if not src:
         raise ValueError(f"--src {args.src}: no sentences")
-    translator = make_translator(loaded, whitespace_tokenize, " ".join, batch_size=500)
+    translator = make_translator(loaded, whitespace_tokenize, " ".join)
     hyps = [t.text for t in translator.translate(
         src, method="beam" if args.beam else "greedy", beam_size=args.beam or 4,
         length_penalty=beam_length_penalty(args), truncate=args.truncate)]

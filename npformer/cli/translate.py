@@ -39,8 +39,9 @@ def add_parser(sub, name):
     p.add_argument("--trace", action="store_true", help="print every chosen token and its probability")
     p.add_argument("--truncate", action="store_true",
                    help="cut sentences longer than the model's max_len (with a warning) instead of failing")
-    p.add_argument("--batch-size", type=positive_int, default=500,
-                   help="sentences decoded together (default %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="at most N sentences decoded together (default: batches of about "
+                        "16,384 source tokens, beams counted)")
     p.add_argument("--time", action="store_true", help="report decoding time on stderr")
     add_engine_arg(p)
     add_text_args(p)

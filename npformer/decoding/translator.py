@@ -19,6 +19,7 @@ from ..validation import check_int
 from .search import LENGTH_PENALTY, beam_search, check_beam_size, greedy_search, sample_search
 
 METHODS = ("greedy", "beam", "sample")
+MAX_TOKENS = 16384          # a batch's rows (sentences x beams) x its longest source, at most
 
 
 @dataclass
@@ -38,19 +39,25 @@ def whitespace_tokenize(text):
 
 class Translator:
     """Wraps a trained model and its vocabularies (``npformer.data.vocab.Vocabularies``: a
-    source and a target vocabulary, or one joint vocabulary)."""
+    source and a target vocabulary, or one joint vocabulary).
+
+    Sentences are sorted by length and batched by tokens: a batch takes the next sentences
+    while its rows (sentences, times the beams of a beam search) times its longest source stay
+    within ``max_tokens``, and at most ``batch_size`` sentences (None: no such limit). Short
+    sentences thus go in large batches, whose products use the cores better, and long ones in
+    smaller batches, so a batch's decoder caches stay about the same size."""
 
     def __init__(self, model, vocabs, tokenize=whitespace_tokenize, detokenize=" ".join,
-                 batch_size=500):
+                 batch_size=None, max_tokens=MAX_TOKENS):
         if getattr(model.config, "arch", None) != "transformer":
             raise ValueError(f"model: translation needs an encoder-decoder ('transformer'), got "
                              f"a {getattr(model.config, 'arch', type(model).__name__)!r} model "
                              f"(a language model continues text: npformer sample)")
         Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+        self.batch_size = check_int("batch_size", batch_size, allow_none=True)
+        self.max_tokens = check_int("max_tokens", max_tokens)
         self.model, self.vocabs = model, vocabs
-        self.tokenize, self.detokenize, self.batch_size = tokenize, detokenize, batch_size
+        self.tokenize, self.detokenize = tokenize, detokenize
 
     def encode_sources(self, sentences, truncate=False):
         """Token ids per sentence, plus the unknown words and a truncation flag of each."""
@@ -98,8 +105,8 @@ class Translator:
                 raise ValueError(f"max_new_tokens: expected at most the model's "
                                  f"max_len={self.model.max_len}, got {max_new_tokens}")
         pad = self.vocabs.src.pad_id
-        for start in range(0, len(todo), self.batch_size):
-            chunk = todo[start:start + self.batch_size]
+        for chunk in self.batches([len(encoded[i][0]) for i in todo], beams):
+            chunk = [todo[j] for j in chunk]
             width = max(len(encoded[i][0]) for i in chunk)
             src = np.full((len(chunk), width), pad, dtype=np.int64)    # (B, S)
             for row, i in enumerate(chunk):
@@ -113,6 +120,22 @@ class Translator:
                 r.probs, r.finished = hyp.probs, hyp.finished
                 r.text = self.detokenize(self.vocabs.tgt.decode(hyp.ids))      # <pad>/<bos> dropped
         return results
+
+    def batches(self, lengths, beams=1):
+        """Consecutive runs of the positions of ``lengths`` (sentences sorted by length), one
+        per batch: each as long as its rows (``beams`` a sentence) times its longest length
+        stay within ``max_tokens`` (one sentence at least) and it holds at most
+        ``batch_size``."""
+        start, longest = 0, 0
+        for j, n in enumerate(lengths):
+            longest = max(longest, n)
+            count = j - start + 1
+            if count > 1 and (count * beams * longest > self.max_tokens
+                              or (self.batch_size is not None and count > self.batch_size)):
+                yield range(start, j)
+                start, longest = j, n
+        if start < len(lengths):
+            yield range(start, len(lengths))
 
 
     def search(self, src, method, beam_size, length_penalty, temperature, top_k, rng,

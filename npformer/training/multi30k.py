@@ -352,16 +352,17 @@ def text_pipeline(loaded, settings=None):
     return TextPipeline(settings or checkpoint_text_settings(loaded), checkpoint_subword(loaded))
 
 
-def make_translator(loaded, tokenize, detokenize, batch_size=200):
+def make_translator(loaded, tokenize, detokenize, batch_size=None):
     """The ``Translator`` of a loaded checkpoint, or of a CTranslate2 export read back
-    (``npformer.ct2.load_exported``: its batches run in CTranslate2)."""
+    (``npformer.ct2.load_exported``: its batches run in CTranslate2). Batches by tokens, of at
+    most ``batch_size`` sentences (None: no such limit; see ``Translator``)."""
     make = getattr(loaded, "translator", None)
     if make is not None:
         return make(tokenize, detokenize, batch_size=batch_size)
     return Translator(loaded.model, loaded.vocabs, tokenize, detokenize, batch_size=batch_size)
 
 
-def translator_for(loaded, batch_size=200, settings=None):
+def translator_for(loaded, batch_size=None, settings=None):
     """A ``Translator`` that tokenises and detokenises as the checkpoint's run did (or as
     ``settings``, from ``text_settings_for``, say)."""
     if not is_multi30k(loaded):                   # toy / files runs: whitespace-tokenised text

@@ -12,8 +12,9 @@ by the shape, so the count changes the speed, never the bits.
 Small work runs serially: starting a parallel region (waking the ``workqueue`` layer's
 sleeping threads and waiting for the last) costs 100-200 microseconds, about what one core
 spends on ``SERIAL_BELOW`` elements of a row-wise kernel (LayerNorm, an activation, a row
-copy), so below that size no number of cores can make the region pay. There (a decoding step's
-rows, a small model's) the same code compiled without ``parallel`` runs on the calling thread. The choice depends on the shape alone (never on the cores), so a given
+copy), so below that size no number of cores can make the region pay. There (a decoding step
+of a few hundred rows, a small model's) the same code compiled without ``parallel`` runs on
+the calling thread. The choice depends on the shape alone (never on the cores), so a given
 call takes the same twin in every run on every machine, and its bits are as reproducible as
 before. The twins run the same loop body over the same rows, but LLVM may vectorise a row's
 sums differently in each, so they agree to rounding, not always to the bit

@@ -12,6 +12,7 @@ from npformer import functional as F
 from npformer.data.vocab import Vocab, Vocabularies
 from npformer.decoding.search import (Hypothesis, _compacted, _place_prefixes, beam_search,
                                       greedy_search, length_penalty_gnmt, sample_search)
+from npformer.decoding import translator as translator_module
 from npformer.decoding.translator import Translator, format_trace
 
 V_SRC, V_TGT = 13, 11
@@ -189,6 +190,13 @@ def test_translator_batches_by_rows_times_the_longest_source(max_tokens, batch_s
     tr = Translator(tr.model, tr.vocabs, batch_size=batch_size, max_tokens=max_tokens)
     lengths = [1, 2, 3, 3, 4, 4, 4, 5, 6, 13]
     assert [list(b) for b in tr.batches(lengths, beams)] == want
+
+
+def test_translator_batches_hold_at_most_max_rows(monkeypatch):
+    monkeypatch.setattr(translator_module, "MAX_ROWS", 4)
+    tr = toy_translator()
+    assert [list(b) for b in tr.batches([1] * 9)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    assert [list(b) for b in tr.batches([1] * 5, beams=2)] == [[0, 1], [2, 3], [4]]
 
 
 def test_translations_do_not_depend_on_the_batches():
@@ -420,7 +428,7 @@ def test_array_beam_search_equals_the_per_hypothesis_one_on_models(seed, beams, 
     same_hypotheses(beam_decode(model, src, beams, alpha, max_new_tokens=9), want)
 
 
-# -- where prefixes sit in the state ----------------------------------------------------------------
+# -- where prefixes sit in the state ---------------------------------------------------------------
 
 @given(seed=st.integers(0, 10_000), k=st.integers(1, 6), sources=st.integers(1, 6))
 @settings(max_examples=50, deadline=None)

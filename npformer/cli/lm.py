@@ -86,8 +86,8 @@ def add_parser(sub, name):
                    metavar="N", help=f"validate, sample and checkpoint every N updates (default "
                                      f"{LM_TRAIN['eval_every_steps']})")
     t.add_argument("--sample-tokens", type=non_negative_int, default=None, metavar="N",
-                   help="tokens of the sample printed at each validation (default: what fits the "
-                        "context after the prompt, context - 1; 0: none)")
+                   help="tokens of the sample printed at each validation (default 200, at most "
+                        "context - 1: a sample that fits the context; 0: none)")
     t.add_argument("--seed", type=non_negative_int, default=None)
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     add_parallel_args(p)
@@ -162,6 +162,7 @@ def build(args, saved=None):
                                sample_tokens=args.sample_tokens, extra=_recorded(args),
                                saved=saved)
     args.context = trainer.extra["options"]["context"] = trainer.task.context   # as used
+    args.sample_tokens = trainer.extra["options"]["sample_tokens"] = trainer.task.sample_tokens
     model = trainer.model
     print(f"{args.data}: {len(data.train) + len(data.valid):,} tokens ({len(data.train):,} "
           f"training, {len(data.valid):,} validation), a vocabulary of {len(data.tokenizer):,}; "

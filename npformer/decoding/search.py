@@ -54,8 +54,8 @@ def _generate(state, next_tokens, max_new_tokens, in_order=False):
     """Shared loop of greedy and sampling: ``next_tokens(state, prev (R,)) -> ids (R,), their
     log-probabilities (R,)`` runs one step of the state and chooses. Finished sources leave the
     state's batch; the last running ones take their rows (:func:`_compacted`), unless
-    ``in_order`` (sampling: each row draws its own random numbers, so sources keep their
-    order and a source's draws do not depend on which others have finished)."""
+    ``in_order`` (sampling: the rows draw from one random stream in row order, so sources keep
+    their order and a seeded run samples what it sampled before rows were moved this way)."""
     if state.beams != 1:
         raise ValueError(f"state: expected one row per source for greedy or sampling, got "
                          f"beams={state.beams}")

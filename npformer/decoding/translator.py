@@ -20,6 +20,7 @@ from .search import LENGTH_PENALTY, beam_search, check_beam_size, greedy_search,
 
 METHODS = ("greedy", "beam", "sample")
 MAX_TOKENS = 16384          # a batch's rows (sentences x beams) x its longest source, at most
+MAX_ROWS = 2048             # ... and its rows, at most (each step writes a (rows, V) array)
 
 
 @dataclass
@@ -43,9 +44,10 @@ class Translator:
 
     Sentences are sorted by length and batched by tokens: a batch takes the next sentences
     while its rows (sentences, times the beams of a beam search) times its longest source stay
-    within ``max_tokens``, and at most ``batch_size`` sentences (None: no such limit). Short
-    sentences thus go in large batches, whose products use the cores better, and long ones in
-    smaller batches, so a batch's decoder caches stay about the same size."""
+    within ``max_tokens``, its rows within ``MAX_ROWS`` (every step writes a row of logits over
+    the target vocabulary for each), and at most ``batch_size`` sentences (None: no such
+    limit). Short sentences thus go in large batches, whose products use the cores better, and
+    long ones in smaller batches, so a batch's decoder caches stay about the same size."""
 
     def __init__(self, model, vocabs, tokenize=whitespace_tokenize, detokenize=" ".join,
                  batch_size=None, max_tokens=MAX_TOKENS):
@@ -123,20 +125,20 @@ class Translator:
 
     def batches(self, lengths, beams=1):
         """Consecutive runs of the positions of ``lengths`` (sentences sorted by length), one
-        per batch: each as long as its rows (``beams`` a sentence) times its longest length
-        stay within ``max_tokens`` (one sentence at least) and it holds at most
-        ``batch_size``."""
+        per batch: each as long as its rows (``beams`` a sentence) stay within ``MAX_ROWS`` and,
+        times its longest length, within ``max_tokens`` (one sentence at least), and it holds
+        at most ``batch_size``."""
         start, longest = 0, 0
         for j, n in enumerate(lengths):
             longest = max(longest, n)
             count = j - start + 1
             if count > 1 and (count * beams * longest > self.max_tokens
+                              or count * beams > MAX_ROWS
                               or (self.batch_size is not None and count > self.batch_size)):
                 yield range(start, j)
                 start, longest = j, n
         if start < len(lengths):
             yield range(start, len(lengths))
-
 
     def search(self, src, method, beam_size, length_penalty, temperature, top_k, rng,
                max_new_tokens):

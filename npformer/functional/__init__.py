@@ -30,7 +30,8 @@ __all__ = [
     "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
     "linear_backward", "linear_backward_accumulate",
     "linear_forward", "log_softmax",
-    "merge_heads", "move_rows", "padding_mask", "position_embedding_backward", "position_embedding_forward",
+    "merge_heads", "move_rows", "padding_mask", "position_embedding_backward",
+    "position_embedding_forward",
     "relu_backward", "relu_forward", "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
 ]

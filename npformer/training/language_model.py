@@ -20,10 +20,11 @@ give the same number every time.
 
 **Samples.** After each validation the model continues the validation split's first token for
 ``sample_tokens`` tokens (temperature ``sample_temperature``, a generator seeded by ``seed``):
-``examples()`` returns the text, which the metrics log keeps beside the loss. By default the
-sample fills the context once (``context - 1`` tokens after the one-token prompt): every token
-is then one cached decoding step, where a longer sample slides its window and recomputes all
-``context`` positions for each token past it.
+``examples()`` returns the text, which the metrics log keeps beside the loss. By default it is
+``SAMPLE_TOKENS`` tokens, fewer where the prompt and the sample would not fit the context
+(``context - 1`` after the one-token prompt): every token is then one cached decoding step,
+where a sample past the context slides its window and recomputes every position of it for
+each token.
 """
 import os
 import zlib
@@ -46,6 +47,7 @@ from .trainer import TrainConfig, Trainer
 
 VALID_FRACTION = 0.1                 # the last tenth of the text, as nanoGPT's shakespeare_char
 EVAL_LOGITS = 1 << 25               # logits (rows x positions x vocabulary) per validation batch
+SAMPLE_TOKENS = 200                 # a validation's sample at most, by default
 
 
 class LMBatch(NamedTuple):
@@ -93,7 +95,7 @@ class LanguageModelTask(Task):
                              f"tokens, got {len(self.train_ids)}")
         self.has_validation = len(self.valid_ids) >= 2
         self.tokenizer, self.vocabs = tokenizer, vocabs
-        self.sample_tokens = (self.context - 1 if sample_tokens is None
+        self.sample_tokens = (min(SAMPLE_TOKENS, self.context - 1) if sample_tokens is None
                               else check_int("sample_tokens", sample_tokens, minimum=0))
         self.sample_temperature = check_real("sample_temperature", sample_temperature, minimum=0,
                                              min_open=True)

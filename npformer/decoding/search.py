@@ -211,7 +211,6 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
     # moves as few cached rows as it can (_place_prefixes, _compacted); the search itself keeps
     # its sources in order and their prefixes best first
     slot = np.arange(b * k)
-    group = np.arange(b)                         # the block of K rows of each running source
     # per source: finished hypotheses so far, and the best one (the first of the highest score)
     n_finished = np.zeros(b, dtype=np.int64)
     best_norm = np.full(b, -np.inf)
@@ -269,11 +268,12 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
         if done.all():
             active = active[:0]
             break
+        group = slot[::k] // k                   # the block of K rows of each source
         if done.any():                           # drop finished sentences from the batch
             rows = np.flatnonzero(np.repeat(~done, k))                   # (A'*K,)
             new_rows, scores, new_tok = new_rows[rows], scores[rows], new_tok[rows]
             seqs, seq_probs = seqs[rows], seq_probs[rows]
-            kept = np.zeros(len(done), dtype=bool)
+            kept = np.zeros(len(done), dtype=bool)   # their blocks go to the last running ones
             kept[group] = ~done                  # by block of the state
             blocks = _compacted(kept)            # the old block of each new one
             moved_to = np.empty(len(kept), dtype=np.int64)

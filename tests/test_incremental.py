@@ -89,6 +89,55 @@ def test_beam_rows_decode_as_their_source_decoded_alone():
         np.testing.assert_allclose(logp[row], solo_logp[0], rtol=1e-10, atol=1e-10)
 
 
+def test_a_first_step_of_equal_tokens_runs_one_row_per_source_and_repeats_it(backend):
+    """Beam search's first step gives every beam of a source ``<bos>``: the state computes one
+    row per source and copies its result and cached keys and values to the other beams, which
+    is what each beam row computes on its own. Different tokens within a source run in full."""
+    model = make_model(seed=4)
+    src = sources(np.random.default_rng(4), 3, 5)
+    beams = model.decoder_state(src, bos_id=1, eos_id=2, beams=4)
+    solo = model.decoder_state(src, bos_id=1, eos_id=2)
+    rows, decoder_step = [], model.decoder.step
+    model.decoder.step = lambda x, *args: rows.append(len(x)) or decoder_step(x, *args)
+    logp = beams.step(beams.first_tokens())                            # (12, V)
+    assert rows == [3]                                                 # one row per source
+    np.testing.assert_allclose(logp, np.repeat(solo.step(solo.first_tokens()), 4, axis=0),
+                               rtol=1e-12, atol=1e-12)
+    assert beams.batch_size == 12 and beams.length == 1
+    for wide, narrow in zip(beams.caches, solo.caches):
+        np.testing.assert_array_equal(wide.keys(), np.repeat(narrow.keys(), 4, axis=0))
+        np.testing.assert_array_equal(wide.values(), np.repeat(narrow.values(), 4, axis=0))
+    tokens = np.array([3, 4, 5, 6] * 3)                                # rows now differ
+    step = beams.step(tokens)
+    assert rows[-1] == 12                                              # in full
+    for row in (0, 5, 11):
+        alone = model.decoder_state(src[[row // 4]], bos_id=1, eos_id=2)
+        alone.step(np.array([1]))
+        np.testing.assert_allclose(step[row], alone.step(tokens[[row]])[0], rtol=1e-10,
+                                   atol=1e-10)
+    mixed = model.decoder_state(src, bos_id=1, eos_id=2, beams=2)
+    first = np.array([1, 3, 1, 1, 4, 1])                               # a source's rows differ
+    logp = mixed.step(first)
+    for row in range(6):
+        alone = model.decoder_state(src[[row // 2]], bos_id=1, eos_id=2)
+        np.testing.assert_allclose(logp[row], alone.step(first[[row]])[0], rtol=1e-10,
+                                   atol=1e-10)
+
+
+def test_kv_cache_repeat_rows_spreads_each_row_over_consecutive_rows(backend):
+    cache = KVCache(6, 2, 3, 2, 3, np.float64)
+    cache.batch_size = 2
+    cache.append(np.arange(2.0)[:, None, None, None] + np.zeros((2, 2, 1, 2)),
+                 -np.arange(2.0)[:, None, None, None] + np.zeros((2, 2, 1, 3)))
+    k = cache.k
+    cache.repeat_rows(3)
+    assert cache.k is k and cache.batch_size == 6 and cache.length == 1
+    np.testing.assert_array_equal(cache.keys()[:, 0, 0, 0], [0, 0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(cache.values()[:, 1, 0, 2], [0, 0, 0, -1, -1, -1])
+    with pytest.raises(ValueError, match="KVCache: 12 rows exceed the 6 it holds"):
+        cache.repeat_rows(2)
+
+
 def test_kv_cache_grows_in_place_and_gathers_rows_between_two_buffers(backend):
     cache = KVCache(3, 2, 4, 5, 6, np.float64)
     k, v = cache.k, cache.v

@@ -50,6 +50,18 @@ class KVCache:
     def values(self):
         return self.v[:self.batch_size, :, :self.length]
 
+    def repeat_rows(self, times):
+        """Each row becomes ``times`` consecutive rows, in place: row i of the B rows is then
+        rows i * times ... (i + 1) * times - 1 of the B * times (np.repeat along the rows)."""
+        n, t = self.batch_size, self.length
+        if n * times > self.k.shape[0]:
+            raise ValueError(f"KVCache: {n * times} rows exceed the {self.k.shape[0]} it holds")
+        for buf in (self.k, self.v):
+            rows = buf[:n, :, :t].copy()                 # the rows overlap their destinations
+            for j in range(times):
+                buf[j:n * times:times, :, :t] = rows
+        self.batch_size = n * times
+
     def reorder(self, index):
         """Keep rows ``index`` (B',), in that order (a row may be repeated); at most as many rows
         as the cache was made for. Where every row that changes takes a row that stays (beam

@@ -228,14 +228,29 @@ class TranslationState(CachedState):
 
     def _logits(self, tokens):
         """The decoder and generator one position on: (R,) tokens -> logits (R, V) in the
-        model's dtype, ``<pad>`` and ``<bos>`` at -inf (never a next token)."""
-        model, tokens = self.model, self.check_step(tokens)
+        model's dtype, ``<pad>`` and ``<bos>`` at -inf (never a next token).
+
+        A first step that gives a source's ``beams`` rows one token (beam search's ``<bos>``)
+        computes one row per source: its rows would be the same, so the result and its cached
+        keys and values are repeated to the source's other rows (a beam search's first step
+        thus costs what greedy's does)."""
+        model, tokens, beams = self.model, self.check_step(tokens), self.beams
+        shared = (self.length == 0 and beams > 1
+                  and bool((tokens.reshape(-1, beams) == tokens[::beams, None]).all()))
+        if shared:
+            tokens = tokens[::beams]                                     # (R / beams,)
+            for cache in self.caches:
+                cache.batch_size = len(tokens)
         with model.evaluating(), runtime.blas_scope():   # one BLAS setting for the whole step
             x = model.embed(model.tgt_embed, model.tgt_dropout, tokens[:, None].astype(np.int64),
                             start=self.length)                           # (R, 1, D)
             h = model.decoder.step(x, self.caches, self.memory_caches, self.src_mask)
             logits = model.generator.forward(h)[:, 0]                    # (R, V)
         logits[:, [model.pad_id, self.bos_id]] = -np.inf
+        if shared:
+            for cache in self.caches:
+                cache.repeat_rows(beams)
+            logits = np.repeat(logits, beams, axis=0)
         return logits
 
     def reorder(self, index):

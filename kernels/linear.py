@@ -23,9 +23,7 @@ def _buffer(shape, dtype):
 def linear_forward(x, w, b=None):
     """y = x @ w.T + b. Shape: x (..., D_in), w (D_out, D_in), b (D_out,) or None -> (..., D_out)."""
     x2 = x.reshape(-1, x.shape[-1])                  # (N, D_in)
-    y = matmul(x2, w.T)                              # (N, D_out)
-    if b is not None:
-        y += b
+    y = matmul(x2, w.T, bias=b)                      # (N, D_out), b added cell by cell
     return y.reshape(*x.shape[:-1], w.shape[0]), (x2, x.shape, w)
 
 

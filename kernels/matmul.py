@@ -220,12 +220,12 @@ def _numba_blocked(a, b, out):
     return run_blocked(a, b, out)
 
 
-def _numba_blocked_parts(a, b, out):
+def _numba_blocked_parts(a, b, out, bias=None):
     """The blocked kernel with the rows of a 2-D product split between the runtime's worker
     threads. Each row of the result is computed the same way whichever part holds it, so the
-    bits do not depend on the number of parts."""
+    bits do not depend on the number of parts. ``bias`` as :func:`matmul`'s."""
     if a.ndim != 2 or not _blocked_offered(a, b) or runtime.workers() < 2 or a.shape[0] < 64:
-        return _numba_blocked(a, b, out)
+        return _add_bias(_numba_blocked(a, b, out), bias)
     b = _aligned_rows(b)
     if out is None or (out.shape[-1] > 1 and out.strides[-1] != out.itemsize):
         target = empty_aligned((a.shape[0], b.shape[1]), a.dtype)
@@ -234,8 +234,9 @@ def _numba_blocked_parts(a, b, out):
     m = a.shape[0]
     n = min(runtime.workers(), m // 32)
     bounds = [m * i // n for i in range(n + 1)]
-    runtime.run_parts(lambda i: run_blocked(a[bounds[i]:bounds[i + 1]], b,
-                                            target[bounds[i]:bounds[i + 1]]), range(n))
+    runtime.run_parts(lambda i: _add_bias(run_blocked(a[bounds[i]:bounds[i + 1]], b,
+                                                      target[bounds[i]:bounds[i + 1]]), bias),
+                      range(n))
     if out is not None and target is not out:
         out[...] = target
         return out
@@ -388,41 +389,57 @@ def product_grid(m, k, n):
     return bounds(m, pr, _ROW_ALIGN), bounds(n, pc, _COL_ALIGN)
 
 
-def _blas_cells(product, a, b, out):
+def _blas_cells(product, a, b, out, bias=None):
     """product(a, b, out) of a large 2-D product, cell by cell (:func:`product_grid`), the cells
-    shared by the runtime's workers, each by single-threaded BLAS."""
+    shared by the runtime's workers, each by single-threaded BLAS; a cell's columns of ``bias``
+    are added to it as soon as it is computed (while it is in cache)."""
     rows, cols = product_grid(a.shape[0], a.shape[1], b.shape[1])
     if len(rows) == 2 and len(cols) == 2:
         with runtime.blas_scope():
-            return product(a, b, out)
+            return _add_bias(product(a, b, out), bias)
     cells = [(r0, r1, c0, c1) for r0, r1 in zip(rows, rows[1:]) for c0, c1 in zip(cols, cols[1:])]
-    runtime.run_parts(lambda c: product(a[c[0]:c[1]], b[:, c[2]:c[3]], out[c[0]:c[1], c[2]:c[3]]),
-                      cells)
+
+    def cell(c):
+        o = out[c[0]:c[1], c[2]:c[3]]
+        product(a[c[0]:c[1]], b[:, c[2]:c[3]], o)
+        if bias is not None:
+            o += bias[c[2]:c[3]]
+    runtime.run_parts(cell, cells)
     return out
 
 
-def _run_main(name, a, b, out):
+def _add_bias(out, bias):
+    """out += bias (None: nothing); returns out."""
+    if bias is not None:
+        out += bias
+    return out
+
+
+def _run_main(name, a, b, out, bias=None):
     """A product on the calling thread's behalf: a large 2-D one in cells fixed by its shape
     (BLAS) or in row parts (the blocked kernel) over the runtime's workers; BLAS on npformer's
-    thread count (one) in every case."""
+    thread count (one) in every case. ``bias`` as :func:`matmul`'s."""
     if a.ndim == 2 and name in ("blas", "blas-contiguous"):
-        return _blas_cells(VARIANTS[name], a, b, out)
+        return _blas_cells(VARIANTS[name], a, b, out, bias)
     with runtime.blas_scope():
         if name == "numba-blocked":
-            return _numba_blocked_parts(a, b, out)
-        return VARIANTS[name](a, b, out)
+            return _numba_blocked_parts(a, b, out, bias)
+        return _add_bias(VARIANTS[name](a, b, out), bias)
 
 
-def _run_safe(name, a, b, out):
+def _run_safe(name, a, b, out, bias=None):
     """A product inside a part of parallel work (the caller set BLAS to one thread)."""
-    return VARIANTS[name](a, b, out)
+    return _add_bias(VARIANTS[name](a, b, out), bias)
 
 
-def matmul(a, b, out=None, candidates=None):
-    """a @ b by the variant the dispatch table holds for this product's key.
+def matmul(a, b, out=None, candidates=None, bias=None):
+    """a @ b (+ bias) by the variant the dispatch table holds for this product's key.
 
     Shape: a (..., M, K), b (..., K, N) with equal leading (batch) shapes -> (..., M, N); ``out``
-    (optional) receives the result and may be a strided view. ``candidates`` limits the variants
+    (optional) receives the result and may be a strided view. ``bias`` (N,) (optional) is added
+    to every row, the same bits as adding it afterwards, but cell by cell where the product is
+    cut into cells (each cell's columns while the cell is still in cache, on the worker that
+    computed it: a linear layer's bias costs no pass of its own). ``candidates`` limits the variants
     to ``THREAD_SAFE`` ones, for code that already runs on several threads (attention's parts):
     such a call computes on the calling thread alone.
 
@@ -436,10 +453,14 @@ def matmul(a, b, out=None, candidates=None):
     if candidates is not None and not set(candidates) <= set(THREAD_SAFE):
         raise ValueError(f"matmul: candidates: expected names from {THREAD_SAFE}, got "
                          f"{candidates!r}")
+    if bias is not None and (not isinstance(bias, np.ndarray) or bias.shape != b.shape[-1:]):
+        raise ValueError(f"matmul: bias: expected an array of shape {b.shape[-1:]} (one entry "
+                         f"per column of the product), got "
+                         f"{getattr(bias, 'shape', type(bias).__name__)}")
     if a.size == 0 or b.size == 0:
-        return np.matmul(a, b, out=out)
+        return _add_bias(np.matmul(a, b, out=out), bias)
     if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
-        out[...] = matmul(a, b, candidates=candidates)
+        out[...] = matmul(a, b, candidates=candidates, bias=bias)
         return out
     key = product_key(a, b, out, candidates)
     name = runtime.dispatch_choice(key)
@@ -463,7 +484,7 @@ def matmul(a, b, out=None, candidates=None):
             name = _measure(key, a, b, out, names, run)
         runtime.remember(key, name)
         _checked.add((key, name))
-    return run(name, a, b, out)
+    return run(name, a, b, out, bias)
 
 
 def choice(a, b, out=None, candidates=None):

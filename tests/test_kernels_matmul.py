@@ -177,6 +177,34 @@ def test_large_products_give_the_same_bits_on_any_number_of_workers(shape, dtype
                                atol=TOL[dtype] * a.shape[1] * 4)
 
 
+@pytest.mark.parametrize("variant,m", [(v, m) for v in ("blas", "numba-blocked", "numba")
+                                       for m in (3, 700)] + [("numba-thin", 3)])
+def test_a_bias_added_cell_by_cell_gives_the_bits_of_adding_it_afterwards(variant, m):
+    """``matmul(..., bias=b)``: each cell of a large product gets its columns of the bias as
+    soon as it is computed; the bits are those of the product plus the bias added afterwards,
+    on any number of workers and by every variant."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((m, 96)).astype(np.float32)
+    w = rng.standard_normal((1500, 96)).astype(np.float32)
+    bias = rng.standard_normal(1500).astype(np.float32)
+    expected = M._run_main(variant, a, w.T, np.empty((m, 1500), np.float32))
+    expected += bias
+    before = runtime.policy()
+    try:
+        for workers in (1, 2, 3):
+            runtime._state["policy"] = runtime.thread_policy(workers, numba_max=1)
+            got = M._run_main(variant, a, w.T, np.empty((m, 1500), np.float32), bias)
+            np.testing.assert_array_equal(got, expected)
+    finally:
+        runtime._state["policy"] = before
+    if m == 700 and variant == "blas":
+        assert len(M.product_grid(700, 96, 1500)[1]) > 2               # several column cells
+    np.testing.assert_array_equal(M.matmul(a, w.T, bias=bias),
+                                  M.matmul(a, w.T) + bias)
+    with pytest.raises(ValueError, match=r"matmul: bias: expected an array of shape \(1500,\)"):
+        M.matmul(a, w.T, bias=bias[:-1])
+
+
 @pytest.mark.parametrize("a_shape,b_shape", [((2, 3), (4, 5)), ((2, 3, 4), (3, 4, 5)),
                                              ((2, 3, 4), (4, 5))])
 def test_mismatched_operands_are_rejected(a_shape, b_shape):

@@ -12,6 +12,7 @@ vectorisable ``_fastexp.exp32`` (rows of V ~ 6000 are long vector loops); float6
 ``math.exp``.
 """
 import math
+import threading
 
 import numpy as np
 from numba import prange
@@ -155,6 +156,16 @@ def _top_rows(x, row_max, lse, offset, ids, logp):
 
 TOP_PART_ROWS = 32               # rows per part of top_log_softmax (fixed: the bits never depend
                                  # on the parts, which only share the rows between the workers)
+_part_scratch = threading.local()    # each worker's float64 rows of a part, reused
+
+
+def _scratch_rows(rows, cols):
+    """A (rows, cols) float64 array of this thread's own, reused from call to call (a part's
+    rows are too large to come from the allocator's free lists: each would be mapped afresh)."""
+    buf = getattr(_part_scratch, "buf", None)
+    if buf is None or buf.size < rows * cols:
+        buf = _part_scratch.buf = np.empty(rows * cols)
+    return buf[:rows * cols].reshape(rows, cols)
 
 
 def top_log_softmax(logits, n, offset=None):
@@ -179,10 +190,10 @@ def top_log_softmax(logits, n, offset=None):
     def part(r0):
         rows = slice(r0, min(r0 + TOP_PART_ROWS, n_rows))
         xs = x[rows]
-        row_max = xs.max(axis=-1, keepdims=True)                       # (r, 1)
-        z = np.subtract(xs, row_max, dtype=np.float64)                 # z = x - max x, float64
+        row_max = xs.max(axis=-1, keepdims=True).astype(np.float64)    # (r, 1), exact
+        z = np.subtract(xs, row_max, out=_scratch_rows(*xs.shape))     # z = x - max x, float64
         lse = np.log(np.exp(z, out=z).sum(axis=-1))                    # (r,) log sum exp(z)
-        _top_rows(xs, row_max[:, 0].astype(np.float64), lse,
+        _top_rows(xs, row_max[:, 0], lse,
                   no_offset if offset is None else offset[rows], ids[rows], logp[rows])
     if n:
         runtime.run_parts(part, range(0, n_rows, TOP_PART_ROWS))

@@ -1,9 +1,9 @@
 """Matrix products, each by a variant fixed per product shape: BLAS through NumPy, or a Numba kernel.
 
-``matmul(a, b, out=None)`` computes ``a @ b`` for 2-D or equally-batched 3-D/4-D operands. Each
-product has a *key* (:func:`product_key`: dtype, which operands are transposed views, whether
-``out`` is a strided view, the shapes) and the dispatch table of ``npformer.runtime`` fixes one
-variant per key:
+``matmul(a, b, out=None, bias=None)`` computes ``a @ b`` (+ bias) for 2-D or equally-batched
+3-D/4-D operands. Each product has a *key* (:func:`product_key`: dtype, which operands are
+transposed views, whether ``out`` is a strided view, the shapes) and the dispatch table of
+``npformer.runtime`` fixes one variant per key:
 
 - ``"blas"``: ``np.matmul`` as given (NumPy hands each matrix to the BLAS);
 - ``"blas-contiguous"``: ``np.matmul`` after copying strided operands to contiguous ones (NumPy

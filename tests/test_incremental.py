@@ -116,8 +116,12 @@ def test_a_first_step_of_equal_tokens_runs_one_row_per_source_and_repeats_it(bac
         np.testing.assert_allclose(step[row], alone.step(tokens[[row]])[0], rtol=1e-10,
                                    atol=1e-10)
     mixed = model.decoder_state(src, bos_id=1, eos_id=2, beams=2)
-    first = np.array([1, 3, 1, 1, 4, 1])                               # a source's rows differ
+    first = np.array([1, 3, 1, 1, 4, 1])                 # sources 0 and 2: their rows differ
+    with pytest.raises(ValueError, match=r"tokens: .*\[0, 11\)"):
+        mixed.step(np.full(6, 99))                       # refused before any row is computed
+    assert mixed.batch_size == 6 and mixed.length == 0
     logp = mixed.step(first)
+    assert rows[-1] == 6                                                # in full
     for row in range(6):
         alone = model.decoder_state(src[[row // 2]], bos_id=1, eos_id=2)
         np.testing.assert_allclose(logp[row], alone.step(first[[row]])[0], rtol=1e-10,

@@ -235,21 +235,25 @@ class TranslationState(CachedState):
         keys and values are repeated to the source's other rows (a beam search's first step
         thus costs what greedy's does)."""
         model, tokens, beams = self.model, self.check_step(tokens), self.beams
+        tokens = check_token_ids("tokens", tokens[:, None], model.config.tgt_vocab_size)[:, 0]
         shared = (self.length == 0 and beams > 1
                   and bool((tokens.reshape(-1, beams) == tokens[::beams, None]).all()))
         if shared:
             tokens = tokens[::beams]                                     # (R / beams,)
             for cache in self.caches:
                 cache.batch_size = len(tokens)
-        with model.evaluating(), runtime.blas_scope():   # one BLAS setting for the whole step
-            x = model.embed(model.tgt_embed, model.tgt_dropout, tokens[:, None].astype(np.int64),
-                            start=self.length)                           # (R, 1, D)
-            h = model.decoder.step(x, self.caches, self.memory_caches, self.src_mask)
-            logits = model.generator.forward(h)[:, 0]                    # (R, V)
+        try:
+            with model.evaluating(), runtime.blas_scope():   # one BLAS setting for the step
+                x = model.embed(model.tgt_embed, model.tgt_dropout, tokens[:, None],
+                                start=self.length)                       # (R, 1, D)
+                h = model.decoder.step(x, self.caches, self.memory_caches, self.src_mask)
+                logits = model.generator.forward(h)[:, 0]                # (R, V)
+        finally:
+            if shared:                                   # the cached rows, also after a failure
+                for cache in self.caches:
+                    cache.repeat_rows(beams)
         logits[:, [model.pad_id, self.bos_id]] = -np.inf
         if shared:
-            for cache in self.caches:
-                cache.repeat_rows(beams)
             logits = np.repeat(logits, beams, axis=0)
         return logits
 

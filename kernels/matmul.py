@@ -447,7 +447,7 @@ def matmul(a, b, out=None, candidates=None, bias=None):
     calibrated table), else :func:`rule`'s; with ``npformer.runtime.set_deterministic(False)``,
     the fastest of the offered ones, timed once per key.
 
-    An ``out`` that overlaps a or b receives a copy of the product (no variant writes into memory
+    An ``out`` that overlaps a, b or the bias receives a copy of the product (no variant writes into memory
     it is still reading). Empty operands go to NumPy, which defines them (K = 0 gives zeros)."""
     check_operands(a, b, out, "matmul")
     if candidates is not None and not set(candidates) <= set(THREAD_SAFE):
@@ -459,7 +459,8 @@ def matmul(a, b, out=None, candidates=None, bias=None):
                          f"{getattr(bias, 'shape', type(bias).__name__)}")
     if a.size == 0 or b.size == 0:
         return _add_bias(np.matmul(a, b, out=out), bias)
-    if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+    if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)
+                            or (bias is not None and np.may_share_memory(out, bias))):
         out[...] = matmul(a, b, candidates=candidates, bias=bias)
         return out
     key = product_key(a, b, out, candidates)

@@ -201,6 +201,9 @@ def test_a_bias_added_cell_by_cell_gives_the_bits_of_adding_it_afterwards(varian
         assert len(M.product_grid(700, 96, 1500)[1]) > 2               # several column cells
     np.testing.assert_array_equal(M.matmul(a, w.T, bias=bias),
                                   M.matmul(a, w.T) + bias)
+    out = np.zeros((m, 1500), np.float32)
+    out[0] = bias                                      # the bias is a row that out overwrites
+    np.testing.assert_array_equal(M.matmul(a, w.T, out=out, bias=out[0]), M.matmul(a, w.T) + bias)
     with pytest.raises(ValueError, match=r"matmul: bias: expected an array of shape \(1500,\)"):
         M.matmul(a, w.T, bias=bias[:-1])
 

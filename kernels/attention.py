@@ -433,7 +433,9 @@ def move_rows(x, src, dst):
     if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= len(x)):
         raise ValueError(f"move_rows: src and dst: expected rows in [0, {len(x)}), got "
                          f"{src.min()}..{src.max()} and {dst.min()}..{dst.max()}")
-    if np.isin(dst, src).any():
+    written = np.zeros(len(x), dtype=bool)
+    written[dst] = True
+    if written[src].any():
         raise ValueError("move_rows: a row of dst is also in src (it would be read after it "
                          "is written)")
     if len(src) and x.size:

@@ -245,8 +245,7 @@ class LanguageModelState(CachedState):
         if self.slide and self.length >= self.capacity:      # the last capacity - 1 tokens
             n = self._history.shape[1]
             self._fill(self._history[:, n - (self.capacity - 1):], self.capacity)
-        tokens = self.check_step(tokens)
-        tokens = check_token_ids("tokens", tokens[:, None], self.model.config.vocab_size)
+        tokens = self.check_step(tokens, self.model.config.vocab_size)[:, None]   # (R, 1)
         self._history = np.concatenate([self._history, tokens], axis=1)
         return F.log_softmax(self._run(tokens).astype(np.float64))
 

@@ -3,6 +3,8 @@ sequences growing one position at a time over per-layer key/value caches, and th
 tokens a search feeds them."""
 import numpy as np
 
+from ..validation import check_token_ids
+
 
 class CachedState:
     """A subclass sets ``self.caches``: one self-attention ``KVCache`` per layer."""
@@ -22,8 +24,9 @@ class CachedState:
         """Rows being decoded (less those dropped by ``reorder``)."""
         return self.caches[0].batch_size
 
-    def check_step(self, tokens):
-        """``tokens`` as an integer array of one id per row, if the state has room for them."""
+    def check_step(self, tokens, vocab_size):
+        """``tokens`` as an int64 array of one id in [0, vocab_size) per row, if the state has
+        room for them (checked before any cache is touched)."""
         rows = self.batch_size
         tokens = np.asarray(tokens)
         if tokens.shape != (rows,) or not np.issubdtype(tokens.dtype, np.integer):
@@ -31,6 +34,7 @@ class CachedState:
                              f"{tokens.dtype} of shape {tokens.shape}")
         if rows == 0:
             raise ValueError("step: the state has no rows left (every one was dropped)")
+        tokens = check_token_ids("tokens", tokens[:, None], vocab_size)[:, 0]
         if self.length >= self.capacity:
             raise ValueError(f"step: the state is full ({self.capacity} positions, its "
                              f"capacity); decode fewer tokens or give a larger capacity")

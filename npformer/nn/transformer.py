@@ -234,8 +234,8 @@ class TranslationState(CachedState):
         computes one row per source: its rows would be the same, so the result and its cached
         keys and values are repeated to the source's other rows (a beam search's first step
         thus costs what greedy's does)."""
-        model, tokens, beams = self.model, self.check_step(tokens), self.beams
-        tokens = check_token_ids("tokens", tokens[:, None], model.config.tgt_vocab_size)[:, 0]
+        model, beams = self.model, self.beams
+        tokens = self.check_step(tokens, model.config.tgt_vocab_size)   # before any cache moves
         shared = (self.length == 0 and beams > 1
                   and bool((tokens.reshape(-1, beams) == tokens[::beams, None]).all()))
         if shared:

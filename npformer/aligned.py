@@ -16,6 +16,7 @@ ever shares memory with another live one. At most ``POOL_IDLE_BYTES`` of idle bu
 allocator.
 """
 import math
+import operator
 import sys
 import threading
 
@@ -75,8 +76,10 @@ def empty_aligned(shape, dtype, aligned_rows=False):
     every row (last axis) starts a cache line: rows are padded to a multiple of ALIGNMENT bytes
     and the result is a view of the unpadded part (not C-contiguous where padding was needed)."""
     dtype = np.dtype(dtype)
-    shape = tuple(map(int, shape)) if isinstance(shape, (tuple, list, np.ndarray)) \
-        else (int(shape),)
+    try:
+        shape = (operator.index(shape),)             # an int, a NumPy integer, a 0-d array
+    except TypeError:
+        shape = tuple(map(int, shape))
     per_line = ALIGNMENT // dtype.itemsize
     if aligned_rows and shape and shape[-1] % per_line:
         padded = empty_aligned(shape[:-1] + (shape[-1] + per_line - shape[-1] % per_line,), dtype)

@@ -133,14 +133,16 @@ def active():
     return _world
 
 
-def abort(code=1):
-    """End every rank of the job (after this rank printed why). Without it the other ranks
-    would wait in their next exchange for a rank that is gone."""
-    if _world is not None:
+def abort(code=1, comm=None):
+    """End every rank of the job (after this rank printed why): through ``comm``, else the
+    ``World``'s (none joined: nothing to end). Without it the other ranks would wait in their
+    next exchange for a rank that is gone."""
+    comm = comm if comm is not None else (_world.comm if _world is not None else None)
+    if comm is not None:
         sys.stdout.flush()
         sys.stderr.flush()
         time.sleep(1.0)          # the launcher forwards output asynchronously: let it reach it
-        _world.comm.Abort(code)
+        comm.Abort(code)
 
 
 def plan_shares(cpu_sets, cores):

@@ -61,3 +61,9 @@ def test_large_buffers_are_reused_only_once_nothing_references_them():
     del d, b
     A.release_pool()
     assert A._pool == []
+
+
+def test_a_shape_may_be_an_int_a_numpy_integer_a_0d_array_or_a_sequence():
+    for shape, expected in [(5, (5,)), (np.int64(3), (3,)), (np.array(4), (4,)),
+                            ([2, 3], (2, 3)), (np.array([2, 2]), (2, 2)), ((), ())]:
+        assert empty_aligned(shape, np.float32).shape == expected

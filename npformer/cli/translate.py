@@ -6,7 +6,7 @@ import numpy as np
 
 from ..data.textfile import read_lines
 from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
-from ..decoding.translator import format_trace
+from ..decoding.translator import MAX_TOKENS, format_trace
 from ..training.multi30k import translator_for
 from .common import (add_engine_arg, add_text_args, beam_length_penalty, load_translation_model,
                      non_negative_float, non_negative_int, positive_float, positive_int,
@@ -40,8 +40,8 @@ def add_parser(sub, name):
     p.add_argument("--truncate", action="store_true",
                    help="cut sentences longer than the model's max_len (with a warning) instead of failing")
     p.add_argument("--batch-size", type=positive_int, default=None,
-                   help="at most N sentences decoded together (default: batches of about "
-                        "16,384 source tokens, beams counted)")
+                   help=f"at most N sentences decoded together (default: batches of about "
+                        f"{MAX_TOKENS:,} source tokens, beams counted)")
     p.add_argument("--time", action="store_true", help="report decoding time on stderr")
     add_engine_arg(p)
     add_text_args(p)

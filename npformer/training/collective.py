@@ -9,9 +9,11 @@ step:
   every process together (the loss is normalised by it, see ``npformer.training.task``);
 * ``reduce(model, loss)``, after the backward: the gradient buffer and the update's loss summed
   over the processes (the buffer in place), and the gradient norm: ``(loss, norm)``; the loop
-  then clips by that norm and steps. Every process gets the same bits of both, so the same
-  update follows on every one, whatever CPU it runs on (clipping and Adam are element by
-  element, correctly rounded: the norm, a sum, is the one place a CPU's kernels could differ);
+  then clips by that norm and steps. Every process gets the same bits of the loss and the norm;
+  with ``--reduce ordered`` also of the buffer, so the same update follows on every one,
+  whatever CPU it runs on (clipping and Adam are element by element, correctly rounded: the
+  norm, a sum, is the one place a CPU's kernels could differ). MPI's own sum (``--reduce
+  mpi``) may give the ranks buffers that differ in their last bits;
 * ``agree(reason, check)``: every stop decision of the loop (a non-finite loss, max steps, the
   time budget, the target, early stopping) goes through here once; every process gets the
   first process's answer. ``check`` (``weights_check``: a sample of the weights' bits) must be
@@ -317,6 +319,7 @@ class MPICollective(SingleProcess):
         on standard error, then ``MPI.Abort``."""
         if isinstance(error, EveryRankError) or not self.abort_on_error:
             return
+        from ..distributed import abort
         where = f"rank {self.rank} of {self.size}"
         try:
             if isinstance(error, ValueError):
@@ -326,11 +329,8 @@ class MPICollective(SingleProcess):
                       f"rank", file=sys.stderr)
                 traceback.print_exception(type(error), error, error.__traceback__,
                                           file=sys.stderr)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            time.sleep(1.0)          # the launcher forwards output asynchronously: let it reach it
         finally:
-            self.comm.Abort(1)
+            abort(1, self.comm)
 
     def __repr__(self):
         return f"MPICollective(rank {self.rank} of {self.size}, reduce={self.mode!r})"

@@ -238,8 +238,7 @@ class Trainer:
         counts = [self._tokens(b) for b in batches]
         n_total = self.collective.total_tokens(sum(counts))
         if n_total == 0:                         # (every process sees the same n_total)
-            error = EveryRankError if self.collective.size > 1 else ValueError
-            raise error(f"task {self.task.name!r}, step {self.step + 1}: its batches hold no "
+            raise EveryRankError(f"task {self.task.name!r}, step {self.step + 1}: its batches hold no "
                         f"tokens at all (tokens() gave 0 for every one); nothing to learn from")
         model.zero_grad()
         if self.collective.size > 1:             # this process's masks: from (seed, rank, step)

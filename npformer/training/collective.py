@@ -200,7 +200,7 @@ class MPICollective(SingleProcess):
         # every rank sends its slice r to rank r; rank r receives the N copies of its slice
         self.comm.Alltoallv([buf, (counts, displs), dtype],
                             [received, ([mine] * size, [mine * j for j in range(size)]), dtype])
-        total = received[0].copy()
+        total = received[0]                      # the sum builds up in place (scratch)
         for j in range(1, size):                 # rank order, whatever order they arrived in
             total += received[j]
         self.comm.Allgatherv([total, dtype], [buf, (counts, displs), dtype])

@@ -20,7 +20,7 @@ from .gradcheck import GradcheckResult, gradcheck
 from .loss import cross_entropy
 from .nn import GPT, Transformer
 from .optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
-                    clip_grad_norm)
+                    WarmupLinearSchedule, clip_grad_norm)
 from .registry import build_model
 from .runtime import configure_runtime, set_deterministic
 
@@ -28,7 +28,7 @@ from .version import VERSION as __version__
 
 __all__ = [
     "Adam", "AdamW", "GPT", "GPTConfig", "GradcheckResult", "NoamSchedule", "Transformer", "TransformerConfig",
-    "WarmupCosineSchedule", "WarmupInverseSqrtSchedule", "build_model", "clip_grad_norm",
+    "WarmupCosineSchedule", "WarmupInverseSqrtSchedule", "WarmupLinearSchedule", "build_model", "clip_grad_norm",
     "configure_runtime", "cross_entropy", "functional", "get_backend", "gradcheck", "interop",
     "nn", "optim", "set_backend", "set_deterministic",
 ]

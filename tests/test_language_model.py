@@ -235,6 +235,38 @@ def test_lm_resume_keeps_the_options_and_continues_bit_for_bit(text_file, tmp_pa
     assert "cannot change --lr: --lr 0.003 in the checkpoint, 0.5 given" in capsys.readouterr().err
 
 
+def test_lm_schedule_is_an_option_a_resume_keeps(text_file, tmp_path, monkeypatch):
+    """--schedule linear reaches the trainer and the checkpoint; a resume without it keeps the
+    checkpoint's; a run recorded before the option existed resumes with its cosine."""
+    def run(out, *args):
+        assert main(["lm", "--data", str(text_file), "--out", str(out), *args]) == 0
+        return load_model_checkpoint(str(out / "last"))
+
+    straight = run(tmp_path / "straight", "--max-steps", "6", "--schedule", "linear", *TINY)
+    assert straight.meta["extra"]["options"]["schedule"] == "linear"
+    assert straight.meta["training"]["config"]["schedule"] == "linear"
+    part = run(tmp_path / "run", "--max-steps", "6", "--schedule", "linear", "--time-budget",
+               "1e-9", *TINY)                    # stops after its first update
+    assert part.meta["training"]["step"] == 1
+    resumed = run(tmp_path / "run", "--resume", str(tmp_path / "run" / "last"), "--quiet",
+                  "--time-budget", "100")
+    assert resumed.meta["training"]["config"]["schedule"] == "linear"
+    assert np.array_equal(resumed.model.flat_params, straight.model.flat_params)
+    cosine = run(tmp_path / "cosine", "--max-steps", "6", "--schedule", "cosine", *TINY)
+    assert not np.array_equal(cosine.model.flat_params, straight.model.flat_params)
+    import npformer.cli.lm as lm_cli
+    old = tuple(d for d in lm_cli.LM_RECORDED if d != "schedule")
+    monkeypatch.setattr(lm_cli, "LM_RECORDED", old)        # a checkpoint without the option
+    assert run(tmp_path / "old", "--max-steps", "6", "--schedule", "cosine", "--time-budget",
+               "1e-9", *TINY).meta["training"]["step"] == 1
+    monkeypatch.undo()
+    monkeypatch.setitem(lm_cli.LM_TRAIN, "schedule", "linear")   # whatever the default becomes
+    again = run(tmp_path / "old", "--resume", str(tmp_path / "old" / "last"), "--quiet",
+                "--time-budget", "100")
+    assert again.meta["training"]["config"]["schedule"] == "cosine"
+    assert np.array_equal(again.model.flat_params, cosine.model.flat_params)
+
+
 @pytest.mark.parametrize("content, match", [
     (b"", "is empty, expected UTF-8 text"),
     (b"caf\xe9 au lait\n" * 200, "not valid UTF-8"),

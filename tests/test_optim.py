@@ -33,6 +33,43 @@ def test_warmup_schedules():
     assert cos(110) == pytest.approx(1e-5) and cos(500) == pytest.approx(1e-5)
     with pytest.raises(ValueError, match="warmup_steps"):
         nf.WarmupCosineSchedule(1e-3, 200, 100)
+    lin = nf.WarmupLinearSchedule(peak_lr=1e-3, warmup_steps=10, total_steps=110, min_lr=1e-5)
+    assert lin(5) == pytest.approx(5e-4) and lin(10) == pytest.approx(1e-3)
+    assert lin(35) == pytest.approx(1e-5 + 0.75 * (1e-3 - 1e-5))        # a quarter of the way
+    assert lin(60) == pytest.approx((1e-3 + 1e-5) / 2) and lin(110) == pytest.approx(1e-5)
+    assert lin(500) == pytest.approx(1e-5)
+    # the middle of the run: the straight line stays above the cosine before it, below after
+    assert lin(35) < cos(35) and lin(85) > cos(85)
+
+
+def test_the_cosine_keeps_its_formula():
+    """The cosine shares its warm-up and bounds with the linear schedule; its rates are still
+    min_lr + 0.5 (peak - min_lr)(1 + cos(pi p)), bit for bit."""
+    cos = nf.WarmupCosineSchedule(peak_lr=3e-3, warmup_steps=100, total_steps=2200, min_lr=1e-4)
+    for step in range(100, 2300, 7):
+        p = min(1.0, (step - 100) / 2100)
+        assert cos(step) == 1e-4 + 0.5 * (3e-3 - 1e-4) * (1.0 + math.cos(math.pi * p))
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine"])
+def test_decay_schedules_match_hugging_face(name):
+    """Hugging Face's get_linear_schedule_with_warmup / get_cosine_schedule_with_warmup (min_lr
+    0): the rate of our 1-based update s is the one their scheduler gives after s steps, up to
+    the last update."""
+    torch = pytest.importorskip("torch", reason="torch is the schedules' reference")
+    transformers = pytest.importorskip("transformers", reason="transformers' schedules are the "
+                                                              "reference")
+    ours = {"linear": nf.WarmupLinearSchedule, "cosine": nf.WarmupCosineSchedule}[name](
+        peak_lr=2e-3, warmup_steps=30, total_steps=250)
+    make = {"linear": transformers.get_linear_schedule_with_warmup,
+            "cosine": transformers.get_cosine_schedule_with_warmup}[name]
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)
+    theirs = make(opt, num_warmup_steps=30, num_training_steps=250)
+    for step in range(1, 251):
+        opt.step()
+        theirs.step()
+        assert ours(step) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12, abs=1e-18), step
+    assert ours(251) == ours(400) == 0.0           # past the end, min_lr (their cosine climbs)
 
 
 def test_clip_grad_norm_scales_to_max_norm():

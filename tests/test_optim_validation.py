@@ -8,7 +8,7 @@ import pytest
 
 import npformer as nf
 from npformer.optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule,
-                            WarmupInverseSqrtSchedule, clip_grad_norm)
+                            WarmupInverseSqrtSchedule, WarmupLinearSchedule, clip_grad_norm)
 
 BAD_LR = [float("nan"), float("inf"), -float("inf"), -5.0, -1e-12, "1e-3", None, True]
 
@@ -92,14 +92,18 @@ def test_step_count_of_a_loaded_state_is_checked(model):
     (lambda: WarmupCosineSchedule(1e-3, "10", 100), r"warmup_steps: expected a finite number >= 0, got '10'"),
     (lambda: WarmupCosineSchedule(1e-3, 10, 100, min_lr=float("nan")), r"min_lr: expected a finite"),
     (lambda: WarmupCosineSchedule(1e-3, 10, float("inf")), r"total_steps: expected a finite positive"),
+    (lambda: WarmupLinearSchedule(1e-3, 10, 100, min_lr=1.0), r"min_lr: expected at most peak_lr=0.001, got 1.0"),
+    (lambda: WarmupLinearSchedule(1e-3, 200, 100), r"warmup_steps: expected at most total_steps=100, got 200"),
+    (lambda: WarmupLinearSchedule(0.0, 10, 100), r"peak_lr: expected a finite positive number, got 0.0"),
 ])
 def test_schedules_refuse_bad_settings(make, match):
     with pytest.raises(ValueError, match=match):
         make()
 
 
-def test_cosine_schedule_never_goes_negative():
-    s = WarmupCosineSchedule(1e-3, 10, 100, min_lr=0.0)
+@pytest.mark.parametrize("schedule", [WarmupCosineSchedule, WarmupLinearSchedule])
+def test_decay_schedules_never_go_negative(schedule):
+    s = schedule(1e-3, 10, 100, min_lr=0.0)
     assert min(s(step) for step in range(1, 300)) >= 0.0
 
 

@@ -40,9 +40,10 @@ def test_train_config_refuses_non_finite_and_out_of_range_numbers(field, value):
         TrainConfig(**{field: value})
 
 
-def test_min_lr_above_lr_is_refused_for_the_cosine_schedule_only():
-    with pytest.raises(ValueError, match="min_lr: expected at most lr"):
-        TrainConfig(lr=1e-3, min_lr=1e-2, schedule="cosine")
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_min_lr_above_lr_is_refused_for_the_schedules_that_fall_to_it_only(schedule):
+    with pytest.raises(ValueError, match=f"min_lr: expected at most lr=0.001 \\(the {schedule} "):
+        TrainConfig(lr=1e-3, min_lr=1e-2, schedule=schedule)
     TrainConfig(lr=1e-3, min_lr=1e-2, schedule="constant")       # min_lr is not used there
 
 

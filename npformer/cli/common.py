@@ -208,11 +208,13 @@ def add_train_args(p, defaults):
     g.add_argument("--warmup-steps", "--warmup", type=non_negative_int,
                    default=defaults["warmup_steps"])
     g.add_argument("--schedule", default=defaults["schedule"],
-                   choices=["inverse_sqrt", "cosine", "noam", "constant", "plateau"],
-                   help="learning-rate schedule; plateau: divide by 10 after 10 validations "
-                        "without a better validation loss, as PyTorch's ReduceLROnPlateau")
+                   choices=["inverse_sqrt", "cosine", "linear", "noam", "constant", "plateau"],
+                   help="learning-rate schedule; cosine and linear fall from --lr to --min-lr "
+                        "over the run; plateau: divide by 10 after 10 validations without a "
+                        "better validation loss, as PyTorch's ReduceLROnPlateau")
     g.add_argument("--min-lr", type=non_negative_float, default=defaults.get("min_lr", 0.0),
-                   help="final learning rate of the cosine schedule, floor of the plateau one")
+                   help="final learning rate of the cosine and linear schedules, floor of the "
+                        "plateau one")
     g.add_argument("--label-smoothing", type=probability, default=defaults["label_smoothing"],
                    help="in [0, 1) (default %(default)s)")
     g.add_argument("--clip-norm", type=non_negative_float, default=defaults["clip_norm"],
@@ -232,10 +234,10 @@ def add_train_args(p, defaults):
 def train_kwargs(args):
     """The TrainConfig keyword arguments from the training options; options that contradict each
     other are refused here, naming both, before any data is read."""
-    if args.schedule == "cosine" and args.min_lr is not None and args.lr is not None \
-            and args.min_lr > args.lr:
-        raise ValueError(f"--min-lr {args.min_lr}: expected at most --lr {args.lr} (the cosine "
-                         f"schedule falls from --lr to --min-lr)")
+    if args.schedule in ("cosine", "linear") and args.min_lr is not None \
+            and args.lr is not None and args.min_lr > args.lr:
+        raise ValueError(f"--min-lr {args.min_lr}: expected at most --lr {args.lr} (the "
+                         f"{args.schedule} schedule falls from --lr to --min-lr)")
     return dict(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
                 lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule, min_lr=args.min_lr,
                 label_smoothing=args.label_smoothing,

@@ -19,10 +19,11 @@ from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_
 LM_MADE_BY = "npformer lm"
 # the options a checkpoint of ``npformer lm`` records, and those a resume may change
 LM_RECORDED = ("data", "init_from", "layers", "d_model", "n_heads", "d_ff", "context", "dropout",
-               "max_steps", "batch_size", "lr", "min_lr", "warmup_steps", "weight_decay",
-               "clip_norm", "eval_every_steps", "time_budget", "sample_tokens", "seed")
+               "max_steps", "batch_size", "lr", "schedule", "min_lr", "warmup_steps",
+               "weight_decay", "clip_norm", "eval_every_steps", "time_budget", "sample_tokens", "seed")
 LM_MAY_CHANGE = ("data", "max_steps", "time_budget", "eval_every_steps", "sample_tokens")
 _SHAPE = ("layers", "d_model", "n_heads", "d_ff")
+SCHEDULES = ("cosine", "linear")
 
 
 def add_parser(sub, name):
@@ -65,7 +66,7 @@ def add_parser(sub, name):
                    help=f"in [0, 1) (default {LM_MODEL['dropout']}; with --init-from the model's)")
     t = p.add_argument_group("training")
     t.add_argument("--max-steps", type=positive_int, default=None,
-                   help=f"updates; the cosine schedule ends there (default {LM_TRAIN['max_steps']})")
+                   help=f"updates; the schedule ends there (default {LM_TRAIN['max_steps']})")
     t.add_argument("--time-budget", type=positive_float, default=None, metavar="MIN",
                    help="stop after MIN minutes of wall time (validations included), then "
                         "validate the final weights")
@@ -73,8 +74,11 @@ def add_parser(sub, name):
                    help=f"windows per update (default {LM_TRAIN['batch_size']})")
     t.add_argument("--lr", type=positive_float, default=None,
                    help=f"peak learning rate (default {LM_TRAIN['lr']})")
+    t.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help=f"after the warm-up, the rate falls from --lr to --min-lr at --max-steps "
+                        f"along a half cosine or a straight line (default {LM_TRAIN['schedule']})")
     t.add_argument("--min-lr", type=non_negative_float, default=None,
-                   help=f"where the cosine ends (default {LM_TRAIN['min_lr']})")
+                   help=f"where the schedule ends (default {LM_TRAIN['min_lr']})")
     t.add_argument("--warmup-steps", type=non_negative_int, default=None,
                    help=f"default {LM_TRAIN['warmup_steps']}")
     t.add_argument("--weight-decay", type=non_negative_float, default=None,
@@ -105,15 +109,15 @@ def _model_kwargs(args):
 
 
 def _train_kwargs(args):
-    kwargs = {dest: getattr(args, dest) for dest in ("max_steps", "batch_size", "lr", "min_lr",
-                                                     "warmup_steps", "weight_decay",
+    kwargs = {dest: getattr(args, dest) for dest in ("max_steps", "batch_size", "lr", "schedule",
+                                                     "min_lr", "warmup_steps", "weight_decay",
                                                      "eval_every_steps")
               if getattr(args, dest) is not None}
     if args.clip_norm is not None:
         kwargs["clip_norm"] = args.clip_norm or None             # 0: no clipping
     if args.min_lr > args.lr:
-        raise ValueError(f"--min-lr {args.min_lr}: expected at most --lr {args.lr} (the cosine "
-                         f"falls from --lr to --min-lr)")
+        raise ValueError(f"--min-lr {args.min_lr}: expected at most --lr {args.lr} (the "
+                         f"{args.schedule} schedule falls from --lr to --min-lr)")
     if args.time_budget is not None:
         kwargs["time_budget"] = args.time_budget * 60.0
     return dict(kwargs, out_dir=args.out, quiet=args.quiet)
@@ -134,8 +138,8 @@ def fill_defaults(args):
                 setattr(args, dest, LM_MODEL[key])
         if args.d_ff is None:
             args.d_ff = 4 * args.d_model
-    for dest in ("max_steps", "batch_size", "lr", "min_lr", "warmup_steps", "weight_decay",
-                 "clip_norm", "eval_every_steps"):
+    for dest in ("max_steps", "batch_size", "lr", "schedule", "min_lr", "warmup_steps",
+                 "weight_decay", "clip_norm", "eval_every_steps"):
         if getattr(args, dest) is None:
             setattr(args, dest, LM_TRAIN[dest])
     args.seed = 0 if args.seed is None else args.seed
@@ -193,6 +197,9 @@ def run(args):
         if extra.get("made_by") != LM_MADE_BY:
             raise ValueError(f"--resume {args.resume}: was not written by npformer lm (resume a "
                              f"translation run with npformer train --resume)")
+        options = extra.get("options") if isinstance(extra.get("options"), dict) else {}
+        if "schedule" not in options and args.schedule is None:
+            args.schedule = "cosine"     # runs from before --schedule: the only one there was
         apply_resume_policy(args, saved.meta, args.resume, recorded=LM_RECORDED,
                             may_change=LM_MAY_CHANGE)
     trainer, data = build(args, saved)

@@ -44,9 +44,10 @@ class WarmupInverseSqrtSchedule:
         return self.peak_lr * math.sqrt(self.warmup_steps / step)
 
 
-class WarmupCosineSchedule:
-    """Linear warm-up to ``peak_lr``, then a half cosine down to ``min_lr`` at ``total_steps``
-    (and ``min_lr`` after that)."""
+class _WarmupDecaySchedule:
+    """Linear warm-up from 0 to ``peak_lr`` over ``warmup_steps``, then a fall to ``min_lr`` at
+    ``total_steps`` (and ``min_lr`` after that) along ``shape``: the fraction of the way from
+    ``min_lr`` to ``peak_lr`` still left, as a function of the progress p in [0, 1]."""
 
     def __init__(self, peak_lr, warmup_steps, total_steps, min_lr=0.0):
         _check_positive("peak_lr", peak_lr)
@@ -65,7 +66,27 @@ class WarmupCosineSchedule:
         if step < self.warmup_steps:
             return self.peak_lr * step / self.warmup_steps
         progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return self.min_lr + 0.5 * (self.peak_lr - self.min_lr) * (1.0 + math.cos(math.pi * progress))
+        return self.min_lr + (self.peak_lr - self.min_lr) * self.shape(progress)
+
+
+class WarmupCosineSchedule(_WarmupDecaySchedule):
+    """Linear warm-up to ``peak_lr``, then a half cosine down to ``min_lr`` at ``total_steps``
+    (and ``min_lr`` after that)."""
+
+    @staticmethod
+    def shape(progress):
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class WarmupLinearSchedule(_WarmupDecaySchedule):
+    """Linear warm-up to ``peak_lr``, then a straight line down to ``min_lr`` at ``total_steps``
+    (and ``min_lr`` after that). With ``min_lr=0`` this is Hugging Face's
+    ``get_linear_schedule_with_warmup``. Against a cosine to the same end it keeps the rate
+    higher through the middle of the run and lowers it faster near the end ("decay to zero")."""
+
+    @staticmethod
+    def shape(progress):
+        return 1.0 - progress
 
 
 class PlateauSchedule:

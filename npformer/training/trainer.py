@@ -27,7 +27,8 @@ import numpy as np
 from .. import runtime
 from ..backend import ops
 from ..optim import (Adam, AdamW, NoamSchedule, PlateauSchedule, WarmupCosineSchedule,
-                     WarmupInverseSqrtSchedule, clip_grad_norm, matrices_only)
+                     WarmupInverseSqrtSchedule, WarmupLinearSchedule, clip_grad_norm,
+                     matrices_only)
 from ..optim.schedules import WarpedSchedule
 from ..optim.adam import check_betas
 from ..validation import check_int, check_real
@@ -39,7 +40,8 @@ from .metrics_log import MetricsLog
 from .progress import progress_bar
 from .task import Task
 
-SCHEDULES = ("inverse_sqrt", "cosine", "noam", "constant", "plateau")
+SCHEDULES = ("inverse_sqrt", "cosine", "linear", "noam", "constant", "plateau")
+SPANNING = ("cosine", "linear")        # schedules that fall from lr to min_lr over the whole run
 DECAY = {"all": None, "matrices": matrices_only}      # TrainConfig.decay -> Adam's decay=
 
 
@@ -55,7 +57,7 @@ class TrainConfig:
     lr: float = 2e-3                 # peak learning rate
     warmup_steps: int = 100
     schedule: str = "inverse_sqrt"
-    min_lr: float = 0.0              # cosine and plateau
+    min_lr: float = 0.0              # cosine, linear and plateau
     plateau_factor: float = 0.1      # plateau: ReduceLROnPlateau's factor, patience, threshold,
     plateau_patience: int = 10       # cooldown (in validations), on the validation loss
     plateau_threshold: float = 1e-4
@@ -107,9 +109,9 @@ class TrainConfig:
         self.plateau_patience = check_int("plateau_patience", self.plateau_patience, minimum=0)
         self.plateau_threshold = check_real("plateau_threshold", self.plateau_threshold, minimum=0)
         self.plateau_cooldown = check_int("plateau_cooldown", self.plateau_cooldown, minimum=0)
-        if self.schedule == "cosine" and self.min_lr > self.lr:     # the cosine falls lr -> min_lr
-            raise ValueError(f"min_lr: expected at most lr={self.lr!r} (the cosine schedule falls "
-                             f"from lr to min_lr), got {self.min_lr!r}")
+        if self.schedule in SPANNING and self.min_lr > self.lr:         # they fall lr -> min_lr
+            raise ValueError(f"min_lr: expected at most lr={self.lr!r} (the {self.schedule} "
+                             f"schedule falls from lr to min_lr), got {self.min_lr!r}")
         self.clip_norm = check_real("clip_norm", self.clip_norm, minimum=0, min_open=True,
                                     allow_none=True)             # None: no clipping
         self.weight_decay = check_real("weight_decay", self.weight_decay, minimum=0)
@@ -131,9 +133,9 @@ class TrainConfig:
 def make_schedule(config, total_steps):
     if config.schedule == "inverse_sqrt":
         return WarmupInverseSqrtSchedule(config.lr, max(1, config.warmup_steps))
-    if config.schedule == "cosine":
-        return WarmupCosineSchedule(config.lr, min(config.warmup_steps, total_steps), total_steps,
-                                    config.min_lr)
+    if config.schedule in SPANNING:
+        shape = WarmupCosineSchedule if config.schedule == "cosine" else WarmupLinearSchedule
+        return shape(config.lr, min(config.warmup_steps, total_steps), total_steps, config.min_lr)
     if config.schedule == "plateau":     # the rate falls when the validation loss stops falling
         return PlateauSchedule(config.lr, config.plateau_factor, config.plateau_patience,
                                config.plateau_threshold, cooldown=config.plateau_cooldown,
@@ -203,11 +205,11 @@ class Trainer:
     def _resume_schedule(self, total_steps, warps, ranks):
         """A resumed run keeps the schedule it began with (no jump in the rate). On another
         number of processes an epoch holds another number of updates: a schedule that spans the
-        run (cosine, over epochs) then has its rest stretched over the updates left, so that it
+        run (cosine or linear, over epochs) then has its rest stretched over the updates left, so that it
         still ends at min_lr with the last one."""
         cfg, size = self.config, self.collective.size
         warps = [list(w) for w in warps]
-        if ranks != size and cfg.schedule == "cosine" and cfg.max_steps is None:
+        if ranks != size and cfg.schedule in SPANNING and cfg.max_steps is None:
             per_update = cfg.accum_steps * size
             per_epoch = self.task.batches_per_epoch()
             left_now = (math.ceil((per_epoch - self.task.batches_done()) / per_update)

@@ -235,7 +235,7 @@ def test_lm_resume_keeps_the_options_and_continues_bit_for_bit(text_file, tmp_pa
     assert "cannot change --lr: --lr 0.003 in the checkpoint, 0.5 given" in capsys.readouterr().err
 
 
-def test_lm_schedule_is_an_option_a_resume_keeps(text_file, tmp_path, monkeypatch):
+def test_lm_schedule_is_an_option_a_resume_keeps(text_file, tmp_path, monkeypatch, capsys):
     """--schedule linear reaches the trainer and the checkpoint; a resume without it keeps the
     checkpoint's; a run recorded before the option existed resumes with its cosine."""
     def run(out, *args):
@@ -265,6 +265,11 @@ def test_lm_schedule_is_an_option_a_resume_keeps(text_file, tmp_path, monkeypatc
                 "--time-budget", "100")
     assert again.meta["training"]["config"]["schedule"] == "cosine"
     assert np.array_equal(again.model.flat_params, cosine.model.flat_params)
+    # ... and refuses another schedule, as for any option the checkpoint recorded
+    assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "old"), "--resume",
+                 str(tmp_path / "old" / "last"), "--schedule", "linear", "--max-steps", "8"]) == 1
+    assert ("cannot change --schedule: --schedule cosine in the checkpoint, linear given"
+            in capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("content, match", [

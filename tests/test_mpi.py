@@ -99,8 +99,9 @@ def test_ranks_bound_by_the_launcher_keep_their_cpus_or_split_a_shared_set():
     assert shares == [[0, 1, 2, 3], [4, 5, 6, 7], list(range(8, 16))] and threads == [4, 4, 8]
 
 
-def test_a_resume_on_another_number_of_ranks_stretches_the_rest_of_the_schedule(tmp_path):
-    """An epoch of a 2-rank run holds half the updates of one process's: a cosine over the run
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_a_resume_on_another_number_of_ranks_stretches_the_rest_of_the_schedule(tmp_path, schedule):
+    """An epoch of a 2-rank run holds half the updates of one process's: a decay over the run
     keeps its rate at the resume (no jump) and its rest is stretched over the updates left on
     the new number of ranks, so it still reaches min_lr at the last one; a second resume keeps
     that stretch."""
@@ -113,7 +114,7 @@ def test_a_resume_on_another_number_of_ranks_stretches_the_rest_of_the_schedule(
 
     def trainer(collective, **changes):
         t = small_toy_trainer(0.0, None)
-        t.config = dataclasses.replace(t.config, **{"schedule": "cosine", "epochs": 4,
+        t.config = dataclasses.replace(t.config, **{"schedule": schedule, "epochs": 4,
                                                     "min_lr": 1e-5, **changes})
         t.set_collective(collective)
         return t

@@ -38,7 +38,7 @@ def test_warmup_schedules():
     assert lin(35) == pytest.approx(1e-5 + 0.75 * (1e-3 - 1e-5))        # a quarter of the way
     assert lin(60) == pytest.approx((1e-3 + 1e-5) / 2) and lin(110) == pytest.approx(1e-5)
     assert lin(500) == pytest.approx(1e-5)
-    # the middle of the run: the straight line stays above the cosine before it, below after
+    # the straight line runs below the cosine in the first half of the decay, above it after
     assert lin(35) < cos(35) and lin(85) > cos(85)
 
 

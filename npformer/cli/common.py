@@ -8,6 +8,7 @@ import os
 from ..checkpoint import CheckpointError, checkpoint_paths
 from ..data.textfile import write_text_atomic
 from ..decoding.search import LENGTH_PENALTY
+from ..training.trainer import SCHEDULES, SPANNING
 from ..validation import check_int, check_real, describe_int, describe_real
 
 
@@ -208,7 +209,7 @@ def add_train_args(p, defaults):
     g.add_argument("--warmup-steps", "--warmup", type=non_negative_int,
                    default=defaults["warmup_steps"])
     g.add_argument("--schedule", default=defaults["schedule"],
-                   choices=["inverse_sqrt", "cosine", "linear", "noam", "constant", "plateau"],
+                   choices=SCHEDULES,
                    help="learning-rate schedule; cosine and linear fall from --lr to --min-lr "
                         "over the run; plateau: divide by 10 after 10 validations without a "
                         "better validation loss, as PyTorch's ReduceLROnPlateau")
@@ -234,7 +235,7 @@ def add_train_args(p, defaults):
 def train_kwargs(args):
     """The TrainConfig keyword arguments from the training options; options that contradict each
     other are refused here, naming both, before any data is read."""
-    if args.schedule in ("cosine", "linear") and args.min_lr is not None \
+    if args.schedule in SPANNING and args.min_lr is not None \
             and args.lr is not None and args.min_lr > args.lr:
         raise ValueError(f"--min-lr {args.min_lr}: expected at most --lr {args.lr} (the "
                          f"{args.schedule} schedule falls from --lr to --min-lr)")

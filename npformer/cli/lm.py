@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..checkpoint import write_file_atomic
 from ..training.language_model import LM_MODEL, LM_TRAIN, lm_trainer
+from ..training.trainer import SPANNING
 from .common import (NoneDefaultFormatter, non_negative_float, non_negative_int, positive_float,
                      positive_int, probability)
 from .parallel import add_parallel_args, join
@@ -23,7 +24,6 @@ LM_RECORDED = ("data", "init_from", "layers", "d_model", "n_heads", "d_ff", "con
                "weight_decay", "clip_norm", "eval_every_steps", "time_budget", "sample_tokens", "seed")
 LM_MAY_CHANGE = ("data", "max_steps", "time_budget", "eval_every_steps", "sample_tokens")
 _SHAPE = ("layers", "d_model", "n_heads", "d_ff")
-SCHEDULES = ("cosine", "linear")
 
 
 def add_parser(sub, name):
@@ -74,7 +74,7 @@ def add_parser(sub, name):
                    help=f"windows per update (default {LM_TRAIN['batch_size']})")
     t.add_argument("--lr", type=positive_float, default=None,
                    help=f"peak learning rate (default {LM_TRAIN['lr']})")
-    t.add_argument("--schedule", choices=SCHEDULES, default=None,
+    t.add_argument("--schedule", choices=SPANNING, default=None,
                    help=f"after the warm-up, the rate falls from --lr to --min-lr at --max-steps "
                         f"along a half cosine or a straight line (default {LM_TRAIN['schedule']})")
     t.add_argument("--min-lr", type=non_negative_float, default=None,
@@ -187,6 +187,18 @@ def _tokenizer_bytes(data):
         return f.read()
 
 
+def _with_schedule(meta, extra):
+    """The checkpoint's metadata, its recorded options holding the schedule it trained with: a
+    run recorded before --schedule existed trained with its cosine (its training config says
+    so), and a resume must keep it (or refuse another) like any recorded option."""
+    options = extra.get("options") if isinstance(extra.get("options"), dict) else {}
+    if "schedule" in options:
+        return meta
+    config = (meta.get("training") or {}).get("config") or {}
+    options = dict(options, schedule=config.get("schedule", "cosine"))
+    return dict(meta, extra=dict(extra, options=options))
+
+
 def run(args):
     collective = join(args)                      # one process, or this rank of an MPI job
     saved = None
@@ -197,11 +209,8 @@ def run(args):
         if extra.get("made_by") != LM_MADE_BY:
             raise ValueError(f"--resume {args.resume}: was not written by npformer lm (resume a "
                              f"translation run with npformer train --resume)")
-        options = extra.get("options") if isinstance(extra.get("options"), dict) else {}
-        if "schedule" not in options and args.schedule is None:
-            args.schedule = "cosine"     # runs from before --schedule: the only one there was
-        apply_resume_policy(args, saved.meta, args.resume, recorded=LM_RECORDED,
-                            may_change=LM_MAY_CHANGE)
+        apply_resume_policy(args, _with_schedule(saved.meta, extra), args.resume,
+                            recorded=LM_RECORDED, may_change=LM_MAY_CHANGE)
     trainer, data = build(args, saved)
     trainer.set_collective(collective)
     root = collective.is_root                    # the one process that writes the run folder

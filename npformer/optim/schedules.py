@@ -80,9 +80,10 @@ class WarmupCosineSchedule(_WarmupDecaySchedule):
 
 class WarmupLinearSchedule(_WarmupDecaySchedule):
     """Linear warm-up to ``peak_lr``, then a straight line down to ``min_lr`` at ``total_steps``
-    (and ``min_lr`` after that). With ``min_lr=0`` this is Hugging Face's
-    ``get_linear_schedule_with_warmup``. Against a cosine to the same end it keeps the rate
-    higher through the middle of the run and lowers it faster near the end ("decay to zero")."""
+    (and ``min_lr`` after that). With ``min_lr=0`` its rate at update s is the one Hugging
+    Face's ``get_linear_schedule_with_warmup`` gives after s scheduler steps. Against a cosine
+    to the same end it runs below the cosine in the first half of the decay and above it in the
+    second, still falling at full slope at the end, where the cosine flattens."""
 
     @staticmethod
     def shape(progress):
@@ -169,8 +170,8 @@ class PlateauSchedule:
 class WarpedSchedule:
     """A schedule whose rest, from update ``start`` on, is stretched by ``factor`` for each
     ``[start, factor]`` of ``warps`` (in the order they were made): update s > start reads the
-    rate the schedule had at start + (s - start) * factor. The Trainer stretches a cosine this
-    way when a run resumes on another number of data-parallel processes (an epoch then holds
+    rate the schedule had at start + (s - start) * factor. The Trainer stretches a cosine or
+    linear decay this way when a run resumes on another number of data-parallel processes (an epoch then holds
     another number of updates), so that it still ends at min_lr with the last update."""
 
     def __init__(self, schedule, warps):

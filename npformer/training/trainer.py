@@ -134,8 +134,8 @@ def make_schedule(config, total_steps):
     if config.schedule == "inverse_sqrt":
         return WarmupInverseSqrtSchedule(config.lr, max(1, config.warmup_steps))
     if config.schedule in SPANNING:
-        shape = WarmupCosineSchedule if config.schedule == "cosine" else WarmupLinearSchedule
-        return shape(config.lr, min(config.warmup_steps, total_steps), total_steps, config.min_lr)
+        cls = WarmupCosineSchedule if config.schedule == "cosine" else WarmupLinearSchedule
+        return cls(config.lr, min(config.warmup_steps, total_steps), total_steps, config.min_lr)
     if config.schedule == "plateau":     # the rate falls when the validation loss stops falling
         return PlateauSchedule(config.lr, config.plateau_factor, config.plateau_patience,
                                config.plateau_threshold, cooldown=config.plateau_cooldown,
@@ -196,7 +196,7 @@ class Trainer:
         self._set_total_steps(self.config.max_steps or self.config.epochs * per_epoch)
 
     def _set_total_steps(self, total_steps, warps=()):
-        """The number of updates the schedule spans (a cosine decays over them), and the
+        """The number of updates the schedule spans (a cosine or linear decay falls over them), and the
         stretches of its rest that resumes on another number of processes made (``warps``)."""
         self.total_steps, self.schedule_warps = total_steps, [list(w) for w in warps]
         schedule = make_schedule(self.config, total_steps)

@@ -28,7 +28,8 @@ from .version import VERSION as __version__
 
 __all__ = [
     "Adam", "AdamW", "GPT", "GPTConfig", "GradcheckResult", "NoamSchedule", "Transformer", "TransformerConfig",
-    "WarmupCosineSchedule", "WarmupInverseSqrtSchedule", "WarmupLinearSchedule", "build_model", "clip_grad_norm",
+    "WarmupCosineSchedule", "WarmupInverseSqrtSchedule", "WarmupLinearSchedule", "build_model",
+    "clip_grad_norm",
     "configure_runtime", "cross_entropy", "functional", "get_backend", "gradcheck", "interop",
     "nn", "optim", "set_backend", "set_deterministic",
 ]

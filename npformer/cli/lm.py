@@ -21,7 +21,8 @@ LM_MADE_BY = "npformer lm"
 # the options a checkpoint of ``npformer lm`` records, and those a resume may change
 LM_RECORDED = ("data", "init_from", "layers", "d_model", "n_heads", "d_ff", "context", "dropout",
                "max_steps", "batch_size", "lr", "schedule", "min_lr", "warmup_steps",
-               "weight_decay", "clip_norm", "eval_every_steps", "time_budget", "sample_tokens", "seed")
+               "weight_decay", "clip_norm", "eval_every_steps", "time_budget", "sample_tokens",
+               "seed")
 LM_MAY_CHANGE = ("data", "max_steps", "time_budget", "eval_every_steps", "sample_tokens")
 _SHAPE = ("layers", "d_model", "n_heads", "d_ff")
 

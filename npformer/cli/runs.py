@@ -33,9 +33,10 @@ files now lie (``--data-dir``, ``--src-file``, ``--tgt-file``, ``--valid-src``, 
 the checkpoint's CRC of the token ids still holds the pairs to be the same). None of these changes the
 numerics of a step: the model, the data and its vocabulary, the batches, the optimizer, the
 learning-rate schedule, the loss, the dropout and the seeds stay the checkpoint's, so a resumed
-run takes exactly the steps the uninterrupted run would have taken. (The one coupling: the cosine and
-linear schedules decay over ``--max-steps`` or ``--epochs``, so lengthening such a run stretches
-the rest of its decay, as if the run had been planned that long.) Every other difference is refused
+run takes exactly the steps the uninterrupted run would have taken. (The one coupling: the cosine
+and linear schedules decay over ``--max-steps`` or ``--epochs``, so lengthening such a run
+stretches the rest of its decay, as if the run had been planned that long.) Every other
+difference is refused
 in one error that lists each offending option with the checkpoint's value and the given one.
 A run that has nothing left to train (already at ``--max-steps``, ...) is refused by the Trainer
 before anything is written.

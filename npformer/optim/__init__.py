@@ -5,4 +5,5 @@ from .schedules import (NoamSchedule, PlateauSchedule, WarmupCosineSchedule,
                         WarmupInverseSqrtSchedule, WarmupLinearSchedule)
 
 __all__ = ["Adam", "AdamW", "NoamSchedule", "PlateauSchedule", "WarmupCosineSchedule",
-           "WarmupInverseSqrtSchedule", "WarmupLinearSchedule", "clip_grad_norm", "grad_norm", "matrices_only"]
+           "WarmupInverseSqrtSchedule", "WarmupLinearSchedule", "clip_grad_norm", "grad_norm",
+           "matrices_only"]

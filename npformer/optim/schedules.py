@@ -171,8 +171,9 @@ class WarpedSchedule:
     """A schedule whose rest, from update ``start`` on, is stretched by ``factor`` for each
     ``[start, factor]`` of ``warps`` (in the order they were made): update s > start reads the
     rate the schedule had at start + (s - start) * factor. The Trainer stretches a cosine or
-    linear decay this way when a run resumes on another number of data-parallel processes (an epoch then holds
-    another number of updates), so that it still ends at min_lr with the last update."""
+    linear decay this way when a run resumes on another number of data-parallel processes (an
+    epoch then holds another number of updates), so that it still ends at min_lr with the last
+    update."""
 
     def __init__(self, schedule, warps):
         self.schedule, self.warps = schedule, warps

@@ -196,8 +196,9 @@ class Trainer:
         self._set_total_steps(self.config.max_steps or self.config.epochs * per_epoch)
 
     def _set_total_steps(self, total_steps, warps=()):
-        """The number of updates the schedule spans (a cosine or linear decay falls over them), and the
-        stretches of its rest that resumes on another number of processes made (``warps``)."""
+        """The number of updates the schedule spans (a cosine or linear decay falls over them),
+        and the stretches of its rest that resumes on another number of processes made
+        (``warps``)."""
         self.total_steps, self.schedule_warps = total_steps, [list(w) for w in warps]
         schedule = make_schedule(self.config, total_steps)
         self.schedule = WarpedSchedule(schedule, self.schedule_warps) if warps else schedule
@@ -205,8 +206,8 @@ class Trainer:
     def _resume_schedule(self, total_steps, warps, ranks):
         """A resumed run keeps the schedule it began with (no jump in the rate). On another
         number of processes an epoch holds another number of updates: a schedule that spans the
-        run (cosine or linear, over epochs) then has its rest stretched over the updates left, so that it
-        still ends at min_lr with the last one."""
+        run (cosine or linear, over epochs) then has its rest stretched over the updates left, so
+        that it still ends at min_lr with the last one."""
         cfg, size = self.config, self.collective.size
         warps = [list(w) for w in warps]
         if ranks != size and cfg.schedule in SPANNING and cfg.max_steps is None:

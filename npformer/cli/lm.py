@@ -188,16 +188,17 @@ def _tokenizer_bytes(data):
         return f.read()
 
 
-def _with_schedule(meta, extra):
-    """The checkpoint's metadata, its recorded options holding the schedule it trained with: a
-    run recorded before --schedule existed trained with its cosine (its training config says
-    so), and a resume must keep it (or refuse another) like any recorded option."""
+def recorded_lm_options(meta):
+    """The options of ``LM_RECORDED`` a checkpoint of ``npformer lm`` recorded. A run recorded
+    before --schedule existed trained with the schedule its training config names (the
+    cosine), and a resume keeps it, or refuses another, like any recorded option."""
+    extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
     options = extra.get("options") if isinstance(extra.get("options"), dict) else {}
-    if "schedule" in options:
-        return meta
-    config = (meta.get("training") or {}).get("config") or {}
-    options = dict(options, schedule=config.get("schedule", "cosine"))
-    return dict(meta, extra=dict(extra, options=options))
+    recorded = {k: options[k] for k in LM_RECORDED if k in options}
+    if "schedule" not in recorded:
+        config = (meta.get("training") or {}).get("config") or {}
+        recorded["schedule"] = config.get("schedule", "cosine")
+    return recorded
 
 
 def run(args):
@@ -210,8 +211,8 @@ def run(args):
         if extra.get("made_by") != LM_MADE_BY:
             raise ValueError(f"--resume {args.resume}: was not written by npformer lm (resume a "
                              f"translation run with npformer train --resume)")
-        apply_resume_policy(args, _with_schedule(saved.meta, extra), args.resume,
-                            recorded=LM_RECORDED, may_change=LM_MAY_CHANGE)
+        apply_resume_policy(args, saved.meta, args.resume, recorded=recorded_lm_options(saved.meta),
+                            may_change=LM_MAY_CHANGE)
     trainer, data = build(args, saved)
     trainer.set_collective(collective)
     root = collective.is_root                    # the one process that writes the run folder

@@ -295,13 +295,10 @@ def _equal(a, b):
 def apply_resume_policy(args, meta, checkpoint, recorded=None, may_change=RESUME_MAY_CHANGE):
     """Options not given take the checkpoint's recorded values; options given with another value
     must be in ``may_change``, else one ValueError lists each (checkpoint's vs given).
-    ``recorded``: the names another command records in ``extra.options`` (default: ``npformer
-    train``'s, read by ``recorded_options``)."""
+    ``recorded``: the options another command's checkpoint recorded, as {name: value} (default:
+    ``npformer train``'s, read by ``recorded_options``)."""
     if recorded is None:
         recorded = recorded_options(meta)
-    else:
-        options = (meta.get("extra") or {}).get("options") or {}
-        recorded = {k: options[k] for k in recorded if k in options}
     refused = []
     for dest, saved in recorded.items():
         given = getattr(args, dest, None)

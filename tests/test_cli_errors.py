@@ -73,10 +73,16 @@ def test_clip_norm_zero_means_no_clipping(monkeypatch):
     assert seen["clip_norm"] is None
 
 
-def test_min_lr_above_lr_names_both(capsys, monkeypatch):
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_min_lr_above_lr_names_both(capsys, monkeypatch, schedule):
     monkeypatch.setattr(toy, "run", lambda args: toy.train_kwargs(args) and 0)
-    assert main(["toy", "--lr", "0.001", "--min-lr", "0.01", "--schedule", "cosine"]) == 1
-    one_line_error(capsys, "--min-lr 0.01", "--lr 0.001")
+    assert main(["toy", "--lr", "0.001", "--min-lr", "0.01", "--schedule", schedule]) == 1
+    one_line_error(capsys, "--min-lr 0.01", "--lr 0.001", f"the {schedule} schedule")
+
+
+def test_min_lr_above_lr_is_allowed_where_the_schedule_does_not_fall_to_it(monkeypatch):
+    monkeypatch.setattr(toy, "run", lambda args: toy.train_kwargs(args) and 0)
+    assert main(["toy", "--lr", "0.001", "--min-lr", "0.01", "--schedule", "inverse_sqrt"]) == 0
 
 
 # --- too big for memory: a message before training, not "Unable to allocate" in a traceback --

@@ -272,6 +272,16 @@ def test_lm_schedule_is_an_option_a_resume_keeps(text_file, tmp_path, monkeypatc
             in capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_lm_min_lr_above_lr_is_one_line_naming_both(text_file, tmp_path, capsys, schedule):
+    assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "run"), *TINY,
+                 "--schedule", schedule, "--lr", "0.001", "--min-lr", "0.01"]) == 1
+    err = capsys.readouterr().err
+    assert (f"--min-lr 0.01: expected at most --lr 0.001 (the {schedule} schedule falls"
+            in err and len(err.strip().splitlines()) == 1)
+    assert not (tmp_path / "run").exists()                             # nothing was written
+
+
 @pytest.mark.parametrize("content, match", [
     (b"", "is empty, expected UTF-8 text"),
     (b"caf\xe9 au lait\n" * 200, "not valid UTF-8"),

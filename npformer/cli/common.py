@@ -232,13 +232,19 @@ def add_train_args(p, defaults):
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def train_kwargs(args):
-    """The TrainConfig keyword arguments from the training options; options that contradict each
-    other are refused here, naming both, before any data is read."""
+def refuse_min_lr_above_lr(args):
+    """A schedule that falls from --lr to --min-lr (cosine, linear) cannot end above its peak:
+    refused naming both options, before the TrainConfig would refuse it by its field names."""
     if args.schedule in SPANNING and args.min_lr is not None \
             and args.lr is not None and args.min_lr > args.lr:
         raise ValueError(f"--min-lr {args.min_lr}: expected at most --lr {args.lr} (the "
                          f"{args.schedule} schedule falls from --lr to --min-lr)")
+
+
+def train_kwargs(args):
+    """The TrainConfig keyword arguments from the training options; options that contradict each
+    other are refused here, naming both, before any data is read."""
+    refuse_min_lr_above_lr(args)
     return dict(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
                 lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule, min_lr=args.min_lr,
                 label_smoothing=args.label_smoothing,

@@ -13,7 +13,7 @@ from ..checkpoint import write_file_atomic
 from ..training.language_model import LM_MODEL, LM_TRAIN, lm_trainer
 from ..training.trainer import SPANNING
 from .common import (NoneDefaultFormatter, non_negative_float, non_negative_int, positive_float,
-                     positive_int, probability)
+                     positive_int, probability, refuse_min_lr_above_lr)
 from .parallel import add_parallel_args, join
 from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_inputs_in_run
 
@@ -116,9 +116,7 @@ def _train_kwargs(args):
               if getattr(args, dest) is not None}
     if args.clip_norm is not None:
         kwargs["clip_norm"] = args.clip_norm or None             # 0: no clipping
-    if args.min_lr > args.lr:
-        raise ValueError(f"--min-lr {args.min_lr}: expected at most --lr {args.lr} (the "
-                         f"{args.schedule} schedule falls from --lr to --min-lr)")
+    refuse_min_lr_above_lr(args)
     if args.time_budget is not None:
         kwargs["time_budget"] = args.time_budget * 60.0
     return dict(kwargs, out_dir=args.out, quiet=args.quiet)

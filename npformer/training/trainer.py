@@ -41,7 +41,9 @@ from .progress import progress_bar
 from .task import Task
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear", "noam", "constant", "plateau")
-SPANNING = ("cosine", "linear")        # schedules that fall from lr to min_lr over the whole run
+# the schedules that fall from lr to min_lr over the whole run, by TrainConfig.schedule name
+SPANNING_SCHEDULES = {"cosine": WarmupCosineSchedule, "linear": WarmupLinearSchedule}
+SPANNING = tuple(SPANNING_SCHEDULES)
 DECAY = {"all": None, "matrices": matrices_only}      # TrainConfig.decay -> Adam's decay=
 
 
@@ -134,8 +136,8 @@ def make_schedule(config, total_steps):
     if config.schedule == "inverse_sqrt":
         return WarmupInverseSqrtSchedule(config.lr, max(1, config.warmup_steps))
     if config.schedule in SPANNING:
-        cls = WarmupCosineSchedule if config.schedule == "cosine" else WarmupLinearSchedule
-        return cls(config.lr, min(config.warmup_steps, total_steps), total_steps, config.min_lr)
+        return SPANNING_SCHEDULES[config.schedule](config.lr, min(config.warmup_steps, total_steps),
+                                                   total_steps, config.min_lr)
     if config.schedule == "plateau":     # the rate falls when the validation loss stops falling
         return PlateauSchedule(config.lr, config.plateau_factor, config.plateau_patience,
                                config.plateau_threshold, cooldown=config.plateau_cooldown,

@@ -3,7 +3,7 @@
 The same names and signatures as :mod:`npformer.functional`, so the modules can call either.
 Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
 cross-entropy, embedding scatter-add, dropout, the feed-forward block's activation + dropout,
-the Adam update); learned positions (an addition and a sum over the batch) are the reference's;
+the Adam update, rotary positions); learned positions (an addition and a sum over the batch) are the reference's;
 every matrix product goes through ``matmul``, which computes each product shape by the variant
 ``npformer.runtime``'s dispatch table fixes for it; the masks and head reshapes are the reference functions themselves.
 Caches of a kernel forward only fit the same kernel's backward.
@@ -29,6 +29,7 @@ from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .matmul import matmul
+from .rotary import rotary_backward, rotary_forward, rotary_tables
 
 runtime.ensure()
 
@@ -43,6 +44,7 @@ __all__ = [
     "linear_forward", "log_softmax", "matmul",
     "merge_heads", "move_rows", "padding_mask", "position_embedding_backward",
     "position_embedding_forward",
-    "relu_backward", "relu_forward", "sinusoidal_positions",
+    "relu_backward", "relu_forward", "rotary_backward", "rotary_forward", "rotary_tables",
+    "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
 ]

@@ -250,15 +250,20 @@ class TransformerConfig(ModelConfig):
         return _position_table(self.max_len, self.d_model, self.dtype)
 
 
+POSITIONS = ("learned", "sinusoidal", "rotary")     # GPTConfig.positions
+
+
 @dataclass(frozen=True)
 class GPTConfig(ModelConfig):
     """The decoder-only language model (:class:`npformer.GPT`); the defaults are GPT-2 small's.
 
     A token embedding plus positions, ``n_layers`` causal self-attention blocks (pre-norm by
     default), a final LayerNorm and an output projection without bias, tied to the token
-    embedding by default. ``learned_positions``: one trained vector per position (GPT-2's
-    ``wpe``); False: the fixed sinusoidal table, with the token embedding scaled by sqrt(d_model)
-    as in "Attention Is All You Need".
+    embedding by default. ``positions``: "learned", one trained vector per position added to the
+    token's (GPT-2's ``wpe``); "sinusoidal", the fixed table added instead, with the token
+    embedding scaled by sqrt(d_model) as in "Attention Is All You Need"; "rotary", nothing added:
+    each self-attention turns its queries and keys by their positions (RoPE, GPT-NeoX's layout;
+    an even head size d_model / n_heads).
 
     Dropout as GPT-2's: ``dropout`` on the embeddings and on each block's residual paths
     (``embd_pdrop``, ``resid_pdrop``), ``attention_dropout`` on the attention weights (None:
@@ -278,21 +283,37 @@ class GPTConfig(ModelConfig):
     norm_first: bool = True
     activation: str = "gelu_tanh"
     layer_norm_eps: float = 1e-5
-    learned_positions: bool = True
+    positions: str = "learned"
     tie_embeddings: bool = True
     dtype: str = "float32"
     seed: int = 0
 
     def __post_init__(self):
         _check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"))
-        _check_layer_options(self, ("norm_first", "learned_positions", "tie_embeddings"))
+        _check_layer_options(self, ("norm_first", "tie_embeddings"))
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions: expected one of {', '.join(POSITIONS)}, got "
+                             f"{self.positions!r}")
+        if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"positions: 'rotary' turns pairs of dimensions, so expected an even "
+                             f"head size d_model / n_heads, got {self.d_model // self.n_heads}")
+
+    @classmethod
+    def from_dict(cls, data):
+        """As :meth:`ModelConfig.from_dict`; a configuration stored before ``positions`` existed
+        names them with the flag ``learned_positions`` (True: "learned", False: "sinusoidal")."""
+        if isinstance(data, dict) and "learned_positions" in data and "positions" not in data:
+            data = dict(data)
+            learned = check_flag("learned_positions", data.pop("learned_positions"))
+            data["positions"] = "learned" if learned else "sinusoidal"
+        return super().from_dict(data)
 
     def parameter_shapes(self):
         """``{name: shape}`` in the order of the model's ``named_parameters()`` (as
         :meth:`TransformerConfig.parameter_shapes`)."""
         d, ff = self.d_model, self.d_ff
         shapes = {"tok_embed.weight": (self.vocab_size, d)}
-        if self.learned_positions:
+        if self.positions == "learned":
             shapes["pos_embed.weight"] = (self.max_len, d)
         for i in range(self.n_layers):
             shapes.update(_encoder_layer_shapes(f"transformer.layers.{i}", d, ff, d))
@@ -310,5 +331,11 @@ class GPTConfig(ModelConfig):
         return {}
 
     def derived_arrays(self):
-        return {} if self.learned_positions else _position_table(self.max_len, self.d_model,
-                                                                 self.dtype)
+        if self.positions == "sinusoidal":
+            return _position_table(self.max_len, self.d_model, self.dtype)
+        if self.positions == "rotary":        # cos and sin, (max_len, head size / 2) each
+            size = self.max_len * (self.d_model // self.n_heads) * np.dtype(self.dtype).itemsize
+            return {"rotary tables": (size, f"max_len={self.max_len} needs {size} bytes of rotary "
+                                            f"tables (max_len x head size x "
+                                            f"{np.dtype(self.dtype).itemsize})")}
+        return {}

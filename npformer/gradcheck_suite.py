@@ -97,9 +97,15 @@ def _checks(max_entries):
         out, cache = F.position_embedding_forward(x, w, start=1)
         return out, lambda d: F.position_embedding_backward(d, cache)
 
-    def gpt_check():
+    cos, sin = F.rotary_tables(6, 4, np.float64)
+
+    def rotary(x):
+        out, cache = F.rotary_forward(x, cos, sin, start=2)
+        return out, lambda d: F.rotary_backward(d, cache)
+
+    def gpt_check(positions="learned"):
         model = GPT(7, d_model=8, n_heads=2, d_ff=12, n_layers=2, max_len=6, dropout=0.0,
-                    dtype=np.float64, seed=0)
+                    positions=positions, dtype=np.float64, seed=0)
         ids = np.array([[1, 4, 5, 6], [3, 0, 2, 5]])
         return _module_check(model, lambda: model.forward(ids), model.backward, [], [],
                              max_entries=max_entries)
@@ -120,6 +126,12 @@ def _checks(max_entries):
     def mha_self():
         m = MultiHeadAttention(8, 2, **_f64(0))
         mask = F.decoder_self_mask(tgt, 0)
+        return _module_check(m, lambda x: m.forward(x, mask=mask), m.backward,
+                             [_rnd(rng, 2, 4, 8)], ["x"])
+
+    def mha_rotary():
+        m = MultiHeadAttention(8, 2, rotary=(cos, sin), **_f64(0))
+        mask = F.causal_mask(4)
         return _module_check(m, lambda x: m.forward(x, mask=mask), m.backward,
                              [_rnd(rng, 2, 4, 8)], ["x"])
 
@@ -158,6 +170,8 @@ def _checks(max_entries):
                                         [_rnd(rng, 4, 9)], tol=TOL, names=["x"])),
         ("learned positions", lambda: gradcheck(positions, [_rnd(rng, 2, 3, 5), _rnd(rng, 6, 5)],
                                                 tol=TOL, names=["x", "weight"])),
+        ("rotary positions", lambda: gradcheck(rotary, [_rnd(rng, 2, 3, 4, 4)], tol=TOL,
+                                               names=["x"])),
         ("masked softmax", lambda: gradcheck(softmax, [_rnd(rng, 3, 6)], tol=TOL, names=["scores"])),
         ("attention (causal+padding)", lambda: gradcheck(
             attention, [_rnd(rng, 2, 3, 4, 4), _rnd(rng, 2, 3, 4, 4), _rnd(rng, 2, 3, 4, 6)],
@@ -167,11 +181,13 @@ def _checks(max_entries):
         ("LayerNorm module", ln),
         ("FeedForward module (gelu)", ffn),
         ("MultiHeadAttention self", mha_self),
+        ("MultiHeadAttention rotary", mha_rotary),
         ("MultiHeadAttention cross", mha_cross),
         ("EncoderLayer", enc),
         ("DecoderLayer", dec),
         ("Transformer (whole model)", model_check),
         ("GPT (whole model)", gpt_check),
+        ("GPT rotary (whole model)", lambda: gpt_check("rotary")),
     ]
 
 

@@ -112,7 +112,7 @@ def read_config(path):
             norm_first=True, activation=ACTIVATIONS[activation],
             layer_norm_eps=field("layer_norm_epsilon", check_real, 1e-5, minimum=0,
                                  min_open=True),
-            learned_positions=True,
+            positions="learned",
             tie_embeddings=field("tie_word_embeddings", check_flag, True))
         eos = None if eos is None else check_int("eos_token_id", eos, minimum=0)
     except ValueError as e:

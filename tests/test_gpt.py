@@ -26,27 +26,28 @@ def ids_batch(seed=0, b=3, t=7):
 
 
 # -- configuration ------------------------------------------------------------------------------
-@pytest.mark.parametrize("learned", [True, False])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rotary"])
 @pytest.mark.parametrize("tie", [True, False])
-def test_config_lists_the_models_parameters_in_order(learned, tie):
-    model = tiny(learned_positions=learned, tie_embeddings=tie)
+def test_config_lists_the_models_parameters_in_order(positions, tie):
+    model = tiny(positions=positions, tie_embeddings=tie)
     shapes = model.config.parameter_shapes()
     assert list(shapes) == [name for name, _ in model.named_parameters()]
     assert all(shapes[n] == p.shape for n, p in model.named_parameters())
     assert (model.generator.weight is model.tok_embed.weight) == tie
     assert model.generator.bias is None                       # GPT-2's lm_head has no bias
-    assert ("pos_embed.weight" in shapes) == learned
-    assert model.config.derived_arrays() == ({} if learned else
-                                            nf.TransformerConfig(5, 5, d_model=8, n_heads=2,
-                                                                 max_len=12, dtype="float64")
-                                            .derived_arrays())
+    assert ("pos_embed.weight" in shapes) == (positions == "learned")
+    sinusoidal = nf.TransformerConfig(5, 5, d_model=8, n_heads=2, max_len=12, dtype="float64")
+    rotary = {"rotary tables": (12 * 4 * 8, "max_len=12 needs 384 bytes of rotary tables "
+                                            "(max_len x head size x 8)")}
+    assert model.config.derived_arrays() == {"learned": {}, "rotary": rotary,
+                                             "sinusoidal": sinusoidal.derived_arrays()}[positions]
 
 
 def test_config_defaults_are_gpt2_small_and_round_trip_through_the_registry():
     cfg = nf.GPTConfig(vocab_size=50257)
     assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.max_len) == (768, 12, 3072, 12, 1024)
-    assert (cfg.activation, cfg.norm_first, cfg.learned_positions, cfg.tie_embeddings) == \
-        ("gelu_tanh", True, True, True)
+    assert (cfg.activation, cfg.norm_first, cfg.positions, cfg.tie_embeddings) == \
+        ("gelu_tanh", True, "learned", True)
     assert (cfg.dropout, cfg.attention_dropout, cfg.activation_dropout) == (0.1, 0.1, 0.0)
     n = sum(int(np.prod(s)) for s in cfg.parameter_shapes().values())
     assert n == 124_439_808                                   # GPT-2 small's count
@@ -55,12 +56,24 @@ def test_config_defaults_are_gpt2_small_and_round_trip_through_the_registry():
     assert isinstance(build_model(small), nf.GPT)
 
 
+@pytest.mark.parametrize("learned,positions", [(True, "learned"), (False, "sinusoidal")])
+def test_a_config_stored_before_positions_existed_reads_its_flag(learned, positions):
+    stored = dict(tiny().config.to_dict(), learned_positions=learned)
+    del stored["positions"]
+    assert config_from_dict(stored) == tiny().config.replace(positions=positions)
+    with pytest.raises(ValueError, match="learned_positions: expected True or False, got .yes."):
+        config_from_dict(dict(stored, learned_positions="yes"))
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(d_model=10, n_heads=4), "d_model: expected a multiple of n_heads=4"),
     (dict(activation="swish"), "activation: expected one of"),
     (dict(vocab_size=0), "vocab_size"),
     (dict(dropout=1.0), "dropout"),
-    (dict(learned_positions="yes"), "learned_positions"),
+    (dict(positions="alibi"), "positions: expected one of learned, sinusoidal, rotary, got 'alibi'"),
+    (dict(positions="rotary", d_model=6, n_heads=2), "positions: 'rotary' turns pairs of dimensions, "
+                                                     "so expected an even head size"),
+    (dict(tie_embeddings="yes"), "tie_embeddings"),
 ])
 def test_bad_configuration_is_a_clear_error(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -98,9 +111,10 @@ def gpt_gradcheck(model, ids, max_entries=10):
     return result
 
 
-@pytest.mark.parametrize("learned,tie", [(True, True), (False, False)])
-def test_whole_model_gradient(backend, learned, tie):
-    gpt_gradcheck(tiny(learned_positions=learned, tie_embeddings=tie), ids_batch())
+@pytest.mark.parametrize("positions,tie", [("learned", True), ("sinusoidal", False),
+                                           ("rotary", True)])
+def test_whole_model_gradient(backend, positions, tie):
+    gpt_gradcheck(tiny(positions=positions, tie_embeddings=tie), ids_batch())
 
 
 def test_whole_model_gradient_with_dropout_post_norm_and_exact_gelu(backend):
@@ -161,9 +175,11 @@ def test_backward_needs_one_forward_each_time():
 
 # -- generation ------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
-@pytest.mark.parametrize("prompt_len", [1, 4])
-def test_kv_cached_steps_equal_forward_over_the_whole_sequence(backend, dtype, tol, prompt_len):
-    model = tiny(dtype=dtype, learned_positions=prompt_len == 1)
+@pytest.mark.parametrize("prompt_len,positions", [(1, "learned"), (4, "sinusoidal"),
+                                                  (1, "rotary"), (4, "rotary")])
+def test_kv_cached_steps_equal_forward_over_the_whole_sequence(backend, dtype, tol, prompt_len,
+                                                               positions):
+    model = tiny(dtype=dtype, positions=positions)
     ids = ids_batch(4, t=9)
     full = model.forward(ids).astype(np.float64)
     expected = full - np.log(np.exp(full).sum(-1, keepdims=True))          # log-softmax

@@ -272,6 +272,39 @@ def test_lm_schedule_is_an_option_a_resume_keeps(text_file, tmp_path, monkeypatc
             in capsys.readouterr().err)
 
 
+def test_lm_positions_is_a_model_option_a_resume_keeps(text_file, tmp_path, monkeypatch, capsys):
+    """--positions rotary builds a rotary GPT and is recorded; a resume keeps it and refuses
+    another; a run recorded before the option existed has its model's positions; --init-from
+    brings its own."""
+    out = tmp_path / "run"
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--max-steps", "2",
+                 "--positions", "rotary", *TINY]) == 0
+    ckpt = load_model_checkpoint(str(out / "last"))
+    assert ckpt.model.config.positions == "rotary" and ckpt.model.pos_embed is None
+    assert ckpt.meta["extra"]["options"]["positions"] == "rotary"
+    capsys.readouterr()
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--resume", str(out / "last"),
+                 "--max-steps", "3", "--positions", "learned"]) == 1
+    assert ("cannot change --positions: --positions rotary in the checkpoint, learned given"
+            in capsys.readouterr().err)
+    assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "x"),
+                 "--init-from", str(out), "--positions", "learned"]) == 1
+    assert "--positions: the model of --init-from" in capsys.readouterr().err
+    import npformer.cli.lm as lm_cli
+    monkeypatch.setattr(lm_cli, "LM_RECORDED", tuple(d for d in lm_cli.LM_RECORDED
+                                                     if d != "positions"))
+    old = tmp_path / "old"
+    assert main(["lm", "--data", str(text_file), "--out", str(old), "--max-steps", "2",
+                 *TINY]) == 0
+    monkeypatch.undo()
+    meta = load_model_checkpoint(str(old / "last")).meta
+    assert "positions" not in meta["extra"]["options"]
+    assert lm_cli.recorded_lm_options(meta)["positions"] == "learned"
+    assert main(["lm", "--data", str(text_file), "--out", str(old), "--resume", str(old / "last"),
+                 "--max-steps", "3", "--positions", "rotary"]) == 1
+    assert "--positions learned in the checkpoint, rotary given" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
 def test_lm_min_lr_above_lr_is_one_line_naming_both(text_file, tmp_path, capsys, schedule):
     assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "run"), *TINY,

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..checkpoint import write_file_atomic
+from ..configs import POSITIONS, GPTConfig
 from ..training.language_model import LM_MODEL, LM_TRAIN, lm_trainer
 from ..training.trainer import SPANNING
 from .common import (NoneDefaultFormatter, non_negative_float, non_negative_int, positive_float,
@@ -20,11 +21,11 @@ from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_
 LM_MADE_BY = "npformer lm"
 # the options a checkpoint of ``npformer lm`` records, and those a resume may change
 LM_RECORDED = ("data", "init_from", "layers", "d_model", "n_heads", "d_ff", "context", "dropout",
-               "max_steps", "batch_size", "lr", "schedule", "min_lr", "warmup_steps",
+               "positions", "max_steps", "batch_size", "lr", "schedule", "min_lr", "warmup_steps",
                "weight_decay", "clip_norm", "eval_every_steps", "time_budget", "sample_tokens",
                "seed")
 LM_MAY_CHANGE = ("data", "max_steps", "time_budget", "eval_every_steps", "sample_tokens")
-_SHAPE = ("layers", "d_model", "n_heads", "d_ff")
+_SHAPE = ("layers", "d_model", "n_heads", "d_ff", "positions")
 
 
 def add_parser(sub, name):
@@ -65,6 +66,10 @@ def add_parser(sub, name):
                         f"--init-from the model's, at most 256)")
     m.add_argument("--dropout", type=probability, default=None,
                    help=f"in [0, 1) (default {LM_MODEL['dropout']}; with --init-from the model's)")
+    m.add_argument("--positions", choices=POSITIONS, default=None,
+                   help=f"where a token is: a learned vector per position (GPT-2's), the fixed "
+                        f"sinusoidal table, or rotary (each attention turns queries and keys by "
+                        f"their positions) (default {LM_MODEL['positions']})")
     t = p.add_argument_group("training")
     t.add_argument("--max-steps", type=positive_int, default=None,
                    help=f"updates; the schedule ends there (default {LM_TRAIN['max_steps']})")
@@ -103,7 +108,7 @@ def _model_kwargs(args):
     kwargs = {}
     if args.layers is not None:
         kwargs["n_layers"] = args.layers
-    for dest in ("d_model", "n_heads", "d_ff", "dropout"):
+    for dest in ("d_model", "n_heads", "d_ff", "dropout", "positions"):
         if getattr(args, dest) is not None:
             kwargs[dest] = getattr(args, dest)
     return kwargs
@@ -132,7 +137,8 @@ def fill_defaults(args):
     used (a model of --init-from keeps its own shape, context and dropout unless given)."""
     if args.init_from is None:
         for dest, key in (("layers", "n_layers"), ("d_model", "d_model"), ("n_heads", "n_heads"),
-                          ("context", "max_len"), ("dropout", "dropout")):
+                          ("context", "max_len"), ("dropout", "dropout"),
+                          ("positions", "positions")):
             if getattr(args, dest) is None:
                 setattr(args, dest, LM_MODEL[key])
         if args.d_ff is None:
@@ -189,13 +195,16 @@ def _tokenizer_bytes(data):
 def recorded_lm_options(meta):
     """The options of ``LM_RECORDED`` a checkpoint of ``npformer lm`` recorded. A run recorded
     before --schedule existed trained with the schedule its training config names (the
-    cosine), and a resume keeps it, or refuses another, like any recorded option."""
+    cosine), one recorded before --positions with its model's positions; a resume keeps them,
+    or refuses others, like any recorded option."""
     extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
     options = extra.get("options") if isinstance(extra.get("options"), dict) else {}
     recorded = {k: options[k] for k in LM_RECORDED if k in options}
     if "schedule" not in recorded:
         config = (meta.get("training") or {}).get("config") or {}
         recorded["schedule"] = config.get("schedule", "cosine")
+    if "positions" not in recorded and isinstance(meta.get("config"), dict):
+        recorded["positions"] = GPTConfig.from_dict(meta["config"]).positions
     return recorded
 
 

@@ -20,6 +20,7 @@ from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .masks import causal_mask, decoder_self_mask, padding_mask
+from .rotary import rotary_backward, rotary_forward, rotary_tables
 from .softmax import softmax_backward, softmax_forward
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "linear_forward", "log_softmax",
     "merge_heads", "move_rows", "padding_mask", "position_embedding_backward",
     "position_embedding_forward",
-    "relu_backward", "relu_forward", "sinusoidal_positions",
+    "relu_backward", "relu_forward", "rotary_backward", "rotary_forward", "rotary_tables",
+    "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
 ]

@@ -112,19 +112,26 @@ class MultiHeadAttention(Module):
     ``in_proj_weight`` stacks W_q (qk_dim, D), W_k (qk_dim, D) and W_v (D, D) into one
     (2*qk_dim + D, D) matrix, so self-attention projects Q, K and V in a single matrix product.
     ``qk_dim`` defaults to ``d_model`` (PyTorch's layout); a smaller value makes attention scores
-    cheaper without changing the value path.
+    cheaper without changing the value path. ``rotary``: the (cos, sin) tables of
+    ``F.rotary_tables`` (max_len, d_k / 2): self-attention then turns its queries and keys by
+    their positions (rotary positions, GPT-NeoX's layout) before the scores.
 
     Shape: x (B, T, D), memory (B, S, D) or None, mask bool broadcastable to (B, H, T, S),
     True = may attend -> (B, T, D).
     """
 
-    def __init__(self, d_model, n_heads, dropout=0.0, qk_dim=None, *, rng, dtype=np.float32):
+    def __init__(self, d_model, n_heads, dropout=0.0, qk_dim=None, rotary=None, *, rng,
+                 dtype=np.float32):
         super().__init__()
         qk_dim = d_model if qk_dim is None else qk_dim
         if d_model % n_heads or qk_dim % n_heads:
             raise ValueError(f"n_heads: expected a divisor of d_model={d_model} and qk_dim={qk_dim}, "
                              f"got {n_heads}")
+        if rotary is not None and 2 * rotary[0].shape[1] != qk_dim // n_heads:
+            raise ValueError(f"rotary: expected tables of {qk_dim // n_heads // 2} pairs (half the "
+                             f"head size), got {rotary[0].shape[1]}")
         self.d_model, self.n_heads, self.qk_dim, self.dropout = d_model, n_heads, qk_dim, dropout
+        self.rotary = rotary
         self.rng = rng
         self.in_proj_weight = Parameter(xavier_uniform(rng, (2 * qk_dim + d_model, d_model), dtype))
         self.in_proj_bias = Parameter(np.zeros(2 * qk_dim + d_model, dtype=dtype))
@@ -155,6 +162,17 @@ class MultiHeadAttention(Module):
                                              self.in_proj_bias.data[qk:])      # (B, S, qk + D)
         return F.split_heads(kv[..., :qk], h), F.split_heads(kv[..., qk:], h), cache
 
+    def _turn(self, q, k, start):
+        """Rotary positions: q and k (B, H, T, dk), at positions start .. start + T - 1, turned
+        in place (views of the projection's output, which nothing else keeps). Returns the
+        cache of the turn (None without rotary positions)."""
+        if self.rotary is None:
+            return None
+        cos, sin = self.rotary
+        _, cache = self._ops.rotary_forward(q, cos, sin, start, out=q)
+        self._ops.rotary_forward(k, cos, sin, start, out=k)
+        return cache
+
     def _attend(self, q, k, v, mask):
         """Heads-split q, k, v -> out (B, T, D) through the output projection."""
         ctx, attn_cache = self._ops.attention_forward(q, k, v, mask, self.dropout, self.rng,
@@ -164,15 +182,17 @@ class MultiHeadAttention(Module):
     # -- training: all positions at once ---------------------------------------------------------
     def forward(self, x, memory=None, mask=None):
         self._ops = ops()                 # NumPy reference or Numba kernels (npformer.backend)
+        turn_cache = None
         if memory is None:                                        # self-attention
             q, k, v, proj_cache = self._project_self(x)
+            turn_cache = self._turn(q, k, 0)
         else:                                                     # cross-attention
             q, q_cache = self._project_query(x)
             k, v, kv_cache = self._project_memory(memory)
             proj_cache = (q_cache, kv_cache)
         out, attn_cache = self._attend(q, k, v, mask)
         self.attn_weights = attn_cache[3]
-        self._cache = (memory is None, proj_cache, attn_cache)
+        self._cache = (memory is None, proj_cache, attn_cache, turn_cache)
         return out
 
     # -- decoding: new positions over the cached ones ---------------------------------------------
@@ -198,6 +218,7 @@ class MultiHeadAttention(Module):
         self._ops = ops()
         start, t = cache.length, x.shape[1]
         q, k, v, _ = self._project_self(x)                        # (R, H, t, d)
+        self._turn(q, k, start)
         cache.append(k, v)
         mask = None if t == 1 else F.causal_mask(t, start)      # (1, 1, t, start + t)
         return self._attend(q, cache.keys(), cache.values(), mask)[0]
@@ -218,8 +239,9 @@ class MultiHeadAttention(Module):
 
         dq, dk, dv are written straight into the gradient of the fused projection
         ((B, T, 2*qk + D) for self-attention, no concatenation), and the projection's weight
-        gradients are added into .grad."""
-        is_self, proj_cache, attn_cache = self._cache
+        gradients are added into .grad. With rotary positions, dq and dk are turned back in
+        place there (the turn's transpose)."""
+        is_self, proj_cache, attn_cache, turn_cache = self._cache
         f, qk, h = self._ops, self.qk_dim, self.n_heads
         dctx = F.split_heads(self.out_proj.backward(dout), h)     # (B, H, T, d)
         q, k = attn_cache[:2]                                      # (B, H, T|S, d)
@@ -227,9 +249,12 @@ class MultiHeadAttention(Module):
         gw, gb = self.in_proj_weight.grad, self.in_proj_bias.grad
         if is_self:
             dqkv = np.empty((n_b, tq, 2 * qk + self.d_model), dtype=q.dtype)   # (B, T, 2*qk + D)
-            f.attention_backward_into(dctx, attn_cache, F.split_heads(dqkv[..., :qk], h),
-                                      F.split_heads(dqkv[..., qk:2 * qk], h),
+            dq, dk = F.split_heads(dqkv[..., :qk], h), F.split_heads(dqkv[..., qk:2 * qk], h)
+            f.attention_backward_into(dctx, attn_cache, dq, dk,
                                       F.split_heads(dqkv[..., 2 * qk:], h))
+            if turn_cache is not None:
+                f.rotary_backward(dq, turn_cache, out=dq)
+                f.rotary_backward(dk, turn_cache, out=dk)
             return f.linear_backward_accumulate(dqkv, proj_cache, gw, gb)
         q_cache, kv_cache = proj_cache
         dq = np.empty((n_b, tq, qk), dtype=q.dtype)                            # (B, T, qk)

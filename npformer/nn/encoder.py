@@ -18,15 +18,16 @@ class EncoderLayer(Module):
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False,
                  layer_norm_eps=1e-5, qk_dim=None, attention_dropout=None, activation_dropout=None,
-                 *, rng, dtype=np.float32):
+                 rotary=None, *, rng, dtype=np.float32):
         """``dropout``: on the sublayers' outputs; ``attention_dropout`` (on the attention
-        weights) and ``activation_dropout`` (after the feed-forward activation) default to it."""
+        weights) and ``activation_dropout`` (after the feed-forward activation) default to it.
+        ``rotary``: the self-attention's rotary tables (``MultiHeadAttention``), or None."""
         super().__init__()
         self.norm_first = norm_first
         attention_dropout, activation_dropout = inner_dropout_rates(dropout, attention_dropout,
                                                                     activation_dropout)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, qk_dim, rng=rng,
-                                            dtype=dtype)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, qk_dim, rotary,
+                                            rng=rng, dtype=dtype)
         self.ffn = FeedForward(d_model, d_ff, activation_dropout, activation, rng=rng, dtype=dtype)
         self.norm1 = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
         self.norm2 = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
@@ -59,7 +60,7 @@ class Encoder(Module):
     def __init__(self, n_layers, d_model, layer_norm_eps=1e-5, *, rng, dtype=np.float32,
                  **layer_kwargs):
         """``layer_kwargs`` (n_heads, d_ff, dropout, attention_dropout,
-        activation_dropout, activation, norm_first, qk_dim) go to each layer."""
+        activation_dropout, activation, norm_first, qk_dim, rotary) go to each layer."""
         super().__init__()
         self.layers = ModuleList([
             EncoderLayer(d_model, layer_norm_eps=layer_norm_eps, rng=rng, dtype=dtype,

@@ -50,7 +50,7 @@ class GPT(Module):
 
     def __init__(self, vocab_size, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024,
                  dropout=0.1, attention_dropout=None, activation_dropout=0.0, norm_first=True,
-                 activation="gelu_tanh", layer_norm_eps=1e-5, learned_positions=True,
+                 activation="gelu_tanh", layer_norm_eps=1e-5, positions="learned",
                  tie_embeddings=True, dtype=np.float32, seed=0):
         super().__init__()
         self.config = cfg = GPTConfig(
@@ -58,27 +58,30 @@ class GPT(Module):
             n_layers=n_layers, max_len=max_len, dropout=dropout,
             attention_dropout=attention_dropout, activation_dropout=activation_dropout,
             norm_first=norm_first, activation=activation, layer_norm_eps=layer_norm_eps,
-            learned_positions=learned_positions, tie_embeddings=tie_embeddings, dtype=dtype,
+            positions=positions, tie_embeddings=tie_embeddings, dtype=dtype,
             seed=seed)
         dtype = np.dtype(cfg.dtype)
         self.dtype, self.max_len, self.d_model = dtype, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask
         self.rng = init_rng = np.random.default_rng(cfg.seed)
-        scale = 1.0 if cfg.learned_positions else math.sqrt(cfg.d_model)
+        scale = math.sqrt(cfg.d_model) if cfg.positions == "sinusoidal" else 1.0
         self.tok_embed = Embedding(cfg.vocab_size, cfg.d_model, None, scale, rng=init_rng,
                                    dtype=dtype)
-        if cfg.learned_positions:
+        self.pos_embed = self.positions = rotary = None
+        if cfg.positions == "learned":
             self.pos_embed = PositionEmbedding(cfg.max_len, cfg.d_model, INIT_STD, rng=init_rng,
                                                dtype=dtype)
-        else:
-            self.pos_embed = None
+        elif cfg.positions == "sinusoidal":
             self.positions = F.sinusoidal_positions(cfg.max_len, cfg.d_model, dtype)
+        else:                               # rotary: the attention turns queries and keys
+            rotary = F.rotary_tables(cfg.max_len, cfg.d_model // cfg.n_heads, dtype)
         self.embed_dropout = Dropout(cfg.dropout, rng=self.rng)
         self.transformer = Encoder(cfg.n_layers, cfg.d_model, cfg.layer_norm_eps, rng=init_rng,
                                    dtype=dtype, n_heads=cfg.n_heads, d_ff=cfg.d_ff,
                                    dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
                                    activation_dropout=cfg.activation_dropout,
-                                   activation=cfg.activation, norm_first=cfg.norm_first)
+                                   activation=cfg.activation, norm_first=cfg.norm_first,
+                                   rotary=rotary)
         self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False, rng=init_rng, dtype=dtype)
         if cfg.tie_embeddings:
             self.generator.weight = self.tok_embed.weight       # one Parameter, two users
@@ -132,11 +135,11 @@ class GPT(Module):
     # -- pieces the forward pass and decoding share -------------------------------------------
     def embed(self, ids, start=0):
         """Token plus position vectors of ids (B, T) at positions start .. start + T - 1, then
-        dropout -> (B, T, D)."""
+        dropout -> (B, T, D). (Rotary positions are the attention's: nothing is added.)"""
         x = self.tok_embed.forward(ids)
         if self.pos_embed is not None:
             x = self.pos_embed.forward(x, start)
-        else:
+        elif self.positions is not None:
             x += self.positions[start:start + ids.shape[1]]
         return self.embed_dropout.forward(x)
 

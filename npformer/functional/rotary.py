@@ -1,0 +1,65 @@
+"""Rotary position embedding (RoPE; Su et al., "RoFormer", 2021), in the layout of GPT-NeoX and
+Llama: a head's vector of size d is split in halves, and dimension i pairs with i + d/2.
+
+Queries and keys are rotated, pair by pair, by an angle proportional to their position; the
+score q . k of two rotated vectors then depends on the positions only through their difference.
+Nothing is learned: the angles come from the position and the pair alone.
+
+Derivation: docs/backprop.md#rotary-positions.
+"""
+import numpy as np
+
+ROTARY_BASE = 10000.0            # theta: pair i turns by t * theta ** (-2i / d) at position t
+
+
+def rotary_tables(max_len, head_dim, dtype, base=ROTARY_BASE):
+    """cos, sin (max_len, head_dim / 2) of the angles t * base ** (-2i / head_dim) of position t
+    and pair i, computed in float64 and then cast to ``dtype``."""
+    if head_dim % 2:
+        raise ValueError(f"head_dim: rotary positions turn pairs of dimensions, so expected an "
+                         f"even size, got {head_dim}")
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # (d/2,)
+    angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq              # (T, d/2)
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def _rows(cos, sin, start, t):
+    if start < 0 or start + t > cos.shape[0]:
+        raise ValueError(f"positions: expected start + T <= max_len={cos.shape[0]}, got start "
+                         f"{start} and T {t}")
+    return cos[start:start + t], sin[start:start + t]          # (T, d/2) each
+
+
+def rotary_forward(x, cos, sin, start=0, out=None):
+    """Turn each pair (x1, x2) = (x[..., i], x[..., i + d/2]) of the vector at position
+    start + t by that position's angle for pair i:
+
+        out1 = x1 cos - x2 sin,     out2 = x2 cos + x1 sin
+
+    Shape: x (B, H, T, d), cos and sin (max_len, d/2) from :func:`rotary_tables` -> out
+    (B, H, T, d). ``out`` may be x itself (in place); None: a new array.
+    """
+    half = x.shape[-1] // 2
+    c, s = _rows(cos, sin, start, x.shape[-2])                 # broadcast over B and H
+    x1, x2 = x[..., :half], x[..., half:]
+    y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s                  # both read before any write
+    out = np.empty_like(x) if out is None else out
+    out[..., :half], out[..., half:] = y1, y2
+    return out, (c, s)
+
+
+def rotary_backward(dout, cache, out=None):
+    """out = R x, where R turns every pair by its angle: R is orthogonal, so dx = R^T dout, the
+    same pairs turned back by minus the angle (cos even, sin odd):
+
+        dx1 = dout1 cos + dout2 sin,     dx2 = dout2 cos - dout1 sin
+
+    Returns dx (B, H, T, d), in ``out`` if given (which may be dout itself).
+    """
+    c, s = cache
+    half = dout.shape[-1] // 2
+    g1, g2 = dout[..., :half], dout[..., half:]
+    dx1, dx2 = g1 * c + g2 * s, g2 * c - g1 * s
+    out = np.empty_like(dout) if out is None else out
+    out[..., :half], out[..., half:] = dx1, dx2
+    return out

@@ -295,7 +295,7 @@ def test_lm_positions_is_a_model_option_a_resume_keeps(text_file, tmp_path, monk
                                                      if d != "positions"))
     old = tmp_path / "old"
     assert main(["lm", "--data", str(text_file), "--out", str(old), "--max-steps", "2",
-                 *TINY]) == 0
+                 "--positions", "learned", *TINY]) == 0                 # not the default
     monkeypatch.undo()
     meta = load_model_checkpoint(str(old / "last")).meta
     assert "positions" not in meta["extra"]["options"]

@@ -70,6 +70,19 @@ def cases(np, F, K, dtype):
         return run
     yield "attention fwd+bwd B=64 H=6 T=S=128 d=32, causal, dropout 0.1", att_causal(F), att_causal(K)
 
+    # a character GPT's rotary positions, as its attention runs them: q and k turned in place
+    # inside the fused projection's output (B=32, T=128, 3 x 192), then their gradients back
+    qkv, cos, sin = randn(32, 128, 576), *F.rotary_tables(128, 32, dtype)
+    q_k = [F.split_heads(qkv[..., i * 192:(i + 1) * 192], 6) for i in (0, 1)]   # (B, H, T, d)
+
+    def rotary(ops):
+        def run():
+            for view in q_k:
+                _, cache = ops.rotary_forward(view, cos, sin, 0, out=view)
+                ops.rotary_backward(view, cache, out=view)
+        return run
+    yield "rotary fwd+bwd, q and k (32, 6, 128, 32) in place", rotary(F), rotary(K)
+
     n, dm = 128 * 15, 256
     x, g, bta, dy = randn(n, dm), randn(dm), randn(dm), randn(n, dm)
 

@@ -36,6 +36,15 @@ def embedding_backward(dout, cache, padding_idx=None):
     return dw
 
 
+def position_rows(table, start, t):
+    """Rows start .. start + t - 1 of a per-position table (max_len, ...): the positions of t
+    tokens, the first at ``start`` (incremental decoding passes the positions it has reached)."""
+    if start < 0 or start + t > table.shape[0]:
+        raise ValueError(f"positions: expected start + T <= max_len={table.shape[0]}, got start "
+                         f"{start} and T {t}")
+    return table[start:start + t]
+
+
 def position_embedding_forward(x, w, start=0):
     """Learned positions (GPT-2's ``wpe``): out[b, t] = x[b, t] + w[start + t], the same row for
     every sequence of the batch. ``start`` is the position of x's first row (incremental
@@ -44,10 +53,7 @@ def position_embedding_forward(x, w, start=0):
     Shape: x (B, T, D), w (max_len, D) -> out (B, T, D).
     """
     t = x.shape[1]
-    if start < 0 or start + t > w.shape[0]:
-        raise ValueError(f"positions: expected start + T <= max_len={w.shape[0]}, got start "
-                         f"{start} and T {t}")
-    out = x + w[start:start + t]                     # (B, T, D); (T, D) broadcast over B
+    out = x + position_rows(w, start, t)             # (B, T, D); (T, D) broadcast over B
     return out, (start, t, w.shape)
 
 

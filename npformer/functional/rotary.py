@@ -9,6 +9,8 @@ Derivation: docs/backprop.md#rotary-positions.
 """
 import numpy as np
 
+from .embedding import position_rows
+
 ROTARY_BASE = 10000.0            # theta: pair i turns by t * theta ** (-2i / d) at position t
 
 
@@ -24,10 +26,7 @@ def rotary_tables(max_len, head_dim, dtype, base=ROTARY_BASE):
 
 
 def _rows(cos, sin, start, t):
-    if start < 0 or start + t > cos.shape[0]:
-        raise ValueError(f"positions: expected start + T <= max_len={cos.shape[0]}, got start "
-                         f"{start} and T {t}")
-    return cos[start:start + t], sin[start:start + t]          # (T, d/2) each
+    return position_rows(cos, start, t), position_rows(sin, start, t)     # (T, d/2) each
 
 
 def rotary_forward(x, cos, sin, start=0, out=None):

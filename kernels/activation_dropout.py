@@ -23,8 +23,8 @@ from numba import njit, prange
 
 from npformer.aligned import empty_aligned
 from npformer.functional.activation_dropout import check_activation
-from npformer.functional.dropout import keep_mask
 
+from .dropout import keep_mask
 from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
 
@@ -140,7 +140,7 @@ def activation_dropout_backward(dout, cache):
     if dout.shape != h.shape:
         raise ValueError(f"dout: expected shape {h.shape}, got {dout.shape}")
     dout = np.ascontiguousarray(dout, dtype=h.dtype)
-    dh = np.empty(h.shape, dtype=h.dtype)
+    dh = empty_aligned(h.shape, h.dtype)            # pooled: no fresh pages to fault in
     _backward(dout.reshape(-1), h.reshape(-1), code, _NO_MASK if keep is None else keep.reshape(-1),
               scale, keep is not None, _consts(h.dtype), h.dtype == np.float32, dh.reshape(-1))
     return dh

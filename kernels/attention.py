@@ -71,8 +71,8 @@ from numba import njit, prange
 
 from npformer import runtime
 from npformer.aligned import empty_aligned
-from npformer.functional.dropout import keep_mask
 
+from .dropout import keep_mask
 from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
 from .matmul import THREAD_SAFE, matmul

@@ -1,15 +1,58 @@
 """Inverted dropout with the mask applied in one fused pass (docs/backprop.md#dropout).
 
-The keep-mask is drawn from the caller's ``rng`` exactly as the reference draws it, so the
-NumPy and Numba paths see identical masks for the same seed; only the multiply is compiled.
+``keep_mask`` is the reference's mask filled on every core: the same key drawn from the
+caller's ``rng``, the same SplitMix64 word for each index, so the NumPy and Numba paths see
+identical masks for the same seed, whatever the thread count.
 """
+import math
+
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from npformer.aligned import empty_aligned
-from npformer.functional.dropout import keep_mask
+from npformer.functional.dropout import GAMMA, MIX, SHIFTS, mask_key, mask_threshold
 
 from ._jit import kernel
+
+WORDS = 1024                     # mask words (4 units each) per parallel task, fixed
+
+
+@njit(inline="always")
+def _word(key, w):
+    """Word w of the mask: mix(key + (w + 1) GAMMA), as ``functional.dropout.mask_words``."""
+    z = key + np.uint64(w + 1) * GAMMA
+    z = (z ^ (z >> SHIFTS[0])) * MIX[0]
+    z = (z ^ (z >> SHIFTS[1])) * MIX[1]
+    return z ^ (z >> SHIFTS[2])
+
+
+@kernel(parallel=True)
+def _fill_mask(key, threshold, keep):
+    """keep (n,) bool: unit u kept when bits 16 (u % 4).. of word u // 4 reach ``threshold``."""
+    n = keep.shape[0]
+    full = n // 4                                   # words whose four units all lie in keep
+    m = np.uint64(0xFFFF)
+    for blk in prange((full + WORDS - 1) // WORDS):
+        lo = blk * WORDS
+        hi = min(lo + WORDS, full)
+        kb = keep[4 * lo:4 * hi]                    # (a view indexed from 0: LLVM vectorises)
+        for i in range(hi - lo):
+            z = _word(key, lo + i)
+            kb[4 * i] = (z & m) >= threshold
+            kb[4 * i + 1] = ((z >> np.uint64(16)) & m) >= threshold
+            kb[4 * i + 2] = ((z >> np.uint64(32)) & m) >= threshold
+            kb[4 * i + 3] = (z >> np.uint64(48)) >= threshold
+    if n > 4 * full:                                # the last, partial word
+        z = _word(key, full)
+        for j in range(n - 4 * full):
+            keep[4 * full + j] = ((z >> np.uint64(16 * j)) & m) >= threshold
+
+
+def keep_mask(shape, p, rng):
+    """The reference's ``keep_mask``, bit for bit: a bool array of ``shape``, True = kept."""
+    keep = empty_aligned(math.prod(shape), bool)     # pooled: no fresh pages to fault in
+    _fill_mask(np.uint64(mask_key(rng)), np.uint64(mask_threshold(p)), keep)
+    return keep.reshape(shape)
 
 
 @kernel(parallel=True)
@@ -37,7 +80,7 @@ def dropout_backward(dout, cache):
     keep, scale = cache
     if dout.shape != keep.shape:
         raise ValueError(f"dout: expected shape {keep.shape}, got {dout.shape}")
-    dx = np.empty(dout.shape, dtype=dout.dtype)
+    dx = empty_aligned(dout.shape, dout.dtype)
     _apply_mask(np.ascontiguousarray(dout).reshape(-1), keep.reshape(-1), dout.dtype.type(scale),
                 dx.reshape(-1))
     return dx

@@ -1,8 +1,11 @@
 """The dropout keep-mask: 16 random bits per unit, kept with probability 1 - p."""
+import numba
 import numpy as np
 import pytest
 
-from npformer.functional.dropout import keep_mask
+from npformer import runtime
+from npformer.functional.dropout import keep_mask, mask_words
+from npformer.kernels.dropout import keep_mask as kernel_keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])
@@ -38,6 +41,35 @@ def test_units_are_independent_within_each_64_bit_word():
     assert np.abs(corr[np.triu_indices(4, 1)]).max() < 0.01
 
 
-def test_a_32_bit_rng_is_refused():
-    with pytest.raises(ValueError, match="MT19937"):
-        keep_mask((4, 4), 0.1, np.random.Generator(np.random.MT19937(0)))
+@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.MT19937, np.random.Philox])
+def test_any_generator_serves_and_advances_by_one_draw(bit_generator):
+    rng, twin = np.random.Generator(bit_generator(4)), np.random.Generator(bit_generator(4))
+    keep_mask((1000, 3), 0.1, rng)
+    twin.integers(0, 1 << 64, dtype=np.uint64)              # the mask's one draw (its key)
+    assert rng.integers(1 << 30) == twin.integers(1 << 30)
+
+
+def test_the_first_words_are_splitmix64s():
+    # SplitMix64 seeded with 1234567 (Vigna's splitmix64.c) gives 6457827717110365317 first
+    # and 3203168211198807973 second
+    words = mask_words(np.uint64(1234567), 2)
+    assert words.tolist() == [6457827717110365317, 3203168211198807973]
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (0, 4), (2, 3, 5, 7), (1, 1), (64, 128, 192),
+                                   (16, 4, 128, 129)])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.999999])
+def test_numba_twin_draws_the_same_bits(shape, p):
+    # (64, 128, 192) and (16, 4, 128, 129) run the parallel kernel, the last with a partial word
+    want = keep_mask(shape, p, np.random.default_rng(9))
+    got = kernel_keep_mask(shape, p, np.random.default_rng(9))
+    assert got.dtype == bool and got.shape == shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_numba_twin_bits_do_not_depend_on_the_thread_count(threads, monkeypatch):
+    shape = (8, 6, 128, 127)
+    want = keep_mask(shape, 0.1, np.random.default_rng(2))
+    monkeypatch.setattr(runtime, "kernel_threads", lambda: min(threads, numba.config.NUMBA_NUM_THREADS))
+    np.testing.assert_array_equal(kernel_keep_mask(shape, 0.1, np.random.default_rng(2)), want)

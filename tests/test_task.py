@@ -283,8 +283,9 @@ def _reference_run(data, options, out_dir, resume=None, **over):
 @pytest.mark.parametrize("scenario", sorted(REFERENCE["scenarios"]))
 def test_translation_runs_keep_the_bits_of_the_loop_before_the_task_protocol(
         scenario, tmp_path, numpy_backend):
-    """tests/data/loop_reference.json was written by the loop of commit 51e1cdb (numpy backend):
-    every logged loss, every validation and the final weights, straight and resumed."""
+    """tests/data/loop_reference.json was written by the loop of commit 51e1cdb (numpy backend),
+    and again when the dropout masks changed: every logged loss, every validation and the final
+    weights, straight and resumed."""
     data = toy_data(seed=1, n_train=120, n_heldout=4, n_valid=16)
     expected = REFERENCE["scenarios"][scenario]
     options = expected["options"]

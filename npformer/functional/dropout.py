@@ -9,6 +9,11 @@ import math
 import numpy as np
 
 MASK_BITS = 16          # random bits per unit; p is realised to within 2**-17
+# SplitMix64 (Steele, Lea & Flood 2014; Java's SplittableRandom): word i of a mask is
+# mix(key + (i + 1) * GAMMA), a function of the key and the index alone.
+GAMMA = np.uint64(0x9E3779B97F4A7C15)
+MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
 
 
 def inner_dropout_rates(dropout, attention_dropout=None, activation_dropout=None):
@@ -18,22 +23,41 @@ def inner_dropout_rates(dropout, attention_dropout=None, activation_dropout=None
     return tuple(dropout if p is None else p for p in (attention_dropout, activation_dropout))
 
 
+def mask_threshold(p):
+    """Units whose 16 bits fall below this are dropped: round(p * 65536), at most 65535."""
+    return np.uint16(min(round(p * (1 << MASK_BITS)), (1 << MASK_BITS) - 1))
+
+
+def mask_key(rng):
+    """One 64-bit draw of ``rng``: the whole mask follows from it, so the generator advances by
+    the same single draw whatever the mask's size (any numpy Generator will do)."""
+    return rng.integers(0, 1 << 64, dtype=np.uint64)
+
+
+def mask_words(key, n_words):
+    """(n_words,) uint64: SplitMix64's words key + (i + 1) * GAMMA, each mixed by two
+    xor-shift-multiply rounds and a last xor-shift (uint64 arithmetic wraps modulo 2**64)."""
+    z = key + np.arange(1, n_words + 1, dtype=np.uint64) * GAMMA
+    z = (z ^ (z >> SHIFTS[0])) * MIX[0]
+    z = (z ^ (z >> SHIFTS[1])) * MIX[1]
+    return z ^ (z >> SHIFTS[2])
+
+
 def keep_mask(shape, p, rng):
     """A bool array of ``shape``, each entry True (kept) with probability 1 - p.
 
-    Each unit gets 16 random bits, four from every 64-bit word of ``rng``'s bit generator, and is
-    dropped when they fall below round(p * 65536): p is rounded to a multiple of 1/65536
-    (0.1 -> 0.1000061). Comparing float32 uniforms with p instead takes ~3x as long (1.8 vs
-    0.6 ms for 983,040 units), and a base-config training step draws ~16 million units.
-    Both backends call this function, so they see the same masks for the same seed.
+    Each unit gets 16 random bits: unit u takes bits 16 (u % 4) to 16 (u % 4) + 15 of word
+    u // 4 of ``mask_words(mask_key(rng), ...)``, and is dropped when they fall below
+    ``mask_threshold(p)``: p is rounded to a multiple of 1/65536 (0.1 -> 0.1000061).
+    Every word depends on its index alone, so the Numba twin (``npformer.kernels.dropout``)
+    fills the mask on all cores and draws the very same bits: both backends see the same
+    masks for the same seed, on any number of threads.
     """
-    if isinstance(rng.bit_generator, np.random.MT19937):
-        raise ValueError("rng: expected a numpy random Generator with 64 random bits per raw draw (PCG64, "
-                         "as np.random.default_rng gives, Philox, SFC64), got MT19937 (32)")
     n = math.prod(shape)
-    words = rng.bit_generator.random_raw((n + 3) // 4)      # (ceil(n / 4),) uint64
-    bits = words.view(np.uint16)[:n].reshape(shape)         # (...) uint16, uniform in [0, 65536)
-    return bits >= np.uint16(min(round(p * (1 << MASK_BITS)), (1 << MASK_BITS) - 1))
+    words = mask_words(mask_key(rng), (n + 3) // 4)                            # (ceil(n / 4),)
+    fields = (words[:, None] >> np.arange(0, 64, 16, dtype=np.uint64)) & np.uint64(0xFFFF)
+    bits = fields.reshape(-1)[:n].reshape(shape)                          # (...) in [0, 65536)
+    return bits >= mask_threshold(p)
 
 
 def dropout_forward(x, p, rng, training=True):

@@ -1,8 +1,8 @@
 """Inverted dropout with the mask applied in one fused pass (docs/backprop.md#dropout).
 
-``keep_mask`` is the reference's mask filled on every core: the same key drawn from the
-caller's ``rng``, the same SplitMix64 word for each index, so the NumPy and Numba paths see
-identical masks for the same seed, whatever the thread count.
+``keep_mask`` is the reference's mask, compiled: the same key drawn from the caller's ``rng``,
+the same SplitMix64 word for each index, so the NumPy and Numba paths see identical masks for
+the same seed. The words are independent of each other, so the loop vectorises.
 """
 import math
 
@@ -14,8 +14,6 @@ from npformer.functional.dropout import GAMMA, MIX, SHIFTS, mask_key, mask_thres
 
 from ._jit import kernel
 
-WORDS = 1024                     # mask words (4 units each) per parallel task, fixed
-
 
 @njit(inline="always")
 def _word(key, w):
@@ -26,22 +24,20 @@ def _word(key, w):
     return z ^ (z >> SHIFTS[2])
 
 
-@kernel(parallel=True)
+@kernel
 def _fill_mask(key, threshold, keep):
-    """keep (n,) bool: unit u kept when bits 16 (u % 4).. of word u // 4 reach ``threshold``."""
+    """keep (n,) bool: unit u kept when bits 16 (u % 4).. of word u // 4 reach ``threshold``.
+    Serial: LLVM computes several independent words per vector instruction, and a parallel
+    version of this loop (blocks of words over the cores) measured slower on 2 cores."""
     n = keep.shape[0]
     full = n // 4                                   # words whose four units all lie in keep
     m = np.uint64(0xFFFF)
-    for blk in prange((full + WORDS - 1) // WORDS):
-        lo = blk * WORDS
-        hi = min(lo + WORDS, full)
-        kb = keep[4 * lo:4 * hi]                    # (a view indexed from 0: LLVM vectorises)
-        for i in range(hi - lo):
-            z = _word(key, lo + i)
-            kb[4 * i] = (z & m) >= threshold
-            kb[4 * i + 1] = ((z >> np.uint64(16)) & m) >= threshold
-            kb[4 * i + 2] = ((z >> np.uint64(32)) & m) >= threshold
-            kb[4 * i + 3] = (z >> np.uint64(48)) >= threshold
+    for w in range(full):
+        z = _word(key, w)
+        keep[4 * w] = (z & m) >= threshold
+        keep[4 * w + 1] = ((z >> np.uint64(16)) & m) >= threshold
+        keep[4 * w + 2] = ((z >> np.uint64(32)) & m) >= threshold
+        keep[4 * w + 3] = (z >> np.uint64(48)) >= threshold
     if n > 4 * full:                                # the last, partial word
         z = _word(key, full)
         for j in range(n - 4 * full):

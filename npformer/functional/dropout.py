@@ -50,8 +50,8 @@ def keep_mask(shape, p, rng):
     u // 4 of ``mask_words(mask_key(rng), ...)``, and is dropped when they fall below
     ``mask_threshold(p)``: p is rounded to a multiple of 1/65536 (0.1 -> 0.1000061).
     Every word depends on its index alone, so the Numba twin (``npformer.kernels.dropout``)
-    fills the mask on all cores and draws the very same bits: both backends see the same
-    masks for the same seed, on any number of threads.
+    computes many at once in vector registers and draws the very same bits: both backends see
+    the same masks for the same seed.
     """
     n = math.prod(shape)
     words = mask_words(mask_key(rng), (n + 3) // 4)                            # (ceil(n / 4),)

@@ -24,9 +24,9 @@ from numba import njit, prange
 from npformer.aligned import empty_aligned
 from npformer.functional.activation_dropout import check_activation
 
-from .dropout import keep_mask
 from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
+from .dropout import keep_mask
 
 _CODES = {"relu": 0, "gelu": 1, "gelu_tanh": 2}   # the activation, as the kernels receive it
 # Elements per parallel task, fixed: Numba would otherwise give each thread one range of its own,

@@ -72,9 +72,9 @@ from numba import njit, prange
 from npformer import runtime
 from npformer.aligned import empty_aligned
 
-from .dropout import keep_mask
 from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
+from .dropout import keep_mask
 from .matmul import THREAD_SAFE, matmul
 
 SPLIT_MIN = 1 << 15              # score entries (B*H*Tq*Tk) from which both cores work

@@ -324,3 +324,18 @@ def test_a_sliding_state_draws_each_token_from_the_last_context_tokens():
         for t in range(3, 15):
             full.step(tokens)
             tokens = seq[:, t]
+
+
+@pytest.mark.parametrize("make", ["gpt", "transformer"])
+def test_sinusoidal_positions_past_max_len_are_refused_by_name(make):
+    # the tables are cut by F.position_rows, as learned and rotary positions are
+    if make == "gpt":
+        model = tiny(positions="sinusoidal", max_len=6)
+        embed = lambda: model.embed(np.zeros((1, 3), dtype=np.int64), start=4)
+    else:
+        model = nf.Transformer(5, 5, d_model=8, n_heads=2, max_len=6, dtype=np.float64)
+        embed = lambda: model.embed(model.src_embed, model.src_dropout,
+                                    np.zeros((1, 3), dtype=np.int64), start=4)
+    with pytest.raises(ValueError, match=r"positions: expected start \+ T <= max_len=6, got start 4 "
+                                         r"and T 3"):
+        embed()

@@ -15,7 +15,7 @@ from .attention import (attention_backward, attention_backward_into, attention_f
                         merge_heads, move_rows, split_heads, take_rows)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import (embedding_backward, embedding_forward, position_embedding_backward,
-                        position_embedding_forward, sinusoidal_positions)
+                        position_embedding_forward, position_rows, sinusoidal_positions)
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
@@ -32,7 +32,7 @@ __all__ = [
     "linear_backward", "linear_backward_accumulate",
     "linear_forward", "log_softmax",
     "merge_heads", "move_rows", "padding_mask", "position_embedding_backward",
-    "position_embedding_forward",
+    "position_embedding_forward", "position_rows",
     "relu_backward", "relu_forward", "rotary_backward", "rotary_forward", "rotary_tables",
     "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",

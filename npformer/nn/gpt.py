@@ -140,7 +140,7 @@ class GPT(Module):
         if self.pos_embed is not None:
             x = self.pos_embed.forward(x, start)
         elif self.positions is not None:
-            x += self.positions[start:start + ids.shape[1]]
+            x += F.position_rows(self.positions, start, ids.shape[1])
         return self.embed_dropout.forward(x)
 
     def decoder_state(self, prompt, eos_id=None, capacity=None, slide=False):

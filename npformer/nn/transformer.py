@@ -96,7 +96,7 @@ class Transformer(Module):
     def embed(self, embedding, dropout, ids, start=0):
         """scale * E[ids] + PE[start:start + T], then dropout. (B, T) -> (B, T, D)."""
         x = embedding.forward(ids)
-        x += self.positions[start:start + ids.shape[1]]
+        x += F.position_rows(self.positions, start, ids.shape[1])
         return dropout.forward(x)
 
     def encode(self, src):

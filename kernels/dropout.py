@@ -80,3 +80,40 @@ def dropout_backward(dout, cache):
     _apply_mask(np.ascontiguousarray(dout).reshape(-1), keep.reshape(-1), dout.dtype.type(scale),
                 dx.reshape(-1))
     return dx
+
+
+@kernel(parallel=True, fastmath=False)
+def _add_masked(x, y, keep, scale, out):
+    """out = x + y * keep * scale over flat arrays: the residual sum and its dropout, one pass.
+    Without fastmath: a fused multiply-add would round once where the reference rounds twice."""
+    for i in prange(x.shape[0]):
+        out[i] = x[i] + y[i] * scale if keep[i] else x[i]
+
+
+@kernel(parallel=True)
+def _add(x, y, out):
+    """out = x + y over flat arrays (the residual sum where dropout is off)."""
+    for i in prange(x.shape[0]):
+        out[i] = x[i] + y[i]
+
+
+def dropout_add_forward(x, y, p, rng, training=True):
+    """out = x + dropout(y) in one pass, into a pooled buffer. Shape: x, y (...) -> out (...);
+    the cache is :func:`dropout_forward`'s, so :func:`dropout_add_backward` is the reference's."""
+    if x.shape != y.shape:
+        raise ValueError(f"x, y: expected the same shape, got {x.shape} and {y.shape}")
+    dtype = np.result_type(x, y)
+    out = empty_aligned(x.shape, dtype)
+    flat = [np.ascontiguousarray(a, dtype).reshape(-1) for a in (x, y)]
+    if not training or p == 0.0:
+        _add(*flat, out.reshape(-1))
+        return out, None
+    keep = keep_mask(y.shape, p, rng)                     # (...) bool, True = kept
+    scale = dtype.type(1.0 / (1.0 - p))
+    _add_masked(*flat, keep.reshape(-1), scale, out.reshape(-1))
+    return out, (keep, scale)
+
+
+def dropout_add_backward(dout, cache):
+    """dx = dout, dy = dout * keep / (1 - p). Returns (dx, dy); dx is dout itself."""
+    return dout, dropout_backward(dout, cache)

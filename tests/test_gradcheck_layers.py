@@ -109,6 +109,15 @@ def test_dropout_with_fixed_mask():
     check(f, [x])
 
 
+def test_dropout_add_with_fixed_mask():
+    rng = np.random.default_rng(4)
+
+    def f(x, y):
+        out, cache = F.dropout_add_forward(x, y, 0.3, np.random.default_rng(7), training=True)
+        return out, lambda d: F.dropout_add_backward(d, cache)
+    check(f, [rnd(rng, 3, 8), rnd(rng, 3, 8)])
+
+
 def test_masked_softmax():
     rng = np.random.default_rng(5)
     mask = rng.random((3, 6)) > 0.4

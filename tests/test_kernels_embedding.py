@@ -47,6 +47,25 @@ def test_dropout_matches_reference_with_the_same_draws(shape, p, training, dtype
     np.testing.assert_array_equal(K.dropout_backward(dout, c), F.dropout_backward(dout, c_ref))
 
 
+@settings(deadline=None, max_examples=20)
+@given(shape=st.lists(st.integers(1, 7), min_size=1, max_size=3), p=st.sampled_from([0.0, 0.1, 0.5]),
+       training=st.booleans(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_dropout_add_matches_reference_with_the_same_draws(shape, p, training, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x, y, dout = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    out_ref, c_ref = F.dropout_add_forward(x, y, p, np.random.default_rng(seed), training)
+    out, c = K.dropout_add_forward(x, y, p, np.random.default_rng(seed), training)
+    np.testing.assert_array_equal(out, out_ref)
+    for grad, grad_ref in zip(K.dropout_add_backward(dout, c), F.dropout_add_backward(dout, c_ref)):
+        np.testing.assert_array_equal(grad, grad_ref)
+
+
+@pytest.mark.parametrize("ops", [F, K], ids=["numpy", "numba"])
+def test_dropout_add_rejects_terms_of_different_shapes(ops):
+    with pytest.raises(ValueError, match=r"x, y: expected the same shape, got \(3, 4\) and \(4, 3\)"):
+        ops.dropout_add_forward(np.ones((3, 4)), np.ones((4, 3)), 0.5, np.random.default_rng(0))
+
+
 def test_dropout_backward_rejects_a_wrong_shape():
     _, cache = K.dropout_forward(np.ones((3, 4)), 0.5, np.random.default_rng(0))
     with pytest.raises(ValueError, match="dout"):

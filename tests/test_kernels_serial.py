@@ -54,6 +54,8 @@ def test_serial_twins_agree_with_the_parallel_kernels(monkeypatch, dtype):
             out += [h, K.activation_dropout_backward(dy, cache)]
         d, cache = K.dropout_forward(x, 0.3, np.random.default_rng(2), True)
         out += [d, K.dropout_backward(dy, cache)]
+        s, cache = K.dropout_add_forward(x, dy, 0.3, np.random.default_rng(2), True)
+        out += [s, K.dropout_add_backward(x, cache)[1]]
         e, cache = K.embedding_forward(ids, table, 2.0)
         out += [e, K.embedding_backward(e * 0.5, cache, 0)]
         loss, cache = K.cross_entropy_forward(x, targets, 0, 0.1)
@@ -66,7 +68,7 @@ def test_serial_twins_agree_with_the_parallel_kernels(monkeypatch, dtype):
     serial, parallel = _both(monkeypatch, compute)
     _assert_close(serial, parallel, 1e-5 if dtype == np.float32 else 1e-12)
     # the dropout masks, the activations and the gathers involve no sums: the very bits
-    for i in (2, 4, 6, 8):
+    for i in (2, 4, 6, 8, 9, 10):
         np.testing.assert_array_equal(serial[i], parallel[i])
 
 

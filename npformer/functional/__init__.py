@@ -13,7 +13,8 @@ from .activations import (ACTIVATIONS, gelu_backward, gelu_forward, gelu_tanh_ba
                           gelu_tanh_forward, relu_backward, relu_forward)
 from .attention import (attention_backward, attention_backward_into, attention_forward,
                         merge_heads, move_rows, split_heads, take_rows)
-from .dropout import dropout_backward, dropout_forward
+from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backward,
+                      dropout_forward)
 from .embedding import (embedding_backward, embedding_forward, position_embedding_backward,
                         position_embedding_forward, position_rows, sinusoidal_positions)
 from .layernorm import layernorm_backward, layernorm_forward
@@ -26,8 +27,8 @@ from .softmax import softmax_backward, softmax_forward
 __all__ = [
     "ACTIVATIONS", "activation_dropout_backward", "activation_dropout_forward",
     "attention_backward", "attention_backward_into", "attention_forward", "causal_mask",
-    "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_backward",
-    "dropout_forward", "embedding_backward", "embedding_forward", "gelu_backward", "gelu_forward",
+    "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_add_backward",
+    "dropout_add_forward", "dropout_backward", "dropout_forward", "embedding_backward", "embedding_forward", "gelu_backward", "gelu_forward",
     "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
     "linear_backward", "linear_backward_accumulate",
     "linear_forward", "log_softmax",

@@ -75,3 +75,19 @@ def dropout_backward(dout, cache):
         return dout
     keep, scale = cache
     return dout * keep * scale
+
+
+def dropout_add_forward(x, y, p, rng, training=True):
+    """out = x + dropout(y): a residual connection's sum with its sub-layer's dropped output,
+    one pass in a backend that fuses the two. Shape: x, y (...) -> out (...); the cache is
+    :func:`dropout_forward`'s for y."""
+    if x.shape != y.shape:
+        raise ValueError(f"x, y: expected the same shape, got {x.shape} and {y.shape}")
+    dropped, cache = dropout_forward(y, p, rng, training)
+    return x + dropped, cache
+
+
+def dropout_add_backward(dout, cache):
+    """The sum hands dout to both terms: dx = dout, dy = dout * keep / (1-p).
+    Returns (dx, dy); dx is dout itself."""
+    return dout, dropout_backward(dout, cache)

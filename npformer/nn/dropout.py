@@ -25,3 +25,13 @@ class Dropout(Module):
 
     def backward(self, dout):
         return self._ops.dropout_backward(dout, self._cache)
+
+    def add_forward(self, x, y):
+        """x + dropout(y), as a residual connection sums (one pass in the Numba backend)."""
+        self._ops = ops()
+        out, self._cache = self._ops.dropout_add_forward(x, y, self.p, self.rng, self.training)
+        return out
+
+    def add_backward(self, dout):
+        """(dx, dy) of :meth:`add_forward`: dx is dout itself, dy its dropout'."""
+        return self._ops.dropout_add_backward(dout, self._cache)

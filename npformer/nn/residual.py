@@ -8,10 +8,11 @@ Derivation: docs/backprop.md#residual-and-layer-order.
 
 
 def residual_forward(x, sublayer, norm, dropout, norm_first):
-    """``sublayer`` maps (B, T, D) -> (B, T, D); ``norm``/``dropout`` are modules."""
+    """``sublayer`` maps (B, T, D) -> (B, T, D); ``norm``/``dropout`` are modules.
+    ``dropout.add_forward(x, y)`` is x + dropout(y)."""
     if norm_first:
-        return x + dropout.forward(sublayer(norm.forward(x)))
-    return norm.forward(x + dropout.forward(sublayer(x)))
+        return dropout.add_forward(x, sublayer(norm.forward(x)))
+    return norm.forward(dropout.add_forward(x, sublayer(x)))
 
 
 def residual_backward(dy, sublayer_backward, norm, dropout, norm_first):
@@ -21,6 +22,10 @@ def residual_backward(dy, sublayer_backward, norm, dropout, norm_first):
     pre-norm:  dx = dy + LN'(f'(dropout'(dy)))
     """
     if norm_first:
-        return dy + norm.backward(sublayer_backward(dropout.backward(dy)))
-    dz = norm.backward(dy)
-    return dz + sublayer_backward(dropout.backward(dz))
+        d_identity, d_sub = dropout.add_backward(dy)
+        dx = norm.backward(sublayer_backward(d_sub))
+    else:
+        d_identity, d_sub = dropout.add_backward(norm.backward(dy))
+        dx = sublayer_backward(d_sub)
+    dx += d_identity        # in place: dx is a fresh array of this backward's own
+    return dx

@@ -2,7 +2,8 @@
 
 The same names and signatures as :mod:`npformer.functional`, so the modules can call either.
 Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
-cross-entropy, embedding scatter-add, dropout and the residual sum with it, the feed-forward block's activation + dropout,
+cross-entropy, embedding scatter-add, dropout and the residual sum with it, the feed-forward
+block's activation + dropout,
 the Adam update, rotary positions); learned positions (an addition and a sum over the batch) are the reference's;
 every matrix product goes through ``matmul``, which computes each product shape by the variant
 ``npformer.runtime``'s dispatch table fixes for it; the masks and head reshapes are the reference functions themselves.
@@ -39,7 +40,8 @@ __all__ = [
     "adam_step", "attention_backward", "attention_backward_into",
     "attention_forward", "causal_mask",
     "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_add_backward",
-    "dropout_add_forward", "dropout_backward", "dropout_forward", "embedding_backward", "embedding_forward", "gelu_backward", "gelu_forward",
+    "dropout_add_forward", "dropout_backward", "dropout_forward", "embedding_backward",
+    "embedding_forward", "gelu_backward", "gelu_forward",
     "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
     "linear_backward", "linear_backward_accumulate",
     "linear_forward", "log_softmax", "matmul",

@@ -10,7 +10,8 @@ import numpy as np
 from numba import njit, prange
 
 from npformer.aligned import empty_aligned
-from npformer.functional.dropout import GAMMA, MIX, SHIFTS, mask_key, mask_threshold
+from npformer.functional.dropout import (GAMMA, MIX, SHIFTS, check_terms, mask_key,
+                                         mask_threshold)
 
 from ._jit import kernel
 
@@ -100,8 +101,7 @@ def _add(x, y, out):
 def dropout_add_forward(x, y, p, rng, training=True):
     """out = x + dropout(y) in one pass, into a pooled buffer. Shape: x, y (...) -> out (...);
     the cache is :func:`dropout_forward`'s, so :func:`dropout_add_backward` is the reference's."""
-    if x.shape != y.shape:
-        raise ValueError(f"x, y: expected the same shape, got {x.shape} and {y.shape}")
+    check_terms(x, y)
     dtype = np.result_type(x, y)
     out = empty_aligned(x.shape, dtype)
     flat = [np.ascontiguousarray(a, dtype).reshape(-1) for a in (x, y)]

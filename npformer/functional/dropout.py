@@ -77,12 +77,17 @@ def dropout_backward(dout, cache):
     return dout * keep * scale
 
 
+def check_terms(x, y):
+    """ValueError unless the two terms of a residual sum have one shape (NumPy would broadcast)."""
+    if x.shape != y.shape:
+        raise ValueError(f"x, y: expected the same shape, got {x.shape} and {y.shape}")
+
+
 def dropout_add_forward(x, y, p, rng, training=True):
     """out = x + dropout(y): a residual connection's sum with its sub-layer's dropped output,
     one pass in a backend that fuses the two. Shape: x, y (...) -> out (...); the cache is
     :func:`dropout_forward`'s for y."""
-    if x.shape != y.shape:
-        raise ValueError(f"x, y: expected the same shape, got {x.shape} and {y.shape}")
+    check_terms(x, y)
     dropped, cache = dropout_forward(y, p, rng, training)
     return x + dropped, cache
 

@@ -174,9 +174,10 @@ def _softmax_rows(s, bias, n_h, scale, neg_inf, fast_exp, keep, drop_scale, use_
 
 
 @kernel
-def _softmax_rows_backward(dp, probs, keep, drop_scale, use_dropout, scale):
+def _softmax_rows_backward(dp, probs, keep, drop_scale, use_dropout, scale, tiny):
     """In place: dp (R, Tk) = dL/d(dropped probs) -> dL/d(raw scores):
-    dropout backward, softmax backward ds = p (dp - sum(dp p)), times the score scale."""
+    dropout backward, softmax backward ds = p (dp - sum(dp p)), times the score scale;
+    entries below ``tiny`` (the dtype's smallest normal number) in magnitude become 0."""
     n_rows, tk = dp.shape
     zero = scale - scale
     for r in range(n_rows):
@@ -187,7 +188,8 @@ def _softmax_rows_backward(dp, probs, keep, drop_scale, use_dropout, scale):
         for j in range(tk):
             dot += dp[r, j] * probs[r, j]
         for j in range(tk):
-            dp[r, j] = probs[r, j] * (dp[r, j] - dot) * scale
+            g = probs[r, j] * (dp[r, j] - dot) * scale
+            dp[r, j] = g if abs(g) >= tiny else zero
 
 
 @njit(inline="always", cache=True)
@@ -249,7 +251,7 @@ def _softmax_block(s, bias, n_h, r0, r1, c1, scale, neg_inf, fast_exp, keep, dro
 
 
 @kernel
-def _softmax_block_backward(dp, probs, keep, r0, r1, c1, drop_scale, use_dropout, scale):
+def _softmax_block_backward(dp, probs, keep, r0, r1, c1, drop_scale, use_dropout, scale, tiny):
     """In place, rows r0 .. r1-1 of each head of dp (B*H, Tq, Tk), first c1 columns:
     dL/d(dropped probs) -> dL/d(raw scores), as :func:`_softmax_rows_backward` (probs, keep
     shaped as dp). Columns from c1 on hold garbage, before and after: nothing reads them (the
@@ -267,7 +269,21 @@ def _softmax_block_backward(dp, probs, keep, r0, r1, c1, drop_scale, use_dropout
                 y = dp[bh, i, j] * probs[bh, i, j]
                 dot += y if j < c1 else zero
             for j in range(n):
-                dp[bh, i, j] = probs[bh, i, j] * (dp[bh, i, j] - dot) * scale
+                g = probs[bh, i, j] * (dp[bh, i, j] - dot) * scale
+                dp[bh, i, j] = g if abs(g) >= tiny else zero
+
+
+@kernel
+def _flush_subnormal(x, tiny):
+    """In place: entries of x (B, H, T, d), any strides, below ``tiny`` in magnitude -> 0."""
+    zero = tiny - tiny
+    n_b, n_h, n_t, n_d = x.shape
+    for b in range(n_b):
+        for h in range(n_h):
+            for t in range(n_t):
+                for j in range(n_d):
+                    if abs(x[b, h, t, j]) < tiny:
+                        x[b, h, t, j] = zero
 
 
 _TRUE = np.ones((1, 1, 1, 1), dtype=bool)              # no mask: every key may be attended
@@ -522,6 +538,7 @@ def attention_backward_into(dout, cache, dq, dk, dv):
         (keep, drop_scale), use_dropout = drop_cache, True
     dout = dout.astype(q.dtype, copy=False)
     vt = v.swapaxes(-1, -2)                                          # (B, H, dv, Tk) view
+    tiny = np.finfo(q.dtype).tiny             # dS, dq, dk, dv: subnormals -> 0, as the reference
 
     def backward_part(part):
         p, p_d, g = _part(probs, part), _part(probs_d, part), _part(dout, part)
@@ -531,11 +548,13 @@ def attention_backward_into(dout, cache, dq, dk, dv):
         rows = (ds.size // tk, tk)
         _softmax_rows_backward(_flat(ds, rows), _flat(p, rows),
                                _flat(_part(keep, part), rows) if use_dropout else _TRUE_2D,
-                               drop_scale, use_dropout, q.dtype.type(scale))   # dS, in place
+                               drop_scale, use_dropout, q.dtype.type(scale), tiny)   # dS
         matmul(ds, _part(k, part), out=_part(dq, part),
                candidates=THREAD_SAFE)                               # dq = dS k      (B,H,Tq,dk)
         matmul(ds.swapaxes(-1, -2), _part(q, part), out=_part(dk, part),
                candidates=THREAD_SAFE)                               # dk = dS^T q    (B,H,Tk,dk)
+        for grad in (dq, dk, dv):
+            _flush_subnormal(_part(grad, part), tiny)
 
     def backward_blocks(part):
         """dv per key block [k0, k1) over the rows r0 .. Tq-1 that may attend it; dP', dS and dq
@@ -556,7 +575,7 @@ def attention_backward_into(dout, cache, dq, dk, dv):
             matmul(g[:, :, r0:r1], vt_p[..., :c1], out=ds[:, :, r0:r1, :c1],
                    candidates=THREAD_SAFE)                           # dP' = dout v^T (b,H,R,c1)
             _softmax_block_backward(_flat(ds, heads), _flat(p, heads), keep_p, r0, r1, c1,
-                                    drop_scale, use_dropout, q.dtype.type(scale))   # dS
+                                    drop_scale, use_dropout, q.dtype.type(scale), tiny)
             matmul(ds[:, :, r0:r1, :c1], k_p[:, :, :c1], out=dq_p[:, :, r0:r1],
                    candidates=THREAD_SAFE)                           # dq = dS k      (b,H,R,dk)
         for k0, k1, r0 in key_blocks:
@@ -564,6 +583,8 @@ def attention_backward_into(dout, cache, dq, dk, dv):
                    candidates=THREAD_SAFE)                           # dk = dS^T q    (b,H,C,dk)
         dk_p[:, :, end:] = 0                                         # keys no query attends
         dv_p[:, :, end:] = 0
+        for grad in (dq_p, dk_p, dv_p):
+            _flush_subnormal(grad, tiny)
     if blocks is None:
         _run(*_parts(probs.shape, q.itemsize), backward_part)
     else:

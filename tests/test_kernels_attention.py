@@ -381,3 +381,48 @@ def test_take_rows_gathers_rows_of_strided_views(backend):
     result = nf.backend.ops().take_rows(x, index, out)
     assert result is out
     np.testing.assert_array_equal(out, x[index])
+
+
+# -- saturated heads: subnormal gradients are flushed to 0 ----------------------------------------
+
+def subnormal(x):
+    return (x != 0) & (np.abs(x) < np.finfo(x.dtype).tiny)
+
+
+def test_flush_subnormal_sets_only_subnormals_to_zero():
+    for dtype in (np.float32, np.float64):
+        tiny = np.finfo(dtype).tiny
+        x = np.array([tiny / 4, -tiny / 2, tiny, -tiny, 1.0, 0.0, np.nan, -np.inf], dtype=dtype)
+        out = F.flush_subnormal(x)
+        assert out is x
+        np.testing.assert_array_equal(x, np.array([0, 0, tiny, -tiny, 1, 0, np.nan, -np.inf],
+                                                  dtype=dtype))
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+def test_saturated_heads_give_no_subnormal_gradients(monkeypatch, blocks):
+    """Scores some 100 apart (a trained head that attends one key) put P, dS and whole rows of
+    dq and dk below float32's smallest normal number. The reference and the kernel return those
+    entries as 0, and every other entry as the unflushed backward computes it."""
+    rng = np.random.default_rng(11)
+    b, h, t, d = 2, 2, 40, 16
+    q, k = (8 * rng.standard_normal((b, h, t, d))).astype(np.float32), \
+        (8 * rng.standard_normal((b, h, t, d))).astype(np.float32)
+    v = rng.standard_normal((b, h, t, d)).astype(np.float32)
+    mask = F.causal_mask(t)
+    if blocks:
+        small_blocks(monkeypatch, 8)
+    out_ref, cache_ref = F.attention_forward(q, k, v, mask)
+    dout = (1e-3 * rng.standard_normal(out_ref.shape)).astype(np.float32)
+    probs, scale = cache_ref[3], cache_ref[6]                # the textbook backward, unflushed
+    dp = dout @ v.swapaxes(-1, -2)
+    ds = probs * (dp - (dp * probs).sum(axis=-1, keepdims=True)) * np.float32(scale)
+    plain = (ds @ k, ds.swapaxes(-1, -2) @ q, probs.swapaxes(-1, -2) @ dout)
+    assert subnormal(ds).sum() > 100 and all(subnormal(g).any() for g in plain)
+    out, cache = K.attention_forward(q, k, v, mask)
+    assert (cache[7] is not None) == blocks
+    for grads in (F.attention_backward(dout, cache_ref), K.attention_backward(dout, cache)):
+        for g, g_plain in zip(grads, plain):
+            assert not subnormal(g).any()
+            normal = ~subnormal(g_plain)
+            close(g[normal], g_plain[normal], 1e-5)

@@ -12,7 +12,7 @@ from .activation_dropout import activation_dropout_backward, activation_dropout_
 from .activations import (ACTIVATIONS, gelu_backward, gelu_forward, gelu_tanh_backward,
                           gelu_tanh_forward, relu_backward, relu_forward)
 from .attention import (attention_backward, attention_backward_into, attention_forward,
-                        merge_heads, move_rows, split_heads, take_rows)
+                        flush_subnormal, merge_heads, move_rows, split_heads, take_rows)
 from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backward,
                       dropout_forward)
 from .embedding import (embedding_backward, embedding_forward, position_embedding_backward,
@@ -29,7 +29,7 @@ __all__ = [
     "attention_backward", "attention_backward_into", "attention_forward", "causal_mask",
     "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_add_backward",
     "dropout_add_forward", "dropout_backward", "dropout_forward", "embedding_backward",
-    "embedding_forward", "gelu_backward", "gelu_forward",
+    "embedding_forward", "flush_subnormal", "gelu_backward", "gelu_forward",
     "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
     "linear_backward", "linear_backward_accumulate",
     "linear_forward", "log_softmax",

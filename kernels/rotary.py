@@ -6,7 +6,7 @@ Same names, shapes and cache as :mod:`npformer.functional.rotary`.
 import numpy as np
 from numba import prange
 
-from npformer.functional.rotary import _rows, rotary_tables  # noqa: F401  (same names)
+from npformer.functional.rotary import rotary_rows, rotary_tables  # noqa: F401  (same names)
 
 from ._jit import kernel
 
@@ -31,7 +31,7 @@ def _turn(x, c, s, sign, out):
 def rotary_forward(x, cos, sin, start=0, out=None):
     """out1 = x1 cos - x2 sin, out2 = x2 cos + x1 sin at positions start .. start + T - 1.
     x (B, H, T, d) -> out (B, H, T, d); ``out`` may be x itself."""
-    c, s = _rows(cos, sin, start, x.shape[-2])
+    c, s = rotary_rows(cos, sin, start, x.shape[-2])
     out = np.empty_like(x) if out is None else out
     _turn(x, c, s, x.dtype.type(1), out)
     return out, (c, s)

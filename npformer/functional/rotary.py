@@ -25,8 +25,10 @@ def rotary_tables(max_len, head_dim, dtype, base=ROTARY_BASE):
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 
-def _rows(cos, sin, start, t):
-    return position_rows(cos, start, t), position_rows(sin, start, t)     # (T, d/2) each
+def rotary_rows(cos, sin, start, t):
+    """The tables' rows of positions start .. start + t - 1: c, s (t, d/2), views (an incremental
+    decoder's new positions start after the cached ones)."""
+    return position_rows(cos, start, t), position_rows(sin, start, t)
 
 
 def rotary_forward(x, cos, sin, start=0, out=None):
@@ -39,7 +41,7 @@ def rotary_forward(x, cos, sin, start=0, out=None):
     (B, H, T, d). ``out`` may be x itself (in place); None: a new array.
     """
     half = x.shape[-1] // 2
-    c, s = _rows(cos, sin, start, x.shape[-2])                 # broadcast over B and H
+    c, s = rotary_rows(cos, sin, start, x.shape[-2])                 # broadcast over B and H
     x1, x2 = x[..., :half], x[..., half:]
     y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s                  # both read before any write
     out = np.empty_like(x) if out is None else out

@@ -185,19 +185,12 @@ def plan_shares(cpu_sets, cores):
     return shares, threads, note
 
 
-def affinity():
-    """The CPUs this process may run on, sorted."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
 def machine_cores(cpus=None):
     """The usable cores of the CPUs ``cpus`` (default: this process's): their number, or a
     container's CPU quota where it is lower (``npformer.runtime.available_cores`` without the
     per-process thread caps, which describe one rank, not the machine)."""
     from . import runtime
-    cpus = affinity() if cpus is None else cpus
+    cpus = runtime.affinity() if cpus is None else cpus
     cores, _ = runtime.available_cores(affinity=len(cpus), quota=runtime.cgroup_cpu_limit(),
                                        environ={})
     return cores
@@ -208,7 +201,7 @@ def share_cores(world, threads=None, blas_threads=None):
     thread policy to it (``threads``, the user's ``--threads``, may ask for fewer;
     ``blas_threads`` is kept). Returns the number of threads this rank uses."""
     from . import runtime
-    cpus = affinity()
+    cpus = runtime.affinity()
     width = np.array([max(max(cpus) + 1, os.cpu_count() or 1)], dtype=np.int64)
     world.local.Allreduce(world.MPI.IN_PLACE, width, op=world.MPI.MAX)   # one mask length
     mask = np.zeros(int(width[0]), dtype=np.uint8)

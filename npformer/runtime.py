@@ -69,11 +69,16 @@ def _warn(message):
 
 
 # -- cores -----------------------------------------------------------------------------------
-def affinity_cores():
-    """How many CPUs this process may be scheduled on (its affinity mask)."""
+def affinity():
+    """The CPUs this process may be scheduled on (its affinity mask), sorted."""
     if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def affinity_cores():
+    """How many CPUs this process may be scheduled on (at least 1)."""
+    return max(1, len(affinity()))
 
 
 def cgroup_cpu_limit(root="/sys/fs/cgroup"):

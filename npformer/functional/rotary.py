@@ -41,7 +41,7 @@ def rotary_forward(x, cos, sin, start=0, out=None):
     (B, H, T, d). ``out`` may be x itself (in place); None: a new array.
     """
     half = x.shape[-1] // 2
-    c, s = rotary_rows(cos, sin, start, x.shape[-2])                 # broadcast over B and H
+    c, s = rotary_rows(cos, sin, start, x.shape[-2])           # broadcast over B and H
     x1, x2 = x[..., :half], x[..., half:]
     y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s                  # both read before any write
     out = np.empty_like(x) if out is None else out

@@ -22,6 +22,12 @@ def register_architecture(config_class, model_class):
     ARCHITECTURES[config_class.arch] = (config_class, model_class)
 
 
+def is_registered(arch):
+    """Whether ``arch`` names a registered architecture. Any value may be asked (a stored config's
+    ``arch`` is whatever JSON the file holds): a list or dict is simply not a name."""
+    return isinstance(arch, str) and arch in ARCHITECTURES
+
+
 def config_from_dict(data, default_arch=None):
     """The configuration a dict from ``config.to_dict()`` describes. ``default_arch`` is used
     where the dict names none (stores written before configurations named their architecture).
@@ -29,7 +35,7 @@ def config_from_dict(data, default_arch=None):
     if not isinstance(data, dict):
         raise ValueError(f"config: expected a dict with an 'arch' entry, got {type(data).__name__}")
     arch = data.get("arch", default_arch)
-    if arch not in ARCHITECTURES:
+    if not is_registered(arch):
         raise ValueError(f"arch: expected one of {sorted(ARCHITECTURES)}, got {arch!r}")
     return ARCHITECTURES[arch][0].from_dict({k: v for k, v in data.items() if k != "arch"})
 
@@ -39,7 +45,7 @@ def build_model(config):
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config: expected a model configuration such as TransformerConfig, got "
                          f"{type(config).__name__}")
-    if config.arch not in ARCHITECTURES:
+    if not is_registered(config.arch):
         raise ValueError(f"arch: expected one of {sorted(ARCHITECTURES)}, got {config.arch!r}")
     return ARCHITECTURES[config.arch][1].from_config(config)
 

@@ -37,6 +37,8 @@ def test_to_dict_names_the_architecture_and_from_dict_restores_it():
     ({"arch": "transformer", **SMALL, "d_modell": 8}, r"d_modell: not a field of the 'transformer'"),
     ({"arch": "transformer", "tgt_vocab_size": 5}, r"src_vocab_size: required by the 'transformer'"),
     ({"arch": "gpt9", **SMALL}, r"arch: expected one of \['gpt', 'transformer'\], got 'gpt9'"),
+    ({"arch": [], **SMALL}, r"arch: expected one of \['gpt', 'transformer'\], got \[\]"),
+    ({"arch": {"a": 1}, **SMALL}, r"arch: expected one of .*, got \{'a': 1\}"),
     ({**SMALL, "d_model": 7}, r"d_model: expected a multiple of n_heads=2, got 7"),
     (["not", "a", "dict"], r"config: expected a dict"),
 ])

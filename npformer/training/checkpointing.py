@@ -21,7 +21,7 @@ from .. import runtime
 from ..checkpoint import (CheckpointError, checkpoint_paths, load_checkpoint, rng_from_arrays,
                           rng_state_to_arrays, save_checkpoint)
 from ..data.vocab import Vocabularies
-from ..registry import ARCHITECTURES, build_model, config_from_dict
+from ..registry import ARCHITECTURES, build_model, config_from_dict, is_registered
 from ..version import VERSION
 
 KIND = "npformer-model"
@@ -104,7 +104,7 @@ def load_model_checkpoint(path):
     if not isinstance(stored, dict):
         raise CheckpointError(f"checkpoint {name}: expected a 'config' object, got {stored!r:.60}")
     arch = stored.get("arch")
-    if arch not in ARCHITECTURES:
+    if not is_registered(arch):
         writer = meta.get("npformer_version")
         raise CheckpointError(
             f"checkpoint {name}: holds a model of architecture {arch!r}, written by "

@@ -28,16 +28,22 @@ def is_registered(arch):
     return isinstance(arch, str) and arch in ARCHITECTURES
 
 
+def architecture(arch):
+    """(configuration class, model class) registered under ``arch``; ValueError naming the known
+    architectures for anything else."""
+    if not is_registered(arch):
+        raise ValueError(f"arch: expected one of {sorted(ARCHITECTURES)}, got {arch!r}")
+    return ARCHITECTURES[arch]
+
+
 def config_from_dict(data, default_arch=None):
     """The configuration a dict from ``config.to_dict()`` describes. ``default_arch`` is used
     where the dict names none (stores written before configurations named their architecture).
     ValueError for an unknown architecture, an unknown field or a bad value, naming it."""
     if not isinstance(data, dict):
         raise ValueError(f"config: expected a dict with an 'arch' entry, got {type(data).__name__}")
-    arch = data.get("arch", default_arch)
-    if not is_registered(arch):
-        raise ValueError(f"arch: expected one of {sorted(ARCHITECTURES)}, got {arch!r}")
-    return ARCHITECTURES[arch][0].from_dict({k: v for k, v in data.items() if k != "arch"})
+    config_class, _ = architecture(data.get("arch", default_arch))
+    return config_class.from_dict({k: v for k, v in data.items() if k != "arch"})
 
 
 def build_model(config):
@@ -45,9 +51,8 @@ def build_model(config):
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config: expected a model configuration such as TransformerConfig, got "
                          f"{type(config).__name__}")
-    if not is_registered(config.arch):
-        raise ValueError(f"arch: expected one of {sorted(ARCHITECTURES)}, got {config.arch!r}")
-    return ARCHITECTURES[config.arch][1].from_config(config)
+    _, model_class = architecture(config.arch)
+    return model_class.from_config(config)
 
 
 register_architecture(TransformerConfig, Transformer)

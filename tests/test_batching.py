@@ -85,6 +85,9 @@ def test_make_batch_teacher_forcing_shift(pairs):
     ([[5, EOS]], [[6]], {}, r"src_seqs\[0\] contains a pad/bos/eos id"),
     ([[5]], [[BOS, 6]], {}, r"tgt_seqs\[0\] contains a pad/bos/eos id"),
     ([[5]], [[6, PAD]], {}, r"tgt_seqs\[0\] contains a pad/bos/eos id"),
+    ([[5], [6, 7], [BOS]], [[8], [9], [10]], {}, r"src_seqs\[2\] contains .*got \[1\]"),
+    ([[5], [6], [7]], [[8], [], [9, EOS, 3]], {}, r"tgt_seqs\[2\] contains .*got \[9, 2, 3\]"),
+    ([[5], [6], []], [[8], [9], [10]], {}, r"src_seqs\[2\] is empty"),
     ([[5], [6]], [[7], [8]], {"indices": [1]}, "indices must be 2 integers"),
 ])
 def test_make_batch_errors(src, tgt, kwargs, match):

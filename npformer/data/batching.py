@@ -66,16 +66,29 @@ def pad_sequences(seqs: list[list[int]], pad_id: int, length: int | None = None)
     """
     arrays = _as_id_lists(seqs, "seqs")
     pad_id = _check_int(pad_id, "pad_id")
-    longest = max(len(a) for a in arrays)
+    lengths = _lengths(arrays)
+    longest = int(lengths.max())
     if length is None:
         length = longest
     else:
         length = _check_int(length, "length", 0)
         if length < longest:
             raise ValueError(f"length={length} is shorter than the longest sequence ({longest} tokens)")
-    out = np.full((len(arrays), length), pad_id, dtype=np.int64)   # (N, L)
-    for row, a in zip(out, arrays):
-        row[: len(a)] = a
+    return _padded(np.concatenate(arrays), lengths, pad_id, length)
+
+
+def _lengths(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+
+
+def _padded(flat: np.ndarray, lengths: np.ndarray, pad_id: int, width: int,
+            start: int = 0) -> np.ndarray:
+    """(N, width) int64 of pad_id, row r holding the r-th run of ``lengths[r]`` ids of ``flat``
+    (the sequences one after the other) from column ``start``: one vectorised write per batch
+    instead of one per row."""
+    out = np.full((len(lengths), width), pad_id, dtype=np.int64)
+    cols = np.arange(width - start)
+    out[:, start:][cols < lengths[:, None]] = flat          # row-major: the sequences' order
     return out
 
 
@@ -89,15 +102,19 @@ def make_batch(src_seqs: list[list[int]], tgt_seqs: list[list[int]], pad_id: int
     pad_id, bos_id, eos_id = (_check_int(v, n) for v, n in
                               ((pad_id, "pad_id"), (bos_id, "bos_id"), (eos_id, "eos_id")))
     specials = np.array([pad_id, bos_id, eos_id])
-    for name, seqs in (("src_seqs", src), ("tgt_seqs", tgt)):
-        for i, a in enumerate(seqs):
-            if np.isin(a, specials).any():
-                raise ValueError(f"{name}[{i}] contains a pad/bos/eos id ({specials.tolist()}); "
-                                 f"pass sequences without special tokens, got {a.tolist()}")
-    for i, a in enumerate(src):
-        if len(a) == 0:
-            raise ValueError(f"src_seqs[{i}] is empty; a source needs at least one token "
-                             f"(an all-padding row has nothing to attend to)")
+    src_len, tgt_len = _lengths(src), _lengths(tgt)
+    src_flat, tgt_flat = np.concatenate(src), np.concatenate(tgt)
+    for name, seqs, lengths, flat in (("src_seqs", src, src_len, src_flat),
+                                      ("tgt_seqs", tgt, tgt_len, tgt_flat)):
+        special = np.isin(flat, specials)
+        if special.any():                    # the sequence that holds the first one
+            i = int(np.searchsorted(np.cumsum(lengths), special.argmax(), side="right"))
+            raise ValueError(f"{name}[{i}] contains a pad/bos/eos id ({specials.tolist()}); "
+                             f"pass sequences without special tokens, got {seqs[i].tolist()}")
+    if (src_len == 0).any():
+        i = int((src_len == 0).argmax())
+        raise ValueError(f"src_seqs[{i}] is empty; a source needs at least one token "
+                         f"(an all-padding row has nothing to attend to)")
     if indices is None:
         indices = np.arange(len(src), dtype=np.int64)
     else:
@@ -107,12 +124,14 @@ def make_batch(src_seqs: list[list[int]], tgt_seqs: list[list[int]], pad_id: int
                              f"{indices.shape} and dtype {indices.dtype}")
         indices = indices.astype(np.int64)
 
-    src_arr = pad_sequences(src, pad_id)                                          # (B, S)
-    tgt_in = pad_sequences([np.concatenate(([bos_id], y)) for y in tgt], pad_id)  # (B, T)
-    tgt_out = pad_sequences([np.concatenate((y, [eos_id])) for y in tgt], pad_id) # (B, T)
+    width = int(tgt_len.max()) + 1                   # the longest target and its <bos>/<eos>
+    src_arr = _padded(src_flat, src_len, pad_id, int(src_len.max()))            # (B, S)
+    tgt_in = _padded(tgt_flat, tgt_len, pad_id, width, start=1)                  # (B, T)
+    tgt_in[:, 0] = bos_id                                                        # <bos> y1 ... yn
+    tgt_out = _padded(tgt_flat, tgt_len, pad_id, width)                          # y1 ... yn <eos>
+    tgt_out[np.arange(len(tgt)), tgt_len] = eos_id
     return Batch(src=src_arr, tgt_in=tgt_in, tgt_out=tgt_out,
-                 n_src_tokens=int(sum(len(x) for x in src)),
-                 n_tgt_tokens=int(sum(len(y) + 1 for y in tgt)),
+                 n_src_tokens=int(src_len.sum()), n_tgt_tokens=int(tgt_len.sum()) + len(tgt),
                  indices=indices, pad_id=pad_id)
 
 

@@ -23,10 +23,12 @@ def batch():
     return src, tgt_in, tgt_out
 
 
-def model_gradcheck(model, smoothing, max_entries=12):
+def model_gradcheck(model, smoothing, max_entries=12, masked=False):
     """Check d(loss)/d(every parameter). Embedding rows of <pad> are left out: they are frozen on
-    purpose (no gradient), although the loss does depend on them."""
+    purpose (no gradient), although the loss does depend on them. ``masked``: the logits of the
+    real targets only (``logits_mask``), as the translation task computes them."""
     src, tgt_in, tgt_out = batch()
+    scored = tgt_out != PAD if masked else None
     names, arrays = [], []
     for name, p in model.named_parameters():
         rows = slice(1, None) if name.endswith("embed.weight") else slice(None)
@@ -36,8 +38,9 @@ def model_gradcheck(model, smoothing, max_entries=12):
 
     def f(*_):
         model.rng.bit_generator.state = rng_state        # the same dropout masks every call
-        logits = model.forward(src, tgt_in)
-        loss, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=PAD,
+        logits = model.forward(src, tgt_in, logits_mask=scored)
+        targets = tgt_out if scored is None else tgt_out[scored]
+        loss, dlogits = nf.cross_entropy(logits, targets, ignore_index=PAD,
                                          label_smoothing=smoothing)
 
         def backward(dloss):
@@ -87,3 +90,12 @@ def test_whole_model_with_separate_attention_and_activation_dropout():
     paths and embeddings kept whole), each at its own rate."""
     model = tiny_model(dropout=0.0, attention_dropout=0.3, activation_dropout=0.2).train()
     model_gradcheck(model, 0.1)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_whole_model_with_the_logits_of_real_targets_only(norm_first):
+    """``logits_mask``: the generator runs on the real target positions alone; the gradient of
+    every parameter still matches central differences (dropout and shared embeddings on)."""
+    model = tiny_model(norm_first=norm_first, src_vocab_size=9, tgt_vocab_size=9, dropout=0.2,
+                       share_all_embeddings=True).train()
+    model_gradcheck(model, 0.1, masked=True)

@@ -115,3 +115,51 @@ def test_rejected_dlogits_leave_backward_available():
     with pytest.raises(ValueError, match="dlogits: expected shape"):
         model.backward(np.zeros((1, 2, 11)))
     model.backward(np.ones_like(logits))                        # the check consumed nothing
+
+
+def _padded_batch():
+    src = np.array([[3, 4, 5, 2], [6, 2, 0, 0], [7, 8, 9, 2]])
+    tgt_in = np.array([[1, 4, 5, 3], [1, 6, 0, 0], [1, 7, 2, 0]])
+    tgt_out = np.array([[4, 5, 3, 2], [6, 2, 0, 0], [7, 2, 0, 0]])
+    return src, tgt_in, tgt_out
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_logits_of_the_real_targets_only_give_the_full_models_loss_and_gradients(backend, share):
+    """forward(..., logits_mask=tgt_out != pad): the rows of the full logits at those positions,
+    and the same loss and gradients as the full logits with the padding ignored."""
+    src, tgt_in, tgt_out = _padded_batch()
+    model = nf.Transformer(**{**BASE, "tgt_vocab_size": 10}, share_all_embeddings=share,
+                           dropout=0.1, dtype=np.float64, seed=3).train()
+    state = model.rng.bit_generator.state
+    full = model.forward(src, tgt_in)
+    loss, dlogits = nf.cross_entropy(full, tgt_out, ignore_index=0, label_smoothing=0.1)
+    model.zero_grad()
+    model.backward(dlogits)
+    want = model.flat_grads.copy()
+
+    scored = tgt_out != 0
+    model.rng.bit_generator.state = state                      # the same dropout masks
+    logits = model.forward(src, tgt_in, logits_mask=scored)
+    assert logits.shape == (scored.sum(), 10)
+    np.testing.assert_allclose(logits, full[scored], rtol=1e-13, atol=1e-13)
+    loss_masked, dmasked = nf.cross_entropy(logits, tgt_out[scored], label_smoothing=0.1)
+    assert loss_masked == pytest.approx(loss, rel=1e-13)
+    model.zero_grad()
+    model.backward(dmasked)
+    np.testing.assert_allclose(model.flat_grads, want, rtol=1e-10, atol=1e-13)
+
+
+def test_a_bad_logits_mask_or_dlogits_of_the_full_shape_is_refused():
+    src, tgt_in, tgt_out = _padded_batch()
+    model = nf.Transformer(**{**BASE, "tgt_vocab_size": 10}, dtype=np.float64)
+    with pytest.raises(ValueError, match=r"logits_mask: expected shape \(3, 4\), got \(3, 3\)"):
+        model.forward(src, tgt_in, logits_mask=np.ones((3, 3), bool))
+    with pytest.raises(ValueError, match="logits_mask: expected dtype bool, got int64"):
+        model.forward(src, tgt_in, logits_mask=(tgt_out != 0).astype(np.int64))
+    logits = model.forward(src, tgt_in, logits_mask=tgt_out != 0)
+    with pytest.raises(ValueError, match=r"dlogits: expected shape \(8, 10\), got \(3, 4, 10\)"):
+        model.backward(np.zeros((3, 4, 10)))
+    model.backward(np.ones_like(logits))                        # the check consumed nothing
+    model.forward(src, tgt_in)                                  # a full forward after a masked one
+    model.backward(np.ones((3, 4, 10)))

@@ -26,7 +26,8 @@ class Transformer(Module):
     forward(src, tgt_in) -> logits; backward(dlogits) fills every ``Parameter.grad``.
 
     Shape:
-        src (B, S) int, tgt_in (B, T) int -> logits (B, T, tgt_vocab_size).
+        src (B, S) int, tgt_in (B, T) int -> logits (B, T, tgt_vocab_size);
+        with ``logits_mask`` (B, T) bool -> logits (N, tgt_vocab_size), N = logits_mask.sum().
 
     Masks are derived from ``pad_id``: encoder self-attention and cross-attention ignore padded
     source keys; decoder self-attention is causal and ignores padded target keys.
@@ -82,7 +83,7 @@ class Transformer(Module):
             self.generator.weight = self.tgt_embed.weight      # one Parameter, two users
         self.positions = F.sinusoidal_positions(cfg.max_len, d_model, dtype)   # (max_len, D)
         self.flatten_parameters()
-        self._logits_shape = None
+        self._logits_shape = self._h_shape = self._logits_mask = None
         self._backward_done = False
 
     @classmethod
@@ -115,11 +116,14 @@ class Transformer(Module):
         check_array("src_mask", src_mask, (tgt_in.shape[0], 1, 1, memory.shape[1]), bool)
         return self._decode(tgt_in, memory, src_mask)
 
-    def _decode(self, tgt_in, memory, src_mask):
+    def _decode(self, tgt_in, memory, src_mask, logits_mask=None):
         tgt_mask = F.decoder_self_mask(tgt_in, self.pad_id)
         y = self.embed(self.tgt_embed, self.tgt_dropout, tgt_in)
-        h = self.decoder.forward(y, memory, tgt_mask, src_mask)
-        logits = self.generator.forward(h)                      # (B, T, V_tgt)
+        h = self.decoder.forward(y, memory, tgt_mask, src_mask)     # (B, T, D)
+        self._h_shape, self._logits_mask = h.shape, logits_mask
+        if logits_mask is not None:
+            h = h[logits_mask]                                      # (N, D): the rows scored
+        logits = self.generator.forward(h)                          # (B, T, V_tgt) or (N, V_tgt)
         self._logits_shape = logits.shape
         self._backward_done = False      # these activations may now serve one backward
         return logits
@@ -130,19 +134,30 @@ class Transformer(Module):
         return TranslationState(self, src, bos_id, eos_id, beams, capacity)
 
     # -- training ----------------------------------------------------------------------------
-    def forward(self, src, tgt_in):
-        """src (B, S), tgt_in (B, T) int -> logits (B, T, V_tgt). Keeps caches for backward."""
+    def forward(self, src, tgt_in, logits_mask=None):
+        """src (B, S), tgt_in (B, T) int -> logits (B, T, V_tgt). Keeps caches for backward.
+
+        ``logits_mask`` (B, T) bool: compute the logits of those positions only, returned as
+        (N, V_tgt) in row-major order (``logits_mask.sum()`` rows), and ``backward`` then takes
+        dlogits of that shape. A training loss that ignores padded targets passes
+        ``tgt_out != pad_id``: the generator (the largest product of a small model) and the loss
+        skip the padding. The gradients are those of the full logits with the other positions
+        ignored (their dlogits rows are zero, so they add nothing); the bits may differ, since
+        the products' shapes do."""
         src = check_token_ids("src", src, self.config.src_vocab_size, self.max_len)
         tgt_in = check_token_ids("tgt_in", tgt_in, self.config.tgt_vocab_size, self.max_len)
         check_same_batch("src", src, "tgt_in", tgt_in)
+        if logits_mask is not None:
+            logits_mask = check_array("logits_mask", logits_mask, tgt_in.shape, bool)
         memory, src_mask = self._encode(src)
-        return self._decode(tgt_in, memory, src_mask)
+        return self._decode(tgt_in, memory, src_mask, logits_mask)
 
-    def __call__(self, src, tgt_in):
-        return self.forward(src, tgt_in)
+    def __call__(self, src, tgt_in, logits_mask=None):
+        return self.forward(src, tgt_in, logits_mask)
 
     def backward(self, dlogits):
-        """Accumulate d(loss)/d(parameter) into every ``.grad`` given dlogits (B, T, V_tgt).
+        """Accumulate d(loss)/d(parameter) into every ``.grad`` given dlogits (B, T, V_tgt), or
+        (N, V_tgt) after a forward with ``logits_mask``.
 
         One backward per forward: the activations a forward keeps are used up by it.
         """
@@ -154,7 +169,12 @@ class Transformer(Module):
                              "gradients again), so call forward again")
         check_array("dlogits", dlogits, self._logits_shape)
         self._backward_done = True
-        dh = self.generator.backward(dlogits)                  # (B, T, D)
+        dh = self.generator.backward(dlogits)                  # (B, T, D) or (N, D)
+        if self._logits_mask is not None:
+            # positions without logits do not reach the loss: their dh is zero
+            scattered = np.zeros(self._h_shape, dtype=dh.dtype)
+            scattered[self._logits_mask] = dh
+            dh = scattered
         dy, dmemory = self.decoder.backward(dh)                # (B, T, D), (B, S, D)
         self.tgt_embed.backward(self.tgt_dropout.backward(dy))
         dx = self.encoder.backward(dmemory)

@@ -115,8 +115,9 @@ class TranslationTask(Task):
         return batch.src.size + batch.tgt_out.size
 
     def loss_and_backward(self, model, batch, weight):
-        logits = model.forward(batch.src, batch.tgt_in)                 # (B, T, V)
-        mean, dlogits = cross_entropy(logits, batch.tgt_out, ignore_index=self.pad,
+        scored = batch.tgt_out != self.pad                              # (B, T): real targets
+        logits = model.forward(batch.src, batch.tgt_in, logits_mask=scored)     # (N, V)
+        mean, dlogits = cross_entropy(logits, batch.tgt_out[scored],
                                       label_smoothing=self.label_smoothing)
         if weight != 1.0:
             dlogits *= weight                    # this batch's share of the update's tokens
@@ -137,8 +138,9 @@ class TranslationTask(Task):
         for start in range(0, len(ids), batch_size):
             chunk = ids[start:start + batch_size]
             b = make_batch([s for s, _ in chunk], [t for _, t in chunk], self.pad, self.bos, self.eos)
-            logits = model.forward(b.src, b.tgt_in)
-            loss, _ = cross_entropy(logits, b.tgt_out, ignore_index=self.pad)
+            scored = b.tgt_out != self.pad
+            logits = model.forward(b.src, b.tgt_in, logits_mask=scored)
+            loss, _ = cross_entropy(logits, b.tgt_out[scored])
             total += float(loss) * b.n_tgt_tokens
             count += b.n_tgt_tokens
         with warnings.catch_warnings():          # real data: many sentences hold unknown words

@@ -161,8 +161,9 @@ class TransformerConfig(ModelConfig):
     ``qk_dim``: query/key width when it differs from ``d_model``; ``tie_embeddings``: the
     generator shares the target embedding matrix; ``share_all_embeddings``: the source embedding,
     the target embedding and the generator share one matrix (fairseq's option, for one joint
-    vocabulary: the two sizes must be equal; it implies ``tie_embeddings``); ``seed`` draws the
-    initial weights and then every dropout mask.
+    vocabulary: the two sizes must be equal; it implies ``tie_embeddings``); ``generator_bias``:
+    whether the generator adds a bias (False: logits = h E^T, as fairseq's output projection);
+    ``seed`` draws the initial weights and then every dropout mask.
 
     Dropout: ``dropout`` on the residual paths (each sublayer's output) and on the embeddings;
     ``attention_dropout`` on the attention weights; ``activation_dropout`` after the feed-forward
@@ -190,6 +191,7 @@ class TransformerConfig(ModelConfig):
     qk_dim: Optional[int] = None
     tie_embeddings: bool = False
     share_all_embeddings: bool = False
+    generator_bias: bool = True
     dtype: str = "float32"
     seed: int = 0
 
@@ -205,7 +207,8 @@ class TransformerConfig(ModelConfig):
         _put(self, "pad_id", check_int("pad_id", self.pad_id, minimum=0))
         if self.pad_id >= n_ids:
             raise ValueError(f"pad_id: expected an id in [0, {n_ids}), got {self.pad_id!r}")
-        _check_layer_options(self, ("norm_first", "tie_embeddings", "share_all_embeddings"))
+        _check_layer_options(self, ("norm_first", "tie_embeddings", "share_all_embeddings",
+                                    "generator_bias"))
         if self.share_all_embeddings:
             if self.src_vocab_size != self.tgt_vocab_size:
                 raise ValueError(f"share_all_embeddings: needs one joint vocabulary, but "
@@ -232,7 +235,7 @@ class TransformerConfig(ModelConfig):
                            **_norm_shapes(f"{layer}.norm1", d), **_norm_shapes(f"{layer}.norm2", d),
                            **_norm_shapes(f"{layer}.norm3", d)})
         shapes.update(_norm_shapes("decoder.norm", d))
-        shapes.update(_linear_shapes("generator", d, self.tgt_vocab_size))
+        shapes.update(_linear_shapes("generator", d, self.tgt_vocab_size, bias=self.generator_bias))
         if self.tie_embeddings:
             del shapes["generator.weight"]          # the same Parameter as tgt_embed.weight
         if self.share_all_embeddings:

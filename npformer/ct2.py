@@ -162,7 +162,8 @@ def build_spec(model, vocabs):
         _linear(cross.linear[2], w[p + "multihead_attn.out_proj.weight"],
                 w[p + "multihead_attn.out_proj.bias"])
         _norm(cross.layer_norm, w, p + "norm2")
-    _linear(dec.projection, w["generator.weight"], w["generator.bias"])
+    _linear(dec.projection, w["generator.weight"],
+            w.get("generator.bias", np.zeros(cfg.tgt_vocab_size, np.float32)))
 
     spec.config.layer_norm_epsilon = float(cfg.layer_norm_eps)
     spec.config.unk_token, spec.config.bos_token = SPECIALS[Vocab.UNK], SPECIALS[Vocab.BOS]

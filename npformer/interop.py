@@ -6,7 +6,7 @@ The reference (built in the tests when torch is installed)::
     tgt_embed   = nn.Embedding(V_tgt, d, padding_idx=pad_id)
     transformer = nn.Transformer(d, h, n_enc, n_dec, d_ff, dropout, batch_first=True,
                                  norm_first=...)
-    generator   = nn.Linear(d, V_tgt)
+    generator   = nn.Linear(d, V_tgt, bias=generator_bias)
 
 Names differ in two ways only: torch's encoder and decoder live under ``transformer.``, and torch
 keeps the feed-forward linears on the layer itself (``linear1``) where npformer groups them in a

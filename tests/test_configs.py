@@ -138,6 +138,22 @@ def test_sharing_all_embeddings_needs_one_vocabulary_size_and_ties_the_generator
         TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, share_all_embeddings=1)
 
 
+def test_a_generator_without_bias_and_configs_stored_before_the_option():
+    """generator_bias=False (fairseq's output projection, Transformer-Tiny's): no generator.bias
+    parameter; a stored configuration without the field (written before it) keeps the bias."""
+    cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=8, n_heads=2,
+                            share_all_embeddings=True, generator_bias=False)
+    shapes = cfg.parameter_shapes()
+    assert not any(name.startswith("generator.") for name in shapes)
+    model = nf.build_model(cfg)
+    assert model.generator.bias is None and list(model.state_dict()) == list(shapes)
+    old = {k: v for k, v in TransformerConfig(src_vocab_size=30, tgt_vocab_size=30).to_dict().items()
+           if k != "generator_bias"}
+    assert TransformerConfig.from_dict(old).generator_bias is True
+    with pytest.raises(ValueError, match="generator_bias: expected True or False, got 'no'"):
+        TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, generator_bias="no")
+
+
 def test_a_model_sharing_all_embeddings_saves_and_loads_with_one_joint_vocabulary(tmp_path):
     from npformer.data.vocab import Vocab, Vocabularies
     from npformer.training.checkpointing import load_model_checkpoint, save_model_checkpoint

@@ -26,7 +26,10 @@ VARIANTS = {
     "post-norm gelu_tanh": dict(activation="gelu_tanh"),
     "tied output": dict(tie_embeddings=True),
     "all embeddings shared": dict(share_all_embeddings=True, tie_embeddings=True),
+    "all shared, no generator bias": dict(share_all_embeddings=True, generator_bias=False),
 }
+# the greedy test raises <eos> through the generator's bias
+BIASED = [name for name, kw in VARIANTS.items() if kw.get("generator_bias", True)]
 
 
 def vocab(n, prefix):
@@ -47,7 +50,8 @@ def make_checkpoint(tmp_path, name="model", seed=0, eos_bias=0.0, **kw):
     rng = np.random.default_rng(seed)
     for p in model.parameters():                     # larger weights: sharper, varied outputs
         p.data[...] = rng.normal(0, 0.5, p.data.shape)
-    model.generator.bias.data[Vocab.eos_id] += eos_bias
+    if eos_bias:
+        model.generator.bias.data[Vocab.eos_id] += eos_bias
     path = tmp_path / name
     save_model_checkpoint(str(path), model, vocabs)
     return load_model_checkpoint(str(path))
@@ -77,7 +81,7 @@ def test_exported_log_probabilities_equal_npformer(tmp_path, variant):
         np.testing.assert_allclose(theirs, ours, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", BIASED)
 def test_exported_greedy_output_equals_npformer(tmp_path, variant):
     """The same tokens, and the same end: random weights run to the state's capacity (CT2's
     max_decoding_length must be npformer's), a raised <eos> bias stops early or at once (CT2's
@@ -97,15 +101,22 @@ def test_exported_greedy_output_equals_npformer(tmp_path, variant):
 
 
 def test_int8_export_loads_and_translates(tmp_path):
+    """int8 weights give log-probabilities close to the float32 export's, not equal. How close
+    depends on CTranslate2's int8 kernels for the CPU (AVX2 and AVX-512 machines round the
+    activations differently): held to 0.5 nats, and to well within how far another model's
+    float32 log-probabilities lie."""
     loaded = make_checkpoint(tmp_path)
     exported = load_exported(export_ctranslate2(loaded, tmp_path / "ct2", quantization="int8"))
     assert json.loads((tmp_path / "ct2" / META_FILE).read_text())["quantization"] == "int8"
     f32 = load_exported(export_ctranslate2(loaded, tmp_path / "f32"))
+    other = load_exported(export_ctranslate2(make_checkpoint(tmp_path, "other", seed=1),
+                                             tmp_path / "other-ct2"))
     src, tgt = ["s4", "s5", "s6"], ["t5", "t6", "t7"]
-    a = exported.model.translator.score_batch([src], [tgt])[0].log_probs
-    b = f32.model.translator.score_batch([src], [tgt])[0].log_probs
-    np.testing.assert_allclose(a, b, atol=0.1)           # int8 weights: close, not equal
-    assert a != b
+    a, b, c = (np.array(e.model.translator.score_batch([src], [tgt])[0].log_probs)
+               for e in (exported, f32, other))
+    np.testing.assert_allclose(a, b, atol=0.5)
+    assert np.abs(a - b).max() < np.abs(c - b).max() / 3
+    assert (a != b).any()
 
 
 # -- the CLI ----------------------------------------------------------------------------------

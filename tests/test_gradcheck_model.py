@@ -95,7 +95,8 @@ def test_whole_model_with_separate_attention_and_activation_dropout():
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_whole_model_with_the_logits_of_real_targets_only(norm_first):
     """``logits_mask``: the generator runs on the real target positions alone; the gradient of
-    every parameter still matches central differences (dropout and shared embeddings on)."""
+    every parameter still matches central differences (dropout and shared embeddings on; the
+    post-norm case without the generator's bias, as Transformer-Tiny)."""
     model = tiny_model(norm_first=norm_first, src_vocab_size=9, tgt_vocab_size=9, dropout=0.2,
-                       share_all_embeddings=True).train()
+                       share_all_embeddings=True, generator_bias=norm_first).train()
     model_gradcheck(model, 0.1, masked=True)

@@ -20,11 +20,12 @@ def small_configs(draw):
                d_ff=draw(st.integers(1, 12)), n_encoder_layers=draw(st.integers(1, 3)),
                n_decoder_layers=draw(st.integers(1, 3)), max_len=draw(st.integers(1, 5)),
                norm_first=draw(st.booleans()), tie_embeddings=draw(st.booleans()),
+               generator_bias=draw(st.booleans()),
                dtype=draw(st.sampled_from([np.float32, np.float64, "float32"])))
     if draw(st.booleans()):
         cfg["qk_dim"] = n_heads * draw(st.integers(1, 3))
     # leave out a few keys at random: their defaults must count too
-    for key in ("norm_first", "tie_embeddings", "dtype"):
+    for key in ("norm_first", "tie_embeddings", "generator_bias", "dtype"):
         if draw(st.booleans()):
             del cfg[key]
     return cfg

@@ -22,7 +22,7 @@ def backend(request):
     nf.set_backend(previous)
 
 
-def make_model(dtype, norm_first=False, tie=False, d_model=32):
+def make_model(dtype, norm_first=False, tie=False, d_model=32, generator_bias=True):
     """``tie``: False, True (the generator shares the target embedding) or "all" (source and
     target embeddings and the generator share one matrix over a joint vocabulary)."""
     share_all = tie == "all"
@@ -30,7 +30,8 @@ def make_model(dtype, norm_first=False, tie=False, d_model=32):
                           d_model=d_model, n_heads=4, d_ff=48, n_encoder_layers=2,
                           n_decoder_layers=2, dropout=0.0, max_len=32, pad_id=PAD,
                           norm_first=norm_first, tie_embeddings=bool(tie),
-                          share_all_embeddings=share_all, dtype=dtype, seed=3)
+                          share_all_embeddings=share_all, generator_bias=generator_bias,
+                          dtype=dtype, seed=3)
 
 
 def make_batch(seed=0):
@@ -54,14 +55,18 @@ def torch_step(ref, src, tgt_in, tgt_out, smoothing):
     return logits, loss
 
 
-CASES = [(nf_first, tie, ls) for nf_first in (False, True) for tie in (False, True, "all")
+CASES = [(nf_first, tie, ls, True) for nf_first in (False, True) for tie in (False, True, "all")
          for ls in (0.0, 0.1)]
+# without the generator's bias: Transformer-Tiny's (all shared, post-norm) and an untied pre-norm
+CASES += [(False, "all", 0.1, False), (True, False, 0.0, False)]
 
 
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-5)])
-@pytest.mark.parametrize("norm_first,tie,smoothing", CASES)
-def test_logits_loss_and_gradients_match_torch(dtype, tol, norm_first, tie, smoothing):
-    model = make_model(dtype, norm_first, tie)
+@pytest.mark.parametrize("norm_first,tie,smoothing,generator_bias", CASES)
+def test_logits_loss_and_gradients_match_torch(dtype, tol, norm_first, tie, smoothing,
+                                               generator_bias):
+    model = make_model(dtype, norm_first, tie, generator_bias=generator_bias)
+    assert (model.generator.bias is None) == (not generator_bias)
     ref = build_reference(model, torch.float64 if dtype == np.float64 else torch.float32)
     ref.train()                          # dropout is 0; train mode keeps torch off its fast path
     src, tgt_in, tgt_out = make_batch()

@@ -29,7 +29,8 @@ class ReferenceSeq2Seq(nn.Module):
                 if attention is not None:
                     attention.dropout = config.get("attention_dropout", config["dropout"])
             layer.dropout.p = config.get("activation_dropout", config["dropout"])
-        self.generator = nn.Linear(d, config["tgt_vocab_size"])
+        self.generator = nn.Linear(d, config["tgt_vocab_size"],
+                                   bias=config.get("generator_bias", True))
         if config.get("share_all_embeddings"):
             self.tgt_embed.weight = self.src_embed.weight
         if config["tie_embeddings"]:

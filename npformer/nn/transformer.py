@@ -42,7 +42,7 @@ class Transformer(Module):
                  n_encoder_layers=6, n_decoder_layers=6, dropout=0.1, attention_dropout=None,
                  activation_dropout=None, max_len=256, pad_id=0, norm_first=False,
                  activation="relu", layer_norm_eps=1e-5, qk_dim=None, tie_embeddings=False,
-                 share_all_embeddings=False, dtype=np.float32, seed=0):
+                 share_all_embeddings=False, generator_bias=True, dtype=np.float32, seed=0):
         super().__init__()
         # every value is checked here (ValueError naming the argument); ``config`` is what
         # checkpoints store and ``from_config`` / ``nf.build_model`` build from
@@ -53,7 +53,8 @@ class Transformer(Module):
             activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id,
             norm_first=norm_first, activation=activation, layer_norm_eps=layer_norm_eps,
             qk_dim=qk_dim, tie_embeddings=tie_embeddings,
-            share_all_embeddings=share_all_embeddings, dtype=dtype, seed=seed)
+            share_all_embeddings=share_all_embeddings, generator_bias=generator_bias,
+            dtype=dtype, seed=seed)
         dtype = np.dtype(cfg.dtype)
         self.dtype, self.pad_id, self.max_len, self.d_model = dtype, cfg.pad_id, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask
@@ -76,7 +77,8 @@ class Transformer(Module):
                                dtype=dtype, **layer_kwargs)
         self.decoder = Decoder(cfg.n_decoder_layers, d_model, cfg.layer_norm_eps, rng=init_rng,
                                dtype=dtype, **layer_kwargs)
-        self.generator = Linear(d_model, cfg.tgt_vocab_size, rng=init_rng, dtype=dtype)
+        self.generator = Linear(d_model, cfg.tgt_vocab_size, bias=cfg.generator_bias,
+                                rng=init_rng, dtype=dtype)
         if cfg.share_all_embeddings:
             self.tgt_embed.weight = self.src_embed.weight      # one Parameter, three users
         if cfg.tie_embeddings:

@@ -65,10 +65,11 @@ TOKENIZERS = {("npformer", False): TOKENIZER, ("npformer", True): SUBWORD_TOKENI
 # target) at 7,400 gives the same 122.
 # The text is preprocessed as the papers' (Moses normalisation, lowercasing, the Moses tokenizer
 # with its escaping) before the joint BPE is learnt on it. Dropout 0.3 is on the embeddings and
-# the residual paths only: fairseq's attention_dropout and activation_dropout default to 0.
+# the residual paths only: fairseq's attention_dropout and activation_dropout default to 0. The
+# generator has no bias: fairseq's output projection is the shared embedding matrix alone.
 TINY_MODEL = dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4,
                   dropout=0.3, attention_dropout=0.0, activation_dropout=0.0, max_len=128,
-                  share_all_embeddings=True)
+                  share_all_embeddings=True, generator_bias=False)
 TINY_TRAIN = dict(epochs=1000, max_steps=8000, max_tokens=7400, bucket_size=None, batch_size=64,
                   accum_steps=1,
                   lr=5e-3, warmup_steps=2000, schedule="inverse_sqrt", label_smoothing=0.1,

@@ -420,12 +420,34 @@ def test_greedy_with_step_top_equals_greedy_with_step(backend, seed):
        dtype=st.sampled_from([np.float32, np.float64]))
 def test_array_beam_search_equals_the_per_hypothesis_one_on_models(seed, beams, alpha, dtype):
     """On real (random, small) models: the state's ``step_top`` on the active backend against the
-    per-hypothesis search over its full ``step``."""
+    per-hypothesis search over its full ``step``: the same tokens and ends, and probabilities and
+    scores to round-off. Not to the bit: the two searches keep a hypothesis in different rows of
+    the state, and a row's product can round differently by where it sits (OpenBLAS's AVX2
+    kernels, and the thin Numba kernel's groups of four rows, take a block's last rows apart),
+    here in the 8th digit of float32 (seed 7276, 3 beams). The bookkeeping is held bit for bit
+    on tables above."""
     model = make_model(seed=seed, dtype=dtype)
     model.generator.bias.data[2] += np.random.default_rng(seed).normal(0, 2)   # <eos> varies
     src = random_src(np.random.default_rng(seed), 4, 5)
     want = reference_beam_search(decoder_state(model, src, beams, 9), beams, alpha, 9)
-    same_hypotheses(beam_decode(model, src, beams, alpha, max_new_tokens=9), want)
+    got = beam_decode(model, src, beams, alpha, max_new_tokens=9)
+    assert [(h.ids, h.finished) for h in got] == [(h.ids, h.finished) for h in want]
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.probs, w.probs, rtol=rtol, atol=0)
+        assert g.score == pytest.approx(w.score, rel=rtol, abs=0)
+
+
+def test_beam_search_on_a_model_where_row_placement_rounds_differently():
+    """The example that showed it (an AMD Zen 3 machine, AVX2): both backends."""
+    for backend in ("numba", "numpy"):
+        previous = nf.get_backend()
+        nf.set_backend(backend)
+        try:
+            test_array_beam_search_equals_the_per_hypothesis_one_on_models.hypothesis.inner_test(
+                seed=7276, beams=3, alpha=0.0, dtype=np.float32)
+        finally:
+            nf.set_backend(previous)
 
 
 # -- where prefixes sit in the state ---------------------------------------------------------------

@@ -85,7 +85,7 @@ class Transformer(Module):
             self.generator.weight = self.tgt_embed.weight      # one Parameter, two users
         self.positions = F.sinusoidal_positions(cfg.max_len, d_model, dtype)   # (max_len, D)
         self.flatten_parameters()
-        self._logits_shape = self._h_shape = self._logits_mask = None
+        self._logits_shape = self._logits_mask = None
         self._backward_done = False
 
     @classmethod
@@ -122,7 +122,7 @@ class Transformer(Module):
         tgt_mask = F.decoder_self_mask(tgt_in, self.pad_id)
         y = self.embed(self.tgt_embed, self.tgt_dropout, tgt_in)
         h = self.decoder.forward(y, memory, tgt_mask, src_mask)     # (B, T, D)
-        self._h_shape, self._logits_mask = h.shape, logits_mask
+        self._logits_mask = logits_mask
         if logits_mask is not None:
             h = h[logits_mask]                                      # (N, D): the rows scored
         logits = self.generator.forward(h)                          # (B, T, V_tgt) or (N, V_tgt)
@@ -174,7 +174,7 @@ class Transformer(Module):
         dh = self.generator.backward(dlogits)                  # (B, T, D) or (N, D)
         if self._logits_mask is not None:
             # positions without logits do not reach the loss: their dh is zero
-            scattered = np.zeros(self._h_shape, dtype=dh.dtype)
+            scattered = np.zeros(self._logits_mask.shape + dh.shape[-1:], dtype=dh.dtype)
             scattered[self._logits_mask] = dh
             dh = scattered
         dy, dmemory = self.decoder.backward(dh)                # (B, T, D), (B, S, D)

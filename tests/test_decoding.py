@@ -438,16 +438,10 @@ def test_array_beam_search_equals_the_per_hypothesis_one_on_models(seed, beams, 
         assert g.score == pytest.approx(w.score, rel=rtol, abs=0)
 
 
-def test_beam_search_on_a_model_where_row_placement_rounds_differently():
-    """The example that showed it (an AMD Zen 3 machine, AVX2): both backends."""
-    for backend in ("numba", "numpy"):
-        previous = nf.get_backend()
-        nf.set_backend(backend)
-        try:
-            test_array_beam_search_equals_the_per_hypothesis_one_on_models.hypothesis.inner_test(
-                seed=7276, beams=3, alpha=0.0, dtype=np.float32)
-        finally:
-            nf.set_backend(previous)
+def test_beam_search_on_a_model_where_row_placement_rounds_differently(backend):
+    """The example that showed it (an AMD Zen 3 machine, AVX2), on both backends."""
+    test_array_beam_search_equals_the_per_hypothesis_one_on_models.hypothesis.inner_test(
+        seed=7276, beams=3, alpha=0.0, dtype=np.float32)
 
 
 # -- where prefixes sit in the state ---------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Time one full training step (forward, loss, backward, Adam) of npformer (Numba and NumPy
 backends) and PyTorch eager on the same architecture, cores and batch, in one run.
 
-    python benchmarks/bench_train_step.py [--config tiny|base|big|gpt2|gpt-char] [--repeats 7] [--cores N]
+    python benchmarks/bench_train_step.py [--config tiny|base|big|gpt2|gpt-char] [--batch B] [--repeats 7]
+                                          [--cores N]
                                           [--runtime-call] [--nondeterministic]
                                           [--profile] [--choices] [--only IMPL ...]
 
@@ -37,7 +38,9 @@ are as defined in ``CONFIGS`` below. The decoder-only ones train a GPT (``nf.GPT
 on next-token prediction: ``gpt2`` is GPT-2 small (124M parameters, random weights, 4 x 256
 tokens), ``gpt-char`` a character-level model (4 layers, d_model 192, context 128); PyTorch's
 side is transformers' ``GPT2LMHeadModel`` of the same shape (skipped, with a message, where
-transformers is not installed).
+transformers is not installed). ``--batch B`` replaces a config's rows (its sequence lengths
+stay), e.g. ``--config tiny --batch 128`` for the half batches of ``--max-tokens 3700``: compare
+tokens/s between two runs at different B, each against PyTorch at the same B.
 """
 import argparse
 import json
@@ -280,8 +283,16 @@ def run_torch(c, repeats):
     return times, {"torch_threads": torch.get_num_threads()}
 
 
+def config(args):
+    """The benchmarked shape: ``CONFIGS[args.config]``, its rows replaced by ``--batch``."""
+    c = dict(CONFIGS[args.config])
+    if args.batch is not None:
+        c["batch"] = args.batch
+    return c
+
+
 def worker(args):
-    c = CONFIGS[args.config]
+    c = config(args)
     if args.worker == "torch-eager":
         times, info = run_torch(c, args.repeats)
     else:
@@ -295,6 +306,8 @@ def launch(name, args, pin):
     """Run one implementation in a subprocess (pinned with taskset to ``pin`` if given)."""
     cmd = [sys.executable, __file__, "--worker", name, "--config", args.config,
            "--repeats", str(args.repeats)]
+    if args.batch is not None:
+        cmd += ["--batch", str(args.batch)]
     for flag in ("runtime_call", "nondeterministic", "profile", "choices"):
         if getattr(args, flag):
             cmd.append("--" + flag.replace("_", "-"))
@@ -328,6 +341,8 @@ def fail(message):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--config", choices=sorted(CONFIGS), default="base")
+    ap.add_argument("--batch", type=int, metavar="B",
+                    help="rows of the batch, replacing the config's (its lengths stay)")
     ap.add_argument("--repeats", type=int, default=7, help="timed steps per implementation (>= 5)")
     ap.add_argument("--cores", type=int, metavar="N",
                     help="pin the workers to the first N CPUs of this process's affinity "
@@ -348,6 +363,8 @@ def main():
     args = ap.parse_args()
     if args.repeats < 5:
         ap.error(f"--repeats: expected at least 5, got {args.repeats}")
+    if args.batch is not None and args.batch < 1:
+        ap.error(f"--batch: expected a positive number of rows, got {args.batch}")
     if args.worker:
         return worker(args)
 
@@ -362,7 +379,7 @@ def main():
         pin = cpus[:args.cores]
     cores = len(pin if pin is not None else cpus)
 
-    c = CONFIGS[args.config]
+    c = config(args)
     flops = step_flops(c)
     tokens = step_tokens(c)
     print(f"config {args.config}: {c}")

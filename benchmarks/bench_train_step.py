@@ -2,8 +2,7 @@
 backends) and PyTorch eager on the same architecture, cores and batch, in one run.
 
     python benchmarks/bench_train_step.py [--config tiny|base|big|gpt2|gpt-char] [--batch B] [--repeats 7]
-                                          [--cores N]
-                                          [--runtime-call] [--nondeterministic]
+                                          [--cores N] [--runtime-call] [--nondeterministic]
                                           [--profile] [--choices] [--only IMPL ...]
 
 Each implementation runs in its own subprocess, so its peak resident memory

@@ -1,0 +1,106 @@
+"""How large the cells of a large product should be: one training step of an encoder-decoder
+config, timed under several values of ``npformer.kernels.matmul.PART_MACS`` in one process.
+
+    python benchmarks/bench_cells.py [--config tiny|base|big] [--batch B] [--part-macs 24,23,22]
+                                     [--rounds 40]
+    taskset -c 0-3 python benchmarks/bench_cells.py ...      # on 4 of the machine's cores
+
+A 2-D product of at least twice ``PART_MACS`` multiply-adds is cut into cells of at least
+``PART_MACS`` (``matmul.product_grid``), which the runtime's workers share. Smaller cells let
+more of a product run in parallel (a product of one cell runs on one core while the others
+wait; three cells on two workers run as two and one) but pack the operands more often. The cells
+depend on the shape alone, so every value gives reproducible bits, not the same bits as another
+value.
+
+The values (``--part-macs``, as powers of two) take turns step by step, the order reversed every
+round, so that a machine whose speed drifts (a shared VM) slows all of them alike. Prints, per
+value, the median and fastest step, the CPU time per wall second (how many cores the step kept
+busy) and the median's ratio to the first value's. Cores: those of this process's affinity (use
+``taskset``); the runtime's policy reads them as in any run.
+"""
+import argparse
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_train_step as B  # noqa: E402  (the configs, batch and model of the step benchmark)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", choices=("tiny", "base", "big"), default="tiny")
+    parser.add_argument("--batch", type=int, metavar="B",
+                        help="rows of the batch, replacing the config's (its lengths stay)")
+    parser.add_argument("--part-macs", default="24,23,22", metavar="E,E,...",
+                        help="exponents: PART_MACS = 2**E for each value compared (first: the "
+                             "reference of the ratios)")
+    parser.add_argument("--rounds", type=int, default=40, help="timed steps per value (>= 5)")
+    args = parser.parse_args(argv)
+    try:
+        exponents = [int(e) for e in args.part_macs.split(",")]
+    except ValueError:
+        parser.error(f"--part-macs: expected comma-separated integers, got {args.part_macs!r}")
+    if not exponents or len(set(exponents)) != len(exponents) or not all(10 <= e <= 40 for e in exponents):
+        parser.error(f"--part-macs: expected distinct exponents in [10, 40], got {args.part_macs!r}")
+    if args.rounds < 5:
+        parser.error(f"--rounds: expected at least 5, got {args.rounds}")
+    if args.batch is not None and args.batch < 1:
+        parser.error(f"--batch: expected a positive number of rows, got {args.batch}")
+
+    import numpy as np
+
+    import npformer as nf
+    matmul = importlib.import_module("npformer.kernels.matmul")   # the module, not its function
+
+    c = dict(B.CONFIGS[args.config])
+    if args.batch:
+        c["batch"] = args.batch
+    model, opt = B.transformer_and_adam(c)
+    src, tgt_in, tgt_out = B.make_batch(c, np)
+
+    def step():
+        model.zero_grad()
+        logits = model.forward(src, tgt_in)
+        _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
+        model.backward(dlogits)
+        opt.step()
+
+    default = matmul.PART_MACS
+    wall = {e: [] for e in exponents}
+    busy = {e: [] for e in exponents}
+    try:
+        for e in exponents:                                 # warm-up: compiles, allocates
+            matmul.PART_MACS = 1 << e
+            step()
+            step()
+        for r in range(args.rounds):
+            for e in (exponents if r % 2 == 0 else exponents[::-1]):
+                matmul.PART_MACS = 1 << e
+                c0, t0 = os.times(), time.perf_counter()
+                step()
+                t1, c1 = time.perf_counter(), os.times()
+                wall[e].append(t1 - t0)
+                busy[e].append((c1.user + c1.system - c0.user - c0.system) / (t1 - t0))
+    finally:
+        matmul.PART_MACS = default
+
+    rt = nf.runtime.describe()
+    print(f"config {args.config}, batch {c['batch']} x {c['src_len']}/{c['tgt_len']} tokens, "
+          f"{args.rounds} steps per value, the values alternating; {rt['cores']} cores, "
+          f"{rt['workers']} workers")
+    print(f"{'PART_MACS':>10} {'median ms':>10} {'fastest ms':>11} {'cores busy':>11} "
+          f"{'vs first':>9}")
+    ref = float(np.median(wall[exponents[0]]))
+    for e in exponents:
+        med = float(np.median(wall[e]))
+        mark = " (default)" if 1 << e == default else ""
+        print(f"{'2^' + str(e):>10} {1e3 * med:>10.1f} {1e3 * min(wall[e]):>11.1f} "
+              f"{np.median(busy[e]):>11.2f} {ref / med:>8.3f}x{mark}")
+
+
+if __name__ == "__main__":
+    main()

@@ -12,11 +12,12 @@ wait; three cells on two workers run as two and one) but pack the operands more 
 depend on the shape alone, so every value gives reproducible bits, not the same bits as another
 value.
 
-The values (``--part-macs``, as powers of two) take turns step by step, the order reversed every
-round, so that a machine whose speed drifts (a shared VM) slows all of them alike. Prints, per
-value, the median and fastest step, the CPU time per wall second (how many cores the step kept
-busy) and the median's ratio to the first value's. Cores: those of this process's affinity (use
-``taskset``); the runtime's policy reads them as in any run.
+The values (``--part-macs``, as powers of two) take turns step by step, the order rotated by one
+every round, so that a machine whose speed drifts (a shared VM) slows all of them alike and none
+is always first or last. Prints, per value, the median and fastest step, the CPU time per wall
+second (how many cores the step kept busy) and the first value's median over this one's (above
+1: faster than the first). The Numba backend, as ``bench_train_step.py``'s npformer-numba. Cores:
+those of this process's affinity (use ``taskset``); the runtime's policy reads them as in any run.
 """
 import argparse
 import importlib
@@ -25,9 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
-import bench_train_step as B  # noqa: E402  (the configs, batch and model of the step benchmark)
+from bench_train_step import CONFIGS, make_batch, transformer_and_adam  # noqa: E402
 
 
 def main(argv=None):
@@ -44,8 +47,9 @@ def main(argv=None):
         exponents = [int(e) for e in args.part_macs.split(",")]
     except ValueError:
         parser.error(f"--part-macs: expected comma-separated integers, got {args.part_macs!r}")
-    if not exponents or len(set(exponents)) != len(exponents) or not all(10 <= e <= 40 for e in exponents):
-        parser.error(f"--part-macs: expected distinct exponents in [10, 40], got {args.part_macs!r}")
+    if len(set(exponents)) != len(exponents) or not all(10 <= e <= 40 for e in exponents):
+        parser.error(f"--part-macs: expected distinct exponents in [10, 40], got "
+                     f"{args.part_macs!r}")
     if args.rounds < 5:
         parser.error(f"--rounds: expected at least 5, got {args.rounds}")
     if args.batch is not None and args.batch < 1:
@@ -54,13 +58,14 @@ def main(argv=None):
     import numpy as np
 
     import npformer as nf
-    matmul = importlib.import_module("npformer.kernels.matmul")   # the module, not its function
+    nf.set_backend("numba")          # the cells are the Numba backend's; loads npformer.kernels
+    matmul = importlib.import_module("npformer.kernels.matmul")     # the module, not the function
 
-    c = dict(B.CONFIGS[args.config])
+    c = dict(CONFIGS[args.config])
     if args.batch:
         c["batch"] = args.batch
-    model, opt = B.transformer_and_adam(c)
-    src, tgt_in, tgt_out = B.make_batch(c, np)
+    model, opt = transformer_and_adam(c)
+    src, tgt_in, tgt_out = make_batch(c, np)
 
     def step():
         model.zero_grad()
@@ -78,7 +83,8 @@ def main(argv=None):
             step()
             step()
         for r in range(args.rounds):
-            for e in (exponents if r % 2 == 0 else exponents[::-1]):
+            k = r % len(exponents)
+            for e in exponents[k:] + exponents[:k]:
                 matmul.PART_MACS = 1 << e
                 c0, t0 = os.times(), time.perf_counter()
                 step()
@@ -89,9 +95,10 @@ def main(argv=None):
         matmul.PART_MACS = default
 
     rt = nf.runtime.describe()
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"config {args.config}, batch {c['batch']} x {c['src_len']}/{c['tgt_len']} tokens, "
-          f"{args.rounds} steps per value, the values alternating; {rt['cores']} cores, "
-          f"{rt['workers']} workers")
+          f"{args.rounds} steps per value, the values taking turns; {rt['cores']} cores, "
+          f"{rt['workers']} workers; load average at the end {load}")
     print(f"{'PART_MACS':>10} {'median ms':>10} {'fastest ms':>11} {'cores busy':>11} "
           f"{'vs first':>9}")
     ref = float(np.median(wall[exponents[0]]))

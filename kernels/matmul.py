@@ -360,7 +360,7 @@ def _measure(key, a, b, out, names, run):
 # A large product's cells: at least PART_MACS multiply-adds each (so a product is cut once it has
 # twice that). 2^23 is a fraction of a millisecond of one core's BLAS: long enough that packing a
 # cell's operands and handing it out stay small against it, short enough that the projections of a
-# small model's batch, such as Transformer-Tiny's (~2,000 x 128) @ (128 x 128), are cut and share
+# small model's batch, such as Transformer-Tiny's (~1,900 x 128) @ (128 x 128), are cut and share
 # the cores instead of running on one while the others wait.
 PART_MACS = 1 << 23
 MAX_PARTS = 16                   # ... and at most this many cells

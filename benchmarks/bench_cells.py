@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_train_step import CONFIGS, make_batch, transformer_and_adam  # noqa: E402
+from bench_train_step import CONFIGS, transformer_train_step  # noqa: E402
 
 
 def main(argv=None):
@@ -64,15 +64,7 @@ def main(argv=None):
     c = dict(CONFIGS[args.config])
     if args.batch:
         c["batch"] = args.batch
-    model, opt = transformer_and_adam(c)
-    src, tgt_in, tgt_out = make_batch(c, np)
-
-    def step():
-        model.zero_grad()
-        logits = model.forward(src, tgt_in)
-        _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
-        model.backward(dlogits)
-        opt.step()
+    step = transformer_train_step(c)
 
     default = matmul.PART_MACS
     wall = {e: [] for e in exponents}

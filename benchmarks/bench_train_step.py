@@ -144,6 +144,24 @@ def transformer_and_adam(c):
     return model, nf.Adam(model, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
 
+def transformer_train_step(c):
+    """One training step of ``transformer_and_adam(c)`` on ``make_batch(c)``, as a callable:
+    forward, cross-entropy (label smoothing 0.1, padding ignored), backward, Adam."""
+    import numpy as np
+
+    import npformer as nf
+    model, opt = transformer_and_adam(c)
+    src, tgt_in, tgt_out = make_batch(c, np)
+
+    def train_step():
+        model.zero_grad()
+        logits = model.forward(src, tgt_in)
+        _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
+        model.backward(dlogits)
+        opt.step()
+    return train_step
+
+
 def time_steps(step, repeats):
     for _ in range(2):                                        # warm-up (compiles, allocates)
         step()
@@ -201,15 +219,7 @@ def run_npformer(c, backend_name, args):
             model.backward(dlogits)
             opt.step()
     else:
-        model, opt = transformer_and_adam(c)
-        src, tgt_in, tgt_out = make_batch(c, np)
-
-        def train_step():
-            model.zero_grad()
-            logits = model.forward(src, tgt_in)
-            _, dlogits = nf.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
-            model.backward(dlogits)
-            opt.step()
+        train_step = transformer_train_step(c)
     if args.profile and numba:
         import cProfile
         import io

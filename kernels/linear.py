@@ -6,7 +6,7 @@ Same names, shapes and cache as :mod:`npformer.functional.linear` (docs/backprop
 """
 import numpy as np
 
-from .matmul import matmul
+from .matmul import matmul, matmuls
 
 _scratch = {}                     # (shape, dtype) -> reusable buffer for dW before it is added
 
@@ -40,15 +40,18 @@ def linear_backward_accumulate(dy, cache, dw_acc, db_acc=None):
     """As :func:`linear_backward`, but adds dw into ``dw_acc`` (D_out, D_in) and db into
     ``db_acc`` (D_out,) in place (the parameters' ``.grad``) instead of returning new arrays.
     dw goes through a reused scratch buffer, not a fresh (D_out, D_in) allocation per call.
-    Returns dx (..., D_in)."""
+    Returns dx (..., D_in).
+
+    dX = dY W and dW = dY^T X do not depend on each other: they run as one parallel region
+    (:func:`npformer.kernels.matmul.matmuls`), each cell of dW added into ``dw_acc`` by the worker
+    that computed it and the bias gradient's column sums as one more part, with the bits of
+    computing them one after the other."""
     x2, x_shape, w = cache
     if dw_acc.shape != w.shape or (db_acc is not None and db_acc.shape != w.shape[:1]):
         raise ValueError(f"dw_acc, db_acc: expected shapes {w.shape} and {w.shape[:1]}, got "
                          f"{dw_acc.shape} and {None if db_acc is None else db_acc.shape}")
     dy2 = dy.reshape(-1, dy.shape[-1])               # (N, D_out)
-    dx = matmul(dy2, w).reshape(x_shape)
-    dw = matmul(dy2.T, x2, out=_buffer(w.shape, w.dtype))
-    dw_acc += dw
-    if db_acc is not None:
-        db_acc += dy2.sum(axis=0)
-    return dx
+    extra = () if db_acc is None else (lambda: np.add(db_acc, dy2.sum(axis=0), out=db_acc),)
+    dx, _ = matmuls([(dy2, w, None, None),                               # (N, D_in)
+                     (dy2.T, x2, _buffer(w.shape, w.dtype), dw_acc)], extra)    # (D_out, D_in)
+    return dx.reshape(x_shape)

@@ -35,6 +35,7 @@ Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix skip the row-pa
 ``"numba"`` kernel (no cache blocking), and their key rounds the sizes up to multiples of 256
 (one choice per bucket, not per batch length).
 """
+import functools
 import time
 
 import numpy as np
@@ -394,22 +395,40 @@ def product_grid(m, k, n):
     return bounds(m, pr, _ROW_ALIGN), bounds(n, pc, _COL_ALIGN)
 
 
-def _blas_cells(product, a, b, out, bias=None):
-    """product(a, b, out) of a large 2-D product, cell by cell (:func:`product_grid`), the cells
-    shared by the runtime's workers, each by single-threaded BLAS; a cell's columns of ``bias``
-    are added to it as soon as it is computed (while it is in cache)."""
+def _cell_parts(product, a, b, out, bias=None, into=None):
+    """The cells of a large 2-D product(a, b, out) (:func:`product_grid`) as parts for
+    ``runtime.run_parts``, or None where the product is one cell. A part computes its cell by
+    single-threaded BLAS, adds the cell's columns of ``bias`` while the cell is in cache, and
+    then, with ``into``, adds the cell into the same block of ``into``."""
     rows, cols = product_grid(a.shape[0], a.shape[1], b.shape[1])
     if len(rows) == 2 and len(cols) == 2:
+        return None
+
+    def cell(r0, r1, c0, c1):
+        o = out[r0:r1, c0:c1]
+        product(a[r0:r1], b[:, c0:c1], o)
+        if bias is not None:
+            o += bias[c0:c1]
+        if into is not None:
+            into[r0:r1, c0:c1] += o
+    return [functools.partial(cell, r0, r1, c0, c1)
+            for r0, r1 in zip(rows, rows[1:]) for c0, c1 in zip(cols, cols[1:])]
+
+
+def _run_part(part):
+    """run_parts' function for parts that are callables."""
+    part()
+
+
+def _blas_cells(product, a, b, out, bias=None):
+    """product(a, b, out) of a large 2-D product, cell by cell (:func:`_cell_parts`), the cells
+    shared by the runtime's workers, each by single-threaded BLAS; a cell's columns of ``bias``
+    are added to it as soon as it is computed (while it is in cache)."""
+    parts = _cell_parts(product, a, b, out, bias)
+    if parts is None:
         with runtime.blas_scope():
             return _add_bias(product(a, b, out), bias)
-    cells = [(r0, r1, c0, c1) for r0, r1 in zip(rows, rows[1:]) for c0, c1 in zip(cols, cols[1:])]
-
-    def cell(c):
-        o = out[c[0]:c[1], c[2]:c[3]]
-        product(a[c[0]:c[1]], b[:, c[2]:c[3]], o)
-        if bias is not None:
-            o += bias[c[2]:c[3]]
-    runtime.run_parts(cell, cells)
+    runtime.run_parts(_run_part, parts)
     return out
 
 
@@ -454,6 +473,14 @@ def matmul(a, b, out=None, candidates=None, bias=None):
 
     An ``out`` that overlaps a, b or the bias receives a copy of the product (no variant writes into memory
     it is still reading). Empty operands go to NumPy, which defines them (K = 0 gives zeros)."""
+    name, out, run = _prepare(a, b, out, candidates, bias)
+    return out if run is None else run(name, a, b, out, bias)
+
+
+def _prepare(a, b, out, candidates, bias):
+    """matmul's checks and choice: (variant, out, run) for ``run(variant, a, b, out, bias)``,
+    ``out`` allocated where None was given; or (None, result, None) where the result is already
+    computed (empty operands, an ``out`` that overlaps an operand)."""
     check_operands(a, b, out, "matmul")
     if candidates is not None and not set(candidates) <= set(THREAD_SAFE):
         raise ValueError(f"matmul: candidates: expected names from {THREAD_SAFE}, got "
@@ -463,11 +490,11 @@ def matmul(a, b, out=None, candidates=None, bias=None):
                          f"per column of the product), got "
                          f"{getattr(bias, 'shape', type(bias).__name__)}")
     if a.size == 0 or b.size == 0:
-        return _add_bias(np.matmul(a, b, out=out), bias)
+        return None, _add_bias(np.matmul(a, b, out=out), bias), None
     if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)
                             or (bias is not None and np.may_share_memory(out, bias))):
         out[...] = matmul(a, b, candidates=candidates, bias=bias)
-        return out
+        return None, out, None
     key = product_key(a, b, out, candidates)
     name = runtime.dispatch_choice(key)
     if name is not None and (key, name) not in _checked:      # from a table or a checkpoint
@@ -490,7 +517,40 @@ def matmul(a, b, out=None, candidates=None, bias=None):
             name = _measure(key, a, b, out, names, run)
         runtime.remember(key, name)
         _checked.add((key, name))
-    return run(name, a, b, out, bias)
+    return name, out, run
+
+
+def matmuls(products, extra=()):
+    """Independent products as one parallel region: ``products`` holds (a, b, out, into)
+    tuples, each ``a @ b`` as :func:`matmul` computes it (its variant, its cells, its bits; ``out``
+    None: allocated), then added into ``into`` where that is an array. Returns the products.
+
+    The cells of every product cut into cells, and the callables of ``extra`` (other work that
+    reads and writes nothing the products touch), are shared by the runtime's workers at once:
+    one handoff to the helper threads instead of one per product, and each cell added into
+    ``into`` by the worker that computed it, while it is in cache. A linear layer's backward,
+    dX = dY W and dW = dY^T X with dW added into the weight's gradient and the bias gradient as
+    an ``extra``, is one region. A product that is not cut into cells (one cell, a batched or
+    Numba variant) is computed first, on the calling thread's behalf, as matmul computes it.
+    Which thread computes which part changes no bit: the parts write disjoint outputs."""
+    parts, results = [], []
+    for a, b, out, into in products:
+        name, out, run = _prepare(a, b, out, None, None)
+        results.append(out)
+        cells = None
+        if run is not None and a.ndim == 2 and name in ("blas", "blas-contiguous"):
+            cells = _cell_parts(VARIANTS[name], a, b, out, None, into)
+        if cells is None:
+            if run is not None:
+                run(name, a, b, out, None)
+            if into is not None:
+                into += out
+        else:
+            parts += cells
+    parts += list(extra)
+    if parts:
+        runtime.run_parts(_run_part, parts)
+    return results
 
 
 def choice(a, b, out=None, candidates=None):

@@ -244,6 +244,66 @@ def test_linear_matches_reference_and_accumulates(lead, d_in, d_out, bias, dtype
     np.testing.assert_allclose(db_acc, 1 + db_ref if bias else 1, rtol=0, atol=TOL[dtype] * 10)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_products_in_one_region_give_the_bits_of_separate_products(dtype):
+    """``matmuls``: the cells of several products (and other parts) shared by the workers in one
+    region. Each result has the bits of its own ``matmul`` call, ``into`` gets exactly the sum
+    of adding the product afterwards, whatever the number of workers; a product too small to be
+    cut into cells and an empty one are computed as matmul computes them; every extra part runs
+    once."""
+    rng = np.random.default_rng(5)
+    dy = rng.standard_normal((1900, 384)).astype(dtype)             # (N, D_out)
+    w = rng.standard_normal((384, 128)).astype(dtype)               # (D_out, D_in)
+    x = rng.standard_normal((1900, 128)).astype(dtype)              # (N, D_in)
+    small_a, small_b = (rng.standard_normal(s).astype(dtype) for s in ((5, 7), (7, 3)))
+    acc0 = rng.standard_normal((384, 128)).astype(dtype)
+    assert len(M.product_grid(1900, 384, 128)[0]) > 2               # dX: several cells
+    assert len(M.product_grid(384, 1900, 128)[0]) > 2                # dW: several cells
+    dx_ref, dw_ref, small_ref = M.matmul(dy, w), M.matmul(dy.T, x), M.matmul(small_a, small_b)
+    acc_ref = acc0.copy()
+    acc_ref += dw_ref
+    before = runtime.policy()
+    try:
+        for workers in (1, 2, 3):
+            runtime._state["policy"] = runtime.thread_policy(workers, numba_max=1)
+            acc, small_acc = acc0.copy(), np.ones((5, 3), dtype)
+            ran = []
+            dw_out = np.empty((384, 128), dtype)
+            dx, dw, small, empty = M.matmuls(
+                [(dy, w, None, None), (dy.T, x, dw_out, acc), (small_a, small_b, None, small_acc),
+                 (np.zeros((4, 0), dtype), np.zeros((0, 2), dtype), None, None)],
+                extra=[lambda: ran.append(1), lambda: ran.append(2)])
+            np.testing.assert_array_equal(dx, dx_ref)
+            assert dw is dw_out
+            np.testing.assert_array_equal(dw, dw_ref)
+            np.testing.assert_array_equal(acc, acc_ref)
+            np.testing.assert_array_equal(small, small_ref)
+            np.testing.assert_array_equal(small_acc, 1 + small_ref)
+            np.testing.assert_array_equal(empty, np.zeros((4, 2), dtype))
+            assert sorted(ran) == [1, 2]
+    finally:
+        runtime._state["policy"] = before
+
+
+def test_linear_backward_in_one_region_keeps_the_bits_of_separate_products():
+    """The linear backward computes dX, dW (added into the gradient) and db in one region: the
+    same bits as the products one after the other and the sums added afterwards."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((16, 120, 128)).astype(np.float32)      # (B, T, D_in)
+    w = rng.standard_normal((384, 128)).astype(np.float32)
+    dy = rng.standard_normal((16, 120, 384)).astype(np.float32)
+    _, cache = K.linear_forward(x, w)
+    dw_acc, db_acc = np.ones_like(w), np.ones(384, np.float32)
+    dx = K.linear_backward_accumulate(dy, cache, dw_acc, db_acc)
+    dy2, x2 = dy.reshape(-1, 384), x.reshape(-1, 128)
+    np.testing.assert_array_equal(dx, M.matmul(dy2, w).reshape(x.shape))
+    expected_dw, expected_db = np.ones_like(w), np.ones(384, np.float32)
+    expected_dw += M.matmul(dy2.T, x2, out=np.empty_like(w))
+    expected_db += dy2.sum(axis=0)
+    np.testing.assert_array_equal(dw_acc, expected_dw)
+    np.testing.assert_array_equal(db_acc, expected_db)
+
+
 def test_linear_accumulate_rejects_wrong_accumulators():
     _, cache = K.linear_forward(np.zeros((2, 3)), np.zeros((4, 3)))
     with pytest.raises(ValueError, match="dw_acc"):

@@ -106,8 +106,8 @@ class Recorder:
 
     def _region(self, fn, parts, max_workers, spans, t0, t1):
         name = getattr(fn, "__qualname__", "")
-        cells = name == "_run_part" or name.startswith("_blas_cells")   # matmul's cells
-        kind = "run_parts: product cells" if cells else "run_parts: " + name.split(".<locals>")[0]
+        kind = "run_parts: product cells" if name == "_run_part" else \
+            "run_parts: " + name.split(".<locals>")[0]
         workers = min(len(parts), self.runtime.workers(), max_workers or len(parts))
         self.wall[kind] += t1 - t0
         self.count[kind] += 1

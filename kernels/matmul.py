@@ -420,16 +420,13 @@ def _run_part(part):
     part()
 
 
-def _blas_cells(product, a, b, out, bias=None):
-    """product(a, b, out) of a large 2-D product, cell by cell (:func:`_cell_parts`), the cells
-    shared by the runtime's workers, each by single-threaded BLAS; a cell's columns of ``bias``
-    are added to it as soon as it is computed (while it is in cache)."""
-    parts = _cell_parts(product, a, b, out, bias)
-    if parts is None:
-        with runtime.blas_scope():
-            return _add_bias(product(a, b, out), bias)
-    runtime.run_parts(_run_part, parts)
-    return out
+def _main_cells(name, a, b, out, bias=None, into=None):
+    """The cells (:func:`_cell_parts`) of a product that variant ``name`` computes cell by cell
+    on the calling thread's behalf (a large 2-D product by BLAS), or None: one cell, or a
+    variant that does not cut products into cells."""
+    if a.ndim == 2 and name in ("blas", "blas-contiguous"):
+        return _cell_parts(VARIANTS[name], a, b, out, bias, into)
+    return None
 
 
 def _add_bias(out, bias):
@@ -443,8 +440,10 @@ def _run_main(name, a, b, out, bias=None):
     """A product on the calling thread's behalf: a large 2-D one in cells fixed by its shape
     (BLAS) or in row parts (the blocked kernel) over the runtime's workers; BLAS on npformer's
     thread count (one) in every case. ``bias`` as :func:`matmul`'s."""
-    if a.ndim == 2 and name in ("blas", "blas-contiguous"):
-        return _blas_cells(VARIANTS[name], a, b, out, bias)
+    cells = _main_cells(name, a, b, out, bias)
+    if cells is not None:
+        runtime.run_parts(_run_part, cells)
+        return out
     with runtime.blas_scope():
         if name == "numba-blocked":
             return _numba_blocked_parts(a, b, out, bias)
@@ -537,9 +536,7 @@ def matmuls(products, extra=()):
     for a, b, out, into in products:
         name, out, run = _prepare(a, b, out, None, None)
         results.append(out)
-        cells = None
-        if run is not None and a.ndim == 2 and name in ("blas", "blas-contiguous"):
-            cells = _cell_parts(VARIANTS[name], a, b, out, None, into)
+        cells = None if run is None else _main_cells(name, a, b, out, None, into)
         if cells is None:
             if run is not None:
                 run(name, a, b, out, None)

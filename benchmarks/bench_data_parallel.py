@@ -1,24 +1,29 @@
 """Data-parallel training throughput: R ranks x T threads for every split of the machine's cores,
 against the best single process (and PyTorch eager on all the cores) in the same run.
 
-    python benchmarks/bench_data_parallel.py [--config base] [--repeats 7] [--cores N]
-                                             [--reduce ordered|mpi] [--splits 1x16 8x2 ...]
-                                             [--no-torch]
+    python benchmarks/bench_data_parallel.py [--config base] [--batch B] [--split]
+                                             [--repeats 7] [--cores N] [--reduce ordered|mpi]
+                                             [--splits 1x16 8x2 ...] [--no-torch]
 
 For each split R x T of C cores (R * T = C; every divisor R of C unless ``--splits`` names
 some), the script starts R ranks with ``mpiexec -n R python -m mpi4py`` (a single process
 without mpiexec), all pinned with ``taskset`` to the first C CPUs of this process's affinity;
 npformer gives each rank its own T of them (``npformer.distributed.share_cores``). Every rank
 trains bench_train_step.py's ``--config`` batch each step (forward, loss, backward, the gradient
-exchange, clipping, Adam), so R ranks train R batches a step. Printed per split: tokens/s of all
-ranks together (source + target tokens, median step after two warm-up steps), the step time,
-the gradient exchange's share of the step, and the speed against the single process of C
-threads. Then, on the split with the most ranks, the exchange alone on the model's gradient
-buffer: the ordered sum (``--reduce ordered``, the default) and one MPI Allreduce, with their
-algorithm bandwidth (buffer bytes / seconds).
+exchange, clipping, Adam), so R ranks train R batches a step (``--batch B`` replaces the config's
+rows). With ``--split`` the ranks share one batch instead: each trains B / R of its rows, so
+every split trains the same update, the question a recipe with a fixed batch asks (e.g.
+``--config tiny --batch 128 --split`` for the Tiny preset's half batches: one process of 2
+threads at ``--max-tokens 3700`` against 2 ranks of 1 thread at ``--max-tokens 1850`` each).
+Printed per split: tokens/s of all ranks together (source + target tokens, median step after two
+warm-up steps), the step time, the gradient exchange's share of the step, and the speed against
+the single process of C threads. Then, on the split with the most ranks, the exchange alone on
+the model's gradient buffer: the ordered sum (``--reduce ordered``, the default) and one MPI
+Allreduce, with their algorithm bandwidth (buffer bytes / seconds).
 
-PyTorch eager on C threads (bench_train_step.py's worker) is printed for reference where torch is
-installed (``--no-torch`` skips it). Needs mpiexec and mpi4py (``pip install 'npformer[mpi]'``).
+PyTorch eager on C threads (bench_train_step.py's worker, on the whole batch) is printed for
+reference where torch is installed (``--no-torch`` skips it). Needs mpiexec and mpi4py
+(``pip install 'npformer[mpi]'``).
 """
 import argparse
 import json
@@ -57,7 +62,7 @@ def worker(args):
     else:
         distributed.share_cores(world)
         collective = MPICollective(world, reduce=args.reduce)
-    c = CONFIGS[args.config]
+    c = shape(args, collective.size)
     model, opt = transformer_and_adam(c)
     src, tgt_in, tgt_out = make_batch(c, np)
     n_tokens = int((tgt_out != 0).sum())
@@ -102,9 +107,24 @@ def worker(args):
         print(json.dumps(result))
 
 
+def shape(args, ranks=1):
+    """One rank's benchmarked shape: the config, its rows replaced by ``--batch``, divided
+    among the ``ranks`` with ``--split``."""
+    c = dict(CONFIGS[args.config])
+    if args.batch is not None:
+        c["batch"] = args.batch
+    if args.split:
+        c["batch"] //= ranks
+    return c
+
+
 def run_split(args, ranks, threads, cpus):
     cmd = [sys.executable, __file__, "--worker", "--config", args.config, "--repeats",
            str(args.repeats), "--reduce", args.reduce, "--threads", str(threads)]
+    if args.batch is not None:
+        cmd += ["--batch", str(args.batch)]
+    if args.split:
+        cmd.append("--split")
     if ranks > 1:
         if args.bandwidth_at == ranks:
             cmd.append("--bandwidth")
@@ -119,6 +139,8 @@ def run_split(args, ranks, threads, cpus):
 def run_torch(args, cpus):
     cmd = ["taskset", "-c", cpu_list(cpus), sys.executable, str(HERE / "bench_train_step.py"),
            "--worker", "torch-eager", "--config", args.config, "--repeats", str(args.repeats)]
+    if args.batch is not None:
+        cmd += ["--batch", str(args.batch)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         print(f"PyTorch eager: skipped ({(out.stderr.strip().splitlines() or ['failed'])[-1]})")
@@ -142,6 +164,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--config", choices=sorted(k for k, c in CONFIGS.items()
                                                if c.get("model") != "gpt"), default="base")
+    ap.add_argument("--batch", type=int, metavar="B", help="rows of a rank's batch (of the "
+                    "update's with --split) instead of the config's")
+    ap.add_argument("--split", action="store_true",
+                    help="the ranks share one batch of B rows (B / R each) instead of one each")
     ap.add_argument("--repeats", type=int, default=7, help="timed steps per split")
     ap.add_argument("--cores", type=int, metavar="N", help="use the first N CPUs (default: all)")
     ap.add_argument("--reduce", choices=["ordered", "mpi"], default="ordered")
@@ -161,10 +187,19 @@ def main():
         raise SystemExit(f"--cores {args.cores}: this process may use {len(cpus)} CPUs")
     cpus = cpus[:cores]
     splits = splits_of(cores, args.splits)
+    if args.batch is not None and args.batch < 1:
+        raise SystemExit(f"--batch {args.batch}: expected a positive number of rows")
+    rows = shape(args)["batch"]
+    for r, _ in splits:
+        if args.split and rows % r:
+            raise SystemExit(f"--split: a batch of {rows} rows does not divide among {r} ranks; "
+                             f"choose --batch or --splits so that it does")
     args.bandwidth_at = max(r for r, _ in splits)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"bench_data_parallel --config {args.config}: {cores} cores (CPUs {cpu_list(cpus)}), "
-          f"--reduce {args.reduce}, median of {args.repeats} steps, "
+    how = (f"one batch of {rows} rows split among the ranks" if args.split
+           else f"{rows} rows per rank")
+    print(f"bench_data_parallel --config {args.config}, {how}: {cores} cores "
+          f"(CPUs {cpu_list(cpus)}), --reduce {args.reduce}, median of {args.repeats} steps, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, load {load:.2f}")
     results = [run_split(args, r, t, cpus) for r, t in splits]
     single = run_split(args, 1, cores, cpus) if (1, cores) not in splits else None
@@ -180,7 +215,7 @@ def main():
     if not args.no_torch:
         t = run_torch(args, cpus)
         if t is not None:
-            tps = step_tokens(CONFIGS[args.config]) / t
+            tps = step_tokens(shape(args)) / t
             print(f"{'PyTorch eager 1':>11} x {cores:<4} {tps:10.0f} {t * 1e3:8.1f} {'':>9} "
                   f"{tps / base_tps:7.2f}x")
     top = next((res for res in results if res["ranks"] == args.bandwidth_at), {})

@@ -37,8 +37,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from bench_train_step import (CONFIGS, affinity, cpu_list, make_batch, step_tokens,  # noqa: E402
-                              transformer_and_adam)
+from bench_train_step import (CONFIGS, affinity, config, cpu_list, make_batch,  # noqa: E402
+                              step_tokens, transformer_and_adam)
 
 
 def median(values):
@@ -108,11 +108,9 @@ def worker(args):
 
 
 def shape(args, ranks=1):
-    """One rank's benchmarked shape: the config, its rows replaced by ``--batch``, divided
-    among the ``ranks`` with ``--split``."""
-    c = dict(CONFIGS[args.config])
-    if args.batch is not None:
-        c["batch"] = args.batch
+    """One rank's benchmarked shape: bench_train_step's (the config, its rows replaced by
+    ``--batch``), the rows divided among the ``ranks`` with ``--split``."""
+    c = config(args)
     if args.split:
         c["batch"] //= ranks
     return c

@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_train_step import CONFIGS, transformer_train_step  # noqa: E402
+from bench_train_step import config, transformer_train_step  # noqa: E402
 
 
 class Recorder:
@@ -165,9 +165,7 @@ def main(argv=None):
     from npformer import runtime
     from npformer.kernels import _jit
 
-    c = dict(CONFIGS[args.config])
-    if args.batch:
-        c["batch"] = args.batch
+    c = config(args)
     step = transformer_train_step(c)
     for _ in range(3):                                       # warm-up: compiles, allocates
         step()
@@ -205,9 +203,12 @@ def main(argv=None):
               f"{1e3 * seconds / n:>8.3f}")
     print(f"{'serial (one thread computes)':40s} {1 - regions / wall:>7.1%}")
     idle = rec.worker_s - rec.parts_s
-    print(f"\nrun_parts regions: {idle:.2f} s of {rec.worker_s:.2f} worker-seconds idle "
-          f"({idle / rec.worker_s:.1%}; {idle / (wall * workers):.1%} of all the workers' wall "
-          f"time)")
+    if rec.worker_s:
+        print(f"\nrun_parts regions: {idle:.2f} s of {rec.worker_s:.2f} worker-seconds idle "
+              f"({idle / rec.worker_s:.1%}; {idle / (wall * workers):.1%} of all the workers' "
+              f"wall time)")
+    else:
+        print("\nrun_parts regions: none in the timed steps")
     if rec.shared:
         print(f"per region shared by 2+ threads ({rec.shared / args.steps:.1f} a step): the first "
               f"helper part starts {1e3 * rec.start_gap / rec.shared:.3f} ms after entry; the "

@@ -280,12 +280,47 @@ def _reference_run(data, options, out_dir, resume=None, **over):
             "step": summary["step"], "stop_reason": summary["stop_reason"]}
 
 
+# The reference's float32 bits are those of OpenBLAS's "Haswell" kernels (AVX2 + FMA): another
+# kernel of the same library (OpenBLAS picks "SkylakeX" on an AVX-512 CPU) sums the products in
+# another order and moves the last bit. OPENBLAS_CORETYPE pins the kernel, but only before
+# OpenBLAS loads, so on any other kernel the test runs itself again in a child process.
+REFERENCE_KERNEL = "Haswell"
+
+
+def _reference_kernel_unavailable():
+    """Why this numpy cannot run OpenBLAS's reference kernel, or None where it can."""
+    import platform
+    blas = np.__config__.CONFIG["Build Dependencies"]["blas"].get("name", "?")
+    if "openblas" not in blas.lower():
+        return f"the reference bits are OpenBLAS's; this numpy uses {blas}"
+    from numpy._core._multiarray_umath import __cpu_features__ as cpu
+    if platform.machine().lower() not in ("x86_64", "amd64") or not (cpu.get("AVX2")
+                                                                      and cpu.get("FMA3")):
+        return (f"the reference bits are OpenBLAS's {REFERENCE_KERNEL} kernels (x86-64 with AVX2 "
+                f"and FMA); this is {platform.machine()}")
+    return None
+
+
 @pytest.mark.parametrize("scenario", sorted(REFERENCE["scenarios"]))
 def test_translation_runs_keep_the_bits_of_the_loop_before_the_task_protocol(
         scenario, tmp_path, numpy_backend):
     """tests/data/loop_reference.json was written by the loop of commit 51e1cdb (numpy backend),
     and again when the dropout masks changed: every logged loss, every validation and the final
-    weights, straight and resumed."""
+    weights, straight and resumed, with OpenBLAS's Haswell kernels."""
+    if os.environ.get("OPENBLAS_CORETYPE") != REFERENCE_KERNEL:
+        why = _reference_kernel_unavailable()
+        if why:
+            pytest.skip(why)
+        import subprocess
+        import sys
+        this = f"{__file__}::{sys._getframe().f_code.co_name}[{scenario}]"
+        child = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", this],
+            env={**os.environ, "OPENBLAS_CORETYPE": REFERENCE_KERNEL}, capture_output=True,
+            text=True, cwd=Path(__file__).parent.parent)
+        assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+        assert "1 passed" in child.stdout, child.stdout[-2000:]
+        return
     data = toy_data(seed=1, n_train=120, n_heldout=4, n_valid=16)
     expected = REFERENCE["scenarios"][scenario]
     options = expected["options"]

@@ -6,6 +6,9 @@ import hashlib
 import json
 import math
 import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -14,7 +17,7 @@ import pytest
 
 import npformer as nf
 from npformer.optim.clip import grad_norm
-from npformer import registry
+from npformer import registry, runtime
 from npformer.configs import ModelConfig
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module
@@ -283,43 +286,35 @@ def _reference_run(data, options, out_dir, resume=None, **over):
 # The reference's float32 bits are those of OpenBLAS's "Haswell" kernels (AVX2 + FMA): another
 # kernel of the same library (OpenBLAS picks "SkylakeX" on an AVX-512 CPU) sums the products in
 # another order and moves the last bit. OPENBLAS_CORETYPE pins the kernel, but only before
-# OpenBLAS loads, so on any other kernel the test runs itself again in a child process.
+# OpenBLAS loads, so where another kernel is loaded the test runs itself again in a child process.
 REFERENCE_KERNEL = "Haswell"
 
 
-def _reference_kernel_unavailable():
-    """Why this numpy cannot run OpenBLAS's reference kernel, or None where it can."""
-    import platform
-    blas = np.__config__.CONFIG["Build Dependencies"]["blas"].get("name", "?")
-    if "openblas" not in blas.lower():
-        return f"the reference bits are OpenBLAS's; this numpy uses {blas}"
+def _can_pin_the_reference_kernel(api):
+    """Whether a child process can load OpenBLAS's reference kernel: OpenBLAS on a CPU with AVX2
+    and FMA, and not already asked to (a child whose BLAS ignored it must not start another)."""
     from numpy._core._multiarray_umath import __cpu_features__ as cpu
-    if platform.machine().lower() not in ("x86_64", "amd64") or not (cpu.get("AVX2")
-                                                                      and cpu.get("FMA3")):
-        return (f"the reference bits are OpenBLAS's {REFERENCE_KERNEL} kernels (x86-64 with AVX2 "
-                f"and FMA); this is {platform.machine()}")
-    return None
+    return (api == "openblas" and bool(cpu.get("AVX2") and cpu.get("FMA3"))
+            and os.environ.get("OPENBLAS_CORETYPE") != REFERENCE_KERNEL)
 
 
 @pytest.mark.parametrize("scenario", sorted(REFERENCE["scenarios"]))
 def test_translation_runs_keep_the_bits_of_the_loop_before_the_task_protocol(
-        scenario, tmp_path, numpy_backend):
+        scenario, tmp_path, numpy_backend, request):
     """tests/data/loop_reference.json was written by the loop of commit 51e1cdb (numpy backend),
     and again when the dropout masks changed: every logged loss, every validation and the final
     weights, straight and resumed, with OpenBLAS's Haswell kernels."""
-    if os.environ.get("OPENBLAS_CORETYPE") != REFERENCE_KERNEL:
-        why = _reference_kernel_unavailable()
-        if why:
-            pytest.skip(why)
-        import subprocess
-        import sys
-        this = f"{__file__}::{sys._getframe().f_code.co_name}[{scenario}]"
+    api, _, kernel = (runtime.blas_info() or [(None, None, None)])[0]
+    if kernel != REFERENCE_KERNEL:
+        if not _can_pin_the_reference_kernel(api):
+            pytest.skip(f"the reference bits are OpenBLAS's {REFERENCE_KERNEL} kernels (AVX2 and "
+                        f"FMA); NumPy's BLAS here is {api} {kernel} on {platform.machine()}")
         child = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", this],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
             env={**os.environ, "OPENBLAS_CORETYPE": REFERENCE_KERNEL}, capture_output=True,
-            text=True, cwd=Path(__file__).parent.parent)
-        assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-        assert "1 passed" in child.stdout, child.stdout[-2000:]
+            text=True, cwd=request.config.rootpath)
+        assert child.returncode == 0 and "1 passed" in child.stdout, (child.stdout[-4000:]
+                                                                        + child.stderr[-2000:])
         return
     data = toy_data(seed=1, n_train=120, n_heldout=4, n_valid=16)
     expected = REFERENCE["scenarios"][scenario]

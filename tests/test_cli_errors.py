@@ -52,6 +52,7 @@ def usage_error(capsys, argv, *names):
     (["toy", "--lr", "0"], "--lr", "finite positive number"),
     (["toy", "--clip-norm", "-1"], "--clip-norm", "finite number >= 0"),
     (["toy", "--label-smoothing", "inf"], "--label-smoothing", "[0, 1)"),
+    (["train", "--dataset", "toy", "--out", "x", "--weight-decay", "-0.1"], "--weight-decay", ">= 0"),
     (["train", "--dataset", "toy", "--out", "x", "--epochs", "0.5"], "--epochs", "positive integer"),
     (["train", "--dataset", "toy", "--out", "x", "--warmup", "-1"], "--warmup-steps", "non-negative"),
     (["translate", "--checkpoint", "x", "--beam", "0", "a"], "--beam", "expected a positive integer, got '0'"),

@@ -21,7 +21,8 @@ from npformer.training.trainer import TrainConfig, make_schedule
 
 MODEL_TRAIN = ["--d-model", "--n-heads", "--d-ff", "--layers", "--dropout", "--max-len",
                "--epochs", "--max-steps", "--batch-size", "--lr", "--warmup-steps", "--min-lr",
-               "--label-smoothing", "--clip-norm", "--patience", "--target", "--seed"]
+               "--label-smoothing", "--weight-decay", "--clip-norm", "--patience", "--target",
+               "--seed"]
 OPTIONS = ([("toy", o) for o in MODEL_TRAIN] + [("train", o) for o in MODEL_TRAIN]
            + [("translate", o) for o in ("--beam", "--length-penalty", "--temperature", "--top-k",
                                          "--seed", "--batch-size")]
@@ -48,7 +49,7 @@ DOMAIN = {
     **dict.fromkeys(["--warmup-steps", "--seed", "--max-entries"], _non_negative_int),
     **dict.fromkeys(["--dropout", "--label-smoothing"], lambda v: math.isfinite(v) and 0 <= v < 1),
     **dict.fromkeys(["--lr", "--temperature"], lambda v: math.isfinite(v) and v > 0),
-    **dict.fromkeys(["--min-lr", "--clip-norm", "--length-penalty"],
+    **dict.fromkeys(["--min-lr", "--weight-decay", "--clip-norm", "--length-penalty"],
                     lambda v: math.isfinite(v) and v >= 0),
     "--target": math.isfinite,
 }

@@ -247,3 +247,36 @@ def test_runs_that_predate_the_bucket_size_used_1000():
     assert recorded_options({"extra": {"options": {"dataset": "toy"}}})["bucket_size"] == 1000
     assert recorded_options({"training": {"config": {"lr": 1e-3}}})["bucket_size"] == 1000
     assert recorded_options({"training": {"config": {"bucket_size": None}}})["bucket_size"] == "all"
+
+
+def test_weight_decay_is_adamw_on_the_matrices_recorded_and_fixed_for_the_run(tmp_path, capsys):
+    plain, decayed = tmp_path / "plain", tmp_path / "decayed"
+    assert train(plain, "--max-steps", "1", *TINY) == 0
+    assert train(decayed, "--max-steps", "1", "--weight-decay", "0.5", *TINY) == 0
+    a, b = load_model_checkpoint(plain / "last"), load_model_checkpoint(decayed / "last")
+    assert a.meta["training"]["config"]["optimizer"] == "adam"
+    assert a.meta["extra"]["options"]["weight_decay"] == 0.0
+    config = b.meta["training"]["config"]
+    assert (config["optimizer"], config["weight_decay"], config["decay"]) == ("adamw", 0.5, "matrices")
+    assert b.meta["extra"]["options"]["weight_decay"] == 0.5
+    # after one update from the same initial weights and batch, decoupled decay on the matrices
+    # only: every bias and LayerNorm parameter is the same bits, every matrix moved
+    pa, pb = dict(a.model.named_parameters()), dict(b.model.named_parameters())
+    assert any(p.data.ndim == 1 for p in pa.values())
+    for name, p in pa.items():
+        if p.data.ndim >= 2:
+            assert not np.array_equal(p.data, pb[name].data), name
+        else:
+            np.testing.assert_array_equal(p.data, pb[name].data, err_msg=name)
+    capsys.readouterr()
+    assert train(decayed, "--resume", str(decayed / "last"), "--max-steps", "2",
+                 "--weight-decay", "0.1") == 1
+    assert "--weight-decay 0.5 in the checkpoint, 0.1 given" in error(capsys)
+    assert train(decayed, "--resume", str(decayed / "last"), "--max-steps", "2") == 0
+    resumed = load_model_checkpoint(decayed / "last").meta["training"]["config"]
+    assert (resumed["optimizer"], resumed["weight_decay"]) == ("adamw", 0.5)
+
+
+def test_runs_that_predate_weight_decay_used_none():
+    assert recorded_options({"extra": {"options": {"dataset": "toy"}}})["weight_decay"] == 0.0
+    assert recorded_options({"training": {"config": {"lr": 1e-3}}})["weight_decay"] == 0.0

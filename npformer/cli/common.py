@@ -218,6 +218,11 @@ def add_train_args(p, defaults):
                         "plateau one")
     g.add_argument("--label-smoothing", type=probability, default=defaults["label_smoothing"],
                    help="in [0, 1) (default %(default)s)")
+    g.add_argument("--weight-decay", type=non_negative_float,
+                   default=defaults.get("weight_decay", 0.0),
+                   help="decoupled weight decay (AdamW, as torch.optim.AdamW) on the weight "
+                        "matrices and embeddings, not on biases or norms; 0: plain Adam "
+                        "(default %(default)s)")
     g.add_argument("--clip-norm", type=non_negative_float, default=defaults["clip_norm"],
                    help="clip the gradient norm to this (0: no clipping; default %(default)s)")
     g.add_argument("--patience", type=positive_int, default=None,
@@ -247,10 +252,18 @@ def train_kwargs(args):
     refuse_min_lr_above_lr(args)
     return dict(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
                 lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule, min_lr=args.min_lr,
-                label_smoothing=args.label_smoothing,
+                label_smoothing=args.label_smoothing, **weight_decay_kwargs(args.weight_decay),
                 clip_norm=args.clip_norm if args.clip_norm else None,      # 0: no clipping
                 patience=args.patience, stop_metric=args.stop_metric, target=args.target,
                 seed=args.seed, quiet=args.quiet)
+
+
+def weight_decay_kwargs(weight_decay):
+    """The TrainConfig fields of ``--weight-decay``: AdamW's decoupled decay on the weight
+    matrices and embeddings (as ``npformer lm``), or plain Adam for 0 (or None: not given)."""
+    if not weight_decay:
+        return {"optimizer": "adam", "weight_decay": 0.0}
+    return {"optimizer": "adamw", "weight_decay": weight_decay, "decay": "matrices"}
 
 
 def write_json(path, obj):

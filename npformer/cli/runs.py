@@ -69,7 +69,8 @@ RECORDED_OPTIONS = ("dataset", "src_file", "tgt_file", "valid_src", "valid_tgt",
                     "keep_last", "average_last", "d_model", "n_heads", "d_ff", "layers", "dropout",
                     "attention_dropout", "activation_dropout", "max_len",
                     "epochs", "max_steps", "batch_size", "lr", "warmup_steps", "schedule", "min_lr",
-                    "label_smoothing", "clip_norm", "patience", "stop_metric", "target", "seed")
+                    "label_smoothing", "weight_decay", "clip_norm", "patience", "stop_metric",
+                    "target", "seed")
 _FLAGS = {"eval_every_steps": "--eval-every"}
 
 
@@ -250,7 +251,8 @@ def recorded_options(meta):
     config = training.get("config") if isinstance(training.get("config"), dict) else {}
     model = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     out = {k: config[k] for k in ("epochs", "max_steps", "batch_size", "lr", "warmup_steps",
-                                  "schedule", "min_lr", "label_smoothing", "patience",
+                                  "schedule", "min_lr", "label_smoothing", "weight_decay",
+                                  "patience",
                                   "stop_metric", "target", "seed", "max_tokens", "accum_steps",
                                   "eval_every_steps", "keep_last", "bucket_size") if k in config}
     if "clip_norm" in config:
@@ -275,7 +277,9 @@ def recorded_options(meta):
 def _predating(options):
     """Options a run recorded before they existed, as it used them: the attention and activation
     dropout rates where unrecorded or unset are --dropout's; the bucket size the sampler had then,
-    1000 (a TrainConfig's None is the CLI's "all")."""
+    1000 (a TrainConfig's None is the CLI's "all"); no weight decay, which --weight-decay
+    came after."""
+    options.setdefault("weight_decay", 0.0)
     bucket = options.get("bucket_size", 1000)
     options["bucket_size"] = "all" if bucket is None else bucket
     if "dropout" in options:

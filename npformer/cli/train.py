@@ -21,7 +21,7 @@ DATASETS = ("toy", "files", "multi30k")
 _MODEL_KEYS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "dropout", "attention_dropout",
                "activation_dropout", "max_len")
 _TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule", "label_smoothing",
-               "clip_norm", "stop_metric", "min_lr", "target")
+               "weight_decay", "clip_norm", "stop_metric", "min_lr", "target")
 # options each dataset would ignore: giving one is refused, naming it
 _NOT_FOR = {"toy": ("src_file", "tgt_file", "valid_src", "valid_tgt", "min_freq", "data_dir",
                     "src", "tgt", "cased", "subword", "subset", "valid_subset", "preset",
@@ -171,7 +171,7 @@ def fill_defaults(args, dataset):
         args.dropout, args.attention_dropout, args.activation_dropout)
     for key in _TRAIN_KEYS:
         if getattr(args, key) is None:
-            setattr(args, key, train.get(key, 0.0 if key == "min_lr" else None))
+            setattr(args, key, train.get(key, 0.0 if key in ("min_lr", "weight_decay") else None))
     if args.seed is None:
         args.seed = 0
     if args.accum_steps is None:

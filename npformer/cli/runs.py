@@ -252,8 +252,7 @@ def recorded_options(meta):
     model = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     out = {k: config[k] for k in ("epochs", "max_steps", "batch_size", "lr", "warmup_steps",
                                   "schedule", "min_lr", "label_smoothing", "weight_decay",
-                                  "patience",
-                                  "stop_metric", "target", "seed", "max_tokens", "accum_steps",
+                                  "patience", "stop_metric", "target", "seed", "max_tokens", "accum_steps",
                                   "eval_every_steps", "keep_last", "bucket_size") if k in config}
     if "clip_norm" in config:
         out["clip_norm"] = config["clip_norm"] or 0.0          # the CLI's 0: no clipping

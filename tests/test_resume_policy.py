@@ -280,3 +280,21 @@ def test_weight_decay_is_adamw_on_the_matrices_recorded_and_fixed_for_the_run(tm
 def test_runs_that_predate_weight_decay_used_none():
     assert recorded_options({"extra": {"options": {"dataset": "toy"}}})["weight_decay"] == 0.0
     assert recorded_options({"training": {"config": {"lr": 1e-3}}})["weight_decay"] == 0.0
+
+
+@pytest.mark.parametrize("optimizer,decay", [("adam", "matrices"), ("adamw", "all")])
+def test_a_library_run_with_an_optimizer_train_cannot_spell_is_refused(tmp_path, capsys,
+                                                                       optimizer, decay):
+    data = toy_data(0)
+    import npformer as nf
+    model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
+                           d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=32)
+    old = tmp_path / "old"
+    translation_trainer(model, data.vocabs, data.train, data.valid,
+                        TrainConfig(max_steps=2, quiet=True, optimizer=optimizer,
+                                    weight_decay=0.01, decay=decay, out_dir=str(old))).fit()
+    before = snapshot(old)
+    assert train(old, "--resume", str(old / "last"), "--max-steps", "4") == 1
+    err = error(capsys)
+    assert f"its run used {optimizer} with weight_decay 0.01 on {decay} parameters" in err
+    assert snapshot(old) == before

@@ -295,12 +295,32 @@ def _equal(a, b):
     return a == b
 
 
+def _refuse_an_optimizer_train_cannot_continue(meta, checkpoint):
+    """``--weight-decay`` spells one optimizer per value: plain Adam for 0, else AdamW decaying
+    the matrices. A run made through the library with another (Adam's L2 decay, AdamW on every
+    parameter) would go on under a different one: refused, naming it."""
+    from .common import weight_decay_kwargs
+    training = meta.get("training") if isinstance(meta.get("training"), dict) else {}
+    config = training.get("config") if isinstance(training.get("config"), dict) else {}
+    decay = config.get("weight_decay") or 0.0
+    if not decay:                                  # no decay: Adam and AdamW are the same update
+        return
+    saved = {"optimizer": config.get("optimizer", "adam"), "weight_decay": decay,
+             "decay": config.get("decay", "all")}
+    if saved != {**saved, **weight_decay_kwargs(decay)}:
+        raise ValueError(f"--resume {checkpoint}: its run used {saved['optimizer']} with "
+                         f"weight_decay {decay} on {saved['decay']} parameters, which npformer "
+                         f"train cannot continue (--weight-decay is AdamW on the matrices); "
+                         f"resume it through the library's Trainer (nothing was written)")
+
+
 def apply_resume_policy(args, meta, checkpoint, recorded=None, may_change=RESUME_MAY_CHANGE):
     """Options not given take the checkpoint's recorded values; options given with another value
     must be in ``may_change``, else one ValueError lists each (checkpoint's vs given).
     ``recorded``: the options another command's checkpoint recorded, as {name: value} (default:
     ``npformer train``'s, read by ``recorded_options``)."""
     if recorded is None:
+        _refuse_an_optimizer_train_cannot_continue(meta, checkpoint)
         recorded = recorded_options(meta)
     refused = []
     for dest, saved in recorded.items():

@@ -4,6 +4,8 @@ to train, or one that would replace newer work, writes nothing."""
 import numpy as np
 import pytest
 
+import npformer as nf
+
 from npformer.cli.main import main
 from npformer.cli.runs import RECORDED_OPTIONS, RESUME_MAY_CHANGE, recorded_options
 from npformer.training.checkpointing import load_model_checkpoint
@@ -16,6 +18,16 @@ TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--layers", "1", "-
 
 def train(out, *extra):
     return main(["train", "--dataset", "toy", "--out", str(out), *extra])
+
+
+def library_run(out, **config):
+    """A small toy run trained through the library's Trainer (no recorded CLI options, as runs
+    made before them or outside the CLI), for two updates."""
+    data = toy_data(0)
+    model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
+                           d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=32)
+    translation_trainer(model, data.vocabs, data.train, data.valid,
+                        TrainConfig(max_steps=2, quiet=True, out_dir=str(out), **config)).fit()
 
 
 def snapshot(folder):
@@ -115,14 +127,7 @@ def test_resume_into_another_folder_holding_a_run_follows_the_folder_policy(run,
 
 
 def test_checkpoints_without_recorded_options_are_checked_against_their_config(tmp_path, capsys):
-    data = toy_data(0)
-    import npformer as nf
-    model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
-                           d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=32)
-    trainer = translation_trainer(model, data.vocabs, data.train, data.valid,
-                      TrainConfig(max_steps=2, quiet=True, lr=1e-3, schedule="constant",
-                                  out_dir=str(tmp_path / "old")))
-    trainer.fit()
+    library_run(tmp_path / "old", lr=1e-3, schedule="constant")
     meta = load_model_checkpoint(tmp_path / "old" / "last").meta
     assert "extra" not in meta                   # as older runs were saved
     assert recorded_options(meta)["lr"] == 1e-3 and recorded_options(meta)["layers"] == 1
@@ -137,7 +142,6 @@ def test_a_final_validation_between_scheduled_ones_does_not_change_early_stoppin
     """Stopped by max_steps mid-epoch, the final weights are validated once (so `best` exists),
     but that extra validation must not count towards --patience: resumed, the run stops at the
     same step, with the same weights, as the run that went straight through."""
-    import numpy as np
 
     from npformer.nn import Transformer
     from npformer.training.toy import toy_data
@@ -285,14 +289,8 @@ def test_runs_that_predate_weight_decay_used_none():
 @pytest.mark.parametrize("optimizer,decay", [("adam", "matrices"), ("adamw", "all")])
 def test_a_library_run_with_an_optimizer_train_cannot_spell_is_refused(tmp_path, capsys,
                                                                        optimizer, decay):
-    data = toy_data(0)
-    import npformer as nf
-    model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
-                           d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=32)
     old = tmp_path / "old"
-    translation_trainer(model, data.vocabs, data.train, data.valid,
-                        TrainConfig(max_steps=2, quiet=True, optimizer=optimizer,
-                                    weight_decay=0.01, decay=decay, out_dir=str(old))).fit()
+    library_run(old, optimizer=optimizer, weight_decay=0.01, decay=decay)
     before = snapshot(old)
     assert train(old, "--resume", str(old / "last"), "--max-steps", "4") == 1
     err = error(capsys)

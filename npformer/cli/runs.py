@@ -252,8 +252,9 @@ def recorded_options(meta):
     model = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     out = {k: config[k] for k in ("epochs", "max_steps", "batch_size", "lr", "warmup_steps",
                                   "schedule", "min_lr", "label_smoothing", "weight_decay",
-                                  "patience", "stop_metric", "target", "seed", "max_tokens", "accum_steps",
-                                  "eval_every_steps", "keep_last", "bucket_size") if k in config}
+                                  "patience", "stop_metric", "target", "seed", "max_tokens",
+                                  "accum_steps", "eval_every_steps", "keep_last", "bucket_size")
+           if k in config}
     if "clip_norm" in config:
         out["clip_norm"] = config["clip_norm"] or 0.0          # the CLI's 0: no clipping
     if isinstance(config.get("time_budget"), (int, float)):
@@ -307,7 +308,7 @@ def _refuse_an_optimizer_train_cannot_continue(meta, checkpoint):
         return
     saved = {"optimizer": config.get("optimizer", "adam"), "weight_decay": decay,
              "decay": config.get("decay", "all")}
-    if saved != {**saved, **weight_decay_kwargs(decay)}:
+    if saved != weight_decay_kwargs(decay):
         raise ValueError(f"--resume {checkpoint}: its run used {saved['optimizer']} with "
                          f"weight_decay {decay} on {saved['decay']} parameters, which npformer "
                          f"train cannot continue (--weight-decay is AdamW on the matrices); "

@@ -20,13 +20,17 @@ def train(out, *extra):
     return main(["train", "--dataset", "toy", "--out", str(out), *extra])
 
 
+def small_model(data, **kw):
+    """The one-layer, d_model 16 Transformer the library-run tests train on ``data``."""
+    return nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
+                          d_ff=32, n_encoder_layers=1, n_decoder_layers=1, **kw)
+
+
 def library_run(out, **config):
     """A small toy run trained through the library's Trainer (no recorded CLI options, as runs
     made before them or outside the CLI), for two updates."""
     data = toy_data(0)
-    model = nf.Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
-                           d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=32)
-    translation_trainer(model, data.vocabs, data.train, data.valid,
+    translation_trainer(small_model(data, max_len=32), data.vocabs, data.train, data.valid,
                         TrainConfig(max_steps=2, quiet=True, out_dir=str(out), **config)).fit()
 
 
@@ -142,17 +146,10 @@ def test_a_final_validation_between_scheduled_ones_does_not_change_early_stoppin
     """Stopped by max_steps mid-epoch, the final weights are validated once (so `best` exists),
     but that extra validation must not count towards --patience: resumed, the run stops at the
     same step, with the same weights, as the run that went straight through."""
-
-    from npformer.nn import Transformer
-    from npformer.training.toy import toy_data
-    from npformer.training.trainer import TrainConfig
-    from npformer.training.translation import translation_trainer
-
     data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
 
     def trainer(out, **kw):
-        model = Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
-                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16, seed=0)
+        model = small_model(data, max_len=16, seed=0)
         config = TrainConfig(epochs=6, batch_size=16, patience=1, stop_metric="exact_match",
                              quiet=True, out_dir=str(out), **kw)
         return translation_trainer(model, data.vocabs, data.train, data.valid, config)
@@ -173,19 +170,13 @@ def test_a_final_validation_between_scheduled_ones_does_not_change_early_stoppin
 def test_a_resume_over_other_text_of_the_same_lengths_is_refused(tmp_path):
     """The batch sampler checks only the lengths of the pairs; the checkpoint also records a
     CRC of their token ids, so other text with the same line lengths cannot continue a run."""
-    from npformer.nn import Transformer
-    from npformer.training.toy import toy_data
-    from npformer.training.trainer import TrainConfig
-    from npformer.training.translation import translation_trainer
-
     data = toy_data(seed=2, n_train=64, n_heldout=4, n_valid=8)
 
     def trainer(train_pairs):
-        model = Transformer(len(data.vocabs.src), len(data.vocabs.tgt), d_model=16, n_heads=2,
-                            d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16)
-        return translation_trainer(model, data.vocabs, train_pairs, data.valid,
-                       TrainConfig(epochs=2, max_steps=2, batch_size=16, quiet=True,
-                                   out_dir=str(tmp_path)))
+        config = TrainConfig(epochs=2, max_steps=2, batch_size=16, quiet=True,
+                             out_dir=str(tmp_path))
+        return translation_trainer(small_model(data, max_len=16), data.vocabs, train_pairs,
+                                   data.valid, config)
 
     trainer(data.train).fit()
     other = list(data.train)

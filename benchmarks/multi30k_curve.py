@@ -3,7 +3,8 @@
 Every kept epoch checkpoint ``step_N`` of a run stands for stopping the run at its minute: the
 average of it and the checkpoints kept before it (up to ``--average-last``, the recipe's
 averaging) is what the README command would have given then. This script scores those averages
-(every ``--every``-th checkpoint, and the last) on each ``--split`` with beam search, in both
+(every ``--every``-th checkpoint, and the last) on each ``--split`` with beam search (length
+penalty ``--length-penalty``, as ``eval``'s), in both
 metrics: sacreBLEU of the detokenised output against the raw references, lowercased (the
 headline) and cased, and the papers' BLEU on lowercased, Moses-tokenised text
 (``npformer.training.metrics.papers_bleu``). It prints a table and writes JSON lines that
@@ -66,6 +67,8 @@ def main(argv=None):
     p.add_argument("--split", action="append", default=None,
                    help="split to score (repeatable; default val)")
     p.add_argument("--beam", type=int, default=5, help="beam width (default %(default)s)")
+    p.add_argument("--length-penalty", type=float, default=0.6,
+                   help="beam search's length penalty α (default %(default)s, eval's)")
     p.add_argument("--average-last", type=int, default=10,
                    help="checkpoints averaged at each point (default %(default)s)")
     p.add_argument("--every", type=int, default=1,
@@ -76,6 +79,8 @@ def main(argv=None):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected a positive integer, got "
                     f"{getattr(args, name)}")
+    if args.length_penalty < 0:
+        p.error(f"--length-penalty: expected a non-negative number, got {args.length_penalty}")
     if args.out and os.path.exists(args.out):
         p.error(f"--out {args.out}: exists; give another path")
     kept = step_checkpoints(args.run)
@@ -92,12 +97,14 @@ def main(argv=None):
         training = loaded.meta.get("training") or {}
         options = (loaded.meta.get("extra") or {}).get("options") or {}
         for split in splits:
-            result = evaluate_checkpoint(loaded, args.data_dir, split, beam=args.beam)
+            result = evaluate_checkpoint(loaded, args.data_dir, split, beam=args.beam,
+                                         length_penalty=args.length_penalty)
             point = {"run": os.path.basename(os.path.normpath(args.run)),
                      "preset": options.get("preset"), "src": result["src"], "tgt": result["tgt"],
                      "step": training.get("step", -1), "epoch": training.get("epoch", -1),
                      "minutes": (training.get("seconds") or float("nan")) / 60.0,
-                     "averaged": len(paths), "split": split, "method": result["method"],
+                     "averaged": len(paths), "length_penalty": args.length_penalty, "split": split,
+                     "method": result["method"],
                      **{k: result[k] for k in FIGURES if k in result}}
             points.append(point)
             print(f"{point['minutes']:8.1f} {point['step']:6d} {len(paths):4d} {split:>18} "

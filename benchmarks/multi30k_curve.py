@@ -1,14 +1,14 @@
 """BLEU against wall-clock minutes of a Multi30k run: the recipe's steps as a time budget.
 
-Every kept epoch checkpoint ``step_N`` of a run stands for stopping the run at its minute: the
-average of it and the checkpoints kept before it (up to ``--average-last``, the recipe's
-averaging) is what the README command would have given then. This script scores those averages
-(every ``--every``-th checkpoint, and the last) on each ``--split`` with beam search (length
-penalty ``--length-penalty``, as ``eval``'s), in both
-metrics: sacreBLEU of the detokenised output against the raw references, lowercased (the
-headline) and cased, and the papers' BLEU on lowercased, Moses-tokenised text
-(``npformer.training.metrics.papers_bleu``). It prints a table and writes JSON lines that
-``npformer plot --curve`` draws::
+Every kept checkpoint ``step_N`` of a run (the tiny preset keeps one an epoch, the base preset
+one a validation) stands for stopping the run at its minute: the average of it and the
+checkpoints kept before it (up to ``--average-last``, the recipe's averaging) is what the README
+command would have given then. This script scores those averages (every ``--every``-th
+checkpoint, and the last) on each ``--split`` with beam search (length penalty
+``--length-penalty``, as ``eval``'s), in both metrics: sacreBLEU of the detokenised output
+against the raw references, lowercased (the headline) and cased, and the papers' BLEU on
+lowercased, Moses-tokenised text (``npformer.training.metrics.papers_bleu``). It prints a table
+and writes JSON lines that ``npformer plot --curve`` draws::
 
     npformer train --dataset multi30k --preset tiny --src en --tgt de --time-budget 57 \\
         --keep-last 40 --average-last 10 --out runs/tiny-en-de

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 
+from npformer.cli.common import non_negative_float, positive_int
 from npformer.data.textfile import write_text_atomic
 from npformer.training.averaging import average_state_dicts
 from npformer.training.checkpointing import load_model_checkpoint
@@ -66,21 +67,15 @@ def main(argv=None):
     p.add_argument("--data-dir", default=None, help="the Multi30k folder")
     p.add_argument("--split", action="append", default=None,
                    help="split to score (repeatable; default val)")
-    p.add_argument("--beam", type=int, default=5, help="beam width (default %(default)s)")
-    p.add_argument("--length-penalty", type=float, default=0.6,
+    p.add_argument("--beam", type=positive_int, default=5, help="beam width (default %(default)s)")
+    p.add_argument("--length-penalty", type=non_negative_float, default=0.6,
                    help="beam search's length penalty α (default %(default)s, eval's)")
-    p.add_argument("--average-last", type=int, default=10,
+    p.add_argument("--average-last", type=positive_int, default=10,
                    help="checkpoints averaged at each point (default %(default)s)")
-    p.add_argument("--every", type=int, default=1,
+    p.add_argument("--every", type=positive_int, default=1,
                    help="score every N-th kept checkpoint, counted back from the last")
     p.add_argument("--out", help="write the points here as JSON lines (refused if it exists)")
     args = p.parse_args(argv)
-    for name in ("beam", "average_last", "every"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')}: expected a positive integer, got "
-                    f"{getattr(args, name)}")
-    if args.length_penalty < 0:
-        p.error(f"--length-penalty: expected a non-negative number, got {args.length_penalty}")
     if args.out and os.path.exists(args.out):
         p.error(f"--out {args.out}: exists; give another path")
     kept = step_checkpoints(args.run)

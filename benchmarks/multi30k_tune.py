@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+from npformer.cli.common import non_negative_float, positive_int
 from npformer.data.textfile import write_text_atomic
 from npformer.training.averaging import load_averaged
 from npformer.training.multi30k import evaluate_checkpoint
@@ -30,20 +31,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="the run folder (its step_N checkpoints)")
     p.add_argument("--data-dir", default=None, help="the Multi30k folder")
-    p.add_argument("--beam", type=int, default=5, help="beam width (default %(default)s)")
-    p.add_argument("--average-last", type=int, action="append", default=None, metavar="N",
+    p.add_argument("--beam", type=positive_int, default=5, help="beam width (default %(default)s)")
+    p.add_argument("--average-last", type=positive_int, action="append", default=None, metavar="N",
                    help="checkpoints averaged (repeatable; default 10)")
-    p.add_argument("--length-penalty", type=float, action="append", default=None,
+    p.add_argument("--length-penalty", type=non_negative_float, action="append", default=None,
                    metavar="ALPHA", help="beam search's length penalty (repeatable; default 0.6)")
     p.add_argument("--out", help="write the points here as JSON lines (refused if it exists)")
     args = p.parse_args(argv)
     counts, alphas = args.average_last or [10], args.length_penalty or [0.6]
-    if args.beam < 1:
-        p.error(f"--beam: expected a positive integer, got {args.beam}")
-    if min(counts) < 1:
-        p.error(f"--average-last: expected positive integers, got {counts}")
-    if min(alphas) < 0:
-        p.error(f"--length-penalty: expected non-negative numbers, got {alphas}")
     if args.out and os.path.exists(args.out):
         p.error(f"--out {args.out}: exists; give another path")
     kept = step_checkpoints(args.run)

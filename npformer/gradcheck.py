@@ -7,169 +7,456 @@ Usage, for any forward/backward pair::
         return out, lambda dout: nf.functional.linear_backward(dout, cache)
 
     result = nf.gradcheck(f, [x, w, b])      # float64 inputs
-    assert result.ok, result
+    assert result, result                    # bool(result) is result.ok
 
 ``f`` returns its output and a ``backward(dout)`` closure giving one gradient per input. The
-checker draws a random ``dout`` and compares the analytic gradients with central differences of
-the scalar ``sum(out * dout)``, perturbing each input entry in place and restoring it. See
-docs/backprop.md#gradient-checking.
+checker takes a probe ``dout`` (drawn from a stream of its own, or the caller's) and compares
+the analytic gradients of the scalar ``sum(out * dout)`` with central differences, perturbing
+each input entry in place and restoring it. An entry passes when
+
+    |analytic - numeric| <= atol + rtol * |numeric|
+
+(``numpy.testing.assert_allclose``'s form). ``fast=True`` checks a few random directions per
+input instead of every entry. The tolerance model, the probe, the fast mode and how to read the
+report: docs/backprop.md#gradient-checking.
 
 A gradient of None is a failure unless that input is non-differentiable: integer and boolean
 inputs (token ids, masks) are so automatically, floating ones only when listed in ``nondiff``
-(a forgotten gradient must never pass as "no gradient"). ``bool(result)`` is ``result.ok``, so
-``assert nf.gradcheck(f, [x])`` fails on a wrong gradient.
+(a forgotten gradient must never pass as "no gradient"). A check that could not check anything
+(a list instead of an array, an empty array, overlapping inputs, a NaN, a zero step) is refused
+with a ``ValueError`` naming the argument, never passed.
 """
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+# The defaults, chosen for float64 central differences (docs/backprop.md#gradient-checking):
+EPS = 1e-6      # the step h: round-off ~ 1e-16 |f| / h and truncation ~ h^2 |f'''| / 6 both
+                # stay near 1e-10 for inputs and outputs of order one to ten
+ATOL = 1e-6     # the absolute floor: a gradient entry that is zero (masked keys, the key bias)
+                # comes out of the differences as pure round-off, up to ~1e-8 here
+RTOL = 1e-5     # the relative part: a correct entry agrees to ~1e-9 relative; the smallest
+                # real bug in docs/backprop.md (mixing the two GELUs) is ~1e-4 off
+EXACT = 0.01    # "exact": every entry within 1% of its tolerance
+N_DIRECTIONS = 3  # fast mode: random directions per input
+
+STATUSES = ("exact", "close", "WRONG", "MISSING", "not differentiable")
+
+
+@dataclass
+class InputReport:
+    """One input's verdict.
+
+    ``status``: "exact" (every checked entry within ``EXACT`` of its tolerance), "close" (within
+    it), "WRONG", "MISSING" (a floating input whose backward returned None) or "not
+    differentiable" (an integer or boolean input, one listed in ``nondiff``, or one whose every
+    checked entry sits on a kink). ``index``: the worst entry (a tuple), or in the fast mode
+    the worst direction's number; ``analytic`` and ``numeric`` its two values (the directional
+    derivatives in the fast mode); ``abs_error`` |a - n|; ``rel_error`` |a - n| / |n|;
+    ``tensor_error`` the whole tensor's max|a - n| / max(max|a|, max|n|), a figure of scale (it
+    takes no part in the verdict). ``checked``: entries or directions compared; ``kinks``: those
+    left out because the function has a kink within the step there (the one-sided differences
+    disagree by more than the discrepancy: ReLU inputs within ``eps`` of 0)."""
+
+    name: str
+    status: str
+    index: object = None
+    analytic: float = None
+    numeric: float = None
+    abs_error: float = None
+    rel_error: float = None
+    tensor_error: float = None
+    checked: int = 0
+    kinks: int = 0
+
+    @property
+    def ok(self):
+        return self.status in ("exact", "close", "not differentiable")
+
 
 @dataclass
 class GradcheckResult:
-    """``errors[i]``: the relative error of input i, or None where none was measured (a
-    non-differentiable input, or a gradient that is ``missing``).
+    """The verdict of :func:`gradcheck`: one :class:`InputReport` per input.
 
-    ``missing`` lists the differentiable inputs whose backward returned None: each fails the check.
-    """
+    ``ok`` (and ``bool(result)``): every input exact, close or not differentiable. ``names``,
+    ``errors`` (each input's ``tensor_error``, None where nothing was measured), ``missing``
+    (indices of MISSING inputs) and ``max_error`` summarise the reports. ``str(result)`` is the
+    report a person reads."""
 
-    errors: list
-    tol: float
-    names: list = field(default_factory=list)
-    missing: list = field(default_factory=list)
+    inputs: list
+    atol: float
+    rtol: float
+    eps: float
+    fast: bool = False
+    probe: str = "drawn"
+
+    @property
+    def ok(self):
+        return all(r.ok for r in self.inputs)
+
+    def __bool__(self):
+        return self.ok
+
+    @property
+    def names(self):
+        return [r.name for r in self.inputs]
+
+    @property
+    def errors(self):
+        return [r.tensor_error for r in self.inputs]
+
+    @property
+    def missing(self):
+        return [i for i, r in enumerate(self.inputs) if r.status == "MISSING"]
 
     @property
     def max_error(self):
-        """The worst measured relative error (NaN if any error is NaN)."""
+        """The worst measured ``tensor_error`` (NaN if any is NaN)."""
         measured = [e for e in self.errors if e is not None]
         if any(math.isnan(e) for e in measured):
             return math.nan
         return max(measured, default=0.0)
 
     @property
-    def ok(self):
-        # written as e <= tol so that a NaN error fails (NaN <= tol is False)
-        return not self.missing and all(e <= self.tol for e in self.errors if e is not None)
-
-    def __bool__(self):
-        return self.ok
+    def worst(self):
+        """The report of the input furthest from passing (a failing one first), or None."""
+        order = {"MISSING": 0, "WRONG": 1, "close": 2, "exact": 3, "not differentiable": 4}
+        ranked = sorted(self.inputs, key=lambda r: (order[r.status], -_ratio(r, self)))
+        return ranked[0] if ranked else None
 
     def __str__(self):
-        def row(i, name, e):
-            if i in self.missing:
-                return "MISSING gradient (backward returned None)"
-            return "not differentiable" if e is None else f"rel. error {e:.2e}"
-        rows = [f"{name:>12s}: {row(i, name, e)}"
-                for i, (name, e) in enumerate(zip(self.names, self.errors))]
         verdict = "PASS" if self.ok else "FAIL"
-        return f"gradcheck {verdict} (max {self.max_error:.2e}, tol {self.tol:.0e})\n" + "\n".join(rows)
+        mode = f"fast mode, {self._directions()} directions per input" if self.fast else "every entry"
+        head = (f"gradcheck {verdict} (|a - n| <= atol + rtol |n|, atol {self.atol:.0e}, "
+                f"rtol {self.rtol:.0e}; {mode}; eps {self.eps:.0e})")
+        where = "direction" if self.fast else "worst entry"
+        width = max([len(r.name) for r in self.inputs] + [5])
+        lines = [head, f"  {'input':<{width}s}  {'status':<18s} {where:<14s} {'analytic':>13s} "
+                       f"{'numeric':>13s} {'abs err':>8s} {'rel err':>8s} {'tensor rel':>10s}"]
+        for r in self.inputs:
+            if r.analytic is None:
+                row = ""
+            else:
+                index = str(r.index) if not self.fast else f"#{r.index}"
+                row = (f"{index:<14s} {r.analytic:>13.6e} {r.numeric:>13.6e} {r.abs_error:>8.1e} "
+                       f"{r.rel_error:>8.1e} {r.tensor_error if r.tensor_error is not None else math.nan:>10.1e}")
+            note = ""
+            if r.status == "MISSING":
+                row = "backward returned None for a floating input"
+            elif r.kinks:
+                note = f"  ({r.kinks} of {r.checked} at a kink, not judged)"
+            lines.append(f"  {r.name:<{width}s}  {r.status:<18s} {row}{note}".rstrip())
+        return "\n".join(lines)
+
+    def _directions(self):
+        return max((r.checked for r in self.inputs if r.checked), default=0)
+
+
+def _ratio(report, result):
+    """How far the worst entry is from its tolerance (1 = on the edge; inf for NaN)."""
+    if report.abs_error is None:
+        return 0.0
+    if math.isnan(report.abs_error):
+        return math.inf
+    return report.abs_error / (result.atol + result.rtol * abs(report.numeric))
 
 
 def relative_error(analytic, numeric):
-    """max |a - n| / max(max |a|, max |n|): the worst entry, measured against the tensor's scale
-    (entry-wise ratios blow up on entries that are zero up to round-off)."""
+    """max |a - n| / max(max |a|, max |n|): the worst entry measured against the tensor's scale.
+    Reported as ``tensor_error``; the verdict is entry-wise (:func:`gradcheck`)."""
     scale = max(np.abs(analytic).max(initial=0.0), np.abs(numeric).max(initial=0.0))
     if scale == 0.0:
         return 0.0
     return float(np.abs(analytic - numeric).max() / scale)
 
 
-def numerical_gradient(scalar_fn, x, eps=1e-6, indices=None):
+def numerical_gradient(scalar_fn, x, eps=EPS, indices=None):
     """Central differences (f(x + eps e_i) - f(x - eps e_i)) / (2 eps), entry by entry, in place.
 
-    ``indices``: flat indices to check (all when None); the others are left at 0.
-    """
-    grad = np.zeros_like(x, dtype=np.float64)
-    flat_x, flat_g = x.reshape(-1), grad.reshape(-1)
-    if not np.shares_memory(flat_x, x):
-        raise ValueError("numerical_gradient: x must be contiguous so it can be perturbed in place")
+    ``indices``: flat indices to check (all when None); the others are left at 0."""
+    grad = np.zeros(x.shape, dtype=np.float64)
     for i in (range(x.size) if indices is None else indices):
-        old = flat_x[i]
-        flat_x[i] = old + eps
-        f_plus = scalar_fn()
-        flat_x[i] = old - eps
-        f_minus = scalar_fn()
-        flat_x[i] = old
-        flat_g[i] = (f_plus - f_minus) / (2.0 * eps)
+        at = np.unravel_index(i, x.shape)
+        f_plus, f_minus, step = _central(scalar_fn, x, at, eps)[:3]
+        grad[at] = (f_plus - f_minus) / step
     return grad
 
 
-def gradcheck(fn, inputs, *, eps=1e-6, tol=1e-6, max_entries=None, seed=0, names=None,
-              nondiff=(), raise_on_failure=False):
-    """Compare the analytic gradients of ``fn`` with central differences.
+def _central(scalar_fn, x, at, eps):
+    """f(x + eps e_at), f(x - eps e_at), the step actually taken between them (x +- eps is
+    rounded to the input's grid), and the two one-sided steps; x is restored bit for bit."""
+    old = x[at]
+    x[at] = old + eps
+    up = float(x[at])
+    f_plus = scalar_fn()
+    x[at] = old - eps
+    down = float(x[at])
+    f_minus = scalar_fn()
+    x[at] = old
+    return f_plus, f_minus, up - down, up - float(old), float(old) - down
+
+
+def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, max_entries=None, seed=0,
+              names=None, nondiff=(), dout=None, fast=False, n_directions=N_DIRECTIONS,
+              raise_on_failure=False, tol=None):
+    """Compare the analytic gradients of ``fn`` with central differences, entry by entry.
 
     Args:
         fn: ``fn(*inputs) -> (out, backward)``, ``backward(dout) -> gradient or tuple of them``
-            (one per input, None for a non-differentiable one).
-        inputs: arrays; floating ones must be float64 (float32 differences are round-off noise).
+            (one per input, None for a non-differentiable one). ``fn`` must be deterministic
+            (re-seed any dropout rng inside it) and must not change its inputs.
+        inputs: a list of NumPy arrays, one per argument of ``fn``; floating ones must be
+            float64 (float32 differences are round-off noise) and are perturbed in place.
         eps: the finite-difference step.
-        tol: the largest accepted relative error (see :func:`relative_error`).
+        atol, rtol: an entry passes when |analytic - numeric| <= atol + rtol |numeric|.
         max_entries: check at most this many randomly chosen entries per input (None: all).
+        seed: seeds the probe, the sampled entries and the fast mode's directions, each from
+            its own stream spawned from ``seed`` (never the stream of ``default_rng(seed)``, so
+            a probe cannot equal inputs drawn by the caller from the same seed).
         names: labels for the report (default ``input0``, ``input1``, ...).
         nondiff: indices of floating inputs that are not differentiated (e.g. a float mask);
             integer and boolean inputs need not be listed.
+        dout: the probe (``out``'s shape, finite floats); None draws a standard normal one.
+        fast: check ``n_directions`` random unit directions u per input instead of every entry:
+            ``<analytic, u>`` against ``(f(x + eps u) - f(x - eps u)) / 2 eps``, with the same
+            atol and rtol. Two forward passes per direction, whatever the input's size.
         raise_on_failure: raise AssertionError (with the report) on failure. Off by default
-            because the result is a report: ``npformer gradcheck`` prints a table of every
-            check, failing ones included, and a learner wants to see each error, not stop at
-            the first. ``assert gradcheck(...)`` fails all the same, since
-            ``bool(result)`` is ``result.ok``.
-    Returns a :class:`GradcheckResult`.
+            because the result is a report (``npformer gradcheck`` prints every check);
+            ``assert gradcheck(...)`` fails all the same, since ``bool(result)`` is
+            ``result.ok``. ``npformer.testing.assert_gradients`` raises.
+    Returns a :class:`GradcheckResult`. ValueError, naming the argument, for anything that
+    would let the check pass without checking.
     """
-    inputs = list(inputs)
+    if tol is not None:
+        raise ValueError("tol: gradcheck's single relative tolerance is gone; an entry now passes "
+                         "when |analytic - numeric| <= atol + rtol |numeric| (pass atol= and rtol=, "
+                         f"defaults {ATOL:g} and {RTOL:g})")
+    inputs = _check_inputs(inputs)
+    eps = _positive_real("eps", eps)
+    atol, rtol = _positive_real("atol", atol), _positive_real("rtol", rtol)
+    if max_entries is not None:
+        max_entries = _positive_int("max_entries", max_entries)
+    n_directions = _positive_int("n_directions", n_directions)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+    if not isinstance(fast, bool):
+        raise ValueError(f"fast: expected True or False, got {fast!r}")
     nondiff = _check_nondiff(nondiff, len(inputs))
-    for i, x in enumerate(inputs):
-        if isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating) and x.dtype != np.float64:
-            raise ValueError(f"gradcheck: input {i} expected float64 (float32 finite differences are "
-                             f"round-off noise), got {x.dtype}")
-    if names is not None and len(names) != len(inputs):
-        raise ValueError(f"gradcheck: names has {len(names)} entries for {len(inputs)} inputs")
-    rng = np.random.default_rng(seed)
+    if names is None:
+        names = [f"input{i}" for i in range(len(inputs))]
+    elif isinstance(names, str) or len(names) != len(inputs) or \
+            not all(isinstance(n, str) for n in names):
+        raise ValueError(f"names: expected one string per input ({len(inputs)}), got {names!r}")
+    names = list(names)
+    probe_ss, entries_ss, directions_ss = np.random.SeedSequence(int(seed)).spawn(3)
+
+    saved = [x.copy() for x in inputs]
     out, backward = fn(*inputs)
-    dout = rng.standard_normal(np.shape(out))
+    out = _check_output(out)
+    _check_unchanged(inputs, saved, names, "fn")
+    again = _check_output(fn(*inputs)[0])
+    if not np.array_equal(again, out):
+        raise ValueError("fn: two calls with the same inputs gave different outputs; a gradient "
+                         "check needs a deterministic function (re-seed any dropout rng inside fn)")
+    if dout is None:
+        dout, probe = np.random.default_rng(probe_ss).standard_normal(out.shape), "drawn"
+    else:
+        dout, probe = _check_dout(dout, out.shape), "given"
     analytic = backward(dout)
     if not isinstance(analytic, (tuple, list)):
         analytic = (analytic,)
     if len(analytic) != len(inputs):
-        raise ValueError(f"gradcheck: backward returned {len(analytic)} gradients for "
-                         f"{len(inputs)} inputs")
+        raise ValueError(f"backward: returned {len(analytic)} gradients for {len(inputs)} inputs "
+                         f"(one per input, None for a non-differentiable one)")
+    _check_unchanged(inputs, saved, names, "backward")
+    # copied at once: a module's backward may hand out buffers the next forward overwrites
+    analytic = [None if a is None else _check_gradient(a, x, name)
+                for a, x, name in zip(analytic, inputs, names)]
 
     def scalar():
-        return float(np.sum(fn(*inputs)[0] * dout))
+        return float(np.sum(_check_output(fn(*inputs)[0], perturbed=True) * dout))
 
-    errors, missing = [], []
-    for i, (x, a) in enumerate(zip(inputs, analytic)):
-        differentiable = _is_float_array(x) and i not in nondiff
-        if a is None:
-            if differentiable:
-                missing.append(i)
-            errors.append(None)
-            continue
-        if not _is_float_array(x):
-            if i in nondiff or not isinstance(x, np.ndarray) or x.dtype.kind in "biu":
-                errors.append(None)          # an integer/boolean input: nothing to perturb
-                continue
-            raise ValueError(f"gradcheck: input {i} has dtype {x.dtype}; a gradient can be "
-                             f"checked only for a float64 array")
-        if np.shape(a) != np.shape(x):
-            raise ValueError(f"gradcheck: gradient of shape {np.shape(a)} for an input of shape "
-                             f"{np.shape(x)}")
-        indices = None
-        if max_entries is not None and x.size > max_entries:
-            indices = rng.choice(x.size, size=max_entries, replace=False)
-        numeric = numerical_gradient(scalar, x, eps, indices)
-        a = np.asarray(a, dtype=np.float64)
-        if indices is not None:
-            a, numeric = a.reshape(-1)[indices], numeric.reshape(-1)[indices]
-        errors.append(relative_error(a, numeric))
-    result = GradcheckResult(errors, tol, list(names) if names is not None
-                             else [f"input{i}" for i in range(len(inputs))], missing)
+    f0 = float(np.sum(out * dout))
+    entries_rng, directions_rng = np.random.default_rng(entries_ss), np.random.default_rng(directions_ss)
+    reports = []
+    for i, (x, a, name) in enumerate(zip(inputs, analytic, names)):
+        differentiable = x.dtype == np.float64 and i not in nondiff
+        if not differentiable:
+            reports.append(InputReport(name, "not differentiable"))
+        elif a is None:
+            reports.append(InputReport(name, "MISSING"))
+        elif fast:
+            reports.append(_check_directions(scalar, f0, x, a, name, eps, atol, rtol,
+                                             directions_rng, n_directions))
+        else:
+            indices = None
+            if max_entries is not None and x.size > max_entries:
+                indices = np.sort(entries_rng.choice(x.size, size=max_entries, replace=False))
+            reports.append(_check_entries(scalar, f0, x, a, name, eps, atol, rtol, indices))
+    _check_unchanged(inputs, saved, names, "fn")
+    result = GradcheckResult(reports, atol, rtol, eps, fast, probe)
     if raise_on_failure and not result.ok:
         raise AssertionError(str(result))
     return result
 
 
-def _is_float_array(x):
-    return isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating)
+def _check_entries(scalar, f0, x, a, name, eps, atol, rtol, indices):
+    """Every entry (or ``indices``) of one input, by central differences."""
+    flat = range(x.size) if indices is None else indices
+    n = len(flat)
+    analytic, numeric, kink = np.empty(n), np.empty(n), np.zeros(n, dtype=bool)
+    where = []
+    for j, i in enumerate(flat):
+        at = np.unravel_index(int(i), x.shape)
+        f_plus, f_minus, step, up, down = _central(scalar, x, at, eps)
+        analytic[j], numeric[j] = a[at], (f_plus - f_minus) / step
+        kink[j] = _at_kink(analytic[j], numeric[j], f_plus, f_minus, f0, up, down, atol, rtol)
+        where.append(at)
+    return _report(name, analytic, numeric, kink, where, atol, rtol)
+
+
+def _check_directions(scalar, f0, x, a, name, eps, atol, rtol, rng, n_directions):
+    """``n_directions`` random unit directions u of one input: <a, u> against the central
+    difference of f along u. The analytic side uses the step actually taken (x +- eps u, rounded
+    to the input's grid), so rounding the perturbation costs nothing."""
+    analytic, numeric = np.empty(n_directions), np.empty(n_directions)
+    kink = np.zeros(n_directions, dtype=bool)
+    old = x.copy()
+    for d in range(n_directions):
+        u = rng.standard_normal(x.shape)
+        u /= np.linalg.norm(u)
+        x[...] = old + eps * u
+        up = x - old
+        f_plus = scalar()
+        x[...] = old - eps * u
+        down = old - x
+        f_minus = scalar()
+        x[...] = old
+        numeric[d] = (f_plus - f_minus) / eps / 2
+        analytic[d] = float(np.sum(a * (up + down))) / eps / 2
+        kink[d] = _at_kink(analytic[d], numeric[d], f_plus, f_minus, f0, eps, eps, atol, rtol)
+    return _report(name, analytic, numeric, kink, list(range(n_directions)), atol, rtol)
+
+
+def _at_kink(a, n, f_plus, f_minus, f0, up, down, atol, rtol):
+    """Whether the function has a kink within the step: the one-sided differences disagree by
+    more than the tolerance and by at least the discrepancy |a - n|. On a smooth function they
+    differ by ~ eps |f''| and agree with n, so a wrong gradient is never excused as a kink."""
+    jump = abs((f_plus - f0) / up - (f0 - f_minus) / down)
+    return jump > atol + rtol * abs(n) and jump >= abs(a - n)
+
+
+def _report(name, analytic, numeric, kink, where, atol, rtol):
+    diff = np.abs(analytic - numeric)
+    allowed = atol + rtol * np.abs(numeric)
+    ratio = np.where(np.isnan(diff), np.inf, diff / allowed)
+    judged = ~kink
+    tensor = relative_error(analytic, numeric) if not np.isnan(diff).any() else math.nan
+    if not judged.any():
+        return InputReport(name, "not differentiable", tensor_error=tensor, checked=len(where),
+                           kinks=int(kink.sum()))
+    worst = int(np.argmax(np.where(judged, ratio, -1.0)))
+    if ratio[judged].max() > 1:
+        status = "WRONG"
+    elif ratio[judged].max() <= EXACT:
+        status = "exact"
+    else:
+        status = "close"
+    n = numeric[worst]
+    rel = diff[worst] / abs(n) if n != 0 else (0.0 if diff[worst] == 0 else math.inf)
+    return InputReport(name, status, tuple(int(v) for v in where[worst])
+                       if isinstance(where[worst], tuple) else where[worst],
+                       float(analytic[worst]), float(n), float(diff[worst]), float(rel), tensor,
+                       len(where), int(kink.sum()))
+
+
+# -- argument checks: a check that could not check must never pass ---------------------------
+
+def _check_inputs(inputs):
+    if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple)):
+        raise ValueError(f"inputs: expected a list of NumPy arrays, one per argument of fn, got "
+                         f"{type(inputs).__name__}" + (" (wrap a single array as [x])"
+                                                       if isinstance(inputs, np.ndarray) else ""))
+    inputs = list(inputs)
+    if not inputs:
+        raise ValueError("inputs: expected at least one array, got an empty list")
+    for i, x in enumerate(inputs):
+        if not isinstance(x, np.ndarray):
+            raise ValueError(f"inputs[{i}]: expected a NumPy array, got {type(x).__name__} "
+                             f"(gradcheck perturbs arrays in place: pass np.array(...))")
+        if x.size == 0:
+            raise ValueError(f"inputs[{i}]: expected a non-empty array, got shape {x.shape}: "
+                             f"nothing to check")
+        if x.dtype.kind == "f":
+            if x.dtype != np.float64:
+                raise ValueError(f"inputs[{i}]: expected float64 (float32 finite differences are "
+                                 f"round-off noise), got {x.dtype}")
+            if not np.isfinite(x).all():
+                raise ValueError(f"inputs[{i}]: expected finite values, got NaN or inf")
+            if not x.flags.writeable:
+                raise ValueError(f"inputs[{i}]: expected a writeable array (it is perturbed in "
+                                 f"place), got a read-only one")
+        elif x.dtype.kind not in "biu":
+            raise ValueError(f"inputs[{i}]: expected float64, integer or boolean, got {x.dtype}")
+    for i, x in enumerate(inputs):
+        for j in range(i + 1, len(inputs)):
+            y = inputs[j]
+            if (x.dtype.kind == "f" or y.dtype.kind == "f") and np.shares_memory(x, y):
+                raise ValueError(f"inputs[{i}] and inputs[{j}]: share memory, so perturbing one "
+                                 f"moves the other; pass separate arrays (or one of them)")
+    return inputs
+
+
+def _check_output(out, perturbed=False):
+    out = np.asarray(out)
+    if out.dtype.kind != "f":
+        raise ValueError(f"fn: expected a floating output, got {out.dtype}")
+    if not perturbed and not np.isfinite(out).all():
+        raise ValueError("fn: its output holds NaN or inf at the given inputs; a gradient check "
+                         "needs a finite output")
+    return out
+
+
+def _check_dout(dout, shape):
+    dout = np.asarray(dout)
+    if dout.dtype.kind != "f" or dout.shape != shape:
+        raise ValueError(f"dout: expected a float array of the output's shape {shape}, got "
+                         f"{dout.dtype} of shape {dout.shape}")
+    if not np.isfinite(dout).all():
+        raise ValueError("dout: expected finite values, got NaN or inf")
+    return dout.astype(np.float64)
+
+
+def _check_gradient(a, x, name):
+    a = np.asarray(a)
+    if a.dtype.kind != "f":
+        raise ValueError(f"backward: the gradient of {name} is {a.dtype}; expected a floating array")
+    if a.shape != x.shape:
+        raise ValueError(f"backward: the gradient of {name} has shape {a.shape}; expected its "
+                         f"input's shape {x.shape}")
+    return np.array(a, dtype=np.float64)
+
+
+def _check_unchanged(inputs, saved, names, who):
+    for x, s, name in zip(inputs, saved, names):
+        if not np.array_equal(x, s):
+            raise ValueError(f"{who}: changed the input {name} in place; gradcheck perturbs the "
+                             f"inputs itself and needs fn and backward to leave them as they are "
+                             f"(work on a copy)")
+
+
+def _positive_real(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: expected a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    return int(value)
 
 
 def _check_nondiff(nondiff, n_inputs):

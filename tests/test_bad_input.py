@@ -112,5 +112,5 @@ def test_interop_rejects_qk_dim_variant_and_mismatched_tied_weights():
 
 def test_gradcheck_rejects_float32():
     x = np.zeros(3, dtype=np.float32)
-    with pytest.raises(ValueError, match="input 0 expected float64"):
+    with pytest.raises(ValueError, match=r"inputs\[0\]: expected float64"):
         nf.gradcheck(lambda x: (x, lambda d: d), [x])

@@ -46,7 +46,7 @@ def test_none_for_a_differentiable_float_input_fails(x):
         return x * w, lambda d: (w * d, None)
     result = nf.gradcheck(f, [x, x.copy() + 1.0], names=["x", "w"])
     assert not result.ok and result.missing == [1]
-    assert "w: MISSING gradient" in str(result)
+    assert result.inputs[1].status == "MISSING" and "MISSING" in str(result)
 
 
 def test_nondiff_float_input_may_go_without_gradient(x):
@@ -84,7 +84,7 @@ def test_bad_nondiff_is_named(x, nondiff):
 
 
 def test_names_must_match_inputs(x):
-    with pytest.raises(ValueError, match="names has 2 entries for 1 inputs"):
+    with pytest.raises(ValueError, match=r"names: expected one string per input \(1\)"):
         nf.gradcheck(square(2.0), [x], names=["a", "b"])
 
 

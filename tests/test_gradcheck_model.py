@@ -49,7 +49,7 @@ def model_gradcheck(model, smoothing, max_entries=12, masked=False):
             return tuple(p.grad[rows].copy() for p, rows in arrays)
         return np.array(loss), backward
 
-    result = nf.gradcheck(f, [p.data[rows] for p, rows in arrays], tol=1e-6,
+    result = nf.gradcheck(f, [p.data[rows] for p, rows in arrays],
                           max_entries=max_entries, names=names)
     assert result.ok, str(result)
     return result

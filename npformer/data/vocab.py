@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -228,11 +228,14 @@ class Vocabularies:
         return [("joint", self.src)] if self.is_joint else [("src", self.src), ("tgt", self.tgt)]
 
     @staticmethod
-    def check_fits(vocabs: object, sizes: dict, where: str = "vocabs") -> "Vocabularies":
+    def check_fits(vocabs: object, sizes: dict, where: str = "vocabs",
+                   pad_id: Optional[int] = None) -> "Vocabularies":
         """``vocabs`` if it is a ``Vocabularies`` whose sides have the sizes a model expects
         (``sizes``: its configuration's ``vocab_sizes()``, e.g. ``{"src": 8000, "tgt": 8000}``),
         or None for a model that reads no tokens (``sizes`` empty); else ``ValueError`` naming
-        ``where``."""
+        ``where``. ``pad_id``, the configuration's padding id (``config.pad_id``), must be the
+        vocabularies' own ``<pad>``: with any other id the model would mask a real token (an
+        ``<eos>``, say) and attend to the padding."""
         if vocabs is None and not sizes:
             return None
         if not isinstance(vocabs, Vocabularies):
@@ -243,6 +246,13 @@ class Vocabularies:
             if n != size:
                 raise ValueError(f"{where}: the {side} vocabulary has {n} tokens but the model's "
                                  f"configuration says {side}_vocab_size={size}")
+        if pad_id is not None and pad_id != Vocab.pad_id:
+            side, vocab = vocabs.sides()[0]
+            token = (repr(vocab.id_to_token(pad_id)) if isinstance(pad_id, int) and
+                     0 <= pad_id < len(vocab) else "no token")
+            raise ValueError(f"{where}: the model's configuration says pad_id={pad_id!r}, which "
+                             f"is {token} in the {side} vocabulary; the vocabularies pad with "
+                             f"id {Vocab.pad_id} ({Vocab.PAD!r})")
         return vocabs
 
     @property

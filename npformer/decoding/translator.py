@@ -55,7 +55,7 @@ class Translator:
             raise ValueError(f"model: translation needs an encoder-decoder ('transformer'), got "
                              f"a {getattr(model.config, 'arch', type(model).__name__)!r} model "
                              f"(a language model continues text: npformer sample)")
-        Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
+        Vocabularies.check_fits(vocabs, model.config.vocab_sizes(), pad_id=model.config.pad_id)
         self.batch_size = check_int("batch_size", batch_size, allow_none=True)
         self.max_tokens = check_int("max_tokens", max_tokens)
         self.model, self.vocabs = model, vocabs

@@ -32,7 +32,8 @@ def save_model_checkpoint(path, model, vocabs, optimizer=None, training=None, ex
     """Write the weights (+ the optimizer state and the dropout rng if ``optimizer`` is given),
     the configuration and ``vocabs`` (a ``Vocabularies``; None for a model that reads no tokens,
     whose configuration's ``vocab_sizes()`` is empty). Returns the paths written."""
-    Vocabularies.check_fits(vocabs, model.config.vocab_sizes())
+    Vocabularies.check_fits(vocabs, model.config.vocab_sizes(),
+                            pad_id=getattr(model.config, "pad_id", None))
     arrays = {_MODEL + name: value for name, value in model.state_dict().items()}
     if optimizer is not None:
         arrays.update({_OPTIM + k: np.asarray(v) for k, v in optimizer.state_dict().items()})
@@ -118,7 +119,8 @@ def load_model_checkpoint(path):
     _check_weights_fit_config(config, weights, name)
     model = build_model(config)
     try:
-        Vocabularies.check_fits(vocabs, model.config.vocab_sizes(), f"checkpoint {name}")
+        Vocabularies.check_fits(vocabs, model.config.vocab_sizes(), f"checkpoint {name}",
+                                pad_id=getattr(model.config, "pad_id", None))
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     try:

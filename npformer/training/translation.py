@@ -71,7 +71,7 @@ class TranslationTask(Task):
 
     def check_model(self, model):
         """The vocabularies must have the model's sizes, and every pair fit its ``max_len``."""
-        Vocabularies.check_fits(self.vocabs, model.config.vocab_sizes())
+        Vocabularies.check_fits(self.vocabs, model.config.vocab_sizes(), pad_id=model.config.pad_id)
         max_len = model.max_len
         for name, ids in (("train_pairs", self.train_ids), ("valid_pairs", self.valid_ids)):
             for n, (src, tgt) in enumerate(ids):

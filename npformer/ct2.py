@@ -30,11 +30,23 @@ encoder-decoder export), ``qk_dim`` different from ``d_model``.
 The folder also holds ``npformer.json``: the model's configuration, its npformer vocabularies
 and its text settings (languages, lowercasing, the word tokenizer or the SentencePiece model), so
 the exported model reads raw text exactly as the checkpoint does.
+
+Integrity: ``npformer.json`` records the sha256 of every other file of the folder (``files``)
+and, as its last field, the sha256 of its own content without that field (``sha256``: the
+file cannot hold its own hash, so it holds the hash of the rest, as a checkpoint's trailer
+does). ``load_exported`` checks both before CTranslate2 reads anything: a file that rotted or
+was edited (a flipped byte in ``model.bin``, another ``layer_norm_epsilon`` in
+``config.json``), a missing file or one that is not the export's is a ValueError naming it.
+This guards against corruption, not against forgery: whoever rewrites ``npformer.json`` with
+new hashes makes any folder pass (it is no signature). Exports written before the hashes were
+recorded load with a warning that says to export again.
 """
+import hashlib
 import json
 import os
+import secrets
 import shutil
-import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +57,7 @@ from .data.vocab import Vocab, Vocabularies
 from .decoding.search import Hypothesis
 from .decoding.translator import Translator
 from .nn.transformer import default_capacity
-from .checkpoint import checkpoint_paths
+from .checkpoint import checkpoint_paths, write_file_atomic
 from .registry import config_from_dict
 from .version import VERSION
 
@@ -55,6 +67,7 @@ QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float3
 # npformer's specials -> CTranslate2's names for them (ids 0-3 in both)
 SPECIALS = {Vocab.PAD: "<blank>", Vocab.BOS: "<s>", Vocab.EOS: "</s>", Vocab.UNK: "<unk>"}
 _SUPPRESSED = [[SPECIALS[Vocab.PAD]], [SPECIALS[Vocab.BOS]]]     # never a next token
+_CHUNK = 1 << 20                   # bytes read at a time when hashing
 
 
 def require_ctranslate2():
@@ -200,12 +213,51 @@ def check_export_target(out, inputs=(), overwrite=False):
                              f"(no {META_FILE}); --overwrite only replaces an earlier export")
 
 
+def _sha256_file(path, sync=False):
+    """The sha256 of the file ``path`` (read a chunk at a time); ``sync``: fsync it too."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+        if sync:
+            os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+def _meta_text(meta):
+    return json.dumps(meta, indent=1, ensure_ascii=False) + "\n"
+
+
+def _meta_digest(meta):
+    """The sha256 of ``npformer.json``'s text without its last field, ``sha256`` (the file
+    cannot hold its own hash): the text ``_meta_text`` writes for the other fields."""
+    rest = {k: v for k, v in meta.items() if k != "sha256"}
+    return hashlib.sha256(_meta_text(rest).encode("utf-8")).hexdigest()
+
+
+def temporary_folder(out, suffix=".partial"):
+    """A new, empty folder beside ``out`` (``.<name>.<hex>.partial``: an export being written;
+    ``.old``: the earlier export an ``--overwrite`` replaces), names that a later export to
+    ``out`` removes when a killed one left them. Made by ``os.mkdir``, so it has the umask's
+    mode like any folder."""
+    out = Path(out)
+    for _ in range(16):
+        tmp = out.with_name(f".{out.name}.{secrets.token_hex(8)}{suffix}")
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary folder beside {out}")  # pragma: no cover
+
+
 def export_ctranslate2(loaded, out, quantization=None, overwrite=False):
     """Write ``loaded`` (a ``LoadedCheckpoint``) as a CTranslate2 model folder ``out``.
 
-    The folder is written under a temporary name beside ``out`` and renamed into place, so an
-    interrupted export leaves no half-written model; an existing ``out`` is replaced only with
-    ``overwrite`` and only if it is an earlier export. Returns the folder's path."""
+    The folder is written under a temporary name beside ``out`` (every file fsync-ed, its
+    sha256 recorded in ``npformer.json``) and renamed into place, so an interrupted export
+    leaves no half-written model; an existing ``out`` is replaced only with ``overwrite`` and
+    only if it is an earlier export. Returns the folder's path."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization: expected one of {QUANTIZATIONS} or None, got "
                          f"{quantization!r}")
@@ -220,15 +272,22 @@ def export_ctranslate2(loaded, out, quantization=None, overwrite=False):
             "vocabularies": loaded.vocabs.to_dict(), "extra": loaded.meta.get("extra") or {}}
     parent = out.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+    tmp = temporary_folder(parent / out.name)
     old = None
     try:
-        spec.save(str(tmp))
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n",
-                                     encoding="utf-8")
+        try:
+            spec.save(str(tmp))
+            meta["files"] = {name: _sha256_file(tmp / name, sync=True)
+                             for name in sorted(os.listdir(tmp))}
+            meta["sha256"] = _meta_digest(meta)
+            write_file_atomic(tmp / META_FILE, lambda f: f.write(_meta_text(meta).encode("utf-8")))
+        except OSError as e:                         # a full disk: name the folder being written
+            if e.filename is None and e.errno is not None:
+                raise OSError(e.errno, e.strerror, str(out)) from e
+            raise
         check_export_target(out, inputs, overwrite=overwrite)    # again: the export took time
         if out.exists():                             # --overwrite: swap, then remove the old one
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=parent))
+            old = temporary_folder(parent / out.name, ".old")
             os.replace(out, old / "model")
         os.replace(tmp, out)
     except BaseException:
@@ -276,15 +335,50 @@ def _read_vocabulary_file(folder, names):
                 if name.endswith(".json"):
                     return path, json.loads(path.read_text("utf-8"))
                 return path, path.read_text("utf-8").splitlines()
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, RecursionError) as e:
                 raise ValueError(f"{path}: unreadable vocabulary ({e})") from None
     return None, None
 
 
+def check_export_files(folder, meta):
+    """Check the folder's files against the sha256 that ``meta`` (its ``npformer.json``, read)
+    records: ``npformer.json``'s own content, then every other file, read once; the files must
+    be exactly the ones it lists. ValueError naming the first file that differs."""
+    folder, meta_path = Path(folder), Path(folder) / META_FILE
+    again = "export the checkpoint again"
+    if "files" not in meta and "sha256" not in meta:
+        warnings.warn(f"{meta_path}: written before exports recorded the sha256 of their files, "
+                      f"so a corrupted file cannot be detected; {again} (npformer export "
+                      f"--overwrite) to have them checked", UserWarning, stacklevel=3)
+        return
+    if meta.get("sha256") != _meta_digest(meta):
+        raise ValueError(f"{meta_path}: its content does not match the sha256 it records "
+                         f"(edited or corrupted since the export); {again}")
+    files = meta.get("files")
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise ValueError(f"{meta_path}: expected 'files', the sha256 of each file of the "
+                         f"export, got {files!r:.60}")
+    present = sorted(p.name for p in folder.iterdir() if p.name != META_FILE)
+    for name in present:
+        if name not in files or not (folder / name).is_file():
+            raise ValueError(f"{folder / name}: is not a file of this export ({META_FILE} "
+                             f"lists {sorted(files)}); move it out of the folder")
+    for name, recorded in files.items():
+        if name not in present:
+            raise ValueError(f"{folder / name}: missing; {META_FILE} records it as a file of "
+                             f"the export; {again}")
+        digest = _sha256_file(folder / name)
+        if digest != recorded:
+            raise ValueError(f"{folder / name}: its sha256 {digest[:16]}... is not the one "
+                             f"{META_FILE} records ({str(recorded)[:16]}...): the file changed "
+                             f"or rotted since the export; {again}")
+
+
 def load_exported(path, threads=None):
     """Read an export (``export_ctranslate2``'s folder) into an ``ExportedModel``; ValueError
-    naming the folder if it is not one, or if its CTranslate2 vocabularies are not the ones
-    npformer.json records."""
+    naming the folder if it is not one, naming the file if one is not as exported (its sha256,
+    ``check_export_files``), or if its CTranslate2 vocabularies are not the ones npformer.json
+    records."""
     ctranslate2 = require_ctranslate2()
     folder = Path(path)
     if not folder.is_dir() or not (folder / "model.bin").exists():
@@ -296,15 +390,17 @@ def load_exported(path, threads=None):
     except OSError:
         raise ValueError(f"--checkpoint {path}: a CTranslate2 model without {META_FILE}; only "
                          f"folders written by `npformer export` carry npformer's text settings") from None
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:      # RecursionError: brackets nested too deep
         raise ValueError(f"{meta_path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("kind") != KIND:
         raise ValueError(f"{meta_path}: expected kind {KIND!r}, got "
                          f"{meta.get('kind') if isinstance(meta, dict) else meta!r:.60}")
+    check_export_files(folder, meta)
     try:
         config = config_from_dict(meta["config"])
         vocabs = Vocabularies.from_dict(meta["vocabularies"])
-        Vocabularies.check_fits(vocabs, config.vocab_sizes(), str(meta_path))
+        Vocabularies.check_fits(vocabs, config.vocab_sizes(), str(meta_path),
+                                pad_id=getattr(config, "pad_id", None))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{meta_path}: bad configuration or vocabularies ({e})") from None
     expected = {"source": ct2_tokens(vocabs.src), "target": ct2_tokens(vocabs.tgt)}

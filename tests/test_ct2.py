@@ -12,7 +12,7 @@ ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 not install
 
 import npformer as nf  # noqa: E402
 from npformer import functional as F  # noqa: E402
-from npformer.ct2 import META_FILE, export_ctranslate2, load_exported  # noqa: E402
+from npformer.ct2 import META_FILE, _meta_digest, export_ctranslate2, load_exported  # noqa: E402
 from npformer.cli.main import main  # noqa: E402
 from npformer.data.vocab import Vocab, Vocabularies  # noqa: E402
 from npformer.decoding.translator import Translator  # noqa: E402
@@ -225,6 +225,7 @@ def test_engine_refuses_folders_that_are_not_exports(tmp_path, capsys):
     assert META_FILE in err
     meta = json.loads((out / META_FILE).read_text())
     meta["vocabularies"]["src"][5] = "changed"          # the model's words are not CT2's any more
+    meta["sha256"] = _meta_digest(meta)                 # re-sealed: only the vocabulary check is left
     (out / META_FILE).write_text(json.dumps(meta))
     err = _cli_error(capsys, ["translate", "--engine", "ctranslate2", "--checkpoint", str(out),
                               "s4"])

@@ -5,6 +5,7 @@ from ..checkpoint import checkpoint_paths
 from ..training.averaging import average_checkpoints
 from ..training.trainer import step_checkpoints
 from .common import positive_int, refuse_output_over_inputs, resolve_checkpoint
+from .runs import remove_stale_temps
 
 
 def add_parser(sub, name):
@@ -43,6 +44,7 @@ def run(args):
         raise ValueError(f"--out {args.out}: a checkpoint already exists there ({npz}); give "
                          f"another --out, or --overwrite to replace it with the (inference-only) "
                          f"average (nothing was written)")
+    remove_stale_temps(npz.parent, npz.stem)    # what a killed average to --out left
     average_checkpoints(paths, args.out)
     print(f"averaged {len(paths)} checkpoints -> {args.out}")
     return 0

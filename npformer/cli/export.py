@@ -1,7 +1,10 @@
 """``npformer export``: write a checkpoint in another engine's format (CTranslate2)."""
+import os
+
 from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2
 from ..training.checkpointing import load_model_checkpoint
 from .common import checkpoint_files, resolve_checkpoint
+from .runs import remove_stale_temps
 
 
 def add_parser(sub, name):
@@ -10,7 +13,9 @@ def add_parser(sub, name):
                                    "model folder (extra ctranslate2), with what npformer needs "
                                    "to tokenise for it; run it with `npformer translate/eval "
                                    "--engine ctranslate2 --checkpoint OUT`. The folder is written "
-                                   "under a temporary name and renamed into place.")
+                                   "under a temporary name and renamed into place; its "
+                                   "npformer.json records the sha256 of every file, checked "
+                                   "whenever the export is loaded.")
     p.add_argument("--checkpoint", required=True, metavar="CKPT",
                    help="checkpoint path (run/best) or a run directory")
     p.add_argument("--format", choices=["ctranslate2"], required=True)
@@ -26,6 +31,7 @@ def run(args):
     inputs = [path for _, path in checkpoint_files(args)]
     check_export_target(args.out, inputs, overwrite=args.overwrite)   # before loading anything
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
+    remove_stale_temps(*os.path.split(os.path.abspath(args.out)))   # a killed export's leftovers
     out = export_ctranslate2(loaded, args.out, args.quantization, overwrite=args.overwrite)
     print(f"exported {loaded.path} ({args.quantization or 'float32'}) -> {out}")
     return 0

@@ -44,6 +44,7 @@ before anything is written.
 import math
 import os
 import re
+import shutil
 
 from ..functional.dropout import inner_dropout_rates
 from ..training.multi30k import checkpoint_preprocess
@@ -103,17 +104,33 @@ def refuse_output_named_like_a_run_file(option, path):
                          f"another name (nothing was written)")
 
 
-def remove_stale_temps(folder):
-    """Remove the temporary files that killed checkpoint saves left in ``folder`` (only names
-    ``.<name>.npz.<hex>.tmp`` / ``.<name>.json.<hex>.tmp``). Assumes one writer per run folder."""
+def remove_stale_temps(folder, name=None):
+    """Remove what killed saves left in ``folder``; returns the names removed. With no ``name``
+    (a run folder, which has one writer): the temporary files of checkpoint saves,
+    ``.<name>.npz.<hex>.tmp`` / ``.<name>.json.<hex>.tmp``. With ``name`` (the one output of
+    ``npformer average`` or ``export``): only that output's, its checkpoint's temporary files
+    and the folders of a killed export, ``.<name>.<hex>.partial`` (an export being written) and
+    ``.<name>.<hex>.old`` (an earlier export being replaced; removed only once ``name`` exists,
+    else it may hold the only copy of that export)."""
     if not os.path.isdir(folder):
         return []
+    if name is None:
+        files, folders = _STALE_TEMP, None
+    else:
+        files = re.compile(rf"\.{re.escape(name)}\.(?:npz|json)\.[0-9a-f]+\.tmp")
+        kept = "partial|old" if os.path.exists(os.path.join(folder, name)) else "partial"
+        folders = re.compile(rf"\.{re.escape(name)}\.[0-9a-z_]+\.(?:{kept})")
     removed = []
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        if _STALE_TEMP.fullmatch(name) and os.path.isfile(path):
+    for entry in sorted(os.listdir(folder)):
+        path = os.path.join(folder, entry)
+        if files.fullmatch(entry) and os.path.isfile(path):
             os.remove(path)
-            removed.append(name)
+        elif folders is not None and folders.fullmatch(entry) and os.path.isdir(path) \
+                and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            continue
+        removed.append(entry)
     return removed
 
 

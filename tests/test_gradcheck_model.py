@@ -100,3 +100,76 @@ def test_whole_model_with_the_logits_of_real_targets_only(norm_first):
     model = tiny_model(norm_first=norm_first, src_vocab_size=9, tgt_vocab_size=9, dropout=0.2,
                        share_all_embeddings=True, generator_bias=norm_first).train()
     model_gradcheck(model, 0.1, masked=True)
+
+
+# -- npformer.testing.check_model: the entry point for a whole model --------------------------
+
+def test_check_model_passes_a_transformer_and_names_every_parameter():
+    from npformer.testing import check_model
+    model = tiny_model(norm_first=True)
+    result = check_model(model, batch())
+    assert result.ok, str(result)
+    assert set(result.results) == {"loss", "loss, label smoothing 0.1"}
+    names = result.results["loss"].names
+    assert "decoder.layers.1.norm2.weight" in names
+    # the <pad> rows (id 0) of the embeddings are frozen on purpose, so left out
+    assert "src_embed.weight[1:]" in names and "src_embed.weight" not in names
+    n_params = len(model.parameters())
+    assert len(names) == n_params                 # two embeddings each lose row 0 only
+    assert all(r.status in ("exact", "close") for r in result.results["loss"].inputs)
+
+
+def test_check_model_passes_a_gpt():
+    from npformer.testing import check_model
+    model = nf.GPT(7, d_model=8, n_heads=2, d_ff=12, n_layers=2, max_len=6, dropout=0.2,
+                   dtype=np.float64, seed=0).train()
+    ids = np.array([[1, 4, 5, 6], [3, 0, 2, 5]])
+    targets = np.array([[4, 5, 6, -100], [0, 2, 5, 1]])
+    result = check_model(model, (ids, targets), label_smoothing=0.2, fast=False, max_entries=4)
+    assert result.ok, str(result)
+    assert set(result.results) == {"loss, label smoothing 0.2", "loss"}
+    assert model.training                          # the mode is restored after the check
+
+
+def test_check_model_fails_a_wrong_layer_and_names_its_parameter():
+    """A LayerNorm whose gain gradient is 10% too large: the report names that parameter."""
+    from npformer.testing import check_model
+    model = tiny_model(norm_first=True)
+    layer = model.decoder.layers[1].norm2
+    original = layer.backward
+
+    def wrong_backward(dy):
+        before = layer.weight.grad.copy()
+        dx = original(dy)
+        layer.weight.grad[...] = before + 1.1 * (layer.weight.grad - before)
+        return dx
+    layer.backward = wrong_backward
+    for fast in (True, False):
+        result = check_model(model, batch(), fast=fast, max_entries=3)
+        assert not result.ok
+        report = result.results["loss"]
+        assert report.worst.name == "decoder.layers.1.norm2.weight"
+        assert report.worst.status == "WRONG"
+        assert [r.name for r in report.inputs if r.status == "WRONG"] == \
+            ["decoder.layers.1.norm2.weight"]
+
+
+def test_check_model_refuses_what_it_cannot_check():
+    from npformer.testing import check_model
+    with pytest.raises(ValueError, match="needs a float64 model"):
+        check_model(tiny_model(dtype=np.float32), batch())
+    with pytest.raises(ValueError, match=r"batch: expected \(src, tgt_in, tgt_out\)"):
+        check_model(tiny_model(), [np.ones((2, 3))])
+
+
+def test_a_whole_model_fast_check_takes_seconds():
+    """The fast mode's point: two forward passes per direction, whatever the parameter's size."""
+    import time
+    from npformer.testing import check_model
+    model = nf.Transformer(src_vocab_size=50, tgt_vocab_size=60, d_model=32, n_heads=4, d_ff=64,
+                           n_encoder_layers=2, n_decoder_layers=2, dropout=0.1, dtype=np.float64,
+                           seed=3)
+    start = time.perf_counter()
+    result = check_model(model, batch())
+    assert result.ok, str(result)
+    assert time.perf_counter() - start < 30          # seconds, on a loaded 2-core machine

@@ -361,3 +361,31 @@ def test_the_inputs_are_restored_bit_for_bit(x):
     nf.gradcheck(square(2.0), [x])
     nf.gradcheck(square(2.0), [x], fast=True)
     assert np.array_equal(x, before)
+
+
+# -- the command and the testing module ------------------------------------------------------
+
+def test_npformer_gradcheck_fast_checks_every_layer_and_both_models(capsys):
+    from npformer.cli.main import main
+    assert main(["gradcheck", "--fast"]) == 0
+    out = capsys.readouterr().out
+    assert "random directions" in out and "FAIL" not in out
+    for name in ("layernorm", "Transformer (whole model)", "GPT (whole model)"):
+        assert name in out
+    assert "22/22 passed" in out
+
+
+def test_assert_gradients_raises_with_the_report(x):
+    from npformer.testing import assert_gradients
+    assert assert_gradients(square(2.0), [x]).ok
+    with pytest.raises(AssertionError, match=r"(?s)gradients disagree.*input0\s+WRONG"):
+        assert_gradients(square(3.0), [x])
+
+
+def test_the_strategies_say_how_to_install_hypothesis(monkeypatch):
+    import sys
+    from npformer import testing
+    monkeypatch.setitem(sys.modules, "hypothesis", None)
+    monkeypatch.setitem(sys.modules, "hypothesis.strategies", None)
+    with pytest.raises(ImportError, match=r'pip install "npformer\[test\]"'):
+        testing.float_arrays((2, 3))

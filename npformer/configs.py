@@ -12,6 +12,9 @@ expected and what came), so a model, a checkpoint loader or a CLI never builds f
 Sizes arrive as Python ints (NumPy integers are accepted and converted), ``dtype`` as its name.
 """
 import dataclasses
+import math
+import os
+import resource
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -77,6 +80,81 @@ class ModelConfig:
         """``{name: (bytes, why)}`` of the arrays a model computes from its configuration alone
         (stored in no checkpoint): a loader bounds them by the file's size before building."""
         return {}
+
+    # the fields that set a model's size, named in a refusal (each architecture)
+    SIZE_FIELDS: ClassVar[tuple] = ()
+
+    def parameter_count(self):
+        """How many numbers the model's parameters hold (a shared one counted once), in closed
+        form where the architecture gives one (no loop over layers): what a size check may ask
+        of any configuration, however many layers it claims."""
+        return sum(math.prod(shape) for shape in self.parameter_shapes().values())
+
+    def memory_estimate(self, training=False):
+        """Bytes a model of this configuration holds, at least: its parameters and their
+        gradients (one flat buffer each), the arrays computed from the configuration, and for
+        ``training`` Adam's two moments besides. No activations: a lower bound, so that what it
+        refuses could not have been built."""
+        copies = 4 if training else 2
+        derived = sum(size for size, _ in self.derived_arrays().values())
+        itemsize = np.dtype(getattr(self, "dtype", "float32")).itemsize
+        return copies * self.parameter_count() * itemsize + derived
+
+    def check_memory(self, training=False, memory=None, names=None):
+        """Refuse (ValueError) a model whose :meth:`memory_estimate` exceeds ``memory`` (default:
+        :func:`available_memory`), before anything is allocated. The message names the size
+        fields, by ``names`` ({field: what to call it}, e.g. a command's options) where given.
+        An architecture that lists no parameter shapes is not checked."""
+        memory = available_memory() if memory is None else memory
+        try:
+            need = self.memory_estimate(training)
+        except NotImplementedError:
+            return
+        if not memory or need <= memory:
+            return
+        names = names or {}                # a field named None is left out of the message
+        shown = [f for f in self.SIZE_FIELDS if getattr(self, f) is not None and names.get(f, f)]
+        fields = " ".join(f"{names[f]} {getattr(self, f)}" if f in names else
+                          f"{f}={getattr(self, f)}" for f in shown)
+        what = ("its weights, gradients and Adam's two moments" if training else
+                "its weights and gradients")
+        dtype = getattr(self, "dtype", "float32")
+        raise ValueError(f"{fields}: a model this size ({self.parameter_count():,} {dtype} "
+                         f"parameters) needs at least {_gib(need)} GiB of memory for {what}, "
+                         f"more than this machine's {_gib(memory)} GiB; choose smaller values")
+
+
+def _gib(size):
+    return f"{size / 2**30:,.0f}" if size >= 2**30 else f"{size / 2**30:,.2f}"
+
+
+def physical_memory():
+    """Bytes of memory of this machine, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def available_memory():
+    """Bytes this process may hold at most, or None where nothing says: the machine's physical
+    memory, less where the cgroup's ``memory.max`` (a container's limit) or the address-space
+    limit (``ulimit -v``, RLIMIT_AS, less what the process already maps) sets less."""
+    limits = [physical_memory()]
+    try:
+        text = open("/sys/fs/cgroup/memory.max").read().strip()
+        limits.append(None if text == "max" else int(text))
+    except (OSError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:                               # /proc/self/statm: the pages mapped now, first
+            mapped = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            mapped = 0
+        limits.append(max(0, soft - mapped))
+    limits = [size for size in limits if size]
+    return min(limits) if limits else None
 
 
 def _check_dtype(dtype):
@@ -242,6 +320,24 @@ class TransformerConfig(ModelConfig):
             del shapes["tgt_embed.weight"]          # ... and as src_embed.weight
         return shapes
 
+    SIZE_FIELDS: ClassVar[tuple] = ("src_vocab_size", "tgt_vocab_size", "d_model", "d_ff",
+                                    "qk_dim", "n_encoder_layers", "n_decoder_layers", "max_len")
+
+    def parameter_count(self):
+        """The sum of :meth:`parameter_shapes`, in closed form."""
+        d, ff, qk = self.d_model, self.d_ff, self.qk_dim or self.d_model
+        attention = (2 * qk + d) * (d + 1) + d * (d + 1)             # in_proj, out_proj
+        ffn = d * ff + ff + ff * d + d
+        encoder_layer = attention + ffn + 2 * 2 * d                   # two norms
+        decoder_layer = 2 * attention + ffn + 3 * 2 * d               # three norms
+        embeddings = self.src_vocab_size * d
+        if not self.share_all_embeddings:
+            embeddings += self.tgt_vocab_size * d
+        generator = (0 if self.tie_embeddings else d * self.tgt_vocab_size) + \
+            (self.tgt_vocab_size if self.generator_bias else 0)
+        return (embeddings + self.n_encoder_layers * encoder_layer + 2 * d
+                + self.n_decoder_layers * decoder_layer + 2 * d + generator)
+
     def layer_count(self):
         return self.n_encoder_layers + self.n_decoder_layers
 
@@ -324,6 +420,16 @@ class GPTConfig(ModelConfig):
         if not self.tie_embeddings:
             shapes.update(_linear_shapes("generator", d, self.vocab_size, bias=False))
         return shapes
+
+    SIZE_FIELDS: ClassVar[tuple] = ("vocab_size", "d_model", "d_ff", "n_layers", "max_len")
+
+    def parameter_count(self):
+        """The sum of :meth:`parameter_shapes`, in closed form."""
+        d, ff = self.d_model, self.d_ff
+        block = 3 * d * (d + 1) + d * (d + 1) + d * ff + ff + ff * d + d + 2 * 2 * d
+        return (self.vocab_size * d * (1 if self.tie_embeddings else 2)
+                + (self.max_len * d if self.positions == "learned" else 0)
+                + self.n_layers * block + 2 * d)
 
     def layer_count(self):
         return self.n_layers

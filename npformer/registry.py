@@ -47,11 +47,13 @@ def config_from_dict(data, default_arch=None):
 
 
 def build_model(config):
-    """A new model of ``config``'s architecture (weights drawn from its seed)."""
+    """A new model of ``config``'s architecture (weights drawn from its seed). A configuration
+    whose model would not fit this machine's memory is refused (``config.check_memory``)."""
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config: expected a model configuration such as TransformerConfig, got "
                          f"{type(config).__name__}")
     _, model_class = architecture(config.arch)
+    config.check_memory()            # before anything is allocated, whatever the model class
     return model_class.from_config(config)
 
 

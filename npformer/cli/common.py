@@ -6,6 +6,7 @@ import copy
 import os
 
 from ..checkpoint import CheckpointError, checkpoint_paths
+from ..configs import TransformerConfig, available_memory
 from ..data.textfile import write_text_atomic
 from ..decoding.search import LENGTH_PENALTY
 from ..training.trainer import SCHEDULES, SPANNING
@@ -165,30 +166,31 @@ def add_model_args(p, defaults):
 
 
 def physical_memory():
-    """Bytes of memory of this machine, or None where the system does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
+    """Bytes of memory this process may use (``npformer.configs.available_memory``: the
+    machine's, or less under a container's or ``ulimit -v``'s limit), or None where nothing
+    says."""
+    return available_memory()
+
+
+# the model options by the configuration fields they set (None: not an option, left unnamed)
+MODEL_OPTIONS = {"d_model": "--d-model", "d_ff": "--d-ff", "n_encoder_layers": "--layers",
+                 "max_len": "--max-len", "src_vocab_size": None, "tgt_vocab_size": None,
+                 "qk_dim": None, "n_decoder_layers": None}
 
 
 def check_model_size(args, memory=None):
     """Refuse model options that cannot fit in memory before anything is allocated: a model of
     ``--layers 10**9`` would otherwise spend minutes building layers before running out.
 
-    The estimate is a lower bound (float32 weights of the attention and feed-forward blocks,
-    their gradients and two Adam moments, plus the positional table; no embeddings, no
-    activations), so a model it refuses could not have trained here anyway."""
+    The estimate is the configuration's own (``TransformerConfig.memory_estimate`` of a model
+    in training: weights, gradients and Adam's two moments, and the position table) for
+    vocabularies of one token, the data's being unknown yet: a lower bound, so a model it
+    refuses could not have trained here anyway."""
     memory = physical_memory() if memory is None else memory
-    if not memory:
-        return
-    d, f, layers, max_len = args.d_model, args.d_ff, args.layers, args.max_len
-    per_layer = 12 * d * d + 4 * d * f           # encoder 4d^2 + 2df, decoder 8d^2 + 2df
-    need = 4 * (4 * layers * per_layer + max_len * d)
-    if need > memory:
-        raise ValueError(f"--d-model {d} --d-ff {f} --layers {layers} --max-len {max_len}: a "
-                         f"model this size needs at least {need / 2**30:,.0f} GiB of memory, more "
-                         f"than this machine's {memory / 2**30:,.0f} GiB; choose smaller values")
+    config = TransformerConfig(src_vocab_size=1, tgt_vocab_size=1, d_model=args.d_model,
+                               n_heads=args.n_heads, d_ff=args.d_ff, n_encoder_layers=args.layers,
+                               n_decoder_layers=args.layers, max_len=args.max_len)
+    config.check_memory(training=True, memory=memory, names=MODEL_OPTIONS)
 
 
 def model_kwargs(args):

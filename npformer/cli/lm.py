@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..checkpoint import write_file_atomic
 from ..configs import POSITIONS, GPTConfig
+from . import common
 from ..training.language_model import LM_MODEL, LM_TRAIN, lm_trainer
 from ..training.trainer import SPANNING
 from .common import (NoneDefaultFormatter, non_negative_float, non_negative_int, positive_float,
@@ -19,6 +20,10 @@ from .parallel import add_parallel_args, join
 from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_inputs_in_run
 
 LM_MADE_BY = "npformer lm"
+# what an out-of-memory error suggests (npformer.cli.main), and the options of a model's size
+MEMORY_HINT = "try a smaller --layers, --d-model, --d-ff, --context or --batch-size"
+SIZE_OPTIONS = {"n_layers": "--layers", "d_model": "--d-model", "d_ff": "--d-ff",
+                "max_len": "--context", "vocab_size": None}
 # the options a checkpoint of ``npformer lm`` records, and those a resume may change
 LM_RECORDED = ("data", "init_from", "layers", "d_model", "n_heads", "d_ff", "context", "dropout",
                "positions", "max_steps", "batch_size", "lr", "schedule", "min_lr", "warmup_steps",
@@ -150,6 +155,15 @@ def fill_defaults(args):
     args.seed = 0 if args.seed is None else args.seed
 
 
+def check_model_size(args):
+    """Refuse a new model that cannot train in this machine's memory, naming lm's options,
+    before the text is read: the estimate of ``GPTConfig.memory_estimate`` for a one-token
+    vocabulary (the text's is not known yet), a lower bound (as ``train``'s check)."""
+    config = GPTConfig(vocab_size=1, d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
+                       n_layers=args.layers, max_len=args.context, positions=args.positions)
+    config.check_memory(training=True, memory=common.physical_memory(), names=SIZE_OPTIONS)
+
+
 def build(args, saved=None):
     if args.init_from is not None and saved is None:
         given = [d for d in _SHAPE if getattr(args, d) is not None]
@@ -157,6 +171,8 @@ def build(args, saved=None):
             raise ValueError(f"{flag(given[0])}: the model of --init-from "
                              f"{args.init_from} brings its own shape; leave it out")
     fill_defaults(args)
+    if args.init_from is None and saved is None:
+        check_model_size(args)
     refuse_inputs_in_run(args.out, [("--data", args.data)])
     if args.init_from is not None and saved is None:
         source = args.init_from if os.path.isdir(args.init_from) else os.path.dirname(

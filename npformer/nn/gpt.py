@@ -60,6 +60,7 @@ class GPT(Module):
             norm_first=norm_first, activation=activation, layer_norm_eps=layer_norm_eps,
             positions=positions, tie_embeddings=tie_embeddings, dtype=dtype,
             seed=seed)
+        cfg.check_memory()               # a size this machine cannot hold: refused now
         dtype = np.dtype(cfg.dtype)
         self.dtype, self.max_len, self.d_model = dtype, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask

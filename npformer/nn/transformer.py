@@ -55,6 +55,7 @@ class Transformer(Module):
             qk_dim=qk_dim, tie_embeddings=tie_embeddings,
             share_all_embeddings=share_all_embeddings, generator_bias=generator_bias,
             dtype=dtype, seed=seed)
+        cfg.check_memory()               # a size this machine cannot hold: refused now
         dtype = np.dtype(cfg.dtype)
         self.dtype, self.pad_id, self.max_len, self.d_model = dtype, cfg.pad_id, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask

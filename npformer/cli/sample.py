@@ -13,6 +13,8 @@ from ..decoding.translator import format_token_trace
 from .common import _real, non_negative_int, positive_float, positive_int, resolve_checkpoint
 
 TEMPERATURE = 1.0
+# what an out-of-memory error suggests (npformer.cli.main)
+MEMORY_HINT = "try a smaller model, or --dtype float32 (the default)"
 
 
 def top_p_value(text):
@@ -67,9 +69,8 @@ def load_language_model(args):
     from ..nn.gpt import GPT
     dtype = np.dtype(args.dtype)
     if args.hf is not None:
-        from ..hf import TextTokenizer
-        tokenizer = TextTokenizer(args.hf)
-        return GPT.from_pretrained(args.hf, dtype=dtype), tokenizer
+        from ..training.language_model import load_pretrained
+        return load_pretrained(args.hf, dtype=dtype)
     from ..training.checkpointing import load_model_checkpoint
     from ..training.language_model import resolve_tokenizer
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
@@ -80,6 +81,62 @@ def load_language_model(args):
     if model.dtype != dtype:
         model = model.reconfigured(dtype=args.dtype)
     return model, resolve_tokenizer(loaded)
+
+
+class TextStream:
+    """Writes a growing sequence of token ids as text, a piece as each token comes, so that the
+    pieces join into ``tokenizer.decode`` of the whole sequence.
+
+    A token is not always text of its own: a byte-level BPE token may hold part of a
+    character's bytes (decoded as U+FFFD until the rest comes), and a decoder may treat the
+    first token apart (dropping its leading space). So each piece comes from a window of the
+    last ids: its decode with the new ids, past its decode without them (the text written
+    already), less any U+FFFD at the end, which waits for the rest of its character (at most
+    ``HOLD`` tokens: bytes that never become a character are written then). ``finish`` writes
+    what the decode of the whole sequence holds beyond the pieces, and ends the line.
+    """
+
+    HOLD = 64               # tokens the end of a piece may wait for the rest of a character
+    CONTEXT = 4             # ids before the new ones that each window decodes again
+
+    def __init__(self, tokenizer, ids, out):
+        self.tokenizer, self.out, self.ids = tokenizer, out, list(ids)
+        self.written = tokenizer.decode(self.ids)               # the prompt, as it decodes
+        self._write(self.written)
+        self._settle()
+
+    def _write(self, text):
+        if text:
+            self.out.write(text)
+            self.out.flush()
+
+    def _settle(self):
+        """Every id so far is written: the next window starts ``CONTEXT`` ids back."""
+        self.read = len(self.ids)
+        self.start = max(0, self.read - self.CONTEXT)
+        self.ahead = 0              # characters written past the decode of ids[start:read]
+
+    def add(self, token):
+        self.ids.append(int(token))
+        before = self.tokenizer.decode(self.ids[self.start:self.read])
+        text = self.tokenizer.decode(self.ids[self.start:])
+        held = len(self.ids) - self.read >= self.HOLD
+        if not text.startswith(before):              # a decoder that is not local: the rest
+            if held:                                 # of the text comes with finish
+                self._settle()
+            return
+        ready = text if held else text.rstrip("\ufffd")
+        piece = ready[len(before) + self.ahead:]
+        self._write(piece)
+        self.written += piece
+        self.ahead += len(piece)
+        if ready == text:
+            self._settle()
+
+    def finish(self):
+        """The rest of the text, then the end of the line."""
+        full = self.tokenizer.decode(self.ids)
+        self._write((full[len(self.written):] if full.startswith(self.written) else "") + "\n")
 
 
 def run(args):
@@ -95,18 +152,27 @@ def run(args):
                          f"{context}; give a shorter prompt")
     # past the context, each new token sees the last ``context`` tokens (the state slides)
     state = model.decoder_state(np.array([ids]), eos_id=model.eos_id, slide=True)
+    # the text is printed as the tokens come (with --trace: all of it at the end)
+    stream = None if args.trace else TextStream(tokenizer, ids, sys.stdout)
+
+    def on_step(sources, tokens):
+        if stream is not None and tokens[0] != model.eos_id:     # the end token is no text
+            stream.add(tokens[0])
+
     if args.greedy:
-        hyp, = greedy_search(state, max_new_tokens=args.max_new_tokens)
+        hyp, = greedy_search(state, max_new_tokens=args.max_new_tokens, on_step=on_step)
     else:
         hyp, = sample_search(state, temperature=(TEMPERATURE if args.temperature is None
                                                  else args.temperature),
                              top_k=args.top_k, top_p=args.top_p,
                              rng=np.random.default_rng(args.seed),
-                             max_new_tokens=args.max_new_tokens)
+                             max_new_tokens=args.max_new_tokens, on_step=on_step)
+    if stream is not None:
+        stream.finish()
+        return 0
     text = tokenizer.decode(ids + hyp.ids)
-    if args.trace:
-        tokens = [repr(tokenizer.decode([i])) for i in hyp.ids]
-        eos = repr(tokenizer.token(model.eos_id)) if hyp.finished else None
-        text = format_token_trace("prompt", args.prompt, tokens, hyp.probs, eos, text)
-    sys.stdout.write(text + "\n")
+    tokens = [repr(tokenizer.decode([i])) for i in hyp.ids]
+    eos = repr(tokenizer.token(model.eos_id)) if hyp.finished else None
+    sys.stdout.write(format_token_trace("prompt", args.prompt, tokens, hyp.probs, eos, text)
+                     + "\n")
     return 0

@@ -50,9 +50,11 @@ def _check_max_new(state, max_new_tokens):
     return max_new
 
 
-def _generate(state, next_tokens, max_new_tokens, in_order=False):
+def _generate(state, next_tokens, max_new_tokens, in_order=False, on_step=None):
     """Shared loop of greedy and sampling: ``next_tokens(state, prev (R,)) -> ids (R,), their
-    log-probabilities (R,)`` runs one step of the state and chooses. Finished sources leave the
+    log-probabilities (R,)`` runs one step of the state and chooses; ``on_step(sources, ids)``,
+    where given, hears each step's choices (the sources still running, an end token included) as
+    they are made, to print them before the search ends. Finished sources leave the
     state's batch; the last running ones take their rows (:func:`_compacted`), unless
     ``in_order`` (sampling: the rows draw from one random stream in row order, so sources keep
     their order and a seeded run samples what it sampled before rows were moved this way)."""
@@ -71,6 +73,8 @@ def _generate(state, next_tokens, max_new_tokens, in_order=False):
         nxt, logp = next_tokens(state, prev)          # (R_running,) each
         tokens[rows, t], probs[rows, t] = nxt, np.exp(logp)
         steps[rows] += 1
+        if on_step is not None:
+            on_step(rows.copy(), nxt.copy())
         done[rows] = nxt == eos_id
         keep = ~done[rows]
         if not keep.any():
@@ -109,18 +113,21 @@ def _greedy_tokens(state, prev):
     return nxt, logp[np.arange(len(nxt)), nxt]
 
 
-def greedy_search(state, max_new_tokens=None):
-    """The most probable token at every step. Returns one hypothesis per row of ``state``."""
-    return _generate(state, _greedy_tokens, max_new_tokens)
+def greedy_search(state, max_new_tokens=None, on_step=None):
+    """The most probable token at every step. Returns one hypothesis per row of ``state``.
+    ``on_step(sources, ids)`` hears every step's choices as they are made."""
+    return _generate(state, _greedy_tokens, max_new_tokens, on_step=on_step)
 
 
-def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=None, top_p=None):
+def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=None, top_p=None,
+                  on_step=None):
     """Draw each token from softmax(logits / temperature), optionally among the ``top_k`` best
     and then among the smallest set of best tokens whose probability reaches ``top_p``
     (nucleus sampling; the best token is always kept), in that order, as Hugging Face's
     ``generate``.
 
     ``probs`` of the hypotheses are those of the model (temperature 1), not of the sampler.
+    ``on_step(sources, ids)`` hears every step's choices as they are made.
     """
     temperature = check_real("temperature", temperature, minimum=0, min_open=True)
     top_k = check_int("top_k", top_k, allow_none=True)
@@ -154,7 +161,7 @@ def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=N
         nxt = choose(logp)
         return nxt, logp[np.arange(len(nxt)), nxt]
 
-    return _generate(state, next_tokens, max_new_tokens, in_order=True)
+    return _generate(state, next_tokens, max_new_tokens, in_order=True, on_step=on_step)
 
 
 def length_penalty_gnmt(length, alpha):

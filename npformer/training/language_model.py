@@ -37,7 +37,7 @@ from ..data.characters import CharTokenizer
 from ..data.textfile import read_text
 from ..data.vocab import Vocabularies
 from ..decoding.search import sample_search
-from ..hf import TextTokenizer
+from ..hf import TextTokenizer, model_folder, read_config
 from ..loss import cross_entropy
 from ..nn.gpt import GPT
 from ..validation import check_int, check_real
@@ -111,6 +111,8 @@ class LanguageModelTask(Task):
         if self.vocabs is not None and len(self.vocabs.tgt) != config.vocab_size:
             raise ValueError(f"vocabs: the vocabulary has {len(self.vocabs.tgt)} tokens but the "
                              f"model's configuration says vocab_size={config.vocab_size}")
+        if hasattr(self.tokenizer, "check_fits"):          # a tokenizer.json: whole, not per id
+            self.tokenizer.check_fits(config.vocab_size, "the model's configuration")
         top = max(int(self.train_ids.max()), int(self.valid_ids.max(initial=0)))
         if top >= config.vocab_size:
             raise ValueError(f"train_ids/valid_ids: token id {top} is outside the model's "
@@ -245,15 +247,27 @@ def resolve_tokenizer(loaded):
     if not os.path.isfile(beside):
         raise ValueError(f"checkpoint {loaded.path}: holds no vocabulary and there is no "
                          f"tokenizer.json beside it (a fine-tuned model's run folder has one)")
-    return TextTokenizer(beside)
+    tokenizer = TextTokenizer(beside)
+    tokenizer.check_fits(loaded.model.config.vocab_size, f"checkpoint {loaded.path}")
+    return tokenizer
+
+
+def load_pretrained(path, dtype=np.float32):
+    """(GPT, TextTokenizer) of a Hugging Face GPT-2 folder: the tokenizer is read first and
+    checked against config.json's vocab_size (``TextTokenizer.check_fits``) before any weight
+    is read."""
+    folder = model_folder(path)
+    tokenizer = TextTokenizer(folder)
+    config, _ = read_config(folder)
+    tokenizer.check_fits(config.vocab_size, folder / "config.json")
+    return GPT.from_pretrained(folder, dtype=dtype), tokenizer
 
 
 def _initial_model(init_from):
     """(model, tokenizer) of ``init_from``: a Hugging Face GPT-2 folder (config.json) or an
     npformer GPT checkpoint (a path, or a run folder: its best)."""
     if os.path.isdir(init_from) and os.path.isfile(os.path.join(init_from, "config.json")):
-        tokenizer = TextTokenizer(init_from)              # first: the cheaper file to refuse
-        return GPT.from_pretrained(init_from), tokenizer
+        return load_pretrained(init_from)
     path = os.path.join(init_from, "best") if os.path.isdir(init_from) else init_from
     if not os.path.exists(path) and not os.path.exists(str(path) + ".npz"):
         raise ValueError(f"init_from {init_from}: no such checkpoint or folder (expected a "
@@ -300,6 +314,7 @@ def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=
     if model is None:
         model = GPT(len(tokenizer), **{**LM_MODEL, **model_kwargs, "seed": seed,
                                        "max_len": context})
+    model.config.check_memory(training=True)    # with Adam's moments, before they are made
     config = TrainConfig(**{**LM_TRAIN, "seed": seed, **(train_kwargs or {})})
     vocabs = (Vocabularies.joint(tokenizer.vocab) if isinstance(tokenizer, CharTokenizer)
               else None)

@@ -83,11 +83,15 @@ def describe_os_error(e):
     return message
 
 
-def describe_memory_error(e):
-    """One line for a MemoryError: numpy's message says how much was asked for."""
+# what an out-of-memory error suggests, unless the command's module has a MEMORY_HINT of its own
+MEMORY_HINT = "try a smaller --d-model, --d-ff, --layers, --max-len or --batch-size (or --beam)"
+
+
+def describe_memory_error(e, hint=MEMORY_HINT):
+    """One line for a MemoryError: numpy's message says how much was asked for; ``hint``, the
+    command's options that decide it."""
     asked = str(e) or "an allocation failed"
-    return (f"out of memory: {asked}; try a smaller --d-model, --d-ff, --layers, --max-len or "
-            f"--batch-size (or --beam)")
+    return f"out of memory: {asked}; {hint}"
 
 
 def save_traceback():
@@ -154,7 +158,8 @@ def _run(args):
     except MemoryError as e:
         if _debug(args):
             raise
-        print(f"{_who(prefix)}: error: {describe_memory_error(e)}", file=sys.stderr)
+        hint = getattr(COMMANDS[args.command], "MEMORY_HINT", MEMORY_HINT)
+        print(f"{_who(prefix)}: error: {describe_memory_error(e, hint)}", file=sys.stderr)
         return 1
     except Exception as e:                       # a bug: say so, keep the traceback in a file
         if _debug(args):

@@ -133,6 +133,20 @@ def active():
     return _world
 
 
+def gather_texts(world, text):
+    """Every rank's ``text`` (a str), in rank order, on every rank: the lengths, then the UTF-8
+    bytes (two collectives; nothing is pickled). Every rank of ``world`` must call it."""
+    data = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    lengths = np.zeros(world.size, dtype=np.int64)
+    world.comm.Allgather(np.array([data.size], dtype=np.int64), lengths)
+    counts = [int(n) for n in lengths]
+    offsets = [sum(counts[:r]) for r in range(world.size)]
+    everything = np.empty(sum(counts), dtype=np.uint8)
+    world.comm.Allgatherv(data, [everything, counts, offsets, world.MPI.BYTE])
+    return [everything[o:o + n].tobytes().decode("utf-8", "surrogatepass")
+            for o, n in zip(offsets, counts)]
+
+
 def abort(code=1, comm=None):
     """End every rank of the job (after this rank printed why): through ``comm``, else the
     ``World``'s (none joined: nothing to end). Without it the other ranks would wait in their

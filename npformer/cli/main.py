@@ -119,10 +119,27 @@ def _who(prefix):
 
 
 def main(argv=None):
-    """Entry point (setup.cfg: ``npformer = npformer.cli.main:main``). Returns the exit code."""
+    """Entry point (setup.cfg: ``npformer = npformer.cli.main:main``). Returns the exit code.
+
+    Under an MPI launcher of several processes every rank first joins the job and agrees on the
+    command line with the others (``parallel.start``), whatever its command, so that an error
+    on one rank (a parse error included) can end the whole job instead of leaving the others
+    waiting for it."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
     warnings.showwarning = _show_warning
+    command = next((word for word in argv if word in COMMANDS), None)
+    try:
+        parallel.start(parser, argv, command)
+    except ValueError as e:                      # no MPI, or ranks started differently
+        print(f"{_who('npformer' + (f' {command}' if command else ''))}: error: {e}",
+              file=sys.stderr)
+        return _ended(1)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:                      # a usage error (2), --help (0)
+        _ended(e.code if isinstance(e.code, int) else 1)
+        raise
     try:
         code = _run(args)
     except BaseException:                        # --debug lets it through: end every rank too
@@ -130,15 +147,21 @@ def main(argv=None):
             traceback.print_exc()
             distributed.abort(1)
         raise
+    return _ended(code)
+
+
+def _ended(code):
+    """``code``; in an MPI job, a non-zero one first ends every rank (the others would wait for
+    this one)."""
     if code and distributed.active() is not None:
-        distributed.abort(code)                  # the other ranks would wait for this one
+        distributed.abort(code)
     return code
 
 
 def _run(args):
     prefix = f"npformer {args.command}"
     try:
-        parallel.refuse_launcher(args.command)
+        parallel.refuse_launcher(args.command)   # on every rank: they agreed on the command
         if args.threads or args.blas_threads:        # else the runtime applies itself
             runtime.configure_runtime(threads=args.threads, blas_threads=args.blas_threads)
         return args.run(args) or 0

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from ..data.textfile import read_lines
+from ..data.textfile import iter_lines
 from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
 from ..decoding.translator import MAX_TOKENS, format_trace
 from ..training.multi30k import translator_for
@@ -19,7 +19,13 @@ def add_parser(sub, name):
     p = sub.add_parser(name, help="translate sentences (arguments, or stdin one per line)",
                        description="Translate with a checkpoint written by `npformer toy/train`. "
                                    "Sentences come as arguments or, if none, from stdin (one per "
-                                   "line); translations go to stdout, one per line.")
+                                   "line); translations go to stdout, one per line. The input is "
+                                   "read and translated a window at a time (the sentences of "
+                                   "one batch, see --batch-size), each window's translations "
+                                   "printed before the next is read, so a long input needs the "
+                                   "memory of one window and its first translations come at "
+                                   "once. Sampled output (--sample) depends on the windows: the "
+                                   "same seed gives the same output for the same --batch-size.")
     p.add_argument("sentences", nargs="*", help="source sentences (whitespace-tokenised for toy/files "
                    "models, raw text for Multi30k models)")
     p.add_argument("--checkpoint", required=True, metavar="CKPT",
@@ -30,7 +36,9 @@ def add_parser(sub, name):
                    help="beam search with N beams")
     p.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",
                    help=f"beam search alpha, >= 0 (with --beam; default {LENGTH_PENALTY})")
-    p.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    p.add_argument("--sample", action="store_true",
+                   help="sample instead of greedy (what is drawn depends on the windows the "
+                        "input is read in, so on --batch-size)")
     p.add_argument("--temperature", type=positive_float, default=None,
                    help=f"> 0 (with --sample; default {TEMPERATURE})")
     p.add_argument("--top-k", type=positive_int, default=None, metavar="K",
@@ -41,7 +49,8 @@ def add_parser(sub, name):
                    help="cut sentences longer than the model's max_len (with a warning) instead of failing")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"at most N sentences decoded together (default: batches of about "
-                        f"{MAX_TOKENS:,} source tokens, beams counted)")
+                        f"{MAX_TOKENS:,} source tokens, beams counted); also the window of "
+                        f"input lines read and translated before the next is read")
     p.add_argument("--time", action="store_true", help="report decoding time on stderr")
     add_engine_arg(p)
     add_text_args(p)
@@ -73,23 +82,35 @@ def run(args):
     check_options(args)
     loaded = load_translation_model(args)
     settings = resolve_text_settings(args, loaded)       # before reading stdin
-    if args.sentences:
-        lines = args.sentences
-    else:
-        lines = read_lines(args.input or "-")
+    lines = args.sentences if args.sentences else iter_lines(args.input or "-")
     method = "beam" if args.beam is not None else "sample" if args.sample else "greedy"
     # Multi30k checkpoints tokenise raw text as their run did; toy/files ones split on spaces
     translator = translator_for(loaded, batch_size=args.batch_size, settings=settings)
-    start = time.perf_counter()
-    results = translator.translate(lines, method=method, beam_size=args.beam or 4,
-                                   length_penalty=beam_length_penalty(args),
-                                   temperature=(TEMPERATURE if args.temperature is None
-                                                else args.temperature), top_k=args.top_k,
-                                   rng=np.random.default_rng(args.seed), truncate=args.truncate)
-    seconds = time.perf_counter() - start
-    out = sys.stdout
-    for r in results:
-        out.write((format_trace(r) if args.trace else r.text) + "\n")
+    reading = [0.0]                              # seconds spent waiting for the input
+    windows = translator.translate_windows(
+        _timed(lines, reading), method=method, beam_size=args.beam or 4,
+        length_penalty=beam_length_penalty(args),
+        temperature=TEMPERATURE if args.temperature is None else args.temperature,
+        top_k=args.top_k, rng=np.random.default_rng(args.seed), truncate=args.truncate)
+    count, start = 0, time.perf_counter()
+    for results in windows:
+        sys.stdout.write("".join((format_trace(r) if args.trace else r.text) + "\n"
+                                 for r in results))
+        sys.stdout.flush()                       # this window's lines before the next is read
+        count += len(results)
+    seconds = time.perf_counter() - start - reading[0]
     if args.time:
-        print(f"translated {len(lines)} sentences ({method}) in {seconds:.3f} s", file=sys.stderr)
+        print(f"translated {count} sentences ({method}) in {seconds:.3f} s", file=sys.stderr)
     return 0
+
+
+def _timed(lines, seconds):
+    """``lines``, adding the time spent waiting for each to ``seconds[0]``."""
+    lines = iter(lines)
+    while True:
+        start = time.perf_counter()
+        line = next(lines, None)
+        seconds[0] += time.perf_counter() - start
+        if line is None:
+            return
+        yield line

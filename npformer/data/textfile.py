@@ -5,7 +5,9 @@
   which some editors write and which would otherwise stick to the first word.
 * ``read_text`` reads a whole UTF-8 text file (a language model's corpus) as one string.
 * ``read_lines`` reads a text file (gzip-compressed if its name ends in ``.gz``) or standard
-  input (``-``) into its lines; ``read_parallel`` reads two such files, line i of one translating
+  input (``-``) into its lines; ``iter_lines`` yields the same lines one at a time as they are
+  read (``npformer translate`` translates a window of them while the rest is still coming);
+  ``read_parallel`` reads two such files, line i of one translating
   line i of the other, into (source, target) pairs.
 * ``write_text_atomic`` writes a whole file under a temporary name next to it and renames it
   into place, so a full disk or a crash leaves the previous file as it was; it writes with the
@@ -19,33 +21,37 @@ import os
 import sys
 import zlib
 from pathlib import Path
+from typing import Iterator
 
 # the writer every atomic save shares: a fresh ``.NAME.<hex>.tmp`` beside the file (mode 0o666
 # less the umask, as open() gives), fsync-ed, a failed write() naming the final path; then the
 # folder's fsync. npformer.checkpoint holds them because it must stay loadable on its own.
 from ..checkpoint import write_file_atomic
 
-__all__ = ["BOM", "decode_utf8", "read_lines", "read_parallel", "read_text", "write_text_atomic"]
+__all__ = ["BOM", "decode_utf8", "iter_lines", "read_lines", "read_parallel", "read_text", "write_text_atomic"]
 
 BOM = "\ufeff"
 
 
-def decode_utf8(data: bytes, name: str) -> str:
+def decode_utf8(data: bytes, name: str, first_line: int = 1, offset: int = 0) -> str:
     """``data`` decoded as strict UTF-8 without a leading byte-order mark.
 
     ``name`` is what an error calls the source (a path, or ``<stdin>``): the ``ValueError``
-    gives the 1-based line and the byte offset of the first byte that is not UTF-8.
+    gives the 1-based line and the byte offset of the first byte that is not UTF-8
+    (``first_line`` and ``offset``: where ``data`` starts in the source, for a part of it).
     """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line_no = data.count(b"\n", 0, err.start) + 1
+        before = data[:err.start]                # line ends as read_lines splits at them
+        line_no = (before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n")
+                   + first_line)
         raise ValueError(
             f"{name}, line {line_no}: not valid UTF-8 "
-            f"(byte {data[err.start:err.start + 1]!r} at offset {err.start}); "
+            f"(byte {data[err.start:err.start + 1]!r} at offset {offset + err.start}); "
             f"expected UTF-8 text"
         ) from None
-    return text[1:] if text.startswith(BOM) else text
+    return text[1:] if text.startswith(BOM) and offset == 0 else text
 
 
 def read_text(path: str | os.PathLike) -> str:
@@ -97,6 +103,55 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     if lines[-1] == "":                          # the text ends with a line end, or is empty
         lines.pop()
     return lines
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[str]:
+    """The lines ``read_lines(path)`` returns, one at a time as they are read: memory for one
+    line, not the file, and the first line before standard input has ended. The same errors,
+    raised when the reading reaches them (the lines before were given already)."""
+    if os.fspath(path) == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:                       # a text stream without bytes (a test's StringIO)
+            yield from read_lines(path)
+            return
+        yield from _split_lines(stream, "<stdin>")
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder, expected a text file")
+    try:
+        f = gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    with f:
+        try:
+            yield from _split_lines(f, str(path))
+        except (OSError, EOFError, zlib.error) as err:
+            if not path.name.endswith(".gz"):
+                raise
+            raise ValueError(f"{path}: not a valid gzip file ({err})") from err
+
+
+def _split_lines(stream, name: str) -> Iterator[str]:
+    """The lines of a binary stream, split as ``read_lines`` splits a text: at ``\n``, ``\r\n``
+    and ``\r`` (a byte that is no part of any other UTF-8 character, so the bytes can be split
+    before they are decoded), each decoded as ``decode_utf8`` does, a final empty line dropped."""
+    line_no, start = 1, 0                        # the next line's number, the chunk's offset
+    while True:
+        chunk = stream.readline()                # up to and with b"\n", or the end
+        if not chunk:
+            return
+        ended = chunk.endswith(b"\n")
+        body = chunk[:-2] if chunk.endswith(b"\r\n") else chunk[:-1] if ended else chunk
+        parts = body.split(b"\r")
+        at = start
+        for i, part in enumerate(parts):
+            line = decode_utf8(part, name, line_no, at)
+            if line or ended or i < len(parts) - 1:      # no line after the text's last end
+                yield line
+            at += len(part) + 1
+            line_no += 1
+        start += len(chunk)
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike,

@@ -299,17 +299,24 @@ def refuse_output_over_inputs(out_option, out_path, inputs, checkpoint=False):
                              f"output to another path (nothing was written)")
 
 
+def refuse_output_under_a_file(option, path):
+    """The nearest folder that exists above the output ``path`` (a file or a folder to write);
+    ValueError naming ``option`` where a file stands in its way (``--out notes.txt/run``), which
+    creating its folders would report as "File exists" or "Not a directory"."""
+    probe = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(probe):             # the nearest existing ancestor must be a folder
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError(f"{option} {path}: cannot be written: {probe} is a file, not a folder")
+    return probe
+
+
 def check_writable(option, path):
     """Fail now, not after an hour of work, if ``path`` cannot be written: its folder must exist
     or be creatable, and the path must not be a folder."""
     if os.path.isdir(path):
         raise ValueError(f"{option} {path}: expected a file path, got a folder")
-    parent = os.path.dirname(os.path.abspath(path))
-    probe = parent
-    while not os.path.exists(probe):             # the nearest existing ancestor must be a folder
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise ValueError(f"{option} {path}: cannot be written: {probe} is a file, not a folder")
+    probe = refuse_output_under_a_file(option, path)
     if not os.access(probe, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise ValueError(f"{option} {path}: cannot be written (permission denied)")
 

@@ -26,7 +26,7 @@ from .. import distributed, runtime
 from . import parallel
 from . import (average, calibrate, download, evaluate, export, gradcheck, info, lm, plot, sample,
                toy, train, translate)
-from .common import positive_int
+from .common import positive_int, refuse_output_under_a_file
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
             "gradcheck": gradcheck, "plot": plot, "download": download, "average": average,
@@ -162,6 +162,8 @@ def _run(args):
     prefix = f"npformer {args.command}"
     try:
         parallel.refuse_launcher(args.command)   # on every rank: they agreed on the command
+        if isinstance(getattr(args, "out", None), str):  # every command's output file or folder
+            refuse_output_under_a_file("--out", args.out)
         if args.threads or args.blas_threads:        # else the runtime applies itself
             runtime.configure_runtime(threads=args.threads, blas_threads=args.blas_threads)
         return args.run(args) or 0

@@ -48,6 +48,7 @@ import shutil
 
 from ..functional.dropout import inner_dropout_rates
 from ..training.multi30k import checkpoint_preprocess
+from .common import refuse_output_under_a_file
 
 TOY_MADE_BY = "npformer toy"
 TRAIN_MADE_BY = "npformer train"
@@ -200,6 +201,7 @@ def plan_run_folder(out, command, overwrite=False, resume=None):
     """
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out}: is a file; expected a run folder (nothing was written)")
+    refuse_output_under_a_file("--out", out)     # (cli.main checks every command's --out too)
     files = run_files(out)
     shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
     if resume is not None and same_path(os.path.dirname(os.path.abspath(resume)), out):

@@ -155,10 +155,12 @@ def _split_lines(stream, name: str) -> Iterator[str]:
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
-                  what: str = "data") -> list[tuple[str, str]]:
+                  what: str = "data", max_len: int | None = None) -> list[tuple[str, str]]:
     """(source, target) pairs from two text files of equal line counts, line i of one
     translating line i of the other. ``what`` names the data in errors ("training data"): files
-    of different lengths, an empty line on either side, or no line at all are refused."""
+    of different lengths, an empty line on either side, or no line at all are refused. With
+    ``max_len`` (the model's), so is a line of more whitespace tokens than it holds (a target
+    also holds its ``<eos>``), naming the file and the line."""
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
         raise ValueError(f"{what}: {os.fspath(src_path)} has {len(src)} lines but "
@@ -168,6 +170,14 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
         if not s.split() or not t.split():
             empty = src_path if not s.split() else tgt_path
             raise ValueError(f"{what}: line {n} is empty in {os.fspath(empty)}")
+        if max_len is not None:
+            for path, line, room in ((src_path, s, max_len), (tgt_path, t, max_len - 1)):
+                if len(line.split()) > room:
+                    eos = "" if room == max_len else " and with its <eos>"
+                    raise ValueError(
+                        f"{what}: line {n} of {os.fspath(path)} has {len(line.split()):,} "
+                        f"tokens,{eos} more than the model's max_len={max_len}; shorten or "
+                        f"remove the line, or raise max_len (--max-len)")
         pairs.append((s, t))
     if not pairs:
         raise ValueError(f"{what}: {os.fspath(src_path)} is empty")

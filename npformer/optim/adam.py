@@ -37,6 +37,7 @@ class Adam:
         if decay is not None and not callable(decay):
             raise ValueError(f"decay: expected None or a function (name, parameter) -> bool, "
                              f"got {decay!r:.60}")
+        check_model(model)
         if model.flat_params is None:
             model.flatten_parameters()
         self.model = model
@@ -132,6 +133,22 @@ def _adam_update(p, g, m, v, t, lr, beta1, beta2, eps, wd, decoupled):
     denom /= math.sqrt(1.0 - beta2 ** t)
     denom += eps
     p -= step_size * (m / denom)
+
+
+def check_model(model, what="optimise"):
+    """``model`` as the optimizers and clipping take it: an npformer ``Module`` (they work on
+    its one flat buffer of parameters, not on a list of parameters as torch's do) with at least
+    one parameter. ValueError naming ``model`` otherwise (``what``: what was to be done)."""
+    from ..nn.module import Module
+    if not isinstance(model, Module):
+        got = f"a {type(model).__name__}"
+        if isinstance(model, (list, tuple)) and not model:
+            got = f"an empty {type(model).__name__}: no parameters to {what}"
+        raise ValueError(f"model: expected an npformer model (a Module, whose one flat buffer of "
+                         f"parameters is updated), got {got}")
+    if not model.parameters():
+        raise ValueError(f"model: the {type(model).__name__} has no parameters: no parameters to "
+                         f"{what}")
 
 
 def check_betas(betas, name="betas"):

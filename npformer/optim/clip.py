@@ -5,6 +5,7 @@ import numpy as np
 
 from .. import runtime
 from ..validation import check_real
+from .adam import check_model
 
 
 def sum_of_squares(x):
@@ -17,6 +18,7 @@ def sum_of_squares(x):
 
 def grad_norm(model):
     """||g||, the L2 norm of every parameter's gradient at once (inf or NaN if one is not finite)."""
+    check_model(model, "clip")
     if model.flat_grads is None:
         model.flatten_parameters()
     return float(np.sqrt(sum_of_squares(model.flat_grads)))

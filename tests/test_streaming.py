@@ -161,3 +161,11 @@ def test_lines_read_one_at_a_time_are_the_lines_read_whole(tmp_path):
             except ValueError as e:
                 results.append(str(e))
         assert results[0] == results[1], data
+
+
+def test_help_says_that_sampled_output_depends_on_the_window(capsys):
+    with pytest.raises(SystemExit):
+        main(["translate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a window at a time" in text
+    assert "Sampled output (--sample) depends on the windows" in text

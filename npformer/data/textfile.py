@@ -28,7 +28,8 @@ from typing import Iterator
 # folder's fsync. npformer.checkpoint holds them because it must stay loadable on its own.
 from ..checkpoint import write_file_atomic
 
-__all__ = ["BOM", "decode_utf8", "iter_lines", "read_lines", "read_parallel", "read_text", "write_text_atomic"]
+__all__ = ["BOM", "decode_utf8", "iter_lines", "read_lines", "read_parallel", "read_text",
+           "write_text_atomic"]
 
 BOM = "\ufeff"
 

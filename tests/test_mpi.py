@@ -39,10 +39,12 @@ def _env(**extra):
 
 def mpirun(*ranks, timeout=120, env=None):
     """Run ``mpiexec`` with one ``-n N argv...`` block per element of ``ranks`` (MPMD: ranks
-    may run different commands); returns the CompletedProcess."""
+    may run different commands; ``(n, argv, folder)`` also runs them in another working
+    folder); returns the CompletedProcess."""
     cmd = [MPIEXEC]
-    for i, (n, argv) in enumerate(ranks):
-        cmd += ([":"] if i else []) + ["-n", str(n)] + [str(a) for a in argv]
+    for i, (n, argv, *folder) in enumerate(ranks):
+        cmd += ([":"] if i else []) + ["-n", str(n)] + \
+            (["-wdir", str(folder[0])] if folder else []) + [str(a) for a in argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env=env or _env())
 
@@ -303,15 +305,22 @@ def test_two_ranks_learn_a_multi30k_subset(tmp_path, multi30k_dir):
 @needs_mpi
 @pytest.mark.parametrize("launch", ["mpi4py", "plain"])
 def test_an_error_on_one_rank_ends_the_job(tmp_path, launch):
-    """Rank 1 fails on its own (a missing file) while rank 0 waits in the first exchange: the job
-    ends within seconds, non-zero, with rank 1's message."""
+    """Both ranks run the same command line, so they pass the start-up agreement; rank 1 then
+    fails on its own (its working folder lacks the data files) while rank 0 goes on to the first
+    exchange: the job ends within seconds, non-zero, with rank 1's message."""
     cmd = NPFORMER if launch == "mpi4py" else PLAIN
+    here, there = tmp_path / "with_data", tmp_path / "without"
+    here.mkdir(), there.mkdir()
+    (here / "pairs.src").write_text("a b c\nb c\nc a\n" * 4, encoding="utf-8")
+    (here / "pairs.tgt").write_text("x y\ny z x\nz\n" * 4, encoding="utf-8")
+    argv = cmd + ["train", "--src-file", "pairs.src", "--tgt-file", "pairs.tgt", "--layers", "1",
+                  "--d-model", "8", "--d-ff", "8", "--epochs", "1", "--quiet",
+                  "--out", tmp_path / "run"]
     t0 = time.monotonic()
-    r = mpirun((1, cmd + TOY + ["--out", tmp_path / "run"]),
-               (1, cmd + ["train", "--src-file", tmp_path / "missing.txt", "--tgt-file",
-                          tmp_path / "missing.txt", "--out", tmp_path / "other"]), timeout=90)
+    r = mpirun((1, argv, here), (1, argv, there), timeout=90)
     assert r.returncode != 0
-    assert "(rank 1 of 2): error:" in r.stderr and "missing.txt" in r.stderr
+    assert "(rank 1 of 2): error:" in r.stderr and "pairs.src" in r.stderr, r.stderr[-2000:]
+    assert "other option" not in r.stderr and "another command" not in r.stderr
     assert time.monotonic() - t0 < 60
 
 

@@ -169,3 +169,25 @@ def test_help_says_that_sampled_output_depends_on_the_window(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "a window at a time" in text
     assert "Sampled output (--sample) depends on the windows" in text
+
+
+def test_a_reader_that_leaves_ends_translate_quietly(run_dir, tmp_path):
+    """``npformer translate < big | head -1``: once the reader has gone, the next write breaks
+    the pipe; translate stops at once, with no message, and exits 141 as a tool killed by
+    SIGPIPE would (it used to print '[Errno 32] Broken pipe' and exit 1)."""
+    out, data = run_dir
+    src = tmp_path / "many.txt"
+    src.write_text((data.train[0][0] + "\n") * 400, encoding="utf-8")
+    with open(src, "rb") as stdin:
+        job = subprocess.Popen([sys.executable, "-m", "npformer", "translate", "--checkpoint",
+                                str(out / "best"), "--batch-size", "4"], cwd=ROOT, env=_env(),
+                               stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert job.stdout.readline()          # one line, then the reader goes away
+            job.stdout.close()
+            assert job.wait(timeout=120) == 141
+            assert job.stderr.read().decode() == ""
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()

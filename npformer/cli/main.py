@@ -33,6 +33,7 @@ COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate
             "calibrate": calibrate, "lm": lm, "sample": sample, "export": export,
             "info": info}
 EXIT_INTERNAL = 70                               # EX_SOFTWARE: a bug, not the user's mistake
+EXIT_BROKEN_PIPE = 141                           # 128 + SIGPIPE: the reader of our output left
 
 
 class Parser(argparse.ArgumentParser):
@@ -150,6 +151,15 @@ def main(argv=None):
     return _ended(code)
 
 
+def _silence_stdout():
+    """Point standard output at /dev/null, so that flushing it at exit cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file behind sys.stdout (a test's)
+        pass
+
+
 def _ended(code):
     """``code``; in an MPI job, a non-zero one first ends every rank (the others would wait for
     this one)."""
@@ -170,6 +180,9 @@ def _run(args):
     except KeyboardInterrupt:
         print(f"{_who(prefix)}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:                      # the reader left (`... | head -1`): stop quietly,
+        _silence_stdout()                        # as a tool killed by SIGPIPE would
+        return EXIT_BROKEN_PIPE
     except ValueError as e:                      # bad input: a message, not a traceback
         if _debug(args):
             raise

@@ -14,7 +14,6 @@ Sizes arrive as Python ints (NumPy integers are accepted and converted), ``dtype
 import dataclasses
 import math
 import os
-import resource
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -23,6 +22,11 @@ import numpy as np
 from .functional.activation_dropout import check_activation
 from .functional.dropout import inner_dropout_rates
 from .validation import check_flag, check_int, check_real
+
+try:
+    import resource                          # POSIX only: the address-space limit (ulimit -v)
+except ImportError:                          # pragma: no cover (Windows)
+    resource = None
 
 
 class ModelConfig:
@@ -146,8 +150,8 @@ def available_memory():
         limits.append(None if text == "max" else int(text))
     except (OSError, ValueError):
         pass
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS) if resource else (None, None)
+    if soft is not None and soft != resource.RLIM_INFINITY:
         try:                               # /proc/self/statm: the pages mapped now, first
             mapped = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, IndexError):

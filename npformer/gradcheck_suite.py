@@ -17,6 +17,7 @@ from . import functional as F
 from .gradcheck import ATOL, RTOL, GradcheckResult, gradcheck as _gradcheck
 from .nn import (GPT, DecoderLayer, EncoderLayer, FeedForward, LayerNorm, Linear,
                  MultiHeadAttention, Transformer)
+from .testing import module_function
 
 
 @dataclass
@@ -39,20 +40,10 @@ def _fn_check(forward, backward):
 
 
 def _module_check_any(module, forward, backward, x_inputs, names, max_entries=None, seed=0,
-                  gradcheck=_gradcheck):
-    params = list(module.named_parameters())
-
-    def f(*arrays):
-        out = forward(*arrays[:len(x_inputs)])
-
-        def back(dout):
-            module.zero_grad()
-            dxs = backward(dout)
-            dxs = () if dxs is None else dxs if isinstance(dxs, tuple) else (dxs,)
-            return (*dxs, *[p.grad.copy() for _, p in params])
-        return out, back
-    return gradcheck(f, [*x_inputs, *[p.data for _, p in params]], seed=seed,
-                     max_entries=max_entries, names=names + [n for n, _ in params])
+                      gradcheck=_gradcheck):
+    return gradcheck(module_function(module, forward, backward, len(x_inputs)),
+                     [*x_inputs, *[p.data for _, p in module.named_parameters()]], seed=seed,
+                     max_entries=max_entries, names=names + [n for n, _ in module.named_parameters()])
 
 
 def _f64(seed):

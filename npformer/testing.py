@@ -1,7 +1,7 @@
 """Tools for people writing their own gradient tests: an assertion with the checker's report, a
 whole-model check, and Hypothesis strategies for the inputs.
 
-    from npformer.testing import assert_gradients, check_model
+    from npformer.testing import assert_gradients, check_model, check_module
 
     def test_my_layer():
         assert_gradients(f, [x, w])                     # raises AssertionError with the report
@@ -32,6 +32,41 @@ def assert_gradients(fn, inputs, **kwargs):
     if not result.ok:
         raise AssertionError(f"gradients disagree with central differences:\n{result}")
     return result
+
+
+def module_function(module, forward, backward, n_inputs):
+    """The ``fn`` that ``gradcheck`` takes for a module: called with the module's ``n_inputs``
+    activations and then every named parameter's array (which the checker perturbs in place, so
+    the module reads them), it runs ``forward(*activations)``; its backward zeroes the module's
+    gradients, runs ``backward(dout)`` and returns the input gradients it gives (none, one or a
+    tuple) followed by a copy of every parameter's ``.grad``."""
+    params = [p for _, p in module.named_parameters()]
+
+    def fn(*arrays):
+        out = forward(*arrays[:n_inputs])
+
+        def back(dout):
+            module.zero_grad()
+            dxs = backward(dout)
+            dxs = () if dxs is None else dxs if isinstance(dxs, tuple) else (dxs,)
+            return (*dxs, *[p.grad.copy() for p in params])
+        return out, back
+    return fn
+
+
+def check_module(module, forward, backward, inputs=(), names=None, **kwargs):
+    """``gradcheck`` of a module over its ``inputs`` (float64 activations) and every named
+    parameter, each reported by its name (``self_attn.in_proj_weight``)::
+
+        m = nf.nn.LayerNorm(6, dtype=np.float64)
+        check_module(m, m.forward, m.backward, [x], names=["x"])
+
+    Keyword arguments go to :func:`npformer.gradcheck`; returns its result."""
+    params = list(module.named_parameters())
+    names = list(names) if names is not None else [f"input{i}" for i in range(len(inputs))]
+    return gradcheck(module_function(module, forward, backward, len(inputs)),
+                     [*inputs, *[p.data for _, p in params]],
+                     names=names + [n for n, _ in params], **kwargs)
 
 
 @dataclass
@@ -189,5 +224,5 @@ def causal_masks(batch_size, length, padding=True):
     return padding_masks(batch_size, length).map(lambda pad: causal & pad)
 
 
-__all__ = ["ModelCheckResult", "assert_gradients", "causal_masks", "check_model", "float_arrays",
-           "padding_masks", "shapes"]
+__all__ = ["ModelCheckResult", "assert_gradients", "causal_masks", "check_model", "check_module",
+           "float_arrays", "module_function", "padding_masks", "shapes"]

@@ -5,6 +5,7 @@ import pytest
 
 import npformer as nf
 from npformer import functional as F
+from npformer.testing import check_module
 from npformer.nn import (DecoderLayer, Embedding, EncoderLayer, FeedForward, LayerNorm, Linear,
                          MultiHeadAttention, PositionEmbedding)
 
@@ -155,18 +156,9 @@ def test_cross_entropy_with_ignore_index(smoothing):
 
 def module_check(module, forward, backward, x_inputs, max_entries=None):
     """gradcheck over the activations ``x_inputs`` and every parameter of ``module``."""
-    params = module.parameters()
-
-    def f(*arrays):
-        out = forward(*arrays[:len(x_inputs)])
-
-        def back(dout):
-            module.zero_grad()
-            dxs = backward(dout)                # None for modules without an input gradient
-            dxs = () if dxs is None else dxs if isinstance(dxs, tuple) else (dxs,)
-            return (*dxs, *[p.grad.copy() for p in params])
-        return out, back
-    return check(f, [*x_inputs, *[p.data for p in params]], max_entries=max_entries)
+    result = check_module(module, forward, backward, x_inputs, max_entries=max_entries)
+    assert result.ok, str(result)
+    return result
 
 
 def f64_rng(seed):

@@ -14,7 +14,7 @@ import npformer as nf
 from npformer import functional as F
 from npformer.nn import (DecoderLayer, Embedding, EncoderLayer, FeedForward, LayerNorm, Linear,
                          MultiHeadAttention, PositionEmbedding)
-from npformer.testing import causal_masks, float_arrays, padding_masks, shapes
+from npformer.testing import causal_masks, float_arrays, module_function, padding_masks, shapes
 
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -155,18 +155,8 @@ def module_check(data, module, forward, backward, x_inputs, names):
     params = list(module.named_parameters())
     for _, p in params:                              # parameters of bounded, mixed scales
         p.data[...] = arr(data, p.data.shape, max_scale=2.0)
-
-    def fn(*arrays):
-        out = forward(*arrays[:len(x_inputs)])
-
-        def back(dout):
-            module.zero_grad()
-            dxs = backward(dout)
-            dxs = () if dxs is None else dxs if isinstance(dxs, tuple) else (dxs,)
-            return (*dxs, *[p.grad.copy() for _, p in params])
-        return out, back
-    check(data, fn, [*x_inputs, *[p.data for _, p in params]],
-          names=names + [n for n, _ in params])
+    check(data, module_function(module, forward, backward, len(x_inputs)),
+          [*x_inputs, *[p.data for _, p in params]], names=names + [n for n, _ in params])
 
 
 def f64(seed):

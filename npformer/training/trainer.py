@@ -171,6 +171,9 @@ def check_training_state(training, name):
     lack (``world_size``, ``total_steps``, ...) may be absent. ``Trainer.resume`` calls it
     before anything is restored."""
     where = f"checkpoint {name}: training"
+    if training is None:                         # an inference-only file (save_model_checkpoint)
+        raise ValueError(f"checkpoint {name}: holds no training or optimizer state (saved for "
+                         f"inference only?), cannot resume training from it")
     if not isinstance(training, dict):
         raise ValueError(f"{where}: expected the run's training state (a dict), got "
                          f"{training!r:.60}")

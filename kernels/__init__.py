@@ -1,32 +1,28 @@
 """npformer.kernels: the Numba backend (``npformer.set_backend("numba")``, the default).
 
-The same names and signatures as :mod:`npformer.functional`, so the modules can call either.
-Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
+Every name of :mod:`npformer.functional`, with the same signatures, so the modules can call
+either. Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
 cross-entropy, embedding scatter-add, dropout and the residual sum with it, the feed-forward
-block's activation + dropout,
-the Adam update, rotary positions); learned positions (an addition and a sum over the batch) are the reference's;
-every matrix product goes through ``matmul``, which computes each product shape by the variant
-``npformer.runtime``'s dispatch table fixes for it; the masks and head reshapes are the reference functions themselves.
-Caches of a kernel forward only fit the same kernel's backward.
+block's activation + dropout, rotary positions, the decoding cache's row movers), and two
+kernels have no reference of the same name (``EXTRAS``: the Adam update and ``matmul``). Every
+other name falls back to the reference's own function (``__getattr__`` below): the masks, the
+head reshapes, learned positions (an addition and a sum over the batch). Every matrix product
+goes through ``matmul``, which computes each product shape by the variant ``npformer.runtime``'s
+dispatch table fixes for it. Caches of a kernel forward only fit the same kernel's backward.
 
 Importing this package is the engine's first use: it applies ``npformer.runtime`` (its thread
 policy and dispatch table; ``NPFORMER_RUNTIME=off`` opts out).
 """
-from npformer.functional import (ACTIVATIONS, causal_mask, decoder_self_mask, gelu_backward,
-                                 gelu_forward, gelu_tanh_backward, gelu_tanh_forward, merge_heads,
-                                 padding_mask, position_embedding_backward,
-                                 position_embedding_forward, relu_backward, relu_forward,
-                                 softmax_backward, softmax_forward, split_heads)
-
+from npformer import functional as _reference
 from npformer import runtime
 
 from .activation_dropout import activation_dropout_backward, activation_dropout_forward
 from .adam import adam_step
-from .attention import (attention_backward, attention_backward_into, attention_forward,
-                        move_rows, take_rows)
+from .attention import attention_backward, attention_backward_into, attention_forward
 from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backward,
                       dropout_forward)
 from .embedding import embedding_backward, embedding_forward, sinusoidal_positions
+from .kv_cache import move_rows, take_rows
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
@@ -35,19 +31,23 @@ from .rotary import rotary_backward, rotary_forward, rotary_tables
 
 runtime.ensure()
 
-__all__ = [
-    "ACTIVATIONS", "activation_dropout_backward", "activation_dropout_forward",
-    "adam_step", "attention_backward", "attention_backward_into",
-    "attention_forward", "causal_mask",
-    "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_add_backward",
-    "dropout_add_forward", "dropout_backward", "dropout_forward", "embedding_backward",
-    "embedding_forward", "gelu_backward", "gelu_forward",
-    "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
-    "linear_backward", "linear_backward_accumulate",
-    "linear_forward", "log_softmax", "matmul",
-    "merge_heads", "move_rows", "padding_mask", "position_embedding_backward",
-    "position_embedding_forward",
-    "relu_backward", "relu_forward", "rotary_backward", "rotary_forward", "rotary_tables",
-    "sinusoidal_positions",
-    "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
-]
+# Kernels with no function of the same name in the functional core: their references are
+# NumPy's ``@`` (``matmul``) and ``npformer.optim.adam`` (``adam_step``).
+EXTRAS = ("adam_step", "matmul")
+
+__all__ = sorted(set(_reference.__all__) | set(EXTRAS))
+
+
+def __getattr__(name):
+    """The backend contract: every name of the functional core that no kernel above overrides is
+    the reference's own function (the masks, the head reshapes, softmax, ...). So a new layer
+    pair added to ``npformer.functional`` (and its ``__all__``) works on this backend at once;
+    a Numba twin imported above is an optimisation. Python calls this only for a name the module
+    itself lacks (PEP 562)."""
+    if name in _reference.__all__:
+        return getattr(_reference, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_reference.__all__))

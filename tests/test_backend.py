@@ -166,3 +166,40 @@ def test_wide_heads_through_the_blocked_kernel_agree_and_gradcheck(restore_backe
     src, tgt_in = rng.integers(1, 13, size=(2, 5)), rng.integers(1, 40, size=(2, 4))
     result = gradcheck_whole_model(model, src, tgt_in)
     assert result.ok, result
+
+
+# The backend contract: the kernels namespace has every name of the functional core, its own
+# twins where they pay and the reference's function for every other name.
+
+KERNEL_EXTRAS = {"adam_step", "matmul"}     # kernels with no reference of the same name
+
+
+def test_the_kernels_namespace_has_the_functional_names_and_only_the_declared_extras():
+    functional, kernels = backend.load("numpy"), backend.load("numba")
+    assert set(kernels.__all__) == set(functional.__all__) | KERNEL_EXTRAS
+    own = {name for name, value in vars(kernels).items()
+           if callable(value) and not name.startswith("_")
+           and getattr(value, "__module__", "").startswith("npformer.kernels.")}
+    assert "attention_forward" in own and "take_rows" in own           # the twins are found
+    assert own <= set(functional.__all__) | KERNEL_EXTRAS, \
+        f"kernels whose name the functional core lacks: {sorted(own - set(functional.__all__))}"
+    for name in functional.__all__:
+        value = getattr(kernels, name)
+        if name not in own:                                  # not overridden: the reference's
+            assert value is getattr(functional, name), name
+
+
+def test_a_name_only_the_functional_core_defines_reaches_the_numba_backend(monkeypatch,
+                                                                          restore_backend):
+    def double_forward(x):
+        return 2 * x, None
+
+    functional = backend.load("numpy")
+    monkeypatch.setattr(functional, "double_forward", double_forward, raising=False)
+    monkeypatch.setattr(functional, "__all__", [*functional.__all__, "double_forward"])
+    assert backend.load("numba").double_forward is double_forward
+    backend.set_backend("numba")
+    assert backend.ops().double_forward(np.ones(2))[0].tolist() == [2.0, 2.0]
+    assert "double_forward" in dir(backend.ops())
+    with pytest.raises(AttributeError, match="no attribute 'triple_forward'"):
+        backend.ops().triple_forward

@@ -12,11 +12,12 @@ from .activation_dropout import activation_dropout_backward, activation_dropout_
 from .activations import (ACTIVATIONS, gelu_backward, gelu_forward, gelu_tanh_backward,
                           gelu_tanh_forward, relu_backward, relu_forward)
 from .attention import (attention_backward, attention_backward_into, attention_forward,
-                        flush_subnormal, merge_heads, move_rows, split_heads, take_rows)
+                        flush_subnormal, merge_heads, split_heads)
 from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backward,
                       dropout_forward)
 from .embedding import (embedding_backward, embedding_forward, position_embedding_backward,
                         position_embedding_forward, position_rows, sinusoidal_positions)
+from .kv_cache import move_rows, take_rows
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax

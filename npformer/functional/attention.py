@@ -22,21 +22,6 @@ def merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
 
 
-def take_rows(x, index, out):
-    """out[r] = x[index[r]] for every r (an index may repeat): the rows of a decoding cache
-    gathered for beam search. ``out`` must not overlap ``x``. Returns out."""
-    out[...] = x[index]
-    return out
-
-
-def move_rows(x, src, dst):
-    """x[dst[i]] = x[src[i]] in place for every i: the rows of a decoding cache that beam search
-    moves (no row of ``dst`` may also be in ``src``: nothing is read after it is written).
-    Returns x."""
-    x[dst] = x[src]
-    return x
-
-
 def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
     """out = dropout(softmax(q k^T / sqrt(d_k), mask)) v.
 

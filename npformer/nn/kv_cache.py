@@ -2,7 +2,8 @@
 
 ``KVCache`` preallocates them and appends each step's positions in place; beam search reorders
 its rows. The row movers it calls, ``take_rows`` and ``move_rows``, come from the active backend
-(``ops()``).
+(``ops()``): their reference is :mod:`npformer.functional.kv_cache`, their Numba twins
+``kernels/kv_cache.py``.
 """
 import numpy as np
 

@@ -85,15 +85,15 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
     return y.reshape(x.shape), (xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gamma)
 
 
-def layernorm_backward(dy, cache):
+def layernorm_backward(dout, cache):
     """dx, dgamma, dbeta of the forward above (maths in the reference)."""
     xhat, rstd, gamma = cache
-    if dy.shape != xhat.shape:
-        raise ValueError(f"dy: expected shape {xhat.shape}, got {dy.shape}")
+    if dout.shape != xhat.shape:
+        raise ValueError(f"dout: expected shape {xhat.shape}, got {dout.shape}")
     d = xhat.shape[-1]
-    dy2 = np.ascontiguousarray(dy.reshape(-1, d), dtype=xhat.dtype)   # (N, D)
-    dx = np.empty_like(dy2)
+    dout2 = np.ascontiguousarray(dout.reshape(-1, d), dtype=xhat.dtype)   # (N, D)
+    dx = np.empty_like(dout2)
     dgamma = np.empty(d, dtype=xhat.dtype)
     dbeta = np.empty(d, dtype=xhat.dtype)
-    _layernorm_bwd(dy2, xhat.reshape(-1, d), rstd.reshape(-1), gamma, dx, dgamma, dbeta)
+    _layernorm_bwd(dout2, xhat.reshape(-1, d), rstd.reshape(-1), gamma, dx, dgamma, dbeta)
     return dx.reshape(xhat.shape), dgamma, dbeta

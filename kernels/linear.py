@@ -27,16 +27,17 @@ def linear_forward(x, w, b=None):
     return y.reshape(*x.shape[:-1], w.shape[0]), (x2, x.shape, w)
 
 
-def linear_backward(dy, cache):
-    """dx = dY W, dw = dY^T X, db = sum_n dY_n; returns dx (..., D_in), dw (D_out, D_in), db."""
+def linear_backward(dout, cache):
+    """dx = dY W, dw = dY^T X, db = sum_n dY_n (dY = ``dout``); returns dx (..., D_in),
+    dw (D_out, D_in), db."""
     x2, x_shape, w = cache
-    dy2 = dy.reshape(-1, dy.shape[-1])               # (N, D_out)
-    dx = matmul(dy2, w).reshape(x_shape)
-    dw = matmul(dy2.T, x2)
-    return dx, dw, dy2.sum(axis=0)
+    dout2 = dout.reshape(-1, dout.shape[-1])         # (N, D_out)
+    dx = matmul(dout2, w).reshape(x_shape)
+    dw = matmul(dout2.T, x2)
+    return dx, dw, dout2.sum(axis=0)
 
 
-def linear_backward_accumulate(dy, cache, dw_acc, db_acc=None):
+def linear_backward_accumulate(dout, cache, dw_acc, db_acc=None):
     """As :func:`linear_backward`, but adds dw into ``dw_acc`` (D_out, D_in) and db into
     ``db_acc`` (D_out,) in place (the parameters' ``.grad``) instead of returning new arrays.
     dw goes through a reused scratch buffer, not a fresh (D_out, D_in) allocation per call.
@@ -50,8 +51,8 @@ def linear_backward_accumulate(dy, cache, dw_acc, db_acc=None):
     if dw_acc.shape != w.shape or (db_acc is not None and db_acc.shape != w.shape[:1]):
         raise ValueError(f"dw_acc, db_acc: expected shapes {w.shape} and {w.shape[:1]}, got "
                          f"{dw_acc.shape} and {None if db_acc is None else db_acc.shape}")
-    dy2 = dy.reshape(-1, dy.shape[-1])               # (N, D_out)
-    extra = () if db_acc is None else (lambda: np.add(db_acc, dy2.sum(axis=0), out=db_acc),)
-    dx, _ = matmuls([(dy2, w, None, None),                               # (N, D_in)
-                     (dy2.T, x2, _buffer(w.shape, w.dtype), dw_acc)], extra)    # (D_out, D_in)
+    dout2 = dout.reshape(-1, dout.shape[-1])         # (N, D_out)
+    extra = () if db_acc is None else (lambda: np.add(db_acc, dout2.sum(axis=0), out=db_acc),)
+    dx, _ = matmuls([(dout2, w, None, None),                             # (N, D_in)
+                     (dout2.T, x2, _buffer(w.shape, w.dtype), dw_acc)], extra)  # (D_out, D_in)
     return dx.reshape(x_shape)

@@ -103,8 +103,9 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.
     return loss, (logits, lse, safe_targets, valid, count, float(label_smoothing))
 
 
-def cross_entropy_backward(dloss, cache):
-    """dL/dz = (softmax(z) - q) * dloss / count on non-ignored rows, 0 on ignored rows. (N, V)."""
+def cross_entropy_backward(dout, cache):
+    """dL/dz = (softmax(z) - q) * dout / count on non-ignored rows, 0 on ignored rows. (N, V).
+    ``dout`` is the scalar gradient reaching the loss (1.0 when the loss itself is minimised)."""
     logits, lse, safe_targets, valid, count, eps = cache
     grad = empty_aligned(logits.shape, logits.dtype)         # large: from npformer's pool
     if count == 0:
@@ -112,7 +113,7 @@ def cross_entropy_backward(dloss, cache):
         return grad
     vocab = logits.shape[1]
     dt = logits.dtype.type
-    _grad_rows(logits, lse, safe_targets, valid, dt(eps / vocab), dt(1.0 - eps), dt(dloss / count),
+    _grad_rows(logits, lse, safe_targets, valid, dt(eps / vocab), dt(1.0 - eps), dt(dout / count),
                logits.dtype == np.float32, grad)
     return grad
 

@@ -6,9 +6,11 @@ Both backends expose the same names and signatures as :mod:`npformer.functional`
     dq, dk, dv = ops().attention_backward(dout, cache)
 
 "numpy" is :mod:`npformer.functional` itself, the readable reference. "numba" is
-:mod:`npformer.kernels`: compiled, fused kernels for the same maths (and the reference functions
-wherever NumPy is already as fast). A forward and its backward must come from the same backend,
-since the caches differ; modules look ``ops()`` up when they run, so switch between steps.
+:mod:`npformer.kernels`: compiled, fused kernels for the same maths where they pay, and the
+reference's own function for every other name (it falls back to :mod:`npformer.functional`, so a
+new layer pair runs on both backends at once). A forward and its backward must come from the
+same backend, since the caches differ; modules look ``ops()`` up when they run, so switch
+between steps.
 
 The environment variable ``NPFORMER_BACKEND`` sets the starting choice. How the kernels use the
 machine (threads, BLAS, the matrix-product dispatch table) is :mod:`npformer.runtime`'s concern.

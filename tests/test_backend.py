@@ -1,5 +1,7 @@
-"""npformer.backend: switching, the environment variable, and whole-model agreement of the NumPy
+"""npformer.backend: switching, the environment variable, the contract of the two namespaces
+(the same names, each backward taking (dout, cache)), and whole-model agreement of the NumPy
 and Numba paths (gradients, gradient checks)."""
+import inspect
 import os
 import subprocess
 import sys
@@ -203,3 +205,34 @@ def test_a_name_only_the_functional_core_defines_reaches_the_numba_backend(monke
     assert "double_forward" in dir(backend.ops())
     with pytest.raises(AttributeError, match="no attribute 'triple_forward'"):
         backend.ops().triple_forward
+
+
+@pytest.mark.parametrize("name", ["numpy", "numba"])
+def test_every_backward_takes_dout_and_cache(name):
+    """One name per thing: each backward's first two parameters are (dout, cache), in both
+    backends (a caller may pass them by name)."""
+    namespace = backend.load(name)
+    backwards = [f for f in namespace.__all__ if "_backward" in f]    # _into, _accumulate too
+    assert len(backwards) >= 15
+    first_two = {f: list(inspect.signature(getattr(namespace, f)).parameters)[:2]
+                 for f in backwards}
+    assert {f: p for f, p in first_two.items() if p != ["dout", "cache"]} == {}
+
+
+def test_the_functional_core_holds_layers_not_the_decoding_cache_or_configuration_rules():
+    """The row movers of the decoding cache and the inner dropout rates' rule live in their own
+    modules; their old import paths still give the same objects."""
+    import npformer.dropout_rates
+    import npformer.functional.attention
+    import npformer.functional.dropout
+    import npformer.nn.attention
+    import npformer.nn.kv_cache
+    functional, kernels = backend.load("numpy"), backend.load("numba")
+    for name in ("take_rows", "move_rows"):
+        assert not hasattr(npformer.functional.attention, name)
+        assert getattr(functional, name).__module__ == "npformer.functional.kv_cache"
+        assert getattr(kernels, name).__module__ == "npformer.kernels.kv_cache"
+    assert npformer.nn.attention.KVCache is npformer.nn.kv_cache.KVCache
+    assert (npformer.functional.dropout.inner_dropout_rates
+            is npformer.dropout_rates.inner_dropout_rates)
+    assert npformer.dropout_rates.inner_dropout_rates(0.1, None, 0.0) == (0.1, 0.0)

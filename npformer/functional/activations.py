@@ -25,10 +25,10 @@ def relu_forward(x):
     return y, y
 
 
-def relu_backward(dy, cache):
+def relu_backward(dout, cache):
     """dy/dx = 1 where x > 0, else 0 (the output carries that information: y > 0 iff x > 0)."""
     y = cache
-    return dy * (y > 0)
+    return dout * (y > 0)
 
 
 def gelu_forward(x):
@@ -37,11 +37,11 @@ def gelu_forward(x):
     return x * cdf, (x, cdf)
 
 
-def gelu_backward(dy, cache):
+def gelu_backward(dout, cache):
     """d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density."""
     x, cdf = cache
     pdf = np.exp(-0.5 * x * x) * x.dtype.type(_INV_SQRT2PI)
-    return dy * (cdf + x * pdf)
+    return dout * (cdf + x * pdf)
 
 
 def gelu_tanh_forward(x):
@@ -52,13 +52,13 @@ def gelu_tanh_forward(x):
     return c(0.5) * x * (c(1.0) + t), (x, t)
 
 
-def gelu_tanh_backward(dy, cache):
+def gelu_tanh_backward(dout, cache):
     """d/dx [x/2 (1 + tanh u)] = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) du/dx,
     du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)."""
     x, t = cache
     c = x.dtype.type
     du = c(_SQRT_2_OVER_PI) * (c(1.0) + c(3.0 * _GELU_TANH_C) * x * x)
-    return dy * (c(0.5) * (c(1.0) + t) + c(0.5) * x * (c(1.0) - t * t) * du)
+    return dout * (c(0.5) * (c(1.0) + t) + c(0.5) * x * (c(1.0) - t * t) * du)
 
 
 ACTIVATIONS = {

@@ -8,19 +8,16 @@ import math
 
 import numpy as np
 
+# A rule of the configuration, not of dropout: it lives in npformer/dropout_rates.py. Its old
+# import path here stays until every caller imports it from there.
+from ..dropout_rates import inner_dropout_rates  # noqa: F401
+
 MASK_BITS = 16          # random bits per unit; p is realised to within 2**-17
 # SplitMix64 (Steele, Lea & Flood 2014; Java's SplittableRandom): word i of a mask is
 # mix(key + (i + 1) * GAMMA), a function of the key and the index alone.
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
-
-
-def inner_dropout_rates(dropout, attention_dropout=None, activation_dropout=None):
-    """(attention_dropout, activation_dropout) of a Transformer layer: each left out (None) takes
-    the layer's ``dropout`` rate, as torch.nn.Transformer's one rate does (fairseq sets them
-    apart). The one place this rule lives: configurations, layers and the CLI all call it."""
-    return tuple(dropout if p is None else p for p in (attention_dropout, activation_dropout))
 
 
 def mask_threshold(p):

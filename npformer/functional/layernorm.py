@@ -20,21 +20,21 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
     return y, (xhat, rstd, gamma)
 
 
-def layernorm_backward(dy, cache):
-    """With xhat = (x - mu) * rstd and g = dy * gamma:
+def layernorm_backward(dout, cache):
+    """With xhat = (x - mu) * rstd and g = dout * gamma:
 
       dx     = rstd * (g - mean(g) - xhat * mean(g * xhat))
-      dgamma = sum over rows of dy * xhat
-      dbeta  = sum over rows of dy
+      dgamma = sum over rows of dout * xhat
+      dbeta  = sum over rows of dout
 
     The two means remove the directions that the normalisation itself takes out:
     a shift of all inputs (mean) and a scaling of all inputs (variance).
     """
     xhat, rstd, gamma = cache
     d = xhat.shape[-1]
-    g = dy * gamma                                        # (..., D)
+    g = dout * gamma                                      # (..., D)
     dx = rstd * (g - g.mean(axis=-1, keepdims=True)
                  - xhat * (g * xhat).mean(axis=-1, keepdims=True))
-    dgamma = (dy * xhat).reshape(-1, d).sum(axis=0)
-    dbeta = dy.reshape(-1, d).sum(axis=0)
+    dgamma = (dout * xhat).reshape(-1, d).sum(axis=0)
+    dbeta = dout.reshape(-1, d).sum(axis=0)
     return dx, dgamma, dbeta

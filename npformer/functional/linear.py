@@ -16,27 +16,27 @@ def linear_forward(x, w, b=None):
     return y.reshape(*x.shape[:-1], w.shape[0]), (x2, x.shape, w)
 
 
-def linear_backward(dy, cache):
+def linear_backward(dout, cache):
     """Gradients of y = x W^T + b.
 
-    With N rows stacked in X (N, D_in) and dY (N, D_out):
+    With N rows stacked in X (N, D_in) and dY = ``dout`` (N, D_out):
       dX = dY W          (each input feeds every output through W)
       dW = dY^T X        (sum over rows of outer products dy_n x_n^T)
       db = sum_n dY_n
     Returns dx (..., D_in), dw (D_out, D_in), db (D_out,).
     """
     x2, x_shape, w = cache
-    dy2 = dy.reshape(-1, dy.shape[-1])               # (N, D_out)
-    dx = (dy2 @ w).reshape(x_shape)
-    dw = dy2.T @ x2
-    db = dy2.sum(axis=0)
+    dout2 = dout.reshape(-1, dout.shape[-1])         # (N, D_out)
+    dx = (dout2 @ w).reshape(x_shape)
+    dw = dout2.T @ x2
+    db = dout2.sum(axis=0)
     return dx, dw, db
 
 
-def linear_backward_accumulate(dy, cache, dw_acc, db_acc=None):
+def linear_backward_accumulate(dout, cache, dw_acc, db_acc=None):
     """:func:`linear_backward` for modules whose gradients accumulate: adds dw (and db) into
     ``dw_acc`` (and ``db_acc``) in place and returns dx."""
-    dx, dw, db = linear_backward(dy, cache)
+    dx, dw, db = linear_backward(dout, cache)
     dw_acc += dw
     if db_acc is not None:
         db_acc += db

@@ -49,9 +49,10 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.
     return loss, (logp, safe_targets, valid, count, label_smoothing)
 
 
-def cross_entropy_backward(dloss, cache):
+def cross_entropy_backward(dout, cache):
     """dL/dz = (softmax(z) - q) / count on non-ignored rows, 0 on ignored rows,
-    with q = (1 - eps) * onehot(target) + eps / V."""
+    with q = (1 - eps) * onehot(target) + eps / V, times ``dout``: the scalar gradient reaching
+    the loss (1.0 when the loss itself is minimised)."""
     logp, safe_targets, valid, count, eps = cache
     n, vocab = logp.shape
     if count == 0:
@@ -60,5 +61,5 @@ def cross_entropy_backward(dloss, cache):
     if eps:
         grad -= eps / vocab
     grad[np.arange(n), safe_targets] -= 1.0 - eps
-    grad *= (valid * (dloss / count))[:, None].astype(grad.dtype)
+    grad *= (valid * (dout / count))[:, None].astype(grad.dtype)
     return grad

@@ -25,11 +25,11 @@ def softmax_forward(scores, mask=None):
     return e, e
 
 
-def softmax_backward(dp, cache):
-    """For p = softmax(s) (``cache`` is p): ds_i = p_i (dp_i - sum_j dp_j p_j).
+def softmax_backward(dout, cache):
+    """For p = softmax(s) (``cache`` is p, ``dout`` is dp): ds_i = p_i (dp_i - sum_j dp_j p_j).
 
     The Jacobian is diag(p) - p p^T; multiplying it by dp gives the line above. Masked entries
     have p = 0 and therefore get zero gradient, and all-zero rows stay zero.
     """
     p = cache
-    return p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    return p * (dout - (dout * p).sum(axis=-1, keepdims=True))

@@ -46,7 +46,7 @@ import os
 import re
 import shutil
 
-from ..functional.dropout import inner_dropout_rates
+from ..dropout_rates import inner_dropout_rates
 from ..training.multi30k import checkpoint_preprocess
 from .common import refuse_output_under_a_file
 

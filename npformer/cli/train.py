@@ -3,7 +3,7 @@ import contextlib
 import os
 import re
 
-from ..functional.dropout import inner_dropout_rates
+from ..dropout_rates import inner_dropout_rates
 from ..training.averaging import average_checkpoints
 from ..training.files import files_trainer
 from ..training.multi30k import MULTI30K_TRAIN, PREPROCESS, PRESETS, multi30k_trainer

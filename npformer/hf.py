@@ -156,13 +156,13 @@ def hf_names(config):
     """{npformer parameter name: (GPT-2 tensor name, stored transposed)} for ``config``."""
     names = {"tok_embed.weight": "wte.weight", "pos_embed.weight": "wpe.weight"}
     for i in range(config.n_layers):
-        ours, theirs = f"transformer.layers.{i}.", f"h.{i}."
+        ours, theirs = f"blocks.{i}.", f"h.{i}."
         for a, b in (("norm1", "ln_1"), ("self_attn.out_proj", "attn.c_proj"), ("norm2", "ln_2"),
                      ("ffn.linear1", "mlp.c_fc"), ("ffn.linear2", "mlp.c_proj")):
             names[f"{ours}{a}.weight"], names[f"{ours}{a}.bias"] = f"{theirs}{b}.weight", f"{theirs}{b}.bias"
         names[f"{ours}self_attn.in_proj_weight"] = f"{theirs}attn.c_attn.weight"
         names[f"{ours}self_attn.in_proj_bias"] = f"{theirs}attn.c_attn.bias"
-    names["transformer.norm.weight"], names["transformer.norm.bias"] = "ln_f.weight", "ln_f.bias"
+    names["norm.weight"], names["norm.bias"] = "ln_f.weight", "ln_f.bias"
     if not config.tie_embeddings:
         names["generator.weight"] = "lm_head.weight"
     return {ours: (theirs, theirs.endswith(CONV1D_TRANSPOSED)) for ours, theirs in names.items()}

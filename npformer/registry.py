@@ -20,6 +20,17 @@ def register_architecture(config_class, model_class):
         raise ValueError(f"config_class: expected a ModelConfig subclass with an arch name, got "
                          f"{config_class!r}")
     ARCHITECTURES[config_class.arch] = (config_class, model_class)
+    config_class.model_class = model_class      # its parameter shapes come from the modules
+
+
+def capability(config):
+    """What a model of ``config`` (a configuration, or its ``to_dict()``) does: "seq2seq" or
+    "causal_lm" (``ModelConfig.capability``). ValueError for an unknown architecture."""
+    if isinstance(config, dict):
+        return architecture(config.get("arch"))[0].capability
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"config: expected a model configuration, got {type(config).__name__}")
+    return config.capability
 
 
 def is_registered(arch):

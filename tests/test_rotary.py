@@ -145,7 +145,7 @@ def neox_pair(dtype, seed=0):
     model.load_state_dict({k: v.astype(dtype) for k, v in neox_weights(sd, n_layers, h).items()})
     if dtype == np.float64:
         tables = neox_tables(ref, ctx, d // h, torch)
-        for layer in model.transformer.layers:
+        for layer in model.blocks:
             layer.self_attn.rotary = tables
     return model.eval(), ref, torch
 
@@ -178,12 +178,12 @@ def neox_weights(sd, n_layers, n_heads):
     """{npformer name: array} of a GPT-NeoX state_dict (its Linear layers store (out, in), as
     npformer's do: nothing is transposed)."""
     out = {"tok_embed.weight": sd["gpt_neox.embed_in.weight"],
-           "transformer.norm.weight": sd["gpt_neox.final_layer_norm.weight"],
-           "transformer.norm.bias": sd["gpt_neox.final_layer_norm.bias"],
+           "norm.weight": sd["gpt_neox.final_layer_norm.weight"],
+           "norm.bias": sd["gpt_neox.final_layer_norm.bias"],
            "generator.weight": sd["embed_out.weight" if "embed_out.weight" in sd
                                   else "lm_head.weight"]}
     for i in range(n_layers):
-        ours, theirs = f"transformer.layers.{i}", f"gpt_neox.layers.{i}"
+        ours, theirs = f"blocks.{i}", f"gpt_neox.layers.{i}"
         for kind in ("weight", "bias"):
             out[f"{ours}.self_attn.in_proj_{kind}"] = neox_fused(
                 sd[f"{theirs}.attention.query_key_value.{kind}"], n_heads)

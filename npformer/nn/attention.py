@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import functional as F
 from ..backend import ops
-from .init import xavier_uniform
+from .init import xavier_uniform, zeros
 from .kv_cache import KVCache
 from .linear import Linear
 from .module import Module, Parameter
@@ -16,57 +16,70 @@ class MultiHeadAttention(Module):
     """Self-attention (``memory is None``) or cross-attention (queries from ``x``, keys and
     values from ``memory``).
 
-    ``in_proj_weight`` stacks W_q (qk_dim, D), W_k (qk_dim, D) and W_v (D, D) into one
-    (2*qk_dim + D, D) matrix, so self-attention projects Q, K and V in a single matrix product.
-    ``qk_dim`` defaults to ``d_model`` (PyTorch's layout); a smaller value makes attention scores
-    cheaper without changing the value path. ``rotary``: the (cos, sin) tables of
-    ``F.rotary_tables`` (max_len, d_k / 2): self-attention then turns its queries and keys by
-    their positions (rotary positions, GPT-NeoX's layout) before the scores.
+    ``in_proj_weight`` stacks W_q (qk_dim, D), W_k (qk_dim, D) and W_v (v_dim, D) into one
+    (2*qk_dim + v_dim, D) matrix, so self-attention projects Q, K and V in a single matrix
+    product; ``out_proj`` maps the heads' v_dim back to D. ``qk_dim`` and ``v_dim`` default to
+    ``d_model`` (PyTorch's layout); a smaller ``qk_dim`` makes attention scores cheaper without
+    changing the value path, and a decoder whose heads have a size of their own (Qwen3: 16 heads
+    of 128 in a width of 1024) sets both to n_heads x head size. ``bias``: the projection of Q, K
+    and V adds ``in_proj_bias``; ``out_bias``: ``out_proj`` adds one (GPT-2 has both, Llama
+    neither). ``rotary``: the (cos, sin) tables of ``F.rotary_tables`` (max_len, d_k / 2):
+    self-attention then turns its queries and keys by their positions (rotary positions,
+    GPT-NeoX's layout) before the scores.
 
     Shape: x (B, T, D), memory (B, S, D) or None, mask bool broadcastable to (B, H, T, S),
     True = may attend -> (B, T, D).
     """
 
     def __init__(self, d_model, n_heads, dropout=0.0, qk_dim=None, rotary=None, *, rng,
-                 dtype=np.float32):
+                 dtype=np.float32, v_dim=None, bias=True, out_bias=True):
         super().__init__()
         qk_dim = d_model if qk_dim is None else qk_dim
-        if d_model % n_heads or qk_dim % n_heads:
-            raise ValueError(f"n_heads: expected a divisor of d_model={d_model} and qk_dim={qk_dim}, "
-                             f"got {n_heads}")
+        v_dim = d_model if v_dim is None else v_dim
+        if v_dim % n_heads or qk_dim % n_heads:
+            raise ValueError(f"n_heads: expected a divisor of the value width {v_dim} and "
+                             f"qk_dim={qk_dim}, got {n_heads}")
         if rotary is not None and 2 * rotary[0].shape[1] != qk_dim // n_heads:
             raise ValueError(f"rotary: expected tables of {qk_dim // n_heads // 2} pairs (half the "
                              f"head size), got {rotary[0].shape[1]}")
         self.d_model, self.n_heads, self.qk_dim, self.dropout = d_model, n_heads, qk_dim, dropout
+        self.v_dim = v_dim
         self.rotary = rotary
         self.rng = rng
-        self.in_proj_weight = Parameter(xavier_uniform(rng, (2 * qk_dim + d_model, d_model), dtype))
-        self.in_proj_bias = Parameter(np.zeros(2 * qk_dim + d_model, dtype=dtype))
-        self.out_proj = Linear(d_model, d_model, rng=rng, dtype=dtype)
+        self.in_proj_weight = Parameter(xavier_uniform(rng, (2 * qk_dim + v_dim, d_model), dtype))
+        self.in_proj_bias = Parameter(zeros(2 * qk_dim + v_dim, dtype)) if bias else None
+        self.out_proj = Linear(v_dim, d_model, bias=out_bias, rng=rng, dtype=dtype)
         self._cache = None
         self._ops = None                  # the backend that ran forward: only its backward fits the cache
         self.attn_weights = None          # (B, H, T, S) after each forward, for inspection/plots
 
     # -- the pieces forward and step share ------------------------------------------------------
+    def _bias(self, rows, grad=False):
+        """The rows of ``in_proj_bias`` (or of its gradient), or None without a bias."""
+        if self.in_proj_bias is None:
+            return None
+        bias = self.in_proj_bias.grad if grad else self.in_proj_bias.data
+        return bias if rows is None else bias[rows]
+
     def _project_self(self, x):
         """x (B, T, D) -> q (B, H, T, dk), k (B, H, T, dk), v (B, H, T, dv): one product."""
         qk, h = self.qk_dim, self.n_heads
-        qkv, cache = self._ops.linear_forward(x, self.in_proj_weight.data, self.in_proj_bias.data)
+        qkv, cache = self._ops.linear_forward(x, self.in_proj_weight.data, self._bias(None))
         return (F.split_heads(qkv[..., :qk], h), F.split_heads(qkv[..., qk:2 * qk], h),
-                F.split_heads(qkv[..., 2 * qk:], h), cache)                    # (B, T, 2*qk + D)
+                F.split_heads(qkv[..., 2 * qk:], h), cache)                    # (B, T, 2*qk + v)
 
     def _project_query(self, x):
         """x (B, T, D) -> q (B, H, T, dk), the query third of the projection."""
         qk = self.qk_dim
         q, cache = self._ops.linear_forward(x, self.in_proj_weight.data[:qk],
-                                            self.in_proj_bias.data[:qk])       # (B, T, qk)
+                                            self._bias(slice(None, qk)))       # (B, T, qk)
         return F.split_heads(q, self.n_heads), cache
 
     def _project_memory(self, memory):
         """memory (B, S, D) -> k (B, H, S, dk), v (B, H, S, dv), the key and value thirds."""
         qk, h = self.qk_dim, self.n_heads
         kv, cache = self._ops.linear_forward(memory, self.in_proj_weight.data[qk:],
-                                             self.in_proj_bias.data[qk:])      # (B, S, qk + D)
+                                             self._bias(slice(qk, None)))      # (B, S, qk + v)
         return F.split_heads(kv[..., :qk], h), F.split_heads(kv[..., qk:], h), cache
 
     def _turn(self, q, k, start):
@@ -105,7 +118,7 @@ class MultiHeadAttention(Module):
     # -- decoding: new positions over the cached ones ---------------------------------------------
     def new_cache(self, batch_size, capacity, dtype):
         """An empty self-attention cache for ``batch_size`` rows of up to ``capacity`` positions."""
-        d_k, d_v = self.qk_dim // self.n_heads, self.d_model // self.n_heads
+        d_k, d_v = self.qk_dim // self.n_heads, self.v_dim // self.n_heads
         return KVCache(batch_size, self.n_heads, capacity, d_k, d_v, dtype)
 
     def memory_cache(self, memory):
@@ -153,21 +166,21 @@ class MultiHeadAttention(Module):
         dctx = F.split_heads(self.out_proj.backward(dout), h)     # (B, H, T, d)
         q, k = attn_cache[:2]                                      # (B, H, T|S, d)
         n_b, tq, tk = q.shape[0], q.shape[2], k.shape[2]
-        gw, gb = self.in_proj_weight.grad, self.in_proj_bias.grad
+        gw = self.in_proj_weight.grad
         if is_self:
-            dqkv = np.empty((n_b, tq, 2 * qk + self.d_model), dtype=q.dtype)   # (B, T, 2*qk + D)
+            dqkv = np.empty((n_b, tq, 2 * qk + self.v_dim), dtype=q.dtype)     # (B, T, 2*qk + v)
             dq, dk = F.split_heads(dqkv[..., :qk], h), F.split_heads(dqkv[..., qk:2 * qk], h)
             f.attention_backward_into(dctx, attn_cache, dq, dk,
                                       F.split_heads(dqkv[..., 2 * qk:], h))
             if turn_cache is not None:
                 f.rotary_backward(dq, turn_cache, out=dq)
                 f.rotary_backward(dk, turn_cache, out=dk)
-            return f.linear_backward_accumulate(dqkv, proj_cache, gw, gb)
+            return f.linear_backward_accumulate(dqkv, proj_cache, gw, self._bias(None, grad=True))
         q_cache, kv_cache = proj_cache
         dq = np.empty((n_b, tq, qk), dtype=q.dtype)                            # (B, T, qk)
-        dkv = np.empty((n_b, tk, qk + self.d_model), dtype=q.dtype)            # (B, S, qk + D)
+        dkv = np.empty((n_b, tk, qk + self.v_dim), dtype=q.dtype)              # (B, S, qk + v)
         f.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h),
                                   F.split_heads(dkv[..., :qk], h), F.split_heads(dkv[..., qk:], h))
-        dx = f.linear_backward_accumulate(dq, q_cache, gw[:qk], gb[:qk])
-        dmem = f.linear_backward_accumulate(dkv, kv_cache, gw[qk:], gb[qk:])
+        dx = f.linear_backward_accumulate(dq, q_cache, gw[:qk], self._bias(slice(None, qk), True))
+        dmem = f.linear_backward_accumulate(dkv, kv_cache, gw[qk:], self._bias(slice(qk, None), True))
         return dx, dmem

@@ -10,8 +10,42 @@ from .module import Module, ModuleList
 from .residual import residual_backward, residual_forward
 
 
-class EncoderLayer(Module):
-    """Self-attention then feed-forward, each wrapped in a residual connection.
+class SelfAttentionBlock(Module):
+    """What a block of self-attention then feed-forward does with its parts, each wrapped in a
+    residual connection: a subclass builds ``self_attn``, ``ffn``, ``norm1``, ``norm2``,
+    ``dropout1``, ``dropout2`` and sets ``norm_first`` (``EncoderLayer`` from sizes, a
+    decoder-only model's ``Block`` from its configuration).
+
+    Shape: x (B, S, D), mask bool (B, 1, 1, S) -> (B, S, D).
+    """
+
+    def _sublayers(self, x, self_attention):
+        """The residual order, the same for forward and step."""
+        x = residual_forward(x, self_attention, self.norm1, self.dropout1, self.norm_first)
+        return residual_forward(x, self.ffn.forward, self.norm2, self.dropout2, self.norm_first)
+
+    def forward(self, x, mask=None):
+        return self._sublayers(x, lambda h: self.self_attn.forward(h, mask=mask))
+
+    def new_cache(self, batch_size, capacity, dtype):
+        """An empty cache of this block's self-attention keys and values, for ``step``."""
+        return self.self_attn.new_cache(batch_size, capacity, dtype)
+
+    def step(self, x, cache):
+        """The newest positions x (R, t, D) -> (R, t, D) of a causal stack (a language model's
+        blocks), in eval mode: their self-attention keys and values join ``cache``
+        (``MultiHeadAttention.step``)."""
+        return self._sublayers(x, lambda h: self.self_attn.step(h, cache))
+
+    def backward(self, dy):
+        dx = residual_backward(dy, self.ffn.backward, self.norm2, self.dropout2, self.norm_first)
+        return residual_backward(dx, self.self_attn.backward, self.norm1, self.dropout1,
+                                 self.norm_first)
+
+
+class EncoderLayer(SelfAttentionBlock):
+    """Self-attention then feed-forward, each wrapped in a residual connection (as
+    torch.nn.TransformerEncoderLayer).
 
     Shape: x (B, S, D), mask bool (B, 1, 1, S) -> (B, S, D).
     """
@@ -33,25 +67,6 @@ class EncoderLayer(Module):
         self.norm2 = LayerNorm(d_model, layer_norm_eps, dtype=dtype)
         self.dropout1 = Dropout(dropout, rng=rng)
         self.dropout2 = Dropout(dropout, rng=rng)
-
-    def _sublayers(self, x, self_attention):
-        """The residual order, the same for forward and step."""
-        x = residual_forward(x, self_attention, self.norm1, self.dropout1, self.norm_first)
-        return residual_forward(x, self.ffn.forward, self.norm2, self.dropout2, self.norm_first)
-
-    def forward(self, x, mask=None):
-        return self._sublayers(x, lambda h: self.self_attn.forward(h, mask=mask))
-
-    def step(self, x, cache):
-        """The newest positions x (R, t, D) -> (R, t, D) of a causal stack (a language model's
-        blocks), in eval mode: their self-attention keys and values join ``cache``
-        (``MultiHeadAttention.step``)."""
-        return self._sublayers(x, lambda h: self.self_attn.step(h, cache))
-
-    def backward(self, dy):
-        dx = residual_backward(dy, self.ffn.backward, self.norm2, self.dropout2, self.norm_first)
-        return residual_backward(dx, self.self_attn.backward, self.norm1, self.dropout1,
-                                 self.norm_first)
 
 
 class Encoder(Module):

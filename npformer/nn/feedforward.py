@@ -11,16 +11,18 @@ from .module import Module
 class FeedForward(Module):
     """Shape: (B, T, D) -> (B, T, d_ff) -> (B, T, D), applied to every position alike."""
 
-    def __init__(self, d_model, d_ff, dropout=0.0, activation="relu", *, rng, dtype=np.float32):
+    def __init__(self, d_model, d_ff, dropout=0.0, activation="relu", bias=True, *, rng,
+                 dtype=np.float32):
+        """``bias``: whether the two linear layers add a bias (GPT-2's do, Llama's do not)."""
         super().__init__()
         check_activation(activation)
         self.activation = activation
-        self.linear1 = Linear(d_model, d_ff, rng=rng, dtype=dtype)
+        self.linear1 = Linear(d_model, d_ff, bias=bias, rng=rng, dtype=dtype)
         # dropout after the activation, applied with it by activation_dropout_forward (one fused
         # pass in the Numba backend); train()/eval() switch it through self.training
         self.dropout = check_probability(dropout)
         self.rng = rng
-        self.linear2 = Linear(d_ff, d_model, rng=rng, dtype=dtype)
+        self.linear2 = Linear(d_ff, d_model, bias=bias, rng=rng, dtype=dtype)
         self._cache = None
         self._ops = None          # the backend that ran forward: only its backward fits the cache
 

@@ -1,21 +1,23 @@
-"""The decoder-only Transformer language model (GPT; GPT-2's architecture by default), built from
-the same layers as the translator: an ``Encoder`` stack whose self-attention is causal is a GPT's
-stack of blocks (pre-norm self-attention + feed-forward, then the final LayerNorm ``ln_f``).
+"""The decoder-only Transformer language model (GPT; GPT-2's architecture by default): token
+embeddings and positions, a list of ``Block`` s chosen by the configuration (causal
+self-attention + feed-forward, pre-norm by default), a final norm and the output projection.
 
 Parameter names and their GPT-2 (Hugging Face) counterparts (``npformer.hf`` maps them):
 
-    tok_embed.weight                          wte.weight
-    pos_embed.weight                          wpe.weight
-    transformer.layers.N.norm1                h.N.ln_1
-    transformer.layers.N.self_attn.in_proj_*  h.N.attn.c_attn   (Conv1D: stored transposed)
-    transformer.layers.N.self_attn.out_proj   h.N.attn.c_proj   (Conv1D)
-    transformer.layers.N.norm2                h.N.ln_2
-    transformer.layers.N.ffn.linear1          h.N.mlp.c_fc      (Conv1D)
-    transformer.layers.N.ffn.linear2          h.N.mlp.c_proj    (Conv1D)
-    transformer.norm                          ln_f
-    generator.weight (untied models only)     lm_head.weight
+    tok_embed.weight                  wte.weight
+    pos_embed.weight                  wpe.weight
+    blocks.N.norm1                    h.N.ln_1
+    blocks.N.self_attn.in_proj_*      h.N.attn.c_attn   (Conv1D: stored transposed)
+    blocks.N.self_attn.out_proj       h.N.attn.c_proj   (Conv1D)
+    blocks.N.norm2                    h.N.ln_2
+    blocks.N.ffn.linear1              h.N.mlp.c_fc      (Conv1D)
+    blocks.N.ffn.linear2              h.N.mlp.c_proj    (Conv1D)
+    norm                              ln_f
+    generator.weight (untied only)    lm_head.weight
+
+(Until the blocks were their own they were ``transformer.layers.N`` and ``transformer.norm``;
+checkpoints written then are renamed on load: ``GPTConfig.RENAMED``.)
 """
-import dataclasses
 import math
 
 import numpy as np
@@ -25,11 +27,13 @@ from .. import runtime
 from ..configs import GPTConfig
 from ..hf import read_gpt2
 from ..validation import check_array, check_int, check_token_ids
+from .block import Block
 from .dropout import Dropout
 from .embedding import Embedding, PositionEmbedding
-from .encoder import Encoder
+from .init import building_shapes, placeholder, table
+from .layernorm import LayerNorm
 from .linear import Linear
-from .module import Module
+from .module import Module, ModuleList, config_of
 from .state import CachedState
 
 INIT_STD = 0.02          # GPT-2's initializer_range
@@ -38,6 +42,9 @@ INIT_STD = 0.02          # GPT-2's initializer_range
 class GPT(Module):
     """Decoder-only Transformer language model with hand-written backward.
 
+        model = GPT(GPTConfig(vocab_size=65, d_model=64, ...))
+        model = GPT(65, d_model=64, ...)                 # the same: the fields of GPTConfig
+
     forward(ids) -> logits; backward(dlogits) fills every ``Parameter.grad``.
 
     Shape: ids (B, T) int -> logits (B, T, vocab_size); position t sees ids[:, :t + 1] only.
@@ -45,22 +52,14 @@ class GPT(Module):
     Weights start as GPT-2's: every matrix and embedding N(0, 0.02^2), the two projections that
     end a residual branch (attention ``out_proj``, ``ffn.linear2``) N(0, (0.02 / sqrt(2 *
     n_layers))^2) so the residual stream's variance does not grow with depth, biases 0,
-    LayerNorms 1 and 0.
+    norms 1 and 0.
     """
 
-    def __init__(self, vocab_size, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024,
-                 dropout=0.1, attention_dropout=None, activation_dropout=0.0, norm_first=True,
-                 activation="gelu_tanh", layer_norm_eps=1e-5, positions="learned",
-                 tie_embeddings=True, dtype=np.float32, seed=0):
+    def __init__(self, *args, **kwargs):
         super().__init__()
-        self.config = cfg = GPTConfig(
-            vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, d_ff=d_ff,
-            n_layers=n_layers, max_len=max_len, dropout=dropout,
-            attention_dropout=attention_dropout, activation_dropout=activation_dropout,
-            norm_first=norm_first, activation=activation, layer_norm_eps=layer_norm_eps,
-            positions=positions, tie_embeddings=tie_embeddings, dtype=dtype,
-            seed=seed)
-        cfg.check_memory()               # a size this machine cannot hold: refused now
+        self.config = cfg = config_of(GPTConfig, args, kwargs)
+        if not building_shapes():
+            cfg.check_memory()           # a size this machine cannot hold: refused now
         dtype = np.dtype(cfg.dtype)
         self.dtype, self.max_len, self.d_model = dtype, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask
@@ -73,44 +72,48 @@ class GPT(Module):
             self.pos_embed = PositionEmbedding(cfg.max_len, cfg.d_model, INIT_STD, rng=init_rng,
                                                dtype=dtype)
         elif cfg.positions == "sinusoidal":
-            self.positions = F.sinusoidal_positions(cfg.max_len, cfg.d_model, dtype)
+            self.positions = table(lambda: F.sinusoidal_positions(cfg.max_len, cfg.d_model, dtype),
+                                   (cfg.max_len, cfg.d_model), dtype)
         else:                               # rotary: the attention turns queries and keys
-            rotary = F.rotary_tables(cfg.max_len, cfg.d_model // cfg.n_heads, dtype)
+            half = (cfg.max_len, cfg.head_size // 2)                 # cos and sin
+            rotary = (placeholder(half, dtype),) * 2 if building_shapes() else \
+                F.rotary_tables(cfg.max_len, cfg.head_size, dtype, cfg.rope_theta)
         self.embed_dropout = Dropout(cfg.dropout, rng=self.rng)
-        self.transformer = Encoder(cfg.n_layers, cfg.d_model, cfg.layer_norm_eps, rng=init_rng,
-                                   dtype=dtype, n_heads=cfg.n_heads, d_ff=cfg.d_ff,
-                                   dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
-                                   activation_dropout=cfg.activation_dropout,
-                                   activation=cfg.activation, norm_first=cfg.norm_first,
-                                   rotary=rotary)
+        self.blocks = ModuleList([Block(cfg, rotary, rng=init_rng, dtype=dtype)
+                                  for _ in range(cfg.n_layers)])
+        self.norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps, dtype=dtype)
         self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False, rng=init_rng, dtype=dtype)
         if cfg.tie_embeddings:
             self.generator.weight = self.tok_embed.weight       # one Parameter, two users
-        self._init_weights(init_rng)
+        if not building_shapes():
+            self._init_weights(init_rng)
         self.flatten_parameters()
         self.eos_id = None               # the end-of-text token, where the weights' files name one
         self._logits_shape = None
         self._backward_done = False
 
     def _init_weights(self, rng):
-        """GPT-2's initialisation (see the class docstring), drawn in parameter order."""
+        """GPT-2's initialisation (see the class docstring), drawn in parameter order. Which
+        parameter is a norm's gain or ends a residual branch, the blocks say."""
         residual_std = INIT_STD / math.sqrt(2 * self.config.n_layers)
-        for name, p in self.named_parameters():
-            if name.endswith(("norm1.weight", "norm2.weight", "norm.weight")):
+        gains = {id(p) for block in self.blocks for p in block.norm_gains()}
+        gains.add(id(self.norm.weight))
+        residual = {id(p) for block in self.blocks for p in block.residual_projections()}
+        for _, p in self.named_parameters():
+            if id(p) in gains:
                 p.data[...] = 1
             elif p.data.ndim == 1:
-                p.data[...] = 0                                  # biases, LayerNorm shifts
+                p.data[...] = 0                                  # biases, norm shifts
             else:
-                std = residual_std if name.endswith(("out_proj.weight", "linear2.weight")) \
-                    else INIT_STD
+                std = residual_std if id(p) in residual else INIT_STD
                 p.data[...] = rng.standard_normal(p.data.shape) * std
 
     @classmethod
     def from_config(cls, config):
-        """A new model of a :class:`~npformer.configs.GPTConfig`."""
+        """A new model of a :class:`~npformer.configs.GPTConfig` (the same as ``GPT(config)``)."""
         if not isinstance(config, GPTConfig):
             raise ValueError(f"config: expected a GPTConfig, got {type(config).__name__}")
-        return cls(**dataclasses.asdict(config))
+        return cls(config)
 
     @classmethod
     def from_pretrained(cls, path, dtype=np.float32):
@@ -144,6 +147,20 @@ class GPT(Module):
             x += F.position_rows(self.positions, start, ids.shape[1])
         return self.embed_dropout.forward(x)
 
+    def new_caches(self, rows, capacity):
+        """One empty key/value cache per block, for ``rows`` sequences of up to ``capacity``
+        positions: what a decoder state holds."""
+        return [block.new_cache(rows, capacity, self.dtype) for block in self.blocks]
+
+    def step(self, ids, caches, logits=True):
+        """ids (R, t) at the next t positions, after those ``caches`` hold (eval mode): their
+        keys and values join the caches, and the logits of the last position (R, V) come back
+        (None with ``logits=False``: a prompt's prefill)."""
+        x = self.embed(ids, start=caches[0].length)                   # (R, t, D)
+        for block, cache in zip(self.blocks, caches):
+            x = block.step(x, cache)
+        return self.generator.forward(self.norm.forward(x)[:, -1]) if logits else None
+
     def decoder_state(self, prompt, eos_id=None, capacity=None, slide=False):
         """A ``LanguageModelState`` prefilled with ``prompt`` (R, P): what
         ``npformer.decoding``'s greedy and sampling searches run over (``slide``: generate
@@ -155,7 +172,10 @@ class GPT(Module):
         """ids (B, T) int -> logits (B, T, vocab_size). Keeps caches for backward."""
         ids = check_token_ids("ids", ids, self.config.vocab_size, self.max_len)
         x = self.embed(ids)                                              # (B, T, D)
-        h = self.transformer.forward(x, F.causal_mask(ids.shape[1]))     # (B, T, D), after ln_f
+        mask = F.causal_mask(ids.shape[1])
+        for block in self.blocks:
+            x = block.forward(x, mask)
+        h = self.norm.forward(x)                                         # (B, T, D)
         logits = self.generator.forward(h)                               # (B, T, V)
         self._logits_shape = logits.shape
         self._backward_done = False
@@ -175,7 +195,10 @@ class GPT(Module):
         check_array("dlogits", dlogits, self._logits_shape)
         self._backward_done = True
         dh = self.generator.backward(dlogits)                   # (B, T, D)
-        dx = self.embed_dropout.backward(self.transformer.backward(dh))
+        dx = self.norm.backward(dh)
+        for block in reversed(self.blocks):
+            dx = block.backward(dx)
+        dx = self.embed_dropout.backward(dx)
         if self.pos_embed is not None:
             dx = self.pos_embed.backward(dx)                    # dx passes through unchanged
         self.tok_embed.backward(dx)                             # (tied: adds to the head's grad)
@@ -225,8 +248,7 @@ class LanguageModelState(CachedState):
 
     def _fill(self, ids, capacity):
         """Fresh caches holding ids (R, t) at positions 0 .. t-1 (one prefill pass)."""
-        self.caches = [layer.self_attn.new_cache(ids.shape[0], capacity, self.model.dtype)
-                       for layer in self.model.transformer.layers]
+        self.caches = self.model.new_caches(ids.shape[0], capacity)
         if ids.shape[1] > 0:
             self._run(ids, logits=False)                     # prefill; no logits needed
 
@@ -239,9 +261,7 @@ class LanguageModelState(CachedState):
         (R, V), or None."""
         model = self.model
         with model.evaluating(), runtime.blas_scope():   # one BLAS setting for the whole step
-            x = model.embed(ids, start=self.length)                      # (R, t, D)
-            h = model.transformer.step(x, self.caches)                   # (R, t, D)
-            return model.generator.forward(h[:, -1]) if logits else None
+            return model.step(ids, self.caches, logits)
 
     def step(self, tokens):
         """The previous token of every row (R,) -> log-probabilities of the next one (R, V),

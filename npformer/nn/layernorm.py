@@ -2,6 +2,7 @@
 import numpy as np
 
 from ..backend import ops
+from .init import ones, zeros
 from .module import Module, Parameter
 
 
@@ -11,8 +12,8 @@ class LayerNorm(Module):
     def __init__(self, d_model, eps=1e-5, *, dtype=np.float32):
         super().__init__()
         self.eps = eps
-        self.weight = Parameter(np.ones(d_model, dtype=dtype))
-        self.bias = Parameter(np.zeros(d_model, dtype=dtype))
+        self.weight = Parameter(ones(d_model, dtype))
+        self.bias = Parameter(zeros(d_model, dtype))
         self._cache = None
         self._ops = None          # the backend that ran forward: only its backward fits the cache
 

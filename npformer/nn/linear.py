@@ -2,7 +2,7 @@
 import numpy as np
 
 from ..backend import ops
-from .init import xavier_uniform
+from .init import xavier_uniform, zeros
 from .module import Module, Parameter
 
 
@@ -17,7 +17,7 @@ class Linear(Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(xavier_uniform(rng, (out_features, in_features), dtype))
-        self.bias = Parameter(np.zeros(out_features, dtype=dtype)) if bias else None
+        self.bias = Parameter(zeros(out_features, dtype)) if bias else None
         self._cache = None
         self._ops = None          # the backend that ran forward: only its backward fits the cache
 

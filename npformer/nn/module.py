@@ -14,6 +14,18 @@ from collections import OrderedDict
 import numpy as np
 
 from ..aligned import empty_aligned, zeros_aligned
+from .init import building_shapes, shapes_only
+
+
+def config_of(config_class, args, kwargs):
+    """The configuration a model was called with: ``Model(config)``, or the configuration's
+    fields positionally and by name (``nf.GPT(65, d_model=64)``), whose defaults are the
+    dataclass's alone."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], config_class):
+        return args[0]
+    if any(isinstance(a, config_class) for a in (*args, *kwargs.values())):
+        raise ValueError(f"config: pass a {config_class.__name__} alone, or its fields, not both")
+    return config_class(*args, **kwargs)
 
 
 class Parameter:
@@ -22,6 +34,9 @@ class Parameter:
     __slots__ = ("data", "grad")
 
     def __init__(self, data):
+        if building_shapes():             # a placeholder (nn.init.shapes_only): allocate nothing
+            self.data = self.grad = data
+            return
         self.data = np.ascontiguousarray(data)
         self.grad = np.zeros_like(self.data)
 
@@ -49,6 +64,14 @@ class Module:
         elif isinstance(value, Module):
             self._modules[name] = value
         object.__setattr__(self, name, value)
+
+    @classmethod
+    def shapes_of(cls, config):
+        """``{name: shape}`` of the parameters of ``cls(config)``, in ``named_parameters()``
+        order, from a build that allocates and draws nothing (``nn.init.shapes_only``)."""
+        with shapes_only():
+            model = cls(config)
+        return {name: tuple(p.data.shape) for name, p in model.named_parameters()}
 
     # -- traversal ---------------------------------------------------------------------------
     def named_parameters(self, prefix=""):
@@ -107,6 +130,8 @@ class Module:
 
     def flatten_parameters(self):
         """Move every parameter (and gradient) into one contiguous buffer; each becomes a view."""
+        if building_shapes():
+            return self
         params = self.parameters()
         dtypes = {p.data.dtype for p in params}
         if len(dtypes) != 1:

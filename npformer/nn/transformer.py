@@ -1,7 +1,6 @@
 """The encoder-decoder Transformer of "Attention Is All You Need", laid out as torch.nn.Transformer
 plus source/target embeddings and a generator (the output projection to the target vocabulary).
 """
-import dataclasses
 import math
 
 import numpy as np
@@ -15,8 +14,9 @@ from .decoder import Decoder
 from .dropout import Dropout
 from .embedding import Embedding
 from .encoder import Encoder
+from .init import building_shapes, table
 from .linear import Linear
-from .module import Module
+from .module import Module, config_of
 from .state import CachedState
 
 
@@ -38,24 +38,14 @@ class Transformer(Module):
     generator.
     """
 
-    def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, n_heads=8, d_ff=2048,
-                 n_encoder_layers=6, n_decoder_layers=6, dropout=0.1, attention_dropout=None,
-                 activation_dropout=None, max_len=256, pad_id=0, norm_first=False,
-                 activation="relu", layer_norm_eps=1e-5, qk_dim=None, tie_embeddings=False,
-                 share_all_embeddings=False, generator_bias=True, dtype=np.float32, seed=0):
+    def __init__(self, *args, **kwargs):
         super().__init__()
-        # every value is checked here (ValueError naming the argument); ``config`` is what
-        # checkpoints store and ``from_config`` / ``nf.build_model`` build from
-        self.config = cfg = TransformerConfig(
-            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
-            n_heads=n_heads, d_ff=d_ff, n_encoder_layers=n_encoder_layers,
-            n_decoder_layers=n_decoder_layers, dropout=dropout, attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout, max_len=max_len, pad_id=pad_id,
-            norm_first=norm_first, activation=activation, layer_norm_eps=layer_norm_eps,
-            qk_dim=qk_dim, tie_embeddings=tie_embeddings,
-            share_all_embeddings=share_all_embeddings, generator_bias=generator_bias,
-            dtype=dtype, seed=seed)
-        cfg.check_memory()               # a size this machine cannot hold: refused now
+        # ``Transformer(config)`` or the fields of TransformerConfig (``Transformer(7, 6,
+        # d_model=64)``), every value checked there (ValueError naming it); ``config`` is what
+        # checkpoints store and ``nf.build_model`` builds from
+        self.config = cfg = config_of(TransformerConfig, args, kwargs)
+        if not building_shapes():
+            cfg.check_memory()           # a size this machine cannot hold: refused now
         dtype = np.dtype(cfg.dtype)
         self.dtype, self.pad_id, self.max_len, self.d_model = dtype, cfg.pad_id, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask
@@ -84,17 +74,18 @@ class Transformer(Module):
             self.tgt_embed.weight = self.src_embed.weight      # one Parameter, three users
         if cfg.tie_embeddings:
             self.generator.weight = self.tgt_embed.weight      # one Parameter, two users
-        self.positions = F.sinusoidal_positions(cfg.max_len, d_model, dtype)   # (max_len, D)
+        self.positions = table(lambda: F.sinusoidal_positions(cfg.max_len, d_model, dtype),
+                               (cfg.max_len, d_model), dtype)                   # (max_len, D)
         self.flatten_parameters()
         self._logits_shape = self._logits_mask = None
         self._backward_done = False
 
     @classmethod
     def from_config(cls, config):
-        """A new model of a :class:`~npformer.configs.TransformerConfig`."""
+        """A new model of a :class:`~npformer.configs.TransformerConfig` (as ``Transformer(config)``)."""
         if not isinstance(config, TransformerConfig):
             raise ValueError(f"config: expected a TransformerConfig, got {type(config).__name__}")
-        return cls(**dataclasses.asdict(config))
+        return cls(config)
 
     # -- pieces usable on their own (decoding uses them) --------------------------------------
     def embed(self, embedding, dropout, ids, start=0):

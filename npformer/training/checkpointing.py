@@ -116,6 +116,7 @@ def load_model_checkpoint(path):
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: cannot build the model from its config ({e})") from None
     weights = {k[len(_MODEL):]: v for k, v in arrays.items() if k.startswith(_MODEL)}
+    weights = type(config).current_names(weights)     # names stored before a rename: migrated
     _check_weights_fit_config(config, weights, name)
     model = build_model(config)
     try:
@@ -134,11 +135,11 @@ def load_model_checkpoint(path):
 def _check_weights_fit_config(config, weights, name):
     """Compare the (validated) config with the stored weights without allocating anything (see
     ``load_model_checkpoint``); raise CheckpointError naming every mismatch."""
-    layers = config.layer_count()
-    if layers > len(weights):      # each layer has parameters: don't even list a million of them
-        raise CheckpointError(f"checkpoint {name}: the config claims {layers} layers but the file "
-                              f"stores only {len(weights)} model arrays")
-    shapes = config.parameter_shapes()
+    try:                           # each layer has parameters: don't even list a million of them
+        shapes = config.parameter_shapes(max_layers=len(weights))
+    except ValueError:
+        raise CheckpointError(f"checkpoint {name}: the config claims {config.layer_count()} "
+                              f"layers but the file stores only {len(weights)} model arrays") from None
     missing = [k for k in shapes if k not in weights]
     unexpected = [_MODEL + k for k in weights if k not in shapes]
     wrong = [f"{_MODEL}{k}: the config implies shape {shape}, the file stores {weights[k].shape}"

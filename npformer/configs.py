@@ -20,7 +20,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from .functional.activation_dropout import check_activation
-from .functional.dropout import inner_dropout_rates
+from .dropout_rates import inner_dropout_rates
 from .validation import check_flag, check_int, check_real
 
 try:

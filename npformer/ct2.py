@@ -101,7 +101,7 @@ def _activation(cs, name):
 def check_exportable(model):
     """ValueError naming what CTranslate2's TransformerSpec cannot hold."""
     cfg = model.config
-    if getattr(cfg, "arch", None) != "transformer":
+    if getattr(cfg, "capability", None) != "seq2seq" or cfg.arch != "transformer":
         raise ValueError(f"checkpoint: CTranslate2 export takes an encoder-decoder "
                          f"('transformer') model, got a {getattr(cfg, 'arch', None)!r} model")
     if cfg.qk_dim is not None and cfg.qk_dim != cfg.d_model:

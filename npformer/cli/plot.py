@@ -153,6 +153,9 @@ def attention_maps(model, vocabs, sentence):
     """Greedy-translate ``sentence``, re-run the model on (source, output) and collect
     ``attn_weights`` of every MultiHeadAttention: {name: (H, T, S)}, plus the token labels."""
     from ..decoding.translator import Translator
+    if model.config.capability != "seq2seq":
+        raise ValueError(f"--checkpoint: attention heatmaps are drawn for a translation model "
+                         f"(source, target and cross-attention), got a {model.config.arch!r} model")
     result = Translator(model, vocabs).translate([sentence])[0]
     src_ids, _ = vocabs.src.encode_with_unknowns(sentence.split())
     if not src_ids:

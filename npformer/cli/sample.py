@@ -66,7 +66,6 @@ def check_options(args):
 
 def load_language_model(args):
     """(model, tokenizer) of --checkpoint or --hf."""
-    from ..nn.gpt import GPT
     dtype = np.dtype(args.dtype)
     if args.hf is not None:
         from ..training.language_model import load_pretrained
@@ -74,7 +73,7 @@ def load_language_model(args):
     from ..training.checkpointing import load_model_checkpoint
     from ..training.language_model import resolve_tokenizer
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
-    if not isinstance(loaded.model, GPT):
+    if loaded.model.config.capability != "causal_lm":
         raise ValueError(f"--checkpoint {args.checkpoint}: holds a {loaded.model.config.arch} "
                          f"model, not a language model (translate with npformer translate)")
     model = loaded.model

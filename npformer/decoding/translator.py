@@ -53,9 +53,9 @@ class Translator:
 
     def __init__(self, model, vocabs, tokenize=whitespace_tokenize, detokenize=" ".join,
                  batch_size=None, max_tokens=MAX_TOKENS):
-        if getattr(model.config, "arch", None) != "transformer":
-            raise ValueError(f"model: translation needs an encoder-decoder ('transformer'), got "
-                             f"a {getattr(model.config, 'arch', type(model).__name__)!r} model "
+        if getattr(model.config, "capability", None) != "seq2seq":
+            raise ValueError(f"model: translation needs an encoder-decoder (a 'seq2seq' model), "
+                             f"got a {getattr(model.config, 'arch', type(model).__name__)!r} model "
                              f"(a language model continues text: npformer sample)")
         Vocabularies.check_fits(vocabs, model.config.vocab_sizes(), pad_id=model.config.pad_id)
         self.batch_size = check_int("batch_size", batch_size, allow_none=True)

@@ -8,10 +8,6 @@ import math
 
 import numpy as np
 
-# A rule of the configuration, not of dropout: it lives in npformer/dropout_rates.py. Its old
-# import path here stays until every caller imports it from there.
-from ..dropout_rates import inner_dropout_rates  # noqa: F401
-
 MASK_BITS = 16          # random bits per unit; p is realised to within 2**-17
 # SplitMix64 (Steele, Lea & Flood 2014; Java's SplittableRandom): word i of a mask is
 # mix(key + (i + 1) * GAMMA), a function of the key and the index alone.

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .attention import MultiHeadAttention
-from ..functional.dropout import inner_dropout_rates
+from ..dropout_rates import inner_dropout_rates
 from .dropout import Dropout
 from .feedforward import FeedForward
 from .layernorm import LayerNorm

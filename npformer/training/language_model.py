@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..configs import GPTConfig
 from ..data.characters import CharTokenizer
 from ..data.textfile import read_text
 from ..data.vocab import Vocabularies
@@ -105,7 +106,7 @@ class LanguageModelTask(Task):
         """The model predicts over a vocabulary that holds every id, and sees ``context``
         positions."""
         config = model.config
-        if not hasattr(config, "vocab_size") or model.config.vocab_sizes():
+        if getattr(config, "capability", None) != "causal_lm":
             raise ValueError(f"model: the {self.name} task trains a decoder-only model (npformer."
                              f"GPT), got a {type(model).__name__}")
         if self.vocabs is not None and len(self.vocabs.tgt) != config.vocab_size:
@@ -223,6 +224,7 @@ class LanguageModelTask(Task):
 # AdamW with weight decay on the matrices only, warm-up then a cosine to min_lr, clipping at 1.
 LM_MODEL = dict(n_layers=4, d_model=192, n_heads=6, d_ff=768, max_len=128, dropout=0.1,
                 positions="rotary")
+GPTConfig(vocab_size=1, **LM_MODEL)     # a misspelt field or a value out of range fails at import
 LM_TRAIN = dict(epochs=10**6, max_steps=2200, batch_size=32, lr=3e-3, warmup_steps=100,
                 schedule="cosine", min_lr=1e-4, optimizer="adamw", betas=(0.9, 0.99),
                 weight_decay=0.1, decay="matrices", clip_norm=1.0, label_smoothing=0.0,
@@ -274,7 +276,7 @@ def _initial_model(init_from):
                          f"Hugging Face GPT-2 folder with config.json, an npformer GPT "
                          f"checkpoint, or a run folder holding best.npz)")
     loaded = load_model_checkpoint(path)
-    if not isinstance(loaded.model, GPT):
+    if loaded.model.config.capability != "causal_lm":
         raise ValueError(f"init_from {init_from}: holds a {loaded.model.config.arch} model; "
                          f"a language model starts from a GPT (an npformer lm checkpoint or a "
                          f"Hugging Face GPT-2 folder)")

@@ -11,6 +11,7 @@ from ..data.textfile import write_text_atomic
 from ..decoding.search import LENGTH_PENALTY
 from ..training.trainer import SCHEDULES, SPANNING
 from ..validation import check_int, check_real, describe_int, describe_real
+from .model_options import TRANSLATION_MODEL
 
 
 # ----------------------------------------------------------------------------------------------
@@ -145,24 +146,36 @@ class RecipeDefaultsFormatter(NoneDefaultFormatter):
     none_text = "from the dataset's recipe"
 
 
-def add_model_args(p, defaults):
-    g = p.add_argument_group("model")
-    g.add_argument("--d-model", type=positive_int, default=defaults["d_model"])
-    g.add_argument("--n-heads", type=positive_int, default=defaults["n_heads"])
-    g.add_argument("--d-ff", type=positive_int, default=defaults["d_ff"])
-    g.add_argument("--layers", type=positive_int, default=defaults["n_encoder_layers"],
-                   help="encoder and decoder layers each (default %(default)s)")
-    g.add_argument("--dropout", type=probability, default=defaults["dropout"],
-                   help="dropout probability in [0, 1) on the embeddings and each sublayer's "
-                        "output (default %(default)s)")
-    for name, where in (("attention", "the attention weights"),
-                        ("activation", "the feed-forward activations")):
-        default = defaults.get(f"{name}_dropout")
-        g.add_argument(f"--{name}-dropout", type=probability, default=default,
-                       help=f"dropout probability on {where} (default "
-                            f"{'--dropout' if default is None else default})")
-    g.add_argument("--max-len", type=positive_int, default=defaults["max_len"],
-                   help="longest sentence in tokens (default %(default)s)")
+# a model option's values by its field's type: sizes are positive integers, rates in [0, 1)
+_OPTION_TYPES = {int: positive_int, float: probability}
+
+
+def add_model_options(group, model, defaults, helps, metavars=None):
+    """One argument per option of ``model`` (a ``model_options.ModelOptions``), in its order:
+    the option's flag, the type of its field's values (or its choices), ``defaults[option]``,
+    ``helps.get(option)`` and ``metavars.get(option)``."""
+    for option in model.options:
+        values = ({"choices": model.choices[option]} if option in model.choices
+                  else {"type": _OPTION_TYPES[model.kind(option)]})
+        group.add_argument(model.flag(option), default=defaults[option], help=helps.get(option),
+                           metavar=(metavars or {}).get(option), **values)
+
+
+def add_model_args(p, recipe=None):
+    """The model options of toy, train and calibrate, defaulting to ``recipe``'s values (a dict of
+    ``TransformerConfig`` fields; the dataclass's where it has none); without a recipe, None
+    (train: the dataset's recipe fills them once it is known)."""
+    defaults = TRANSLATION_MODEL.defaults(recipe)
+    inner = {option: f"dropout probability on {where} (default "
+                     f"{'--dropout' if defaults[option] is None else defaults[option]})"
+             for option, where in (("attention_dropout", "the attention weights"),
+                                   ("activation_dropout", "the feed-forward activations"))}
+    add_model_options(p.add_argument_group("model"), TRANSLATION_MODEL, defaults, {
+        "layers": "encoder and decoder layers each (default %(default)s)",
+        "dropout": "dropout probability in [0, 1) on the embeddings and each sublayer's output "
+                   "(default %(default)s)",
+        **inner,
+        "max_len": "longest sentence in tokens (default %(default)s)"})
 
 
 def physical_memory():
@@ -170,12 +183,6 @@ def physical_memory():
     machine's, or less under a container's or ``ulimit -v``'s limit), or None where nothing
     says."""
     return available_memory()
-
-
-# the model options by the configuration fields they set (None: not an option, left unnamed)
-MODEL_OPTIONS = {"d_model": "--d-model", "d_ff": "--d-ff", "n_encoder_layers": "--layers",
-                 "max_len": "--max-len", "src_vocab_size": None, "tgt_vocab_size": None,
-                 "qk_dim": None, "n_decoder_layers": None}
 
 
 def check_model_size(args, memory=None):
@@ -187,19 +194,15 @@ def check_model_size(args, memory=None):
     vocabularies of one token, the data's being unknown yet: a lower bound, so a model it
     refuses could not have trained here anyway."""
     memory = physical_memory() if memory is None else memory
-    config = TransformerConfig(src_vocab_size=1, tgt_vocab_size=1, d_model=args.d_model,
-                               n_heads=args.n_heads, d_ff=args.d_ff, n_encoder_layers=args.layers,
-                               n_decoder_layers=args.layers, max_len=args.max_len)
-    config.check_memory(training=True, memory=memory, names=MODEL_OPTIONS)
+    config = TransformerConfig(src_vocab_size=1, tgt_vocab_size=1,
+                               **TRANSLATION_MODEL.config_kwargs(args))
+    config.check_memory(training=True, memory=memory, names=TRANSLATION_MODEL.names())
 
 
 def model_kwargs(args):
     """The Transformer's keyword arguments from the model options (checked to fit in memory)."""
     check_model_size(args)
-    return dict(d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
-                n_encoder_layers=args.layers, n_decoder_layers=args.layers,
-                dropout=args.dropout, attention_dropout=args.attention_dropout,
-                activation_dropout=args.activation_dropout, max_len=args.max_len)
+    return TRANSLATION_MODEL.config_kwargs(args)
 
 
 def add_train_args(p, defaults):

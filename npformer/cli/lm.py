@@ -10,27 +10,27 @@ import os
 from pathlib import Path
 
 from ..checkpoint import write_file_atomic
-from ..configs import POSITIONS, GPTConfig
+from ..configs import GPTConfig
 from . import common
-from ..training.language_model import LM_MODEL, LM_TRAIN, lm_trainer
+from ..training.language_model import INIT_CONTEXT, LM_MODEL, LM_TRAIN, lm_trainer
 from ..training.trainer import SPANNING
-from .common import (NoneDefaultFormatter, non_negative_float, non_negative_int, positive_float,
-                     positive_int, probability, refuse_min_lr_above_lr)
+from .common import (NoneDefaultFormatter, add_model_options, non_negative_float, non_negative_int,
+                     positive_float, positive_int, refuse_min_lr_above_lr)
+from .model_options import LANGUAGE_MODEL
 from .parallel import add_parallel_args, join
 from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_inputs_in_run
 
 LM_MADE_BY = "npformer lm"
-# what an out-of-memory error suggests (npformer.cli.main), and the options of a model's size
+# what an out-of-memory error suggests (npformer.cli.main)
 MEMORY_HINT = "try a smaller --layers, --d-model, --d-ff, --context or --batch-size"
-SIZE_OPTIONS = {"n_layers": "--layers", "d_model": "--d-model", "d_ff": "--d-ff",
-                "max_len": "--context", "vocab_size": None}
 # the options a checkpoint of ``npformer lm`` records, and those a resume may change
-LM_RECORDED = ("data", "init_from", "layers", "d_model", "n_heads", "d_ff", "context", "dropout",
-               "positions", "max_steps", "batch_size", "lr", "schedule", "min_lr", "warmup_steps",
-               "weight_decay", "clip_norm", "eval_every_steps", "time_budget", "sample_tokens",
-               "seed")
+LM_RECORDED = ("data", "init_from", *LANGUAGE_MODEL.options, "max_steps", "batch_size", "lr",
+               "schedule", "min_lr", "warmup_steps", "weight_decay", "clip_norm",
+               "eval_every_steps", "time_budget", "sample_tokens", "seed")
 LM_MAY_CHANGE = ("data", "max_steps", "time_budget", "eval_every_steps", "sample_tokens")
-_SHAPE = ("layers", "d_model", "n_heads", "d_ff", "positions")
+# the model options --init-from refuses, its model bringing them: all but --context (how much
+# of the text the task shows it at once) and --dropout (the fine-tuning's)
+_SHAPE = tuple(option for option in LANGUAGE_MODEL.options if option not in ("context", "dropout"))
 
 
 def add_parser(sub, name):
@@ -58,23 +58,22 @@ def add_parser(sub, name):
                    help="start from these weights: a Hugging Face GPT-2 folder (config.json, "
                         "model.safetensors, tokenizer.json; extra hf) or an npformer GPT "
                         "checkpoint; the text is cut by its tokenizer")
-    m = p.add_argument_group("model (a new one; --init-from brings its own)")
-    m.add_argument("--layers", type=positive_int, default=None,
-                   help=f"transformer blocks (default {LM_MODEL['n_layers']})")
-    m.add_argument("--d-model", type=positive_int, default=None,
-                   help=f"default {LM_MODEL['d_model']}")
-    m.add_argument("--n-heads", type=positive_int, default=None,
-                   help=f"default {LM_MODEL['n_heads']}")
-    m.add_argument("--d-ff", type=positive_int, default=None, help="default 4 x --d-model")
-    m.add_argument("--context", type=positive_int, default=None, metavar="T",
-                   help=f"tokens the model sees at once (default {LM_MODEL['max_len']}; with "
-                        f"--init-from the model's, at most 256)")
-    m.add_argument("--dropout", type=probability, default=None,
-                   help=f"in [0, 1) (default {LM_MODEL['dropout']}; with --init-from the model's)")
-    m.add_argument("--positions", choices=POSITIONS, default=None,
-                   help=f"where a token is: a learned vector per position (GPT-2's), the fixed "
-                        f"sinusoidal table, or rotary (each attention turns queries and keys by "
-                        f"their positions) (default {LM_MODEL['positions']})")
+    # None: not given, so that a resume tells them from the checkpoint's; fill_defaults sets
+    # the recipe's values afterwards, which the help says
+    recipe = LANGUAGE_MODEL.defaults(LM_MODEL)
+    add_model_options(p.add_argument_group("model (a new one; --init-from brings its own)"),
+                      LANGUAGE_MODEL, LANGUAGE_MODEL.defaults(), {
+        "layers": f"transformer blocks (default {recipe['layers']})",
+        "d_model": f"default {recipe['d_model']}",
+        "n_heads": f"default {recipe['n_heads']}",
+        "d_ff": "default 4 x --d-model",
+        "context": f"tokens the model sees at once (default {recipe['context']}; with "
+                   f"--init-from the model's, at most {INIT_CONTEXT})",
+        "dropout": f"in [0, 1) (default {recipe['dropout']}; with --init-from the model's)",
+        "positions": f"where a token is: a learned vector per position (GPT-2's), the fixed "
+                     f"sinusoidal table, or rotary (each attention turns queries and keys by "
+                     f"their positions) (default {recipe['positions']})"},
+        metavars={"context": "T"})
     t = p.add_argument_group("training")
     t.add_argument("--max-steps", type=positive_int, default=None,
                    help=f"updates; the schedule ends there (default {LM_TRAIN['max_steps']})")
@@ -110,12 +109,11 @@ def add_parser(sub, name):
 
 
 def _model_kwargs(args):
-    kwargs = {}
-    if args.layers is not None:
-        kwargs["n_layers"] = args.layers
-    for dest in ("d_model", "n_heads", "d_ff", "dropout", "positions"):
-        if getattr(args, dest) is not None:
-            kwargs[dest] = getattr(args, dest)
+    """The GPT's keyword arguments from the model options given. --context reaches the model
+    through the recipe's ``context`` (a new model's max_len; a model of --init-from keeps its
+    own), so it is not one of them."""
+    kwargs = LANGUAGE_MODEL.config_kwargs(args)
+    kwargs.pop("max_len", None)
     return kwargs
 
 
@@ -141,12 +139,10 @@ def fill_defaults(args):
     """Options left out take the recipe's values, so that every checkpoint records what its run
     used (a model of --init-from keeps its own shape, context and dropout unless given)."""
     if args.init_from is None:
-        for dest, key in (("layers", "n_layers"), ("d_model", "d_model"), ("n_heads", "n_heads"),
-                          ("context", "max_len"), ("dropout", "dropout"),
-                          ("positions", "positions")):
-            if getattr(args, dest) is None:
-                setattr(args, dest, LM_MODEL[key])
-        if args.d_ff is None:
+        for option, value in LANGUAGE_MODEL.defaults(LM_MODEL).items():
+            if getattr(args, option) is None and option != "d_ff":
+                setattr(args, option, value)
+        if args.d_ff is None:                    # the recipe's ratio, whatever --d-model is
             args.d_ff = 4 * args.d_model
     for dest in ("max_steps", "batch_size", "lr", "schedule", "min_lr", "warmup_steps",
                  "weight_decay", "clip_norm", "eval_every_steps"):
@@ -159,9 +155,9 @@ def check_model_size(args):
     """Refuse a new model that cannot train in this machine's memory, naming lm's options,
     before the text is read: the estimate of ``GPTConfig.memory_estimate`` for a one-token
     vocabulary (the text's is not known yet), a lower bound (as ``train``'s check)."""
-    config = GPTConfig(vocab_size=1, d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
-                       n_layers=args.layers, max_len=args.context, positions=args.positions)
-    config.check_memory(training=True, memory=common.physical_memory(), names=SIZE_OPTIONS)
+    config = GPTConfig(vocab_size=1, **LANGUAGE_MODEL.config_kwargs(args))
+    config.check_memory(training=True, memory=common.physical_memory(),
+                        names=LANGUAGE_MODEL.names())
 
 
 def build(args, saved=None):
@@ -211,16 +207,19 @@ def _tokenizer_bytes(data):
 def recorded_lm_options(meta):
     """The options of ``LM_RECORDED`` a checkpoint of ``npformer lm`` recorded. A run recorded
     before --schedule existed trained with the schedule its training config names (the
-    cosine), one recorded before --positions with its model's positions; a resume keeps them,
-    or refuses others, like any recorded option."""
+    cosine), one recorded before a model option (--positions) with its model's value; a resume
+    keeps them, or refuses others, like any recorded option."""
     extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
     options = extra.get("options") if isinstance(extra.get("options"), dict) else {}
     recorded = {k: options[k] for k in LM_RECORDED if k in options}
     if "schedule" not in recorded:
         config = (meta.get("training") or {}).get("config") or {}
         recorded["schedule"] = config.get("schedule", "cosine")
-    if "positions" not in recorded and isinstance(meta.get("config"), dict):
-        recorded["positions"] = GPTConfig.from_dict(meta["config"]).positions
+    if isinstance(meta.get("config"), dict):
+        model = LANGUAGE_MODEL.from_config(GPTConfig.from_dict(meta["config"]).to_dict())
+        for option, value in model.items():
+            if option != "context":              # the task's, recorded by every run
+                recorded.setdefault(option, value)
     return recorded
 
 

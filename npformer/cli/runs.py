@@ -49,6 +49,7 @@ import shutil
 from ..dropout_rates import inner_dropout_rates
 from ..training.multi30k import checkpoint_preprocess
 from .common import refuse_output_under_a_file
+from .model_options import TRANSLATION_MODEL
 
 TOY_MADE_BY = "npformer toy"
 TRAIN_MADE_BY = "npformer train"
@@ -68,8 +69,7 @@ RECORDED_OPTIONS = ("dataset", "src_file", "tgt_file", "valid_src", "valid_tgt",
                     "data_dir", "src", "tgt", "cased", "subword", "subset", "valid_subset",
                     "preset", "preprocess",
                     "max_tokens", "bucket_size", "accum_steps", "eval_every_steps", "time_budget",
-                    "keep_last", "average_last", "d_model", "n_heads", "d_ff", "layers", "dropout",
-                    "attention_dropout", "activation_dropout", "max_len",
+                    "keep_last", "average_last", *TRANSLATION_MODEL.options,
                     "epochs", "max_steps", "batch_size", "lr", "warmup_steps", "schedule", "min_lr",
                     "label_smoothing", "weight_decay", "clip_norm", "patience", "stop_metric",
                     "target", "seed")
@@ -278,12 +278,7 @@ def recorded_options(meta):
         out["clip_norm"] = config["clip_norm"] or 0.0          # the CLI's 0: no clipping
     if isinstance(config.get("time_budget"), (int, float)):
         out["time_budget"] = config["time_budget"] / 60.0      # seconds -> minutes
-    for dest, key in (("d_model", "d_model"), ("n_heads", "n_heads"), ("d_ff", "d_ff"),
-                      ("layers", "n_encoder_layers"), ("dropout", "dropout"),
-                      ("attention_dropout", "attention_dropout"),
-                      ("activation_dropout", "activation_dropout"), ("max_len", "max_len")):
-        if key in model:
-            out[dest] = model[key]
+    out.update(TRANSLATION_MODEL.from_config(model))
     if extra.get("dataset") == "multi30k":
         out.update(dataset="multi30k", src=extra.get("src_lang"), tgt=extra.get("tgt_lang"),
                    cased=not extra.get("lowercase", True), subword=extra.get("subword_pieces"),

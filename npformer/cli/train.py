@@ -12,14 +12,13 @@ from ..training.trainer import TrainConfig, step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, bucket_size,
                      model_kwargs, positive_float, positive_int, refuse_output_over_inputs,
                      train_kwargs)
+from .model_options import TRANSLATION_MODEL
 from .parallel import add_parallel_args, join
 from .runs import (RECORDED_OPTIONS, TOY_MADE_BY, TRAIN_MADE_BY, apply_resume_policy, flag,
                    plan_run_folder, refuse_inputs_in_run)
 
 DATASETS = ("toy", "files", "multi30k")
 # model/training options left unset take the defaults of the chosen dataset's recipe
-_MODEL_KEYS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "dropout", "attention_dropout",
-               "activation_dropout", "max_len")
 _TRAIN_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule", "label_smoothing",
                "weight_decay", "clip_norm", "stop_metric", "min_lr", "target")
 # options each dataset would ignore: giving one is refused, naming it
@@ -104,7 +103,7 @@ def add_parser(sub, name):
     g.add_argument("--average-last", type=positive_int, default=None, metavar="N",
                    help="after training, average the last N kept checkpoints into OUT/averaged "
                         "(implies --keep-last N if that is not given)")
-    add_model_args(p, {k: None for k in _MODEL_KEYS})
+    add_model_args(p)                            # (the dataset's recipe fills them)
     add_train_args(p, {k: None for k in _TRAIN_KEYS})
     p.add_argument("--resume", metavar="CKPT",
                    help="continue the run of this checkpoint, bit for bit: options left out keep "
@@ -162,10 +161,9 @@ def fill_defaults(args, dataset):
                 setattr(args, dest, train.get(dest))
     else:
         model, train = TOY_MODEL, {**TOY_TRAIN, "target": None}
-    for key in _MODEL_KEYS:
-        dest = "layers" if key == "n_encoder_layers" else key
-        if getattr(args, dest) is None:
-            setattr(args, dest, model.get(key))
+    for option, value in TRANSLATION_MODEL.defaults(model).items():
+        if getattr(args, option) is None:
+            setattr(args, option, value)
     # recorded as the rates the run uses (a recipe without them: --dropout's)
     args.attention_dropout, args.activation_dropout = inner_dropout_rates(
         args.dropout, args.attention_dropout, args.activation_dropout)

@@ -26,6 +26,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from ..configs import TransformerConfig
 from ..data.multi30k import LANGUAGES, load_split
 from ..data.subword import NAME as SUBWORD_TOKENIZER
 from ..data.subword import SubwordTokenizer
@@ -40,6 +41,8 @@ from .translation import recipe_trainer
 # 3+3 layers of d_model 256: the size the benchmarks time (BENCHMARKS.md, "base config").
 MULTI30K_MODEL = dict(d_model=256, n_heads=8, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
                       dropout=0.1, max_len=128)
+# a misspelt field or a bad value fails at import
+TransformerConfig(src_vocab_size=1, tgt_vocab_size=1, **MULTI30K_MODEL)
 # The paper's warm-up schedule (linear warm-up, then 1/sqrt(step)), scaled so that its peak is lr;
 # batches of ~5,000 padded tokens; validation (greedy BLEU) every 150 updates; best by BLEU.
 MULTI30K_TRAIN = dict(epochs=100, max_tokens=5000, batch_size=64, accum_steps=1, lr=1e-3, warmup_steps=250,
@@ -70,6 +73,7 @@ TOKENIZERS = {("npformer", False): TOKENIZER, ("npformer", True): SUBWORD_TOKENI
 TINY_MODEL = dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4,
                   dropout=0.3, attention_dropout=0.0, activation_dropout=0.0, max_len=128,
                   share_all_embeddings=True, generator_bias=False)
+TransformerConfig(src_vocab_size=1, tgt_vocab_size=1, **TINY_MODEL)        # (as above)
 TINY_TRAIN = dict(epochs=1000, max_steps=8000, max_tokens=7400, bucket_size=None, batch_size=64,
                   accum_steps=1,
                   lr=5e-3, warmup_steps=2000, schedule="inverse_sqrt", label_smoothing=0.1,

@@ -9,6 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from ..configs import TransformerConfig
 from ..data.toy import generate_toy_corpus, toy_examples
 from ..data.vocab import Vocabularies
 from .checkpointing import load_model_checkpoint
@@ -18,6 +19,7 @@ from .translation import recipe_trainer
 
 TOY_MODEL = dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,
                  dropout=0.1, max_len=32)
+TransformerConfig(src_vocab_size=1, tgt_vocab_size=1, **TOY_MODEL)  # a misspelt field fails at import
 # a full cosine decay over 14 epochs of 47 batches: on seeds 0, 1, 2 this reached 100% train and
 # >= 99.7% held-out exact match in 16-23 s of training on 2 busy cores. The best checkpoint is
 # the one with the lowest validation loss (exact match saturates at 1.0 before training ends).

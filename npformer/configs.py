@@ -344,7 +344,7 @@ NORMS = ("layernorm", "rmsnorm")                     # GPTConfig.norm
 FFNS = ("mlp", "swiglu")                             # GPTConfig.ffn
 # the block variants whose layer pairs come with the Llama family (issue "One house for every
 # decoder, 2 of 2"): refused until then, naming the field
-NOT_YET = {"norm": "rmsnorm", "ffn": "swiglu"}
+NOT_YET = {"ffn": "swiglu"}
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,8 @@ class GPTConfig(ModelConfig):
     activation, which GPT-2 does not have (0; None: ``dropout``'s value).
 
     The block, chosen by fields (a new variant is a field, not a class):
-    - ``norm``: "layernorm" ("rmsnorm" comes with the Llama family);
+    - ``norm``: "layernorm" or "rmsnorm" (Llama's: no mean, no shift; ``layer_norm_eps`` is its
+      epsilon too);
     - ``ffn``: "mlp", two matrices around ``activation`` ("swiglu" comes with the Llama family);
     - ``n_heads`` query heads of ``head_dim`` each (None: d_model / n_heads; Qwen3-0.6B has a
       width of 1024, 16 heads of 128); ``n_kv_heads`` key/value heads (None: n_heads; fewer,
@@ -460,10 +461,11 @@ class GPTConfig(ModelConfig):
         attention = 3 * width * d + (3 * width if self.qkv_bias else 0) \
             + width * d + (d if self.proj_bias else 0)                  # in_proj, out_proj
         ffn = 2 * d * ff + ((ff + d) if self.proj_bias else 0)
-        block = attention + ffn + 2 * 2 * d                             # two LayerNorms
+        norm = d if self.norm == "rmsnorm" else 2 * d                   # a gain (and a shift)
+        block = attention + ffn + 2 * norm
         return (self.vocab_size * d * (1 if self.tie_embeddings else 2)
                 + (self.max_len * d if self.positions == "learned" else 0)
-                + self.n_layers * block + 2 * d)
+                + self.n_layers * block + norm)
 
     def layer_count(self):
         return self.n_layers

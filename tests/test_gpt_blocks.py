@@ -91,6 +91,7 @@ def small(**fields):
     dict(qkv_bias=False, proj_bias=False),              # Llama's: none
     dict(norm_first=False, tie_embeddings=False),
     dict(n_kv_heads=2),                                 # as many key/value heads as query heads
+    dict(norm="rmsnorm", qkv_bias=False, proj_bias=False, positions="rotary"),   # Llama's block
 ])
 def test_block_variants_are_fields_and_their_gradients_check(fields):
     model = small(**fields)
@@ -102,6 +103,7 @@ def test_block_variants_are_fields_and_their_gradients_check(fields):
     assert shapes["blocks.0.self_attn.out_proj.weight"] == (12, width)
     assert ("blocks.0.self_attn.in_proj_bias" in shapes) == model.config.qkv_bias
     assert ("blocks.1.ffn.linear2.bias" in shapes) == model.config.proj_bias
+    assert ("norm.bias" in shapes) == (model.config.norm == "layernorm")
     ids = np.array([[1, 4, 5, 6], [3, 0, 2, 10]])
     result = check_model(model, (ids, np.roll(ids, -1, axis=1)))
     assert result.ok, str(result)
@@ -117,7 +119,6 @@ def test_rope_theta_sets_the_rotary_frequencies():
 
 
 @pytest.mark.parametrize("fields,message", [
-    (dict(norm="rmsnorm"), r"norm: 'rmsnorm' is not built yet .*expected 'layernorm'"),
     (dict(ffn="swiglu"), r"ffn: 'swiglu' is not built yet .*expected 'mlp'"),
     (dict(n_kv_heads=1), r"n_kv_heads: grouped-query attention .* expected None or 2, got 1"),
     (dict(qk_norm=True), r"qk_norm: the per-head query/key norm is not built yet"),

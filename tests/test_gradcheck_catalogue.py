@@ -123,6 +123,24 @@ def layernorm_cases():
     }
 
 
+def rmsnorm_cases():
+    def constant_r(dout, cache):                               # r treated as a constant
+        xhat, rstd, gamma, _ = cache
+        return dout * gamma * rstd, F.rmsnorm_backward(dout, cache)[1]
+
+    def layernorm_mean(dout, cache):                           # LayerNorm's backward copied
+        xhat, rstd, gamma, _ = cache
+        g = dout * gamma
+        dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+        return dx, F.rmsnorm_backward(dout, cache)[1]
+    right = pair(F.rmsnorm_forward, F.rmsnorm_backward)
+    inputs = lambda rng: [rnd(rng, 3, 4, 6), 1 + 0.3 * rnd(rng, 6)]
+    return {"rmsnorm: r treated as a constant (dx = r g)":
+                (right, pair(F.rmsnorm_forward, constant_r), inputs),
+            "rmsnorm: LayerNorm's mean term kept (-mean(g))":
+                (right, pair(F.rmsnorm_forward, layernorm_mean), inputs)}
+
+
 def gelu_cases():
     """Mixing the two GELUs: the forward of one, the backward of the other."""
     def tanh_derivative(dout, cache):
@@ -392,8 +410,8 @@ def catalogue():
                        ("tied embeddings: one backward assigns the gradient, the other's lost",
                         tied_case)):
         cases[name] = (lambda make: (lambda rng: make(rng)))(make)
-    for group in (embedding_cases(), dropout_cases(), layernorm_cases(), gelu_cases(),
-                  attention_cases(), mha_cases(), rotary_cases(), residual_cases(),
+    for group in (embedding_cases(), dropout_cases(), layernorm_cases(), rmsnorm_cases(),
+                  gelu_cases(), attention_cases(), mha_cases(), rotary_cases(), residual_cases(),
                   cross_entropy_cases()):
         for name, (right, wrong, inputs) in group.items():
             cases[name] = (lambda right, wrong, inputs: (lambda rng: (right, wrong, inputs(rng))))(
@@ -431,6 +449,11 @@ INVISIBLE = {
     "layernorm: unbiased variance (1/(D-1)) or eps outside the root":
         "a correct gradient of a different function; tests/test_torch_parity.py holds the forward "
         "against torch.nn.LayerNorm",
+    "rmsnorm: eps outside the root, or the mean of |x| instead of x^2":
+        "a correct gradient of another norm; tests/test_gradcheck_layers.py holds the forward and "
+        "its gradients against torch.nn.RMSNorm",
+    "rmsnorm: gamma applied before the cast back to half precision":
+        "rounding in the forward; tests/test_gradcheck_layers.py checks the half-precision path",
     "gelu: the tanh form used where the model was trained with the exact one (or back)":
         "forward and backward agree with each other; tests/test_gradcheck_layers.py holds each "
         "forward against its definition, tests/test_gpt_hf.py GPT-2 against transformers",
@@ -510,7 +533,7 @@ def test_the_catalogue_covers_every_what_goes_wrong_paragraph():
             sections.append(current)
     covered = " ".join(list(CATALOGUE) + list(SHAPE_MISTAKES) + list(INVISIBLE)).lower()
     keys = {"linear": "linear", "embedding": "embedding", "dropout": "dropout",
-            "layernorm": "layernorm", "activations": "gelu", "softmax": "softmax",
+            "layernorm": "layernorm", "rmsnorm": "rmsnorm", "activations": "gelu", "softmax": "softmax",
             "attention": "attention", "multi-head attention": "multi-head attention",
             "rotary positions": "rotary", "residual and layer order": "residual",
             "cross-entropy": "cross-entropy", "tied embeddings": "tied embeddings", "adam": "adam"}

@@ -54,6 +54,41 @@ def test_layernorm():
     check(f, [rnd(rng, 3, 4, 7), 1 + 0.1 * rnd(rng, 7), rnd(rng, 7)])
 
 
+def test_rmsnorm():
+    rng = np.random.default_rng(12)
+
+    def f(x, g):
+        out, cache = F.rmsnorm_forward(x, g)
+        return out, lambda d: F.rmsnorm_backward(d, cache)
+    check(f, [rnd(rng, 3, 4, 7), 1 + 0.1 * rnd(rng, 7)])
+    norm = nf.nn.RMSNorm(6, dtype=np.float64)
+    norm.weight.data[:] = np.linspace(0.5, 1.5, 6)
+    module_check(norm, norm.forward, norm.backward, [rnd(rng, 2, 3, 6)])
+
+
+def test_rmsnorm_matches_torch_and_computes_half_precision_in_float32():
+    """torch.nn.RMSNorm's forward and gradients; a float16 input is normalised in float32 and
+    cast back, as Hugging Face's LlamaRMSNorm does."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(13)
+    x, g, dout = rnd(rng, 2, 3, 8), 1 + 0.1 * rnd(rng, 8), rnd(rng, 2, 3, 8)
+    y, cache = F.rmsnorm_forward(x, g, 1e-6)
+    dx, dg = F.rmsnorm_backward(dout, cache)
+    ref = torch.nn.RMSNorm(8, eps=1e-6, dtype=torch.float64)
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(g))
+    tx = torch.from_numpy(x).requires_grad_()
+    ty = ref(tx)
+    ty.backward(torch.from_numpy(dout))
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(dg, ref.weight.grad.numpy(), rtol=1e-12, atol=1e-13)
+    half, _ = F.rmsnorm_forward(x.astype(np.float16), g.astype(np.float16), 1e-6)
+    assert half.dtype == np.float16
+    np.testing.assert_allclose(half, (x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+                                      * g).astype(np.float16), rtol=2e-3, atol=2e-3)
+
+
 @pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh"])
 def test_activations(name):
     forward, backward = F.ACTIVATIONS[name]

@@ -22,6 +22,7 @@ from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .masks import causal_mask, decoder_self_mask, padding_mask
+from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .rotary import rotary_backward, rotary_forward, rotary_tables
 from .softmax import softmax_backward, softmax_forward
 
@@ -36,7 +37,8 @@ __all__ = [
     "linear_forward", "log_softmax",
     "merge_heads", "move_rows", "padding_mask", "position_embedding_backward",
     "position_embedding_forward", "position_rows",
-    "relu_backward", "relu_forward", "rotary_backward", "rotary_forward", "rotary_tables",
+    "relu_backward", "relu_forward", "rmsnorm_backward", "rmsnorm_forward",
+    "rotary_backward", "rotary_forward", "rotary_tables",
     "sinusoidal_positions",
     "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
 ]

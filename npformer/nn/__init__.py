@@ -1,5 +1,6 @@
 """Modules: own parameters and gradients, call the functional core."""
 from .attention import MultiHeadAttention
+from .block import Block
 from .decoder import Decoder, DecoderLayer
 from .dropout import Dropout
 from .embedding import Embedding, PositionEmbedding
@@ -9,8 +10,10 @@ from .gpt import GPT, LanguageModelState
 from .layernorm import LayerNorm
 from .linear import Linear
 from .module import Module, ModuleList, Parameter
+from .rmsnorm import RMSNorm
 from .transformer import Transformer
 
-__all__ = ["Decoder", "DecoderLayer", "Dropout", "Embedding", "Encoder", "EncoderLayer",
+__all__ = ["Block", "Decoder", "DecoderLayer", "Dropout", "Embedding", "Encoder", "EncoderLayer",
            "FeedForward", "GPT", "LanguageModelState", "LayerNorm", "Linear", "Module",
-           "ModuleList", "MultiHeadAttention", "Parameter", "PositionEmbedding", "Transformer"]
+           "ModuleList", "MultiHeadAttention", "Parameter", "PositionEmbedding", "RMSNorm",
+           "Transformer"]

@@ -10,18 +10,21 @@ Parameters, in ``named_parameters()`` order (GPT-2's names in ``npformer.hf``):
     self_attn.out_proj.weight (D, H d_h), self_attn.out_proj.bias (D,)          [proj_bias]
     ffn.linear1.weight (d_ff, D), ffn.linear1.bias (d_ff,)                      [proj_bias]
     ffn.linear2.weight (D, d_ff), ffn.linear2.bias (D,)                         [proj_bias]
-    norm1.weight (D,), norm1.bias (D,), norm2.weight (D,), norm2.bias (D,)
+    norm1.weight (D,), norm1.bias (D,), norm2.weight (D,), norm2.bias (D,)   [RMSNorm: no bias]
 """
 from .attention import MultiHeadAttention
 from .dropout import Dropout
 from .encoder import SelfAttentionBlock
 from .feedforward import FeedForward
 from .layernorm import LayerNorm
+from .rmsnorm import RMSNorm
 
 # GPTConfig.norm and GPTConfig.ffn -> the module that builds it (the configuration refuses the
 # variants whose layer pairs are not built yet)
 NORMS = {"layernorm": lambda config, dtype: LayerNorm(config.d_model, config.layer_norm_eps,
-                                                      dtype=dtype)}
+                                                      dtype=dtype),
+         "rmsnorm": lambda config, dtype: RMSNorm(config.d_model, config.layer_norm_eps,
+                                                  dtype=dtype)}
 FFNS = {"mlp": lambda config, dropout, rng, dtype: FeedForward(
     config.d_model, config.d_ff, dropout, config.activation, bias=config.proj_bias, rng=rng,
     dtype=dtype)}

@@ -27,11 +27,10 @@ from .. import runtime
 from ..configs import GPTConfig
 from ..hf import read_gpt2
 from ..validation import check_array, check_int, check_token_ids
-from .block import Block
+from .block import NORMS, Block
 from .dropout import Dropout
 from .embedding import Embedding, PositionEmbedding
 from .init import building_shapes, placeholder, table
-from .layernorm import LayerNorm
 from .linear import Linear
 from .module import Module, ModuleList, config_of
 from .state import CachedState
@@ -81,7 +80,7 @@ class GPT(Module):
         self.embed_dropout = Dropout(cfg.dropout, rng=self.rng)
         self.blocks = ModuleList([Block(cfg, rotary, rng=init_rng, dtype=dtype)
                                   for _ in range(cfg.n_layers)])
-        self.norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps, dtype=dtype)
+        self.norm = NORMS[cfg.norm](cfg, dtype)                  # the final norm, as the blocks''
         self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False, rng=init_rng, dtype=dtype)
         if cfg.tie_embeddings:
             self.generator.weight = self.tok_embed.weight       # one Parameter, two users

@@ -161,6 +161,8 @@ def _checks(max_entries, fast=False):
         ("rmsnorm", lambda: gradcheck(_fn_check(F.rmsnorm_forward, F.rmsnorm_backward),
                                       [_rnd(rng, 3, 4, 7), 1 + 0.1 * _rnd(rng, 7)],
                                       names=["x", "gamma"])),
+        ("swiglu", lambda: gradcheck(_fn_check(F.swiglu_forward, F.swiglu_backward),
+                                     [_rnd(rng, 3, 2, 10)], names=["gate | up"])),
         ("relu", lambda: gradcheck(_fn_check(F.relu_forward, F.relu_backward), [relu_x.copy()],
                                    names=["x"])),
         ("gelu", lambda: gradcheck(_fn_check(F.gelu_forward, F.gelu_backward), [_rnd(rng, 4, 9)],

@@ -92,6 +92,9 @@ def small(**fields):
     dict(norm_first=False, tie_embeddings=False),
     dict(n_kv_heads=2),                                 # as many key/value heads as query heads
     dict(norm="rmsnorm", qkv_bias=False, proj_bias=False, positions="rotary"),   # Llama's block
+    dict(norm="rmsnorm", ffn="swiglu", qkv_bias=False, proj_bias=False, positions="rotary",
+         dropout=0.0),
+    dict(ffn="swiglu", proj_bias=True),
 ])
 def test_block_variants_are_fields_and_their_gradients_check(fields):
     model = small(**fields)
@@ -101,6 +104,8 @@ def test_block_variants_are_fields_and_their_gradients_check(fields):
     width = model.config.n_heads * model.config.head_size
     assert shapes["blocks.0.self_attn.in_proj_weight"] == (3 * width, 12)
     assert shapes["blocks.0.self_attn.out_proj.weight"] == (12, width)
+    gates = 2 if model.config.ffn == "swiglu" else 1
+    assert shapes["blocks.0.ffn.linear1.weight"] == (gates * 16, 12)
     assert ("blocks.0.self_attn.in_proj_bias" in shapes) == model.config.qkv_bias
     assert ("blocks.1.ffn.linear2.bias" in shapes) == model.config.proj_bias
     assert ("norm.bias" in shapes) == (model.config.norm == "layernorm")
@@ -119,7 +124,7 @@ def test_rope_theta_sets_the_rotary_frequencies():
 
 
 @pytest.mark.parametrize("fields,message", [
-    (dict(ffn="swiglu"), r"ffn: 'swiglu' is not built yet .*expected 'mlp'"),
+    (dict(ffn="geglu"), r"ffn: expected one of mlp, swiglu, got 'geglu'"),
     (dict(n_kv_heads=1), r"n_kv_heads: grouped-query attention .* expected None or 2, got 1"),
     (dict(qk_norm=True), r"qk_norm: the per-head query/key norm is not built yet"),
     (dict(norm="batchnorm"), r"norm: expected one of layernorm, rmsnorm, got 'batchnorm'"),

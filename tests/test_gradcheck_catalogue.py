@@ -141,6 +141,22 @@ def rmsnorm_cases():
                 (right, pair(F.rmsnorm_forward, layernorm_mean), inputs)}
 
 
+def swiglu_cases():
+    def swapped(dout, cache):                                  # d gate and d up exchanged
+        act, up, silu_cache = cache
+        return np.concatenate([dout * act, F.silu_backward(dout * up, silu_cache)], axis=-1)
+
+    def sigmoid_only(dout, cache):                             # silu' taken as sigmoid(gate)
+        act, up, (gate, s) = cache
+        return np.concatenate([dout * up * s, dout * act], axis=-1)
+    right = pair(F.swiglu_forward, F.swiglu_backward)
+    inputs = lambda rng: [rnd(rng, 3, 2, 8)]
+    return {"swiglu: the gate's and the up projection's gradients swapped":
+                (right, pair(F.swiglu_forward, swapped), inputs),
+            "swiglu: silu's derivative taken as sigmoid (the product rule's x s (1 - s) lost)":
+                (right, pair(F.swiglu_forward, sigmoid_only), inputs)}
+
+
 def gelu_cases():
     """Mixing the two GELUs: the forward of one, the backward of the other."""
     def tanh_derivative(dout, cache):
@@ -411,7 +427,7 @@ def catalogue():
                         tied_case)):
         cases[name] = (lambda make: (lambda rng: make(rng)))(make)
     for group in (embedding_cases(), dropout_cases(), layernorm_cases(), rmsnorm_cases(),
-                  gelu_cases(), attention_cases(), mha_cases(), rotary_cases(), residual_cases(),
+                  swiglu_cases(), gelu_cases(), attention_cases(), mha_cases(), rotary_cases(), residual_cases(),
                   cross_entropy_cases()):
         for name, (right, wrong, inputs) in group.items():
             cases[name] = (lambda right, wrong, inputs: (lambda rng: (right, wrong, inputs(rng))))(
@@ -454,6 +470,9 @@ INVISIBLE = {
         "its gradients against torch.nn.RMSNorm",
     "rmsnorm: gamma applied before the cast back to half precision":
         "rounding in the forward; tests/test_gradcheck_layers.py checks the half-precision path",
+    "swiglu: gate and up taken from the wrong halves in both forward and backward":
+        "a consistent function with the halves swapped; the Hugging Face parity of the Llama "
+        "family (its gate_proj and up_proj rows) sees it",
     "gelu: the tanh form used where the model was trained with the exact one (or back)":
         "forward and backward agree with each other; tests/test_gradcheck_layers.py holds each "
         "forward against its definition, tests/test_gpt_hf.py GPT-2 against transformers",
@@ -533,7 +552,8 @@ def test_the_catalogue_covers_every_what_goes_wrong_paragraph():
             sections.append(current)
     covered = " ".join(list(CATALOGUE) + list(SHAPE_MISTAKES) + list(INVISIBLE)).lower()
     keys = {"linear": "linear", "embedding": "embedding", "dropout": "dropout",
-            "layernorm": "layernorm", "rmsnorm": "rmsnorm", "activations": "gelu", "softmax": "softmax",
+            "layernorm": "layernorm", "rmsnorm": "rmsnorm", "swiglu": "swiglu",
+            "activations": "gelu", "softmax": "softmax",
             "attention": "attention", "multi-head attention": "multi-head attention",
             "rotary positions": "rotary", "residual and layer order": "residual",
             "cross-entropy": "cross-entropy", "tied embeddings": "tied embeddings", "adam": "adam"}

@@ -89,6 +89,30 @@ def test_rmsnorm_matches_torch_and_computes_half_precision_in_float32():
                                       * g).astype(np.float16), rtol=2e-3, atol=2e-3)
 
 
+def test_silu_and_swiglu():
+    rng = np.random.default_rng(14)
+    x = 3 * rnd(rng, 4, 6)
+
+    def silu(x):
+        out, cache = F.silu_forward(x)
+        return out, lambda d: F.silu_backward(d, cache)
+    check(silu, [x])
+
+    def swiglu(h):
+        out, cache = F.swiglu_forward(h)
+        return out, lambda d: F.swiglu_backward(d, cache)
+    check(swiglu, [rnd(rng, 2, 3, 8)])
+    ffn = nf.nn.feedforward.SwiGLUFeedForward(6, 5, bias=True, **f64_rng(0))
+    module_check(ffn, ffn.forward, ffn.backward, [rnd(rng, 2, 3, 6)])
+
+
+def test_silu_is_x_sigmoid_x_without_overflow():
+    x = np.array([-1000.0, -30.0, -1.0, 0.0, 1.0, 30.0, 1000.0])
+    with np.errstate(over="raise"):
+        y, _ = F.silu_forward(x)
+    np.testing.assert_allclose(y, x / (1 + np.exp(-np.clip(x, -700, 700))), rtol=1e-15, atol=1e-300)
+
+
 @pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh"])
 def test_activations(name):
     forward, backward = F.ACTIVATIONS[name]

@@ -28,16 +28,16 @@ sizes = st.integers(1, 3)
        ff=st.integers(1, 20), layers=st.integers(1, 4), max_len=st.integers(1, 30),
        positions=st.sampled_from(configs.POSITIONS), tie=st.booleans(),
        norm=st.sampled_from(["layernorm", "rmsnorm"]), own_head=st.one_of(st.none(), sizes),
-       qkv_bias=st.booleans(), proj_bias=st.booleans())
+       qkv_bias=st.booleans(), proj_bias=st.booleans(), ffn=st.sampled_from(["mlp", "swiglu"]))
 def test_gpt_closed_form_equals_the_sum_of_its_shapes(vocab, heads, head_size, ff, layers,
                                                       max_len, positions, tie, norm, own_head,
-                                                      qkv_bias, proj_bias):
-    """Every field that sets a shape: positions, tying, the norm, a head size of its own (even,
-    for rotary), the bias flags."""
+                                                      qkv_bias, proj_bias, ffn):
+    """Every field that sets a shape: positions, tying, the norm, the feed-forward, a head size
+    of its own (even, for rotary), the bias flags."""
     config = GPTConfig(vocab_size=vocab, d_model=heads * head_size, n_heads=heads, d_ff=ff,
                        n_layers=layers, max_len=max_len, positions=positions, tie_embeddings=tie,
                        norm=norm, head_dim=None if own_head is None else 2 * own_head,
-                       qkv_bias=qkv_bias, proj_bias=proj_bias)
+                       qkv_bias=qkv_bias, proj_bias=proj_bias, ffn=ffn)
     assert config.parameter_count() == shape_sum(config)
 
 

@@ -25,6 +25,7 @@ from .masks import causal_mask, decoder_self_mask, padding_mask
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .rotary import rotary_backward, rotary_forward, rotary_tables
 from .softmax import softmax_backward, softmax_forward
+from .swiglu import silu_backward, silu_forward, swiglu_backward, swiglu_forward
 
 __all__ = [
     "ACTIVATIONS", "activation_dropout_backward", "activation_dropout_forward",
@@ -39,6 +40,6 @@ __all__ = [
     "position_embedding_forward", "position_rows",
     "relu_backward", "relu_forward", "rmsnorm_backward", "rmsnorm_forward",
     "rotary_backward", "rotary_forward", "rotary_tables",
-    "sinusoidal_positions",
-    "softmax_backward", "softmax_forward", "split_heads", "take_rows", "top_log_softmax",
+    "silu_backward", "silu_forward", "sinusoidal_positions", "softmax_backward", "softmax_forward",
+    "split_heads", "swiglu_backward", "swiglu_forward", "take_rows", "top_log_softmax",
 ]

@@ -9,13 +9,14 @@ Parameters, in ``named_parameters()`` order (GPT-2's names in ``npformer.hf``):
     self_attn.in_proj_weight (3 H d_h, D), self_attn.in_proj_bias (3 H d_h,)   [qkv_bias]
     self_attn.out_proj.weight (D, H d_h), self_attn.out_proj.bias (D,)          [proj_bias]
     ffn.linear1.weight (d_ff, D), ffn.linear1.bias (d_ff,)                      [proj_bias]
+                       (SwiGLU: (2 d_ff, D), the gate's rows then the up projection's)
     ffn.linear2.weight (D, d_ff), ffn.linear2.bias (D,)                         [proj_bias]
     norm1.weight (D,), norm1.bias (D,), norm2.weight (D,), norm2.bias (D,)   [RMSNorm: no bias]
 """
 from .attention import MultiHeadAttention
 from .dropout import Dropout
 from .encoder import SelfAttentionBlock
-from .feedforward import FeedForward
+from .feedforward import FeedForward, SwiGLUFeedForward
 from .layernorm import LayerNorm
 from .rmsnorm import RMSNorm
 
@@ -26,8 +27,10 @@ NORMS = {"layernorm": lambda config, dtype: LayerNorm(config.d_model, config.lay
          "rmsnorm": lambda config, dtype: RMSNorm(config.d_model, config.layer_norm_eps,
                                                   dtype=dtype)}
 FFNS = {"mlp": lambda config, dropout, rng, dtype: FeedForward(
-    config.d_model, config.d_ff, dropout, config.activation, bias=config.proj_bias, rng=rng,
-    dtype=dtype)}
+             config.d_model, config.d_ff, dropout, config.activation, bias=config.proj_bias,
+             rng=rng, dtype=dtype),
+        "swiglu": lambda config, dropout, rng, dtype: SwiGLUFeedForward(
+             config.d_model, config.d_ff, dropout, bias=config.proj_bias, rng=rng, dtype=dtype)}
 
 
 class Block(SelfAttentionBlock):

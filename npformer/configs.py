@@ -342,8 +342,6 @@ class TransformerConfig(ModelConfig):
 POSITIONS = ("learned", "sinusoidal", "rotary")     # GPTConfig.positions
 NORMS = ("layernorm", "rmsnorm")                     # GPTConfig.norm
 FFNS = ("mlp", "swiglu")                             # GPTConfig.ffn
-# block variants whose layer pairs are not built yet: refused, naming the field (none today)
-NOT_YET = {}
 
 
 @dataclass(frozen=True)
@@ -369,9 +367,9 @@ class GPTConfig(ModelConfig):
     - ``ffn``: "mlp", two matrices around ``activation``, or "swiglu", Llama's gated one
       (silu(x W_gate) * (x W_up), then W_down; ``activation`` unused);
     - ``n_heads`` query heads of ``head_dim`` each (None: d_model / n_heads; Qwen3-0.6B has a
-      width of 1024, 16 heads of 128); ``n_kv_heads`` key/value heads (None: n_heads; fewer,
-      grouped-query attention, comes with the Llama family); ``qk_norm`` (Qwen3's per-head
-      query/key norm, likewise to come);
+      width of 1024, 16 heads of 128); ``n_kv_heads`` key/value heads (None: n_heads; fewer is
+      grouped-query attention, one multi-query attention: a divisor of n_heads); ``qk_norm``:
+      Qwen3's RMSNorm over each query and key head;
     - ``qkv_bias``: the query, key and value projections add a bias; ``proj_bias``: every other
       projection does (attention output, feed-forward). GPT-2 has both, Qwen2 only the first,
       Llama neither."""
@@ -417,20 +415,12 @@ class GPTConfig(ModelConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: expected one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
-        for name, value in NOT_YET.items():
-            if getattr(self, name) == value:
-                raise ValueError(f"{name}: {value!r} is not built yet (its layer pair comes with "
-                                 f"the Llama family); expected {getattr(type(self), name)!r}")
         if self.n_kv_heads is not None:
             _put(self, "n_kv_heads", check_int("n_kv_heads", self.n_kv_heads))
-            if self.n_kv_heads != self.n_heads:
-                raise ValueError(f"n_kv_heads: grouped-query attention (fewer key/value heads "
-                                 f"than the n_heads={self.n_heads} query heads) is not built yet "
-                                 f"(it comes with the Llama family); expected None or "
-                                 f"{self.n_heads}, got {self.n_kv_heads}")
-        if self.qk_norm:
-            raise ValueError("qk_norm: the per-head query/key norm is not built yet (it comes "
-                             "with the Llama family); expected False")
+            if self.n_heads % self.n_kv_heads:
+                raise ValueError(f"n_kv_heads: expected a divisor of n_heads={self.n_heads} (each "
+                                 f"key/value head serves a group of query heads), got "
+                                 f"{self.n_kv_heads}")
         _put(self, "rope_theta", check_real("rope_theta", self.rope_theta, minimum=0,
                                             min_open=True))
         if self.positions == "rotary" and self.head_size % 2:
@@ -458,8 +448,10 @@ class GPTConfig(ModelConfig):
     def parameter_count(self):
         """The sum of :meth:`parameter_shapes`, in closed form."""
         d, ff, width = self.d_model, self.d_ff, self.n_heads * self.head_size
-        attention = 3 * width * d + (3 * width if self.qkv_bias else 0) \
-            + width * d + (d if self.proj_bias else 0)                  # in_proj, out_proj
+        rows = width + 2 * (self.n_kv_heads or self.n_heads) * self.head_size   # q, k, v
+        attention = rows * d + (rows if self.qkv_bias else 0) \
+            + width * d + (d if self.proj_bias else 0) \
+            + (2 * self.head_size if self.qk_norm else 0)              # in_proj, out_proj, norms
         gates = 2 if self.ffn == "swiglu" else 1                        # SwiGLU: gate and up
         ffn = (gates + 1) * d * ff + ((gates * ff + d) if self.proj_bias else 0)
         norm = d if self.norm == "rmsnorm" else 2 * d                   # a gain (and a shift)

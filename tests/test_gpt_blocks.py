@@ -95,6 +95,11 @@ def small(**fields):
     dict(norm="rmsnorm", ffn="swiglu", qkv_bias=False, proj_bias=False, positions="rotary",
          dropout=0.0),
     dict(ffn="swiglu", proj_bias=True),
+    dict(n_heads=4, n_kv_heads=2, head_dim=3),          # grouped-query attention, 2 per group
+    dict(n_heads=4, n_kv_heads=1, head_dim=4, positions="rotary"),   # multi-query
+    dict(n_heads=4, n_kv_heads=2, head_dim=4, positions="rotary", qk_norm=True, norm="rmsnorm",
+         ffn="swiglu", qkv_bias=False, proj_bias=False),  # Qwen3's block
+    dict(qk_norm=True, qkv_bias=True),                  # Qwen2-style biases with head norms
 ])
 def test_block_variants_are_fields_and_their_gradients_check(fields):
     model = small(**fields)
@@ -102,7 +107,9 @@ def test_block_variants_are_fields_and_their_gradients_check(fields):
     assert model.config.parameter_shapes() == shapes
     assert model.config.parameter_count() == sum(int(np.prod(s)) for s in shapes.values())
     width = model.config.n_heads * model.config.head_size
-    assert shapes["blocks.0.self_attn.in_proj_weight"] == (3 * width, 12)
+    kv = (model.config.n_kv_heads or model.config.n_heads) * model.config.head_size
+    assert shapes["blocks.0.self_attn.in_proj_weight"] == (width + 2 * kv, 12)
+    assert ("blocks.0.self_attn.q_norm.weight" in shapes) == model.config.qk_norm
     assert shapes["blocks.0.self_attn.out_proj.weight"] == (12, width)
     gates = 2 if model.config.ffn == "swiglu" else 1
     assert shapes["blocks.0.ffn.linear1.weight"] == (gates * 16, 12)
@@ -125,8 +132,8 @@ def test_rope_theta_sets_the_rotary_frequencies():
 
 @pytest.mark.parametrize("fields,message", [
     (dict(ffn="geglu"), r"ffn: expected one of mlp, swiglu, got 'geglu'"),
-    (dict(n_kv_heads=1), r"n_kv_heads: grouped-query attention .* expected None or 2, got 1"),
-    (dict(qk_norm=True), r"qk_norm: the per-head query/key norm is not built yet"),
+    (dict(n_kv_heads=3), r"n_kv_heads: expected a divisor of n_heads=2 .*got 3"),
+    (dict(n_kv_heads=0), r"n_kv_heads: expected a positive integer"),
     (dict(norm="batchnorm"), r"norm: expected one of layernorm, rmsnorm, got 'batchnorm'"),
     (dict(head_dim=0), r"head_dim: expected a positive integer"),
     (dict(rope_theta=0.0), r"rope_theta: expected"),
@@ -147,14 +154,18 @@ def test_a_head_size_of_its_own_lifts_the_d_model_rule():
     assert check_model(model, (ids, ids)).ok
 
 
-def test_the_blocks_step_protocol_gives_the_forward_pass():
+@pytest.mark.parametrize("fields", [dict(), dict(n_heads=4, n_kv_heads=1, qk_norm=True),
+                                    dict(n_heads=4, n_kv_heads=2, norm="rmsnorm", ffn="swiglu")])
+def test_the_blocks_step_protocol_gives_the_forward_pass(fields):
     """A decoder state is built from new_caches() and step(): fed one position at a time, the
-    last logits equal the full forward's."""
-    model = small(positions="rotary", head_dim=4).eval()
+    last logits equal the full forward's. With grouped key/value heads the caches hold only
+    the n_kv_heads heads."""
+    model = small(**{**dict(positions="rotary", head_dim=4), **fields}).eval()
     ids = np.array([[1, 4, 5, 6, 2], [3, 0, 2, 10, 7]])
     full = model.forward(ids)
     caches = model.new_caches(2, 6)
     assert len(caches) == 2 and caches[0].capacity == 6
+    assert caches[0].k.shape[1] == (model.config.n_kv_heads or model.config.n_heads)
     for t in range(5):
         last = model.step(ids[:, t:t + 1], caches)
         np.testing.assert_allclose(last, full[:, t], rtol=1e-10, atol=1e-12)

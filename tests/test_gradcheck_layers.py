@@ -263,6 +263,23 @@ def test_self_attention_module(qk_dim):
                  [np.random.default_rng(4).standard_normal((2, 4, 8))])
 
 
+@pytest.mark.parametrize("n_kv_heads,qk_norm,rotary", [(2, False, False), (1, True, True),
+                                                       (2, True, False), (4, False, True)])
+def test_grouped_query_attention_module(n_kv_heads, qk_norm, rotary):
+    """4 query heads over 2 or 1 key/value heads (the backward sums each group's dk and dv),
+    with and without the per-head query/key RMSNorm and rotary positions: every entry."""
+    tables = F.rotary_tables(4, 2, np.float64) if rotary else None
+    mha = MultiHeadAttention(8, 4, qk_dim=8, v_dim=12, n_kv_heads=n_kv_heads, qk_norm=qk_norm,
+                             rotary=tables, **f64_rng(0))
+    if qk_norm:
+        mha.q_norm.weight.data[:] = [0.7, 1.3]
+        mha.k_norm.weight.data[:] = [1.2, 0.9]
+    mask = F.decoder_self_mask(np.array([[1, 2, 3, 0], [1, 1, 1, 1]]), 0)
+    module_check(mha, lambda x: mha.forward(x, mask=mask), mha.backward,
+                 [np.random.default_rng(9).standard_normal((2, 4, 8))])
+    assert mha.in_proj_weight.shape == (8 + n_kv_heads * 2 + n_kv_heads * 3, 8)
+
+
 @pytest.mark.parametrize("qk_dim", [None, 4])
 def test_cross_attention_module(qk_dim):
     mha = MultiHeadAttention(8, 2, qk_dim=qk_dim, **f64_rng(0))

@@ -28,16 +28,19 @@ sizes = st.integers(1, 3)
        ff=st.integers(1, 20), layers=st.integers(1, 4), max_len=st.integers(1, 30),
        positions=st.sampled_from(configs.POSITIONS), tie=st.booleans(),
        norm=st.sampled_from(["layernorm", "rmsnorm"]), own_head=st.one_of(st.none(), sizes),
-       qkv_bias=st.booleans(), proj_bias=st.booleans(), ffn=st.sampled_from(["mlp", "swiglu"]))
+       qkv_bias=st.booleans(), proj_bias=st.booleans(), ffn=st.sampled_from(["mlp", "swiglu"]),
+       kv_divisor=st.sampled_from([1, 2, 3]), qk_norm=st.booleans())
 def test_gpt_closed_form_equals_the_sum_of_its_shapes(vocab, heads, head_size, ff, layers,
                                                       max_len, positions, tie, norm, own_head,
-                                                      qkv_bias, proj_bias, ffn):
+                                                      qkv_bias, proj_bias, ffn, kv_divisor,
+                                                      qk_norm):
     """Every field that sets a shape: positions, tying, the norm, the feed-forward, a head size
-    of its own (even, for rotary), the bias flags."""
+    of its own (even, for rotary), the bias flags, grouped key/value heads, the head norms."""
     config = GPTConfig(vocab_size=vocab, d_model=heads * head_size, n_heads=heads, d_ff=ff,
                        n_layers=layers, max_len=max_len, positions=positions, tie_embeddings=tie,
                        norm=norm, head_dim=None if own_head is None else 2 * own_head,
-                       qkv_bias=qkv_bias, proj_bias=proj_bias, ffn=ffn)
+                       qkv_bias=qkv_bias, proj_bias=proj_bias, ffn=ffn, qk_norm=qk_norm,
+                       n_kv_heads=heads // kv_divisor if heads % kv_divisor == 0 else None)
     assert config.parameter_count() == shape_sum(config)
 
 

@@ -10,6 +10,7 @@ from .init import xavier_uniform, zeros
 from .kv_cache import KVCache
 from .linear import Linear
 from .module import Module, Parameter
+from .rmsnorm import RMSNorm
 
 
 class MultiHeadAttention(Module):
@@ -27,28 +28,47 @@ class MultiHeadAttention(Module):
     self-attention then turns its queries and keys by their positions (rotary positions,
     GPT-NeoX's layout) before the scores.
 
+    Grouped-query attention: ``n_kv_heads`` key and value heads (None: ``n_heads``), each shared
+    by ``n_heads / n_kv_heads`` consecutive query heads (Llama 2 70B, Llama 3, Qwen; one is
+    multi-query attention). The projection then makes that many key and value heads, a decoding
+    cache holds only those, and the backward sums each group's gradients into its shared head.
+    ``qk_norm``: an RMSNorm over each query and key head before the rotary turn (Qwen3), with
+    ``norm_eps``.
+
     Shape: x (B, T, D), memory (B, S, D) or None, mask bool broadcastable to (B, H, T, S),
     True = may attend -> (B, T, D).
     """
 
     def __init__(self, d_model, n_heads, dropout=0.0, qk_dim=None, rotary=None, *, rng,
-                 dtype=np.float32, v_dim=None, bias=True, out_bias=True):
+                 dtype=np.float32, v_dim=None, bias=True, out_bias=True, n_kv_heads=None,
+                 qk_norm=False, norm_eps=1e-6):
         super().__init__()
         qk_dim = d_model if qk_dim is None else qk_dim
         v_dim = d_model if v_dim is None else v_dim
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if v_dim % n_heads or qk_dim % n_heads:
             raise ValueError(f"n_heads: expected a divisor of the value width {v_dim} and "
                              f"qk_dim={qk_dim}, got {n_heads}")
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads: expected a divisor of n_heads={n_heads}, got "
+                             f"{n_kv_heads}")
         if rotary is not None and 2 * rotary[0].shape[1] != qk_dim // n_heads:
             raise ValueError(f"rotary: expected tables of {qk_dim // n_heads // 2} pairs (half the "
                              f"head size), got {rotary[0].shape[1]}")
         self.d_model, self.n_heads, self.qk_dim, self.dropout = d_model, n_heads, qk_dim, dropout
-        self.v_dim = v_dim
+        self.v_dim, self.n_kv_heads, self.group = v_dim, n_kv_heads, n_heads // n_kv_heads
+        self.k_width = n_kv_heads * (qk_dim // n_heads)        # the key rows (qk_dim without GQA)
+        self.v_width = n_kv_heads * (v_dim // n_heads)         # the value rows
         self.rotary = rotary
         self.rng = rng
-        self.in_proj_weight = Parameter(xavier_uniform(rng, (2 * qk_dim + v_dim, d_model), dtype))
-        self.in_proj_bias = Parameter(zeros(2 * qk_dim + v_dim, dtype)) if bias else None
+        rows = qk_dim + self.k_width + self.v_width
+        self.in_proj_weight = Parameter(xavier_uniform(rng, (rows, d_model), dtype))
+        self.in_proj_bias = Parameter(zeros(rows, dtype)) if bias else None
         self.out_proj = Linear(v_dim, d_model, bias=out_bias, rng=rng, dtype=dtype)
+        self.q_norm = self.k_norm = None
+        if qk_norm:                       # one gain per dimension of a head, shared by the heads
+            self.q_norm = RMSNorm(qk_dim // n_heads, norm_eps, dtype=dtype)
+            self.k_norm = RMSNorm(qk_dim // n_heads, norm_eps, dtype=dtype)
         self._cache = None
         self._ops = None                  # the backend that ran forward: only its backward fits the cache
         self.attn_weights = None          # (B, H, T, S) after each forward, for inspection/plots
@@ -62,11 +82,14 @@ class MultiHeadAttention(Module):
         return bias if rows is None else bias[rows]
 
     def _project_self(self, x):
-        """x (B, T, D) -> q (B, H, T, dk), k (B, H, T, dk), v (B, H, T, dv): one product."""
-        qk, h = self.qk_dim, self.n_heads
+        """x (B, T, D) -> q (B, H, T, dk), k (B, Hkv, T, dk), v (B, Hkv, T, dv): one product
+        (then the per-head norms of q and k, where the attention has them)."""
+        qk, kw, h, hkv = self.qk_dim, self.k_width, self.n_heads, self.n_kv_heads
         qkv, cache = self._ops.linear_forward(x, self.in_proj_weight.data, self._bias(None))
-        return (F.split_heads(qkv[..., :qk], h), F.split_heads(qkv[..., qk:2 * qk], h),
-                F.split_heads(qkv[..., 2 * qk:], h), cache)                    # (B, T, 2*qk + v)
+        q, k = F.split_heads(qkv[..., :qk], h), F.split_heads(qkv[..., qk:qk + kw], hkv)
+        if self.q_norm is not None:
+            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
+        return q, k, F.split_heads(qkv[..., qk + kw:], hkv), cache        # (B, T, qk + kw + vw)
 
     def _project_query(self, x):
         """x (B, T, D) -> q (B, H, T, dk), the query third of the projection."""
@@ -76,11 +99,23 @@ class MultiHeadAttention(Module):
         return F.split_heads(q, self.n_heads), cache
 
     def _project_memory(self, memory):
-        """memory (B, S, D) -> k (B, H, S, dk), v (B, H, S, dv), the key and value thirds."""
-        qk, h = self.qk_dim, self.n_heads
+        """memory (B, S, D) -> k (B, Hkv, S, dk), v (B, Hkv, S, dv), the key and value rows."""
+        qk, kw, hkv = self.qk_dim, self.k_width, self.n_kv_heads
         kv, cache = self._ops.linear_forward(memory, self.in_proj_weight.data[qk:],
-                                             self._bias(slice(qk, None)))      # (B, S, qk + v)
-        return F.split_heads(kv[..., :qk], h), F.split_heads(kv[..., qk:], h), cache
+                                             self._bias(slice(qk, None)))      # (B, S, kw + vw)
+        return F.split_heads(kv[..., :kw], hkv), F.split_heads(kv[..., kw:], hkv), cache
+
+    def _share(self, kv):
+        """Key or value heads (B, Hkv, T, d) -> (B, H, T, d): each repeated for its group of
+        query heads (query head i reads key/value head i // group, as Hugging Face's
+        ``repeat_kv``). Without grouping, kv itself."""
+        return kv if self.group == 1 else np.repeat(kv, self.group, axis=1)
+
+    def _gather(self, d_shared):
+        """The backward of ``_share``: (B, H, T, d) -> (B, Hkv, T, d), each group's gradients
+        summed into its shared head."""
+        b, h, t, d = d_shared.shape
+        return d_shared.reshape(b, self.n_kv_heads, self.group, t, d).sum(axis=2)
 
     def _turn(self, q, k, start):
         """Rotary positions: q and k (B, H, T, dk), at positions start .. start + T - 1, turned
@@ -94,8 +129,10 @@ class MultiHeadAttention(Module):
         return cache
 
     def _attend(self, q, k, v, mask):
-        """Heads-split q, k, v -> out (B, T, D) through the output projection."""
-        ctx, attn_cache = self._ops.attention_forward(q, k, v, mask, self.dropout, self.rng,
+        """Heads-split q (B, H, T, dk), k and v (B, Hkv, S, d) -> out (B, T, D) through the
+        output projection."""
+        ctx, attn_cache = self._ops.attention_forward(q, self._share(k), self._share(v), mask,
+                                                      self.dropout, self.rng,
                                                       self.training)          # (B, H, T, dv)
         return self.out_proj.forward(F.merge_heads(ctx)), attn_cache
 
@@ -119,14 +156,14 @@ class MultiHeadAttention(Module):
     def new_cache(self, batch_size, capacity, dtype):
         """An empty self-attention cache for ``batch_size`` rows of up to ``capacity`` positions."""
         d_k, d_v = self.qk_dim // self.n_heads, self.v_dim // self.n_heads
-        return KVCache(batch_size, self.n_heads, capacity, d_k, d_v, dtype)
+        return KVCache(batch_size, self.n_kv_heads, capacity, d_k, d_v, dtype)   # Hkv heads
 
     def memory_cache(self, memory):
         """The cross-attention keys and values of ``memory`` (B, S, D), computed once."""
         self._ops = ops()
         k, v, _ = self._project_memory(memory)
-        cache = KVCache(memory.shape[0], self.n_heads, memory.shape[1], k.shape[-1], v.shape[-1],
-                        memory.dtype)
+        cache = KVCache(memory.shape[0], self.n_kv_heads, memory.shape[1], k.shape[-1],
+                        v.shape[-1], memory.dtype)
         cache.append(k, v)
         return cache
 
@@ -158,29 +195,49 @@ class MultiHeadAttention(Module):
         """Returns dx, or (dx, dmemory) for cross-attention.
 
         dq, dk, dv are written straight into the gradient of the fused projection
-        ((B, T, 2*qk + D) for self-attention, no concatenation), and the projection's weight
-        gradients are added into .grad. With rotary positions, dq and dk are turned back in
-        place there (the turn's transpose)."""
+        ((B, T, qk + kw + vw) for self-attention, no concatenation), and the projection's
+        weight gradients are added into .grad. With rotary positions, dq and dk are turned back
+        in place there (the turn's transpose). With grouped key/value heads, the attention's
+        per-query-head dk and dv are summed over each group first; with per-head norms, their
+        backward follows the turn's."""
         is_self, proj_cache, attn_cache, turn_cache = self._cache
-        f, qk, h = self._ops, self.qk_dim, self.n_heads
+        f, qk, kw, h, hkv = self._ops, self.qk_dim, self.k_width, self.n_heads, self.n_kv_heads
         dctx = F.split_heads(self.out_proj.backward(dout), h)     # (B, H, T, d)
-        q, k = attn_cache[:2]                                      # (B, H, T|S, d)
+        q, k, v = attn_cache[:3]                                   # (B, H, T|S, d)
         n_b, tq, tk = q.shape[0], q.shape[2], k.shape[2]
         gw = self.in_proj_weight.grad
         if is_self:
-            dqkv = np.empty((n_b, tq, 2 * qk + self.v_dim), dtype=q.dtype)     # (B, T, 2*qk + v)
-            dq, dk = F.split_heads(dqkv[..., :qk], h), F.split_heads(dqkv[..., qk:2 * qk], h)
-            f.attention_backward_into(dctx, attn_cache, dq, dk,
-                                      F.split_heads(dqkv[..., 2 * qk:], h))
-            if turn_cache is not None:
-                f.rotary_backward(dq, turn_cache, out=dq)
-                f.rotary_backward(dk, turn_cache, out=dk)
+            dqkv = np.empty((n_b, tq, qk + kw + self.v_width), dtype=q.dtype)
+            dq, dk = F.split_heads(dqkv[..., :qk], h), F.split_heads(dqkv[..., qk:qk + kw], hkv)
+            dv = F.split_heads(dqkv[..., qk + kw:], hkv)
+            if self.group == 1 and self.q_norm is None:           # straight into dqkv
+                f.attention_backward_into(dctx, attn_cache, dq, dk, dv)
+                if turn_cache is not None:
+                    f.rotary_backward(dq, turn_cache, out=dq)
+                    f.rotary_backward(dk, turn_cache, out=dk)
+            else:
+                dq_h, dk_h, dv_h = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+                f.attention_backward_into(dctx, attn_cache, dq_h, dk_h, dv_h)
+                dk_h, dv[...] = self._gather(dk_h), self._gather(dv_h)   # (B, Hkv, T, d)
+                if turn_cache is not None:
+                    f.rotary_backward(dq_h, turn_cache, out=dq_h)
+                    f.rotary_backward(dk_h, turn_cache, out=dk_h)
+                if self.q_norm is not None:
+                    dq_h, dk_h = self.q_norm.backward(dq_h), self.k_norm.backward(dk_h)
+                dq[...], dk[...] = dq_h, dk_h
             return f.linear_backward_accumulate(dqkv, proj_cache, gw, self._bias(None, grad=True))
         q_cache, kv_cache = proj_cache
         dq = np.empty((n_b, tq, qk), dtype=q.dtype)                            # (B, T, qk)
-        dkv = np.empty((n_b, tk, qk + self.v_dim), dtype=q.dtype)              # (B, S, qk + v)
-        f.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h),
-                                  F.split_heads(dkv[..., :qk], h), F.split_heads(dkv[..., qk:], h))
+        dkv = np.empty((n_b, tk, kw + self.v_width), dtype=q.dtype)            # (B, S, kw + vw)
+        if self.group == 1:
+            f.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h),
+                                      F.split_heads(dkv[..., :kw], hkv),
+                                      F.split_heads(dkv[..., kw:], hkv))
+        else:
+            dk_h, dv_h = np.empty_like(k), np.empty_like(v)
+            f.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h), dk_h, dv_h)
+            F.split_heads(dkv[..., :kw], hkv)[...] = self._gather(dk_h)
+            F.split_heads(dkv[..., kw:], hkv)[...] = self._gather(dv_h)
         dx = f.linear_backward_accumulate(dq, q_cache, gw[:qk], self._bias(slice(None, qk), True))
         dmem = f.linear_backward_accumulate(dkv, kv_cache, gw[qk:], self._bias(slice(qk, None), True))
         return dx, dmem

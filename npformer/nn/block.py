@@ -6,8 +6,10 @@ and a new variant (another norm, another feed-forward, grouped-query attention) 
 
 Parameters, in ``named_parameters()`` order (GPT-2's names in ``npformer.hf``):
 
-    self_attn.in_proj_weight (3 H d_h, D), self_attn.in_proj_bias (3 H d_h,)   [qkv_bias]
+    self_attn.in_proj_weight ((H + 2 H_kv) d_h, D), self_attn.in_proj_bias   [qkv_bias]
+                       (the query rows, then the key rows, then the value rows)
     self_attn.out_proj.weight (D, H d_h), self_attn.out_proj.bias (D,)          [proj_bias]
+    self_attn.q_norm.weight (d_h,), self_attn.k_norm.weight (d_h,)             [qk_norm]
     ffn.linear1.weight (d_ff, D), ffn.linear1.bias (d_ff,)                      [proj_bias]
                        (SwiGLU: (2 d_ff, D), the gate's rows then the up projection's)
     ffn.linear2.weight (D, d_ff), ffn.linear2.bias (D,)                         [proj_bias]
@@ -44,7 +46,9 @@ class Block(SelfAttentionBlock):
         width = config.n_heads * config.head_size
         self.self_attn = MultiHeadAttention(
             config.d_model, config.n_heads, config.attention_dropout, qk_dim=width, rotary=rotary,
-            v_dim=width, bias=config.qkv_bias, out_bias=config.proj_bias, rng=rng, dtype=dtype)
+            v_dim=width, bias=config.qkv_bias, out_bias=config.proj_bias,
+            n_kv_heads=config.n_kv_heads, qk_norm=config.qk_norm, norm_eps=config.layer_norm_eps,
+            rng=rng, dtype=dtype)
         self.ffn = FFNS[config.ffn](config, config.activation_dropout, rng, dtype)
         self.norm1 = NORMS[config.norm](config, dtype)
         self.norm2 = NORMS[config.norm](config, dtype)

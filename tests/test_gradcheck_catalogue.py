@@ -288,6 +288,28 @@ def mha_cases():
     }
 
 
+def grouped_query_cases():
+    """Grouped-query attention's shared heads: K and V (B, 1, T, d) serve two query heads."""
+    mask = F.causal_mask(3)
+
+    def forward(q, k, v):
+        out, cache = F.attention_forward(q, np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1), mask)
+        return out, cache
+
+    def backward(combine):
+        def b(dout, cache):
+            dq, dk, dv = F.attention_backward(dout, cache)
+            return dq, combine(dk), combine(dv)
+        return b
+    inputs = lambda rng: [rnd(rng, 2, 2, 3, 4), rnd(rng, 2, 1, 3, 4), rnd(rng, 2, 1, 3, 4)]
+    summed = backward(lambda d: d.sum(axis=1, keepdims=True))
+    return {"grouped-query attention: a shared head's gradient from its group's first head only":
+                (pair(forward, summed), pair(forward, backward(lambda d: d[:, :1])), inputs),
+            "grouped-query attention: the group's gradients averaged, not summed":
+                (pair(forward, summed), pair(forward, backward(lambda d: d.mean(axis=1, keepdims=True))),
+                 inputs)}
+
+
 def rotary_cases():
     cos, sin = F.rotary_tables(8, 4, np.float64)
 
@@ -427,7 +449,8 @@ def catalogue():
                         tied_case)):
         cases[name] = (lambda make: (lambda rng: make(rng)))(make)
     for group in (embedding_cases(), dropout_cases(), layernorm_cases(), rmsnorm_cases(),
-                  swiglu_cases(), gelu_cases(), attention_cases(), mha_cases(), rotary_cases(), residual_cases(),
+                  swiglu_cases(), gelu_cases(), attention_cases(), mha_cases(),
+                  grouped_query_cases(), rotary_cases(), residual_cases(),
                   cross_entropy_cases()):
         for name, (right, wrong, inputs) in group.items():
             cases[name] = (lambda right, wrong, inputs: (lambda rng: (right, wrong, inputs(rng))))(
@@ -487,6 +510,9 @@ INVISIBLE = {
     "multi-head attention: heads split by reshape without the transpose":
         "forward and backward both mix positions into heads, consistently; parity with "
         "torch.nn.MultiheadAttention (tests/test_torch_parity.py) sees it",
+    "grouped-query attention: heads repeated in the other order (tile, not repeat)":
+        "a consistent model no checkpoint was trained with; Hugging Face parity of the Llama "
+        "family sees it",
     "rotary: the interleaved layout in both forward and backward":
         "a valid rotation, the other convention; tests/test_rotary.py holds the layout against "
         "GPT-NeoX's rotate-half",

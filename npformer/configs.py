@@ -339,6 +339,28 @@ class TransformerConfig(ModelConfig):
         return _position_table(self.max_len, self.d_model, self.dtype)
 
 
+def _check_rope_scaling(scaling):
+    """GPTConfig.rope_scaling as a plain dict of Llama 3's five settings, or ValueError naming
+    the key (Hugging Face's ``rope_scaling``; its older spelling ``type`` is read too)."""
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling: expected a dict such as Llama 3's {{'rope_type': "
+                         f"'llama3', 'factor': 8.0, ...}}, got {type(scaling).__name__}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling: rope_type: expected 'llama3' (the only rescaling built), "
+                         f"got {kind!r}")
+    out = {"rope_type": "llama3"}
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        out[key] = check_real(f"rope_scaling.{key}", scaling.get(key), minimum=0, min_open=True)
+    if out["high_freq_factor"] <= out["low_freq_factor"]:
+        raise ValueError(f"rope_scaling.high_freq_factor: expected more than low_freq_factor="
+                         f"{out['low_freq_factor']}, got {out['high_freq_factor']}")
+    out["original_max_position_embeddings"] = check_int(
+        "rope_scaling.original_max_position_embeddings",
+        scaling.get("original_max_position_embeddings"))
+    return out
+
+
 POSITIONS = ("learned", "sinusoidal", "rotary")     # GPTConfig.positions
 NORMS = ("layernorm", "rmsnorm")                     # GPTConfig.norm
 FFNS = ("mlp", "swiglu")                             # GPTConfig.ffn
@@ -354,7 +376,8 @@ class GPTConfig(ModelConfig):
     (GPT-2's ``wpe``); "sinusoidal", the fixed table added instead, with the token embedding
     scaled by sqrt(d_model) as in "Attention Is All You Need"; "rotary", nothing added: each
     self-attention turns its queries and keys by their positions (RoPE, GPT-NeoX's layout; an
-    even head size), at the frequencies ``rope_theta`` ** (-2i / head size).
+    even head size), at the frequencies ``rope_theta`` ** (-2i / head size), rescaled by
+    ``rope_scaling`` (Llama 3's "llama3" rule; None: not rescaled).
 
     Dropout as GPT-2's: ``dropout`` on the embeddings and on each block's residual paths
     (``embd_pdrop``, ``resid_pdrop``), ``attention_dropout`` on the attention weights (None:
@@ -403,6 +426,7 @@ class GPTConfig(ModelConfig):
     proj_bias: bool = True
     qk_norm: bool = False
     rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
 
     def __post_init__(self):
         if self.head_dim is not None:
@@ -423,6 +447,11 @@ class GPTConfig(ModelConfig):
                                  f"{self.n_kv_heads}")
         _put(self, "rope_theta", check_real("rope_theta", self.rope_theta, minimum=0,
                                             min_open=True))
+        if self.rope_scaling is not None:
+            if self.positions != "rotary":
+                raise ValueError(f"rope_scaling: rescales rotary positions, but positions is "
+                                 f"{self.positions!r}")
+            _put(self, "rope_scaling", _check_rope_scaling(self.rope_scaling))
         if self.positions == "rotary" and self.head_size % 2:
             raise ValueError(f"positions: 'rotary' turns pairs of dimensions, so expected an even "
                              f"head size, got {self.head_size}")

@@ -186,3 +186,49 @@ def test_a_gpt_checkpoint_of_the_old_names_loads_and_gives_the_same_logits():
                      for n in expected["names"]]
     logits = loaded.model.forward(np.array(expected["ids"]))
     np.testing.assert_allclose(logits, np.array(expected["logits"]), rtol=1e-6, atol=1e-6)
+
+
+# -- Llama 3's rope scaling ---------------------------------------------------------------------
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+
+
+def test_llama3_rope_scaling_gives_transformers_frequencies():
+    """The frequencies equal transformers' _compute_llama3_parameters (float64 here, float32
+    there: to float32's precision), for a head size whose pairs fall in all three bands."""
+    torch = pytest.importorskip("torch")
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    from transformers import LlamaConfig
+    hf = LlamaConfig(hidden_size=64, num_attention_heads=1, head_dim=64, rope_theta=10000.0,
+                     rope_scaling=dict(LLAMA3), max_position_embeddings=512)
+    theirs, _ = rope_utils._compute_llama3_parameters(hf, torch.device("cpu"))
+    ours = nf.functional.rotary_frequencies(64, 10000.0, LLAMA3)
+    plain = nf.functional.rotary_frequencies(64, 10000.0)
+    np.testing.assert_allclose(ours, theirs.double().numpy(), rtol=1e-6)
+    assert (ours == plain).any() and (ours == plain / 8).any() and \
+        ((ours != plain) & (ours != plain / 8)).any()        # fast, slow and interpolated pairs
+
+
+def test_rope_scaling_is_a_field_of_rotary_models():
+    model = small(positions="rotary", head_dim=4, rope_scaling=LLAMA3)
+    assert model.config.rope_scaling == LLAMA3
+    assert nf.GPTConfig.from_dict(model.config.to_dict()) == model.config
+    ids = np.array([[1, 4, 5, 6]])
+    assert not np.allclose(model.forward(ids), small(positions="rotary", head_dim=4).forward(ids))
+    assert check_model(model, (ids, ids)).ok
+
+
+@pytest.mark.parametrize("scaling,message", [
+    ({"rope_type": "yarn", "factor": 4.0}, r"rope_scaling: rope_type: expected 'llama3' .*got 'yarn'"),
+    ({**LLAMA3, "factor": -1.0}, r"rope_scaling.factor: expected"),
+    ({**LLAMA3, "high_freq_factor": 0.5}, r"rope_scaling.high_freq_factor: expected more than"),
+    ({k: v for k, v in LLAMA3.items() if k != "original_max_position_embeddings"},
+     r"rope_scaling.original_max_position_embeddings"),
+    ([1, 2], r"rope_scaling: expected a dict"),
+])
+def test_a_bad_rope_scaling_is_refused_naming_the_key(scaling, message):
+    with pytest.raises(ValueError, match=message):
+        nf.GPTConfig(11, d_model=8, n_heads=2, positions="rotary", rope_scaling=scaling)
+    with pytest.raises(ValueError, match="rope_scaling: rescales rotary positions"):
+        nf.GPTConfig(11, d_model=8, n_heads=2, rope_scaling=LLAMA3)

@@ -23,7 +23,7 @@ from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .masks import causal_mask, decoder_self_mask, padding_mask
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
-from .rotary import rotary_backward, rotary_forward, rotary_tables
+from .rotary import rotary_backward, rotary_forward, rotary_frequencies, rotary_tables
 from .softmax import softmax_backward, softmax_forward
 from .swiglu import silu_backward, silu_forward, swiglu_backward, swiglu_forward
 
@@ -39,7 +39,7 @@ __all__ = [
     "merge_heads", "move_rows", "padding_mask", "position_embedding_backward",
     "position_embedding_forward", "position_rows",
     "relu_backward", "relu_forward", "rmsnorm_backward", "rmsnorm_forward",
-    "rotary_backward", "rotary_forward", "rotary_tables",
+    "rotary_backward", "rotary_forward", "rotary_frequencies", "rotary_tables",
     "silu_backward", "silu_forward", "sinusoidal_positions", "softmax_backward", "softmax_forward",
     "split_heads", "swiglu_backward", "swiglu_forward", "take_rows", "top_log_softmax",
 ]

@@ -14,13 +14,34 @@ from .embedding import position_rows
 ROTARY_BASE = 10000.0            # theta: pair i turns by t * theta ** (-2i / d) at position t
 
 
-def rotary_tables(max_len, head_dim, dtype, base=ROTARY_BASE):
-    """cos, sin (max_len, head_dim / 2) of the angles t * base ** (-2i / head_dim) of position t
-    and pair i, computed in float64 and then cast to ``dtype``."""
+def rotary_frequencies(head_dim, base=ROTARY_BASE, scaling=None):
+    """The angle per position of each pair i, base ** (-2i / head_dim) (head_dim / 2,), float64.
+
+    ``scaling``: Llama 3's rescaling for contexts longer than it was trained on, a dict
+    ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}`` (Hugging Face's ``rope_scaling``): pairs whose
+    wavelength 2 pi / freq exceeds original / low_freq_factor turn ``factor`` times slower,
+    pairs shorter than original / high_freq_factor keep their speed, and those between are
+    interpolated smoothly between the two. None: no rescaling."""
+    freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)       # (d/2,)
+    if scaling is None:
+        return freq
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelength = 2 * np.pi / freq
+    slow = np.where(wavelength > original / low, freq / factor, freq)
+    smooth = (original / wavelength - low) / (high - low)
+    between = (wavelength >= original / high) & (wavelength <= original / low)
+    return np.where(between, (1 - smooth) * slow / factor + smooth * slow, slow)
+
+
+def rotary_tables(max_len, head_dim, dtype, base=ROTARY_BASE, scaling=None):
+    """cos, sin (max_len, head_dim / 2) of the angles t * freq_i of position t and pair i
+    (:func:`rotary_frequencies`), computed in float64 and then cast to ``dtype``."""
     if head_dim % 2:
         raise ValueError(f"head_dim: rotary positions turn pairs of dimensions, so expected an "
                          f"even size, got {head_dim}")
-    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # (d/2,)
+    inv_freq = rotary_frequencies(head_dim, base, scaling)                         # (d/2,)
     angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq              # (T, d/2)
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 

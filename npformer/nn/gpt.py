@@ -76,7 +76,8 @@ class GPT(Module):
         else:                               # rotary: the attention turns queries and keys
             half = (cfg.max_len, cfg.head_size // 2)                 # cos and sin
             rotary = (placeholder(half, dtype),) * 2 if building_shapes() else \
-                F.rotary_tables(cfg.max_len, cfg.head_size, dtype, cfg.rope_theta)
+                F.rotary_tables(cfg.max_len, cfg.head_size, dtype, cfg.rope_theta,
+                                cfg.rope_scaling)
         self.embed_dropout = Dropout(cfg.dropout, rng=self.rng)
         self.blocks = ModuleList([Block(cfg, rotary, rng=init_rng, dtype=dtype)
                                   for _ in range(cfg.n_layers)])

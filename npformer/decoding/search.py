@@ -3,7 +3,8 @@
 A decoder state (``Transformer.decoder_state(src, bos_id, eos_id, beams)``, or a language
 model's state prefilled with a prompt) offers ``first_tokens()``, ``step(tokens) -> (R, V)
 log-probabilities``, ``reorder(rows)``, ``batch_size`` (R rows), ``capacity`` (positions it
-can hold), ``beams`` (rows per source) and ``eos_id`` (None: never stops by itself); it may also
+can hold), ``beams`` (rows per source) and ``eos_id`` (None: never stops by itself; greedy and
+sampling also take a tuple of ids, stopping at any of them, as Llama 3's); it may also
 offer ``step_top(tokens, n, offset) -> ids (R, n), log-probabilities (R, n)``, a step that
 returns only each row's n best next tokens (by ``offset[r] + log p``, ties by the lower id),
 which greedy and beam search then use instead of ``step``. The searches read nothing else: no
@@ -63,6 +64,7 @@ def _generate(state, next_tokens, max_new_tokens, in_order=False, on_step=None):
                          f"beams={state.beams}")
     max_new = _check_max_new(state, max_new_tokens)
     b, eos_id = state.batch_size, state.eos_id
+    ends = () if eos_id is None else eos_id          # one id, or several (Llama 3: any of them)
     prev = state.first_tokens()
     done = np.zeros(b, dtype=bool)
     tokens = np.zeros((b, max_new), dtype=np.int64)   # what each source chose at each step
@@ -75,7 +77,7 @@ def _generate(state, next_tokens, max_new_tokens, in_order=False, on_step=None):
         steps[rows] += 1
         if on_step is not None:
             on_step(rows.copy(), nxt.copy())
-        done[rows] = nxt == eos_id
+        done[rows] = np.isin(nxt, ends)
         keep = ~done[rows]
         if not keep.any():
             break

@@ -236,10 +236,13 @@ class LanguageModelState(CachedState):
             raise ValueError(f"prompt: expected at most {capacity} tokens (the context the "
                              f"model can attend to), got {prompt.shape[1]}")
         prompt = check_token_ids("prompt", prompt, vocab, model.max_len)      # (R, P)
-        if eos_id is not None:
-            eos_id = check_int("eos_id", eos_id, minimum=0)
-            if eos_id >= vocab:
-                raise ValueError(f"eos_id: expected a token id in [0, {vocab}), got {eos_id}")
+        if eos_id is not None:                  # one id, or a tuple of them (stop at any)
+            ids = [check_int("eos_id", i, minimum=0) for i in
+                   (eos_id if isinstance(eos_id, (tuple, list)) else [eos_id])]
+            if not ids or max(ids) >= vocab:
+                raise ValueError(f"eos_id: expected a token id in [0, {vocab}) or a tuple of "
+                                 f"them, got {eos_id}")
+            eos_id = tuple(ids) if isinstance(eos_id, (tuple, list)) else ids[0]
         self.model, self.eos_id, self.slide = model, eos_id, bool(slide)
         model._logits_shape = None       # its training activations are overwritten from here on
         self._fill(prompt[:, :-1], capacity)

@@ -12,11 +12,13 @@ decoder-only GPT) with hand-derived backward passes.
     gpt = nf.GPT(vocab_size=65, d_model=128, n_heads=4, d_ff=512, n_layers=4, max_len=256)
     logits = gpt.forward(ids)                                    # (B, T, V), causal
     gpt2 = nf.GPT.from_pretrained("path/to/gpt2")                # Hugging Face folder (extra hf)
+    llm = nf.from_pretrained("path/to/SmolLM2-135M")             # gpt2, llama, qwen2, qwen3
 """
 from . import functional, interop, nn, optim
 from .backend import get_backend, set_backend
 from .configs import GPTConfig, TransformerConfig
 from .gradcheck import GradcheckResult, gradcheck
+from .hf import from_pretrained
 from .loss import cross_entropy
 from .nn import GPT, Transformer
 from .optim import (Adam, AdamW, NoamSchedule, WarmupCosineSchedule, WarmupInverseSqrtSchedule,
@@ -30,6 +32,7 @@ __all__ = [
     "Adam", "AdamW", "GPT", "GPTConfig", "GradcheckResult", "NoamSchedule", "Transformer", "TransformerConfig",
     "WarmupCosineSchedule", "WarmupInverseSqrtSchedule", "WarmupLinearSchedule", "build_model",
     "clip_grad_norm",
-    "configure_runtime", "cross_entropy", "functional", "get_backend", "gradcheck", "interop",
+    "configure_runtime", "cross_entropy", "from_pretrained", "functional", "get_backend",
+    "gradcheck", "interop",
     "nn", "optim", "set_backend", "set_deterministic",
 ]

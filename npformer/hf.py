@@ -1,25 +1,39 @@
-"""GPT-2 from the Hugging Face format, without PyTorch: ``config.json``, ``model.safetensors``
-(read with the safetensors package's NumPy API) and ``tokenizer.json`` (the tokenizers package).
-Both packages come with the extra ``hf`` (``pip install "npformer[hf]"``).
+"""Hugging Face model folders, without PyTorch: ``config.json``, the safetensors weights and
+``tokenizer.json`` (the tokenizers package; extra ``hf``: ``pip install "npformer[hf]"``).
 
-    model = nf.GPT.from_pretrained("path/to/gpt2")      # builds from read_gpt2's result
+    model = nf.from_pretrained("path/to/folder")         # gpt2, llama, qwen2 or qwen3
+    model = nf.GPT.from_pretrained("path/to/gpt2")      # GPT-2 only: builds from read_gpt2's result
     config, weights, eos_id = read_gpt2("path/to/gpt2")  # GPTConfig, {npformer name: array}
-    tokenizer = load_tokenizer("path/to/gpt2")
-
-This module reads files into a configuration and arrays; it builds no model (``nn.gpt`` calls it).
+    tokenizer = load_tokenizer("path/to/folder")
 
 ``pytorch_model.bin`` is refused: it is a pickle, and loading a pickle runs whatever code it holds.
 
-GPT-2's linear layers are ``Conv1D`` modules, which store their weight as (in, out), the
+**GPT-2.** Its linear layers are ``Conv1D`` modules, which store their weight as (in, out), the
 transpose of a Linear's (out, in); the four of them are listed in ``CONV1D_TRANSPOSED`` and
 transposed on the way in. The fused ``c_attn`` (D, 3D) holds the query, key and value columns in
 that order, as npformer's fused ``in_proj_weight`` (3D, D) holds their rows.
+
+**The Llama family** (``llama``: Llama 2 and 3, SmolLM, TinyLlama; ``qwen2``; ``qwen3``) is
+npformer's GPT with RMSNorm, SwiGLU, rotary positions and grouped-query attention: a preset of
+``GPTConfig``'s fields (``read_model_config``), not a class of its own. Its separate q, k and v
+projections fill rows of the fused ``in_proj_weight``, its gate and up projections rows of the
+SwiGLU's fused ``linear1``: ``LLAMA_RENAMES`` is the table, ``hf_parameter(config, name)`` says
+where any Hugging Face tensor (``model.layers.3.self_attn.k_proj.weight``) lives in npformer
+(the LoRA adapters find ``q_proj`` ... ``down_proj`` through it). Its weights are read by
+``from_pretrained`` straight from the files' bytes, memory-mapped, tensor by tensor into the
+model's buffer: float32, float16 and bfloat16 (float32's upper 16 bits, widened exactly).
+
+Everything a file claims is checked before it is acted on: the layers the headers hold before
+``num_hidden_layers`` is believed, every name, shape and dtype before a weight is read, every
+weight finite. This module builds a model only in ``from_pretrained`` (through the
+configuration's registered class); ``nn.gpt`` calls the rest.
 """
 import contextlib
 import json
 import re
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,18 +68,37 @@ def _short(value):
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    """A JSON object as a dict, refusing a key given twice (Python's json keeps the last
+    silently: an index naming one tensor in two shards would load either)."""
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(f"{_short(key)} appears twice in one JSON object (which one "
+                                f"is meant?)")
+        obj[key] = value
+    return obj
+
+
 def read_json(file):
     """The JSON value a small file holds (config.json, an index); ValueError naming the file for
-    anything else: too large, not UTF-8, not JSON, nested too deeply for Python to read, or a
-    number it cannot hold (an integer of thousands of digits)."""
+    anything else: too large, not UTF-8, not JSON, nested too deeply for Python to read, a
+    number it cannot hold (an integer of thousands of digits), or an object giving one key
+    twice."""
     try:
         size = file.stat().st_size
         if size > MAX_JSON_BYTES:
             raise ValueError(f"{file}: {size:,} bytes, more than the {MAX_JSON_BYTES:,} a "
                              f"Hugging Face JSON file needs; not a model's file")
-        return json.loads(file.read_bytes().decode("utf-8"))
+        return json.loads(file.read_bytes().decode("utf-8"), object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError(f"{file}: not a JSON file npformer can read (nested too deeply)") from None
+    except _DuplicateKey as e:
+        raise ValueError(f"{file}: {e}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{file}: not a JSON file ({e})") from None
     except ValueError as e:
@@ -88,28 +121,45 @@ def model_folder(path):
     return folder
 
 
-def read_config(path):
-    """The ``GPTConfig`` of a Hugging Face GPT-2 folder's ``config.json`` and its
-    ``eos_token_id`` (None where it names none). ValueError naming the file and the field, by
-    its name in config.json, for anything npformer's GPT cannot be."""
+def _config_json(path):
+    """(the Path of a folder's config.json, the JSON object it holds)."""
     file = model_folder(path) / "config.json"
     if not file.is_file():
         raise ValueError(f"{file.parent}: no config.json (expected a Hugging Face model folder)")
     raw = read_json(file)
     if not isinstance(raw, dict):
         raise ValueError(f"{file}: expected a JSON object, got {type(raw).__name__}")
-    if raw.get("model_type") != "gpt2":
-        raise ValueError(f"{file}: model_type: expected 'gpt2', got "
-                         f"{_short(raw.get('model_type'))}")
+    return file, raw
 
+
+def _field_reader(file, raw):
+    """``field(name, check, default=None, **bounds)``: config.json's ``name`` through ``check``
+    (a missing key takes ``default``; without one it is refused); the error names the file and
+    the key."""
     def field(name, check, default=None, **bounds):
-        """config.json's ``name`` through ``check`` (the error names the file and the key)."""
         if name not in raw and default is None:
             raise ValueError(f"{file}: {name}: missing")
         try:
             return check(name, raw.get(name, default), **bounds)
         except ValueError as e:
             raise ValueError(f"{file}: {e}") from None
+    return field
+
+
+def read_config(path):
+    """The ``GPTConfig`` of a Hugging Face GPT-2 folder's ``config.json`` and its
+    ``eos_token_id`` (None where it names none). ValueError naming the file and the field, by
+    its name in config.json, for anything npformer's GPT cannot be. (Any supported type:
+    :func:`read_model_config`.)"""
+    file, raw = _config_json(path)
+    if raw.get("model_type") != "gpt2":
+        raise ValueError(f"{file}: model_type: expected 'gpt2', got "
+                         f"{_short(raw.get('model_type'))}")
+    return _gpt2_config(file, raw)
+
+
+def _gpt2_config(file, raw):
+    field = _field_reader(file, raw)
 
     def rate(name):
         return field(name, check_real, 0.1, minimum=0, maximum=1, max_open=True)
@@ -206,6 +256,9 @@ def _shard_map(folder, index):
                 raise ValueError(f"{index}: weight_map[{_short(name)}]: {_short(shard)} leads "
                                  f"out of the model folder {folder}; expected a file inside it")
             files[shard] = folder / path
+            if not files[shard].is_file():
+                raise ValueError(f"{index}: weight_map[{_short(name)}]: names {_short(shard)}, "
+                                 f"which is not a file of {folder}")
         shards[name] = files[shard]
     return shards
 
@@ -221,6 +274,9 @@ def _read_tensors(folder):
         try:
             with safe_open(str(file), framework="np") as f:
                 for key in f.keys():
+                    if key in found:
+                        raise ValueError(f"{file}: holds {_short(key)}, which "
+                                         f"{found[key][0].name} holds too; which is meant?")
                     found[key] = (file, tuple(f.get_slice(key).get_shape()))
         except (OSError, safetensors.SafetensorError) as e:
             raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
@@ -298,6 +354,481 @@ def read_gpt2(path, dtype=np.float32):
     return config, weights, eos
 
 
+# -- the Llama family ------------------------------------------------------------------------------
+LLAMA_FAMILY = ("llama", "qwen2", "qwen3")
+MODEL_TYPES = ("gpt2",) + LLAMA_FAMILY
+
+# The rename table of the Llama family: each Hugging Face module -> (the npformer parameter its
+# weight goes to, less the "weight"/"bias" it ends with, and the part of that parameter's rows
+# it fills; None: all of them). A block's modules are model.layers.N.<module>, npformer's
+# blocks.N.<parameter>. The three attention projections fill the fused in_proj_weight (rows
+# [q | k | v]: H, then H_kv, then H_kv heads), the gate and up projections the SwiGLU's fused
+# linear1 (rows [gate | up], d_ff each).
+LLAMA_BLOCK_RENAMES = {
+    "self_attn.q_proj": ("self_attn.in_proj_", "q"),
+    "self_attn.k_proj": ("self_attn.in_proj_", "k"),
+    "self_attn.v_proj": ("self_attn.in_proj_", "v"),
+    "self_attn.o_proj": ("self_attn.out_proj.", None),
+    "self_attn.q_norm": ("self_attn.q_norm.", None),        # qwen3
+    "self_attn.k_norm": ("self_attn.k_norm.", None),        # qwen3
+    "mlp.gate_proj": ("ffn.linear1.", "gate"),
+    "mlp.up_proj": ("ffn.linear1.", "up"),
+    "mlp.down_proj": ("ffn.linear2.", None),
+    "input_layernorm": ("norm1.", None),
+    "post_attention_layernorm": ("norm2.", None),
+}
+LLAMA_RENAMES = {
+    "model.embed_tokens": ("tok_embed.", None),
+    "model.norm": ("norm.", None),
+    "lm_head": ("generator.", None),                        # untied only
+}
+# per-block buffers that older Llama files store (the rotary frequencies): not weights
+_LLAMA_BUFFER = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+_LLAMA_BLOCK = re.compile(r"model\.layers\.(\d+)\.")
+# the Hugging Face defaults of the fields a Llama-family config.json may leave out (a size it
+# leaves out is refused: no model has the default size of its class)
+LLAMA_DEFAULTS = {
+    "llama": dict(num_key_value_heads=None, head_dim=None, max_position_embeddings=2048,
+                  attention_bias=False, mlp_bias=False),
+    "qwen2": dict(num_key_value_heads=32, head_dim=None, max_position_embeddings=32768),
+    "qwen3": dict(num_key_value_heads=32, head_dim=128, max_position_embeddings=32768,
+                  attention_bias=False),
+}
+ROPE_THETA = 10000.0                   # Hugging Face's default_theta
+
+
+def _rows(config, part):
+    """The rows of a fused npformer parameter that ``part`` ("q", "k", "v", "gate", "up"; None:
+    all) fills, as a slice."""
+    q = config.n_heads * config.head_size
+    kv = (config.n_kv_heads or config.n_heads) * config.head_size
+    return {None: slice(None), "q": slice(0, q), "k": slice(q, q + kv),
+            "v": slice(q + kv, q + 2 * kv), "gate": slice(0, config.d_ff),
+            "up": slice(config.d_ff, 2 * config.d_ff)}[part]
+
+
+def llama_names(config):
+    """{Hugging Face tensor name: (npformer parameter name, rows)} of every tensor a
+    Llama-family model of ``config`` (a ``GPTConfig``) has, in npformer's parameter order:
+    ``model.named_parameters()[name].data[rows]`` is the tensor. Which exist (biases, the
+    query/key norms, an untied lm_head) the configuration's parameters decide."""
+    shapes = config.parameter_shapes()
+    names = {}
+    modules = [(f"model.layers.{i}.{theirs}", f"blocks.{i}.{ours}", part)
+               for i in range(config.n_layers)
+               for theirs, (ours, part) in LLAMA_BLOCK_RENAMES.items()]
+    modules += [(theirs, ours, part) for theirs, (ours, part) in LLAMA_RENAMES.items()]
+    for theirs, ours, part in modules:
+        for suffix in ("weight", "bias"):
+            if ours + suffix in shapes:
+                names[f"{theirs}.{suffix}"] = (ours + suffix, _rows(config, part))
+    order = {name: i for i, name in enumerate(shapes)}
+    return dict(sorted(names.items(), key=lambda item: (order[item[1][0]],
+                                                        item[1][1].start or 0)))
+
+
+def hf_parameter(config, name):
+    """Where the Hugging Face tensor ``name`` (e.g. ``model.layers.3.self_attn.k_proj.weight``)
+    of a Llama-family model of ``config`` lives in npformer: ``(parameter name, rows)``, the
+    tensor being ``parameters[parameter name].data[rows]`` (for k_proj, the key rows of the
+    fused ``in_proj_weight``). ValueError for a name the model does not have."""
+    match = _LLAMA_BLOCK.match(name)
+    layer = int(match.group(1)) if match else None
+    if layer is not None and layer >= config.n_layers:
+        raise ValueError(f"{name}: the model has {config.n_layers} layers (0 to "
+                         f"{config.n_layers - 1})")
+    single = config.replace(n_layers=1) if layer is not None else config
+    key = name if layer is None else f"model.layers.0.{name[match.end():]}"
+    found = llama_names(single).get(key)
+    if found is None:
+        raise ValueError(f"{name}: not a tensor of this model (npformer.hf.llama_names "
+                         f"lists them: a bias, a query/key norm or an lm_head only where the "
+                         f"configuration has one)")
+    ours, rows = found
+    if layer is not None:
+        ours = f"blocks.{layer}." + ours[len("blocks.0."):]
+    return ours, rows
+
+
+def read_model_config(path):
+    """``(GPTConfig, eos ids, model_type)`` of a folder's ``config.json``, for every supported
+    ``model_type`` (gpt2, llama, qwen2, qwen3; any other is refused, naming it). The eos ids
+    are an int, a tuple of ints (Llama 3 ends with any of several) or None: for the Llama
+    family, ``generation_config.json``'s ``eos_token_id``, else config.json's, else
+    ``tokenizer_config.json``'s ``eos_token`` looked up in ``tokenizer.json``. ValueError naming
+    the file and the field for anything npformer's GPT cannot be."""
+    folder = model_folder(path)
+    file, raw = _config_json(folder)
+    model_type = raw.get("model_type")
+    if model_type == "gpt2":
+        return (*_gpt2_config(file, raw), model_type)
+    if model_type not in LLAMA_FAMILY:
+        raise ValueError(f"{file}: model_type: expected one of {', '.join(MODEL_TYPES)}, got "
+                         f"{_short(model_type)}")
+    config = _llama_config(file, raw, model_type)
+    return config, _eos_ids(folder, raw, config.vocab_size), model_type
+
+
+def _llama_config(file, raw, model_type):
+    """The GPTConfig preset of a Llama, Qwen2 or Qwen3 config.json (sizes checked under their
+    Hugging Face names first, so that an error names the key of the file)."""
+    field = _field_reader(file, raw)
+    defaults = LLAMA_DEFAULTS[model_type]
+
+    def optional(name, check, **bounds):
+        """A key that may be missing or null: Hugging Face's default (None: none)."""
+        value = raw.get(name, defaults.get(name))
+        if value is None:
+            return None
+        try:
+            return check(name, value, **bounds)
+        except ValueError as e:
+            raise ValueError(f"{file}: {e}") from None
+
+    hidden, heads = field("hidden_size", check_int), field("num_attention_heads", check_int)
+    sizes = dict(vocab_size=field("vocab_size", check_int), d_model=hidden, n_heads=heads,
+                 d_ff=field("intermediate_size", check_int),
+                 n_layers=field("num_hidden_layers", check_int),
+                 max_len=field("max_position_embeddings", check_int,
+                               defaults["max_position_embeddings"]))
+    kv = optional("num_key_value_heads", check_int) or heads
+    head_dim = optional("head_dim", check_int)
+    if head_dim is None and hidden % heads:
+        raise ValueError(f"{file}: hidden_size: expected a multiple of num_attention_heads="
+                         f"{heads} (config.json gives no head_dim), got {hidden}")
+    if heads % kv:
+        raise ValueError(f"{file}: num_key_value_heads: expected a divisor of "
+                         f"num_attention_heads={heads} (each key/value head serves a group of "
+                         f"query heads), got {kv}")
+    size = head_dim or hidden // heads
+    if size % 2:
+        name = "head_dim" if head_dim else f"hidden_size / num_attention_heads ({hidden} / {heads})"
+        raise ValueError(f"{file}: {name}: expected an even head size (rotary positions turn "
+                         f"pairs of dimensions), got {size}")
+    activation = raw.get("hidden_act", "silu")
+    if activation != "silu":
+        raise ValueError(f"{file}: hidden_act: expected 'silu' (the SwiGLU of the "
+                         f"{model_type} family), got {_short(activation)}")
+    if optional("use_sliding_window", check_flag):
+        raise ValueError(f"{file}: use_sliding_window: npformer's attention sees every earlier "
+                         f"position; expected false, got true")
+    layer_types = raw.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list) or
+                                    any(t != "full_attention" for t in layer_types)):
+        raise ValueError(f"{file}: layer_types: npformer's attention sees every earlier "
+                         f"position; expected only 'full_attention', got {_short(layer_types)}")
+    if model_type == "qwen2":                  # q, k and v add a bias; o_proj and the MLP none
+        qkv_bias, proj_bias = True, False
+    else:                                      # attention_bias: q, k, v and o; mlp_bias: the MLP
+        attention_bias = optional("attention_bias", check_flag)
+        mlp_bias = bool(optional("mlp_bias", check_flag))
+        if attention_bias != mlp_bias:
+            raise ValueError(f"{file}: mlp_bias: npformer's GPT has one flag for the biases of "
+                             f"o_proj and the MLP, so expected attention_bias's value "
+                             f"{attention_bias}, got {mlp_bias}")
+        qkv_bias = proj_bias = attention_bias
+    theta, scaling = _rope(file, raw, sizes["max_len"])
+    options = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, norm_first=True,
+                   positions="rotary", norm="rmsnorm", ffn="swiglu",
+                   layer_norm_eps=field("rms_norm_eps", check_real, 1e-6, minimum=0,
+                                        min_open=True),
+                   tie_embeddings=field("tie_word_embeddings", check_flag, False),
+                   n_kv_heads=kv, head_dim=head_dim, qkv_bias=qkv_bias, proj_bias=proj_bias,
+                   qk_norm=model_type == "qwen3", rope_theta=theta, rope_scaling=scaling)
+    try:
+        return GPTConfig(**sizes, **options)
+    except ValueError as e:                   # none expected: every rule was checked above
+        raise ValueError(f"{file}: {e}") from None
+
+
+def _rope(file, raw, max_len):
+    """(rope_theta, rope_scaling for GPTConfig) of a config.json: Hugging Face's older keys
+    (``rope_theta``, ``rope_scaling``) or transformers 5's ``rope_parameters`` (the theta
+    inside). Rotary positions as they are ("default") or Llama 3's rescaling ("llama3");
+    anything else is refused, naming the key."""
+    name = "rope_scaling" if raw.get("rope_scaling") is not None else "rope_parameters"
+    rope = raw.get(name)
+    if rope is None:
+        rope = {}
+    if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
+        raise ValueError(f"{file}: {name}: expected one object of rotary settings such as "
+                         f"{{'rope_type': 'llama3', 'factor': 8.0, ...}}, got {_short(rope)}")
+    theta = rope.get("rope_theta", raw.get("rope_theta", ROPE_THETA))
+    theta_name = f"{name}.rope_theta" if "rope_theta" in rope else "rope_theta"
+    try:
+        theta = check_real(theta_name, theta, minimum=0, min_open=True)
+        for key, where in (("partial_rotary_factor", raw), ("partial_rotary_factor", rope)):
+            if where.get(key, 1.0) != 1.0:
+                raise ValueError(f"{key}: npformer turns every pair of a head; expected 1.0, "
+                                 f"got {_short(where[key])}")
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ValueError(f"{file}: {name}: rope_type: expected 'default' or 'llama3' (the "
+                         f"rotary rescalings npformer builds), got {_short(kind)}")
+    scaling = {"rope_type": "llama3"}
+    try:
+        for key in ("factor", "low_freq_factor", "high_freq_factor"):
+            scaling[key] = check_real(f"{name}.{key}", rope.get(key), minimum=0, min_open=True)
+        if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+            raise ValueError(f"{name}.high_freq_factor: expected more than low_freq_factor="
+                             f"{scaling['low_freq_factor']}, got {scaling['high_freq_factor']}")
+        scaling["original_max_position_embeddings"] = check_int(
+            f"{name}.original_max_position_embeddings",
+            rope.get("original_max_position_embeddings", max_len))
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
+    return theta, scaling
+
+
+def _eos_ids(folder, raw, vocab_size):
+    """The end-of-text ids of a Llama-family folder (``read_model_config``): an int, a tuple of
+    ints, or None."""
+    sources = []
+    generation = folder / "generation_config.json"
+    if generation.is_file():
+        data = read_json(generation)
+        if not isinstance(data, dict):
+            raise ValueError(f"{generation}: expected a JSON object, got {type(data).__name__}")
+        sources.append((generation, data))
+    sources.append((folder / "config.json", raw))
+    for file, data in sources:
+        value = data.get("eos_token_id")
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if not ids:
+            continue
+        for i in ids:
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab_size:
+                raise ValueError(f"{file}: eos_token_id: expected a token id in [0, "
+                                 f"vocab_size={vocab_size}) or a list of them, got {_short(value)}")
+        ids = tuple(dict.fromkeys(ids))
+        return ids[0] if len(ids) == 1 else ids
+    return _tokenizer_config_eos(folder, vocab_size)
+
+
+def _tokenizer_config_eos(folder, vocab_size):
+    """tokenizer_config.json's ``eos_token`` (a string, or {"content": string}) as its id in
+    tokenizer.json; None where either file or the entry is missing."""
+    file = folder / "tokenizer_config.json"
+    if not file.is_file() or not (folder / "tokenizer.json").is_file():
+        return None
+    data = read_json(file)
+    token = data.get("eos_token") if isinstance(data, dict) else None
+    if isinstance(token, dict):
+        token = token.get("content")
+    if token is None:
+        return None
+    if not isinstance(token, str):
+        raise ValueError(f"{file}: eos_token: expected a token (a string), got {_short(token)}")
+    i = load_tokenizer(folder).token_to_id(token)
+    if i is None or i >= vocab_size:
+        raise ValueError(f"{file}: eos_token: {_short(token)} is not a token of "
+                         f"{folder / 'tokenizer.json'} below vocab_size={vocab_size}")
+    return i
+
+
+# -- safetensors, read through the header ----------------------------------------------------------
+# safetensors' dtype names -> the NumPy dtype their bytes are read as (bfloat16: as uint16, then
+# widened: a bfloat16 is the upper 16 bits of a float32)
+FLOAT_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+ITEMSIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8,
+             "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+MAX_HEADER_BYTES = 100 << 20           # the format's own limit
+CHUNK = 1 << 20                        # elements converted at a time
+
+
+class StoredTensor(NamedTuple):
+    file: Path
+    dtype: str                         # safetensors' name: "F32", "BF16", ...
+    shape: tuple
+    start: int                         # byte offset of its data in the file
+
+
+def _counts(value, length=None):
+    """Whether a header's value is a list of non-negative ints (of ``length`` items)."""
+    return (isinstance(value, list) and (length is None or len(value) == length) and
+            all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value))
+
+
+def read_header(file):
+    """{tensor name: StoredTensor} of a safetensors file, from its header alone (8 bytes of
+    length, then JSON). Every entry is checked against the file: a known dtype, a shape of
+    non-negative ints, data offsets inside the file that span exactly shape x itemsize bytes.
+    ValueError naming the file (and the tensor) otherwise."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else None
+            if n is None or n > min(MAX_HEADER_BYTES, size - 8):
+                raise ValueError(f"{file}: not a safetensors file (its first 8 bytes give a "
+                                 f"header of {n} bytes; the file has {size})")
+            text = f.read(n)
+    except OSError as e:
+        raise ValueError(f"{file}: cannot be read ({e.strerror or e})") from None
+    try:
+        header = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (RecursionError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{file}: not a safetensors file (its header is not a JSON object "
+                         f"npformer can read: {str(e) or 'nested too deeply'})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file}: not a safetensors file (its header is a JSON "
+                         f"{type(header).__name__}, not an object)")
+    base, data_bytes = 8 + n, size - 8 - n
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if dtype not in ITEMSIZES or not _counts(shape) or not _counts(offsets, 2):
+            raise ValueError(f"{file}: {_short(name)}: expected a dtype, a shape and two data "
+                             f"offsets, got {_short(entry)}")
+        begin, end = offsets
+        need = int(np.prod(shape, dtype=object)) * ITEMSIZES[dtype]
+        if not begin <= end <= data_bytes or end - begin != need:
+            raise ValueError(f"{file}: {_short(name)}: its data offsets {offsets} do not hold "
+                             f"a {dtype} tensor of shape {tuple(shape)} ({need} bytes) inside "
+                             f"the file's {data_bytes} bytes of data")
+        tensors[name] = StoredTensor(file, dtype, tuple(shape), base + begin)
+    return tensors
+
+
+def _stored_tensors(folder):
+    """({tensor name: StoredTensor} of the folder's safetensors files, what to name in an
+    error: model.safetensors or the index), the headers alone read. A sharded folder's index
+    and shards must agree: every tensor in exactly one shard, the one the index names."""
+    shard_map, where = _tensor_files(folder)
+    files = list(dict.fromkeys(shard_map.values())) if shard_map else [where]
+    found = {}
+    for file in files:
+        for name, tensor in read_header(file).items():
+            if name in found:
+                raise ValueError(f"{file}: holds {_short(name)}, which {found[name].file.name} "
+                                 f"holds too; which is meant?")
+            if shard_map is not None and shard_map.get(name) != file:
+                raise ValueError(f"{where}: weight_map[{_short(name)}]: expected {file.name}, "
+                                 f"which holds it, got {_short(shard_map.get(name))}")
+            found[name] = tensor
+    if shard_map is not None:
+        for name, file in shard_map.items():
+            if name not in found:
+                raise ValueError(f"{where}: weight_map[{_short(name)}]: {file.name} does not "
+                                 f"hold it")
+    return found, where
+
+
+def _converted(tensor, name):
+    """(offset, float array) chunks of a stored tensor's values, flat, memory-mapped from its
+    file and widened to float32 where stored as bfloat16; ValueError for a dtype that is not
+    floating point."""
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{tensor.file}: {name}: expected floating-point weights (F32, F16, "
+                         f"BF16, F64), got {tensor.dtype}")
+    count = int(np.prod(tensor.shape))
+    if count == 0:
+        return
+    data = np.memmap(tensor.file, dtype=FLOAT_DTYPES[tensor.dtype], mode="r",
+                     offset=tensor.start, shape=(count,))
+    for i in range(0, count, CHUNK):
+        part = data[i:i + CHUNK]
+        if tensor.dtype == "BF16":
+            part = (part.astype(np.uint32) << 16).view(np.float32)      # exact
+        yield i, part
+    del data
+
+
+def _copy_into(tensor, name, dest):
+    """A stored tensor's values into ``dest`` (a contiguous view of a parameter), a chunk at a
+    time; ValueError naming the file and the tensor for a value that is not finite in dest's
+    dtype."""
+    flat = dest.reshape(-1)
+    assert np.shares_memory(flat, dest), "a parameter's rows must be one contiguous block"
+    for i, part in _converted(tensor, name):
+        out = flat[i:i + len(part)]
+        with np.errstate(over="ignore", invalid="ignore"):    # refused just below
+            out[...] = part
+        if not np.isfinite(out).all():
+            bad = int(np.flatnonzero(~np.isfinite(out))[0])
+            raise ValueError(f"{tensor.file}: {name}: expected finite weights (in "
+                             f"{flat.dtype}), got {float(part[bad])} at flat index {i + bad}")
+
+
+def _check_llama_files(folder, config, model_type):
+    """{Hugging Face name: (StoredTensor, npformer parameter, rows)} of a Llama-family folder,
+    every claim checked from the headers before a weight is read: as many blocks as
+    num_hidden_layers, no tensor missing, none unexpected, each of its shape and of a
+    floating-point dtype."""
+    stored, where = _stored_tensors(folder)
+    blocks = {int(m.group(1)) for m in map(_LLAMA_BLOCK.match, stored) if m}
+    if config.n_layers > len(blocks):
+        raise ValueError(f"{folder / 'config.json'}: num_hidden_layers: {config.n_layers} "
+                         f"blocks, but {where} holds tensors of {len(blocks)} "
+                         f"(model.layers.N.*); the files do not describe one model")
+    names = llama_names(config)
+    shapes = config.parameter_shapes()
+    missing = [name for name in names if name not in stored]
+    extra = sorted(name for name in stored if name not in names
+                   and not _LLAMA_BUFFER.fullmatch(name)
+                   and not (name == "lm_head.weight" and config.tie_embeddings))
+    wrong = []
+    for name, (ours, rows) in names.items():
+        if name in stored:
+            shape = shapes[ours]
+            expected = (len(range(shape[0])[rows]), *shape[1:])
+            if stored[name].shape != expected:
+                wrong.append(f"{name}: expected {expected}, got {stored[name].shape}")
+            elif stored[name].dtype not in FLOAT_DTYPES:
+                wrong.append(f"{name}: expected floating-point weights (F32, F16, BF16, F64), "
+                             f"got {stored[name].dtype}")
+    if config.tie_embeddings and "lm_head.weight" in stored and \
+            stored["lm_head.weight"].shape != shapes["tok_embed.weight"]:
+        wrong.append(f"lm_head.weight: expected {shapes['tok_embed.weight']} (tied to "
+                     f"model.embed_tokens.weight), got {stored['lm_head.weight'].shape}")
+    if missing or extra or wrong:
+        parts = ([f"missing {missing}"] if missing else []) + \
+                ([f"unexpected {extra}"] if extra else []) + \
+                ([f"wrong [{'; '.join(wrong)}]"] if wrong else [])
+        raise ValueError(f"{where}: does not hold the {model_type} model of its config.json: "
+                         + ", ".join(parts))
+    return {name: (stored[name], ours, rows) for name, (ours, rows) in names.items()}, stored
+
+
+def from_pretrained(path, dtype=np.float32):
+    """The model of a Hugging Face folder, in eval mode: GPT-2 (``GPT.from_pretrained``), or a
+    Llama, Qwen2 or Qwen3 (``model_type`` in config.json): its ``GPTConfig`` preset
+    (:func:`read_model_config`), every tensor checked by name, shape and dtype from the
+    safetensors headers before the model is built, then read tensor by tensor, memory-mapped,
+    into the model's parameter buffer (bfloat16 widened exactly; every value must be finite).
+    ``model.eos_id``: the folder's end-of-text id, or a tuple of them (generation stops at any).
+    ``dtype``: float32, or float64 for checks. ValueError naming the file for anything else."""
+    folder = model_folder(path)
+    config, eos, model_type = read_model_config(folder)
+    if model_type == "gpt2":
+        return GPTConfig.model_class.from_pretrained(folder, dtype)
+    config = config.replace(dtype=dtype)
+    plan, stored = _check_llama_files(folder, config, model_type)
+    model = config.model_class(config)            # npformer.GPT (registered by npformer.registry)
+    params = dict(model.named_parameters())
+    for name, (tensor, ours, rows) in plan.items():
+        _copy_into(tensor, name, params[ours].data[rows])
+    if config.tie_embeddings and "lm_head.weight" in stored:
+        embedding = params["tok_embed.weight"].data.reshape(-1)
+        for i, part in _converted(stored["lm_head.weight"], "lm_head.weight"):
+            if not np.array_equal(embedding[i:i + len(part)], part.astype(model.dtype)):
+                raise ValueError(f"{stored['lm_head.weight'].file}: lm_head.weight differs from "
+                                 f"model.embed_tokens.weight, but config.json ties them "
+                                 f"(tie_word_embeddings)")
+    model.eos_id = eos
+    return model.eval()
+
+
 def load_tokenizer(path):
     """The ``tokenizers.Tokenizer`` of a folder's ``tokenizer.json``."""
     file = model_folder(path) / "tokenizer.json"
@@ -362,5 +893,7 @@ def _tokenizer_file(file):
         raise ValueError(f"{file}: not a tokenizers file ({str(e).splitlines()[0]})") from None
 
 
-__all__ = ["ACTIVATIONS", "BUFFERS", "CONV1D_TRANSPOSED", "TextTokenizer", "hf_names",
-           "load_tokenizer", "model_folder", "read_config", "read_gpt2", "read_json"]
+__all__ = ["ACTIVATIONS", "BUFFERS", "CONV1D_TRANSPOSED", "LLAMA_BLOCK_RENAMES", "LLAMA_FAMILY",
+           "LLAMA_RENAMES", "MODEL_TYPES", "StoredTensor", "TextTokenizer", "from_pretrained",
+           "hf_names", "hf_parameter", "llama_names", "load_tokenizer", "model_folder",
+           "read_config", "read_gpt2", "read_header", "read_json", "read_model_config"]

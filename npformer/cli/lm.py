@@ -1,4 +1,5 @@
-"""``npformer lm``: train a character-level GPT on a text file, or fine-tune GPT-2 on one.
+"""``npformer lm``: train a character-level GPT on a text file, or fine-tune a Hugging Face model
+(GPT-2, Llama, Qwen2, Qwen3) on one.
 
     npformer lm --data ../shared/data/tinyshakespeare/input.txt --out runs/shakespeare
     npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --max-new-tokens 300
@@ -35,14 +36,15 @@ _SHAPE = tuple(option for option in LANGUAGE_MODEL.options if option not in ("co
 
 def add_parser(sub, name):
     p = sub.add_parser(name, formatter_class=NoneDefaultFormatter,
-                       help="train a character-level GPT on a text file (or fine-tune GPT-2)",
+                       help="train a character-level GPT on a text file (or fine-tune a "
+                            "Hugging Face model)",
                        description="Train a decoder-only GPT on one UTF-8 text file: characters "
                                    "as tokens, the first 90% for training, the last 10% for "
                                    "the validation loss (nats per character, over the whole "
                                    "split), samples at every validation, the best checkpoint by "
-                                   "validation loss. --init-from fine-tunes GPT-2 (a Hugging "
-                                   "Face folder) or an npformer GPT checkpoint instead, with "
-                                   "its tokenizer.")
+                                   "validation loss. --init-from fine-tunes a Hugging Face "
+                                   "folder (GPT-2, Llama, Qwen2, Qwen3) or an npformer GPT "
+                                   "checkpoint instead, with its tokenizer.")
     p.add_argument("--data", required=True, metavar="FILE", help="the UTF-8 text to learn")
     p.add_argument("--out", required=True,
                    help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
@@ -55,9 +57,10 @@ def add_parser(sub, name):
                         "the checkpoint's values; only %s may change)"
                         % ", ".join(flag(d) for d in LM_MAY_CHANGE))
     p.add_argument("--init-from", metavar="DIR",
-                   help="start from these weights: a Hugging Face GPT-2 folder (config.json, "
-                        "model.safetensors, tokenizer.json; extra hf) or an npformer GPT "
-                        "checkpoint; the text is cut by its tokenizer")
+                   help="start from these weights: a Hugging Face folder of GPT-2, Llama, Qwen2 "
+                        "or Qwen3 (config.json, model.safetensors or its shards, tokenizer.json; "
+                        "extra hf) or an npformer GPT checkpoint; the text is cut by its "
+                        "tokenizer")
     # None: not given, so that a resume tells them from the checkpoint's; fill_defaults sets
     # the recipe's values afterwards, which the help says
     recipe = LANGUAGE_MODEL.defaults(LM_MODEL)

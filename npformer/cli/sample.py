@@ -1,7 +1,8 @@
-"""``npformer sample``: continue a prompt with a language model: GPT-2 from a Hugging Face folder,
-or a checkpoint of ``npformer lm``.
+"""``npformer sample``: continue a prompt with a language model: GPT-2, Llama, Qwen2 or Qwen3 from
+a Hugging Face folder, or a checkpoint of ``npformer lm``.
 
     npformer sample --hf path/to/gpt2 --prompt "Hello, I'm a language model," --max-new-tokens 40
+    npformer sample --hf path/to/SmolLM2-135M --prompt "The capital of France is" --greedy
     npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --temperature 0.8
 """
 import sys
@@ -23,21 +24,24 @@ def top_p_value(text):
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="continue a prompt with a language model (npformer lm, GPT-2)",
+    p = sub.add_parser(name, help="continue a prompt with a language model (npformer lm, GPT-2, "
+                                  "Llama, Qwen2, Qwen3)",
                        description="Continue a prompt with a checkpoint of npformer lm, or with "
-                                   "GPT-2 weights from a Hugging Face folder (config.json, "
-                                   "model.safetensors, tokenizer.json; extra hf). Samples by "
-                                   "default; --greedy takes the most likely token every time.")
+                                   "the weights of a Hugging Face folder (config.json, "
+                                   "model.safetensors or its shards, tokenizer.json; extra hf) "
+                                   "of GPT-2, Llama, Qwen2 or Qwen3. Samples by default; "
+                                   "--greedy takes the most likely token every time.")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", metavar="CKPT",
                         help="a checkpoint of npformer lm (RUN/best), or its run folder")
     source.add_argument("--hf", metavar="DIR",
-                        help="a Hugging Face GPT-2 folder (e.g. the files of the hub's gpt2)")
+                        help="a Hugging Face model folder of GPT-2, Llama, Qwen2 or Qwen3 (e.g. "
+                             "the files of the hub's gpt2 or SmolLM2-135M)")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=positive_int, default=50, metavar="N",
-                   help="tokens to generate at most (default %(default)s; GPT-2 also stops "
-                        "at <|endoftext|>); past the model's context each token sees the last "
-                        "context tokens")
+                   help="tokens to generate at most (default %(default)s; a model also stops "
+                        "at its end-of-text tokens, e.g. GPT-2's <|endoftext|>); past the "
+                        "model's context each token sees the last context tokens")
     p.add_argument("--greedy", action="store_true", help="the most likely token every time")
     p.add_argument("--temperature", type=positive_float, default=None,
                    help=f"> 0 (default {TEMPERATURE})")
@@ -138,6 +142,13 @@ class TextStream:
         self._write((full[len(self.written):] if full.startswith(self.written) else "") + "\n")
 
 
+def end_ids(eos_id):
+    """The set of a model's end-of-text ids: ``eos_id`` is None, one id or a tuple of them."""
+    if eos_id is None:
+        return set()
+    return set(eos_id) if isinstance(eos_id, tuple) else {eos_id}
+
+
 def run(args):
     check_options(args)
     model, tokenizer = load_language_model(args)
@@ -149,13 +160,20 @@ def run(args):
     if len(ids) > context:
         raise ValueError(f"--prompt: {len(ids)} tokens, longer than the model's context of "
                          f"{context}; give a shorter prompt")
-    # past the context, each new token sees the last ``context`` tokens (the state slides)
-    state = model.decoder_state(np.array([ids]), eos_id=model.eos_id, slide=True)
+    # caches for the prompt and the new tokens, not for the whole context (a Llama's
+    # max_position_embeddings is 131,072); past the context, each new token sees the last
+    # ``context`` tokens (the state slides)
+    capacity = min(context, len(ids) + args.max_new_tokens)
+    state = model.decoder_state(np.array([ids]), eos_id=model.eos_id, capacity=capacity,
+                                slide=True)
     # the text is printed as the tokens come (with --trace: all of it at the end)
     stream = None if args.trace else TextStream(tokenizer, ids, sys.stdout)
+    ends = end_ids(model.eos_id)
+    last = []                                    # the last token chosen (an end token's name)
 
     def on_step(sources, tokens):
-        if stream is not None and tokens[0] != model.eos_id:     # the end token is no text
+        last[:] = [int(tokens[0])]
+        if stream is not None and int(tokens[0]) not in ends:    # the end token is no text
             stream.add(tokens[0])
 
     if args.greedy:
@@ -171,7 +189,7 @@ def run(args):
         return 0
     text = tokenizer.decode(ids + hyp.ids)
     tokens = [repr(tokenizer.decode([i])) for i in hyp.ids]
-    eos = repr(tokenizer.token(model.eos_id)) if hyp.finished else None
+    eos = repr(tokenizer.token(last[0])) if hyp.finished else None
     sys.stdout.write(format_token_trace("prompt", args.prompt, tokens, hyp.probs, eos, text)
                      + "\n")
     return 0

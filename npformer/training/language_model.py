@@ -38,7 +38,7 @@ from ..data.characters import CharTokenizer
 from ..data.textfile import read_text
 from ..data.vocab import Vocabularies
 from ..decoding.search import sample_search
-from ..hf import TextTokenizer, model_folder, read_config
+from ..hf import TextTokenizer, from_pretrained, model_folder, read_model_config
 from ..loss import cross_entropy
 from ..nn.gpt import GPT
 from ..validation import check_int, check_real
@@ -206,8 +206,11 @@ class LanguageModelTask(Task):
         """``sample_tokens`` tokens after ``prompt`` (default: the validation split's first
         token), drawn with a generator seeded by the task's seed; returns the text."""
         prompt = self.valid_ids[:1] if prompt is None else np.asarray(prompt, dtype=np.int64)
+        # caches for the prompt and the sample, not for the model's whole context (a Llama's
+        # max_position_embeddings is 131,072): past it, the state slides
+        capacity = min(model.max_len, len(prompt) + self.sample_tokens)
         state = model.decoder_state(prompt[None, :], eos_id=getattr(model, "eos_id", None),
-                                    slide=True)
+                                    capacity=capacity, slide=True)
         hyp, = sample_search(state, temperature=self.sample_temperature,
                              max_new_tokens=self.sample_tokens, rng=np.random.default_rng(self.seed))
         return self.tokenizer.decode(list(prompt) + list(hyp.ids))
@@ -255,31 +258,32 @@ def resolve_tokenizer(loaded):
 
 
 def load_pretrained(path, dtype=np.float32):
-    """(GPT, TextTokenizer) of a Hugging Face GPT-2 folder: the tokenizer is read first and
-    checked against config.json's vocab_size (``TextTokenizer.check_fits``) before any weight
-    is read."""
+    """(GPT, TextTokenizer) of a Hugging Face folder (GPT-2, Llama, Qwen2 or Qwen3:
+    ``npformer.hf.from_pretrained``): the tokenizer is read first and checked against
+    config.json's vocab_size (``TextTokenizer.check_fits``) before any weight is read. The
+    model's ``eos_id`` is the folder's end-of-text id, or a tuple of them (Llama 3)."""
     folder = model_folder(path)
     tokenizer = TextTokenizer(folder)
-    config, _ = read_config(folder)
+    config, _, _ = read_model_config(folder)
     tokenizer.check_fits(config.vocab_size, folder / "config.json")
-    return GPT.from_pretrained(folder, dtype=dtype), tokenizer
+    return from_pretrained(folder, dtype=dtype), tokenizer
 
 
 def _initial_model(init_from):
-    """(model, tokenizer) of ``init_from``: a Hugging Face GPT-2 folder (config.json) or an
-    npformer GPT checkpoint (a path, or a run folder: its best)."""
+    """(model, tokenizer) of ``init_from``: a Hugging Face folder (config.json: GPT-2, Llama,
+    Qwen2, Qwen3) or an npformer GPT checkpoint (a path, or a run folder: its best)."""
     if os.path.isdir(init_from) and os.path.isfile(os.path.join(init_from, "config.json")):
         return load_pretrained(init_from)
     path = os.path.join(init_from, "best") if os.path.isdir(init_from) else init_from
     if not os.path.exists(path) and not os.path.exists(str(path) + ".npz"):
         raise ValueError(f"init_from {init_from}: no such checkpoint or folder (expected a "
-                         f"Hugging Face GPT-2 folder with config.json, an npformer GPT "
+                         f"Hugging Face model folder with config.json, an npformer GPT "
                          f"checkpoint, or a run folder holding best.npz)")
     loaded = load_model_checkpoint(path)
     if loaded.model.config.capability != "causal_lm":
         raise ValueError(f"init_from {init_from}: holds a {loaded.model.config.arch} model; "
                          f"a language model starts from a GPT (an npformer lm checkpoint or a "
-                         f"Hugging Face GPT-2 folder)")
+                         f"Hugging Face folder of GPT-2, Llama, Qwen2 or Qwen3)")
     return loaded.model, resolve_tokenizer(loaded)
 
 

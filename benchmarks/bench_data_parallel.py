@@ -161,7 +161,7 @@ def splits_of(cores, named):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--config", choices=sorted(k for k, c in CONFIGS.items()
-                                               if c.get("model") != "gpt"), default="base")
+                                               if "model" not in c), default="base")
     ap.add_argument("--batch", type=int, metavar="B", help="rows of a rank's batch (of the "
                     "update's with --split) instead of the config's")
     ap.add_argument("--split", action="store_true",

@@ -1,7 +1,8 @@
 """Time one full training step (forward, loss, backward, Adam) of npformer (Numba and NumPy
 backends) and PyTorch eager on the same architecture, cores and batch, in one run.
 
-    python benchmarks/bench_train_step.py [--config tiny|base|big|gpt2|gpt-char] [--batch B] [--repeats 7]
+    python benchmarks/bench_train_step.py [--config tiny|base|big|gpt2|gpt-char|llama-char]
+                                          [--batch B] [--repeats 7]
                                           [--cores N] [--runtime-call] [--nondeterministic]
                                           [--profile] [--choices] [--only IMPL ...]
 
@@ -37,7 +38,10 @@ are as defined in ``CONFIGS`` below. The decoder-only ones train a GPT (``nf.GPT
 on next-token prediction: ``gpt2`` is GPT-2 small (124M parameters, random weights, 4 x 256
 tokens), ``gpt-char`` a character-level model (4 layers, d_model 192, context 128); PyTorch's
 side is transformers' ``GPT2LMHeadModel`` of the same shape (skipped, with a message, where
-transformers is not installed). ``--batch B`` replaces a config's rows (its sequence lengths
+transformers is not installed). ``llama-char`` is the same character model with Llama's block
+(RMSNorm, SwiGLU of 512 so its feed-forward holds as many weights as gpt-char's 768, 6 query heads
+over 2 key/value heads, rotary positions, no biases, no dropout) against transformers'
+``LlamaForCausalLM`` of the same shape. ``--batch B`` replaces a config's rows (its sequence lengths
 stay), e.g. ``--config tiny --batch 128`` for the half batches of ``--max-tokens 3700``: compare
 tokens/s between two runs at different B, each against PyTorch at the same B.
 """
@@ -64,7 +68,10 @@ CONFIGS = {
                  max_len=1024, batch=4, seq_len=256),
     "gpt-char": dict(model="gpt", vocab_size=65, d_model=192, n_heads=6, d_ff=768, n_layers=4,
                      max_len=128, batch=64, seq_len=128),
+    "llama-char": dict(model="llama", vocab_size=65, d_model=192, n_heads=6, n_kv_heads=2,
+                       d_ff=512, n_layers=4, max_len=128, batch=64, seq_len=128),
 }
+DECODERS = ("gpt", "llama")                  # configs of a decoder-only model
 IMPLEMENTATIONS = ("npformer-numba", "npformer-numpy", "torch-eager")
 THREAD_VARS = ("NPFORMER_NUM_THREADS", "NPFORMER_RUNTIME", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS",
                "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_THREADING_LAYER")
@@ -93,10 +100,13 @@ def step_flops(c):
     """Matrix-product FLOPs of one training step: forward, plus two products of the same size
     each in backward (input gradient and weight gradient); element-wise work is not counted."""
     d, f = c["d_model"], c["d_ff"]
-    if c.get("model") == "gpt":
+    if c.get("model") in DECODERS:
         b, t, v = c["batch"], c["seq_len"], c["vocab_size"]
         n = b * t
-        block = 2 * n * d * 3 * d + 2 * n * d * d + 4 * n * d * f + 4 * b * t * t * d
+        kv = d * c.get("n_kv_heads", c["n_heads"]) // c["n_heads"]        # key/value width
+        matrices = 3 if c["model"] == "llama" else 2                       # SwiGLU: gate, up, down
+        block = 2 * n * d * (d + 2 * kv) + 2 * n * d * d + 2 * matrices * n * d * f \
+            + 4 * b * t * t * d
         return 3 * (c["n_layers"] * block + 2 * n * d * v)
     b, s, t, v = c["batch"], c["src_len"], c["tgt_len"], c["tgt_vocab_size"]
     ns, nt = b * s, b * t
@@ -110,7 +120,7 @@ def step_flops(c):
 
 def step_tokens(c):
     """Tokens a step trains on: source + target, or the language model's positions."""
-    if c.get("model") == "gpt":
+    if c.get("model") in DECODERS:
         return c["batch"] * c["seq_len"]
     return c["batch"] * (c["src_len"] + c["tgt_len"])
 
@@ -120,7 +130,7 @@ def make_batch(c, np):
     A language model's batch: (inputs, next tokens), no padding."""
     rng = np.random.default_rng(0)
     b = c["batch"]
-    if c.get("model") == "gpt":
+    if c.get("model") in DECODERS:
         ids = rng.integers(0, c["vocab_size"], size=(b, c["seq_len"] + 1))
         return ids[:, :-1], ids[:, 1:]
     src = rng.integers(3, c["src_vocab_size"], size=(b, c["src_len"]))
@@ -205,10 +215,13 @@ def run_npformer(c, backend_name, args):
         nf.configure_runtime(keep_memory=True)               # process-wide mallopt, on request
     if args.nondeterministic:
         nf.runtime.set_deterministic(False)
-    if c.get("model") == "gpt":
+    if c.get("model") in DECODERS:
+        llama = dict(norm="rmsnorm", ffn="swiglu", n_kv_heads=c.get("n_kv_heads"),
+                     positions="rotary", qkv_bias=False, proj_bias=False, dropout=0.0,
+                     layer_norm_eps=1e-6) if c["model"] == "llama" else dict(dropout=0.1)
         model = nf.GPT(c["vocab_size"], d_model=c["d_model"], n_heads=c["n_heads"], d_ff=c["d_ff"],
-                       n_layers=c["n_layers"], max_len=c["max_len"], dropout=0.1,
-                       dtype=np.float32, seed=0)
+                       n_layers=c["n_layers"], max_len=c["max_len"], dtype=np.float32, seed=0,
+                       **llama)
         opt = nf.AdamW(model, lr=1e-4, weight_decay=0.1)
         inputs, targets = make_batch(c, np)
 
@@ -261,6 +274,31 @@ def torch_gpt(c):
     return train_step
 
 
+def torch_llama(c):
+    """transformers' LlamaForCausalLM of the config's shape (no dropout, as Llama), its AdamW,
+    and the step."""
+    import numpy as np
+    import torch
+    import transformers
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=c["vocab_size"], hidden_size=c["d_model"], intermediate_size=c["d_ff"],
+        num_hidden_layers=c["n_layers"], num_attention_heads=c["n_heads"],
+        num_key_value_heads=c["n_kv_heads"], max_position_embeddings=c["max_len"],
+        tie_word_embeddings=True, attn_implementation="eager")).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    inputs, targets = (torch.from_numpy(a) for a in make_batch(c, np))
+
+    def train_step():
+        opt.zero_grad()
+        logits = model(inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+        loss.backward()
+        opt.step()
+    return train_step
+
+
 def run_torch(c, repeats):
     import numpy as np
     import torch
@@ -272,8 +310,9 @@ def run_torch(c, repeats):
     from npformer.runtime import available_cores
     torch.set_num_threads(available_cores()[0])      # the cores npformer's policy uses, too
     torch.manual_seed(0)
-    if c.get("model") == "gpt":
-        return time_steps(torch_gpt(c), repeats), {"torch_threads": torch.get_num_threads()}
+    if c.get("model") in DECODERS:
+        step = torch_llama(c) if c["model"] == "llama" else torch_gpt(c)
+        return time_steps(step, repeats), {"torch_threads": torch.get_num_threads()}
     config = dict(c, dropout=0.1, pad_id=0, activation="relu", layer_norm_eps=1e-5,
                   norm_first=False, tie_embeddings=False, max_len=64)
     model = ReferenceSeq2Seq(config).train()

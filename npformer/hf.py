@@ -687,7 +687,8 @@ def read_header(file):
         dtype = entry.get("dtype") if isinstance(entry, dict) else None
         shape = entry.get("shape") if isinstance(entry, dict) else None
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if dtype not in ITEMSIZES or not _counts(shape) or not _counts(offsets, 2):
+        if not isinstance(dtype, str) or dtype not in ITEMSIZES or not _counts(shape) or \
+                not _counts(offsets, 2):
             raise ValueError(f"{file}: {_short(name)}: expected a dtype, a shape and two data "
                              f"offsets, got {_short(entry)}")
         begin, end = offsets
@@ -814,7 +815,10 @@ def from_pretrained(path, dtype=np.float32):
         return GPTConfig.model_class.from_pretrained(folder, dtype)
     config = config.replace(dtype=dtype)
     plan, stored = _check_llama_files(folder, config, model_type)
-    model = config.model_class(config)            # npformer.GPT (registered by npformer.registry)
+    try:                                          # npformer.GPT (registered by npformer.registry)
+        model = config.model_class(config)
+    except ValueError as e:                       # a size this machine cannot hold
+        raise ValueError(f"{folder / 'config.json'}: {e}") from None
     params = dict(model.named_parameters())
     for name, (tensor, ours, rows) in plan.items():
         _copy_into(tensor, name, params[ours].data[rows])

@@ -643,3 +643,67 @@ def test_gpt2_still_loads_through_from_pretrained(tmp_path):
     np.testing.assert_array_equal(model.flat_params,
                                   nf.GPT.from_pretrained(tmp_path, dtype=np.float64).flat_params)
     assert model.config.positions == "learned" and model.eos_id is not None
+
+
+# -- property: a Llama-family folder edited at random loads or is refused naming its file ----------
+LLAMA_KEYS = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "intermediate_size", "vocab_size", "rms_norm_eps", "rope_theta",
+              "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias",
+              "mlp_bias", "hidden_act", "eos_token_id", "model_type", "use_sliding_window",
+              "layer_types", "partial_rotary_factor"]
+
+
+def _property_edits():
+    from hypothesis import strategies as st
+    from test_hf_loader_property import DEPTH, NUMBERS, VALUES, header_edits, index_edits
+    keys = st.sampled_from(LLAMA_KEYS)
+    return st.one_of(
+        st.tuples(st.just("config value"), keys, VALUES),
+        st.tuples(st.just("config value"), keys, NUMBERS),
+        st.tuples(st.just("config removed"), keys, st.none()),
+        st.tuples(st.just("config nested"), keys, DEPTH),
+        st.tuples(st.just("config value"), st.just("rope_parameters"),
+                  st.fixed_dictionaries({"rope_type": st.sampled_from(["llama3", "yarn", 3])},
+                                        optional={k: NUMBERS for k in LLAMA3
+                                                  if k != "rope_type"})),
+        index_edits, header_edits)
+
+
+def test_an_edited_folder_loads_or_is_refused_naming_its_file(folders, sharded, tmp_path):
+    """As tests/test_hf_loader_property.py for GPT-2 (every load in a child capped at 1 GiB more
+    than it maps, and 5 s): config.json's keys, the shard index and the safetensors headers
+    edited at random. (max_position_embeddings is left alone: see the expected failure below.)"""
+    hypothesis = pytest.importorskip("hypothesis")
+    from test_hf_loader_property import apply, run_bounded
+
+    @hypothesis.settings(max_examples=40, deadline=None, database=None)
+    @hypothesis.given(edit=_property_edits())
+    def check(edit):
+        kind = edit[0]
+        source = sharded[0] if kind.startswith("index") else folders["llama-gqa-llama3"][0]
+        path = tmp_path / "folder"
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.copytree(source, path)
+        try:
+            apply(path, edit)
+        except (ValueError, TypeError):            # an edit json cannot write (a NaN key...)
+            return
+        outcome, message = run_bounded(
+            lambda: bool(np.isfinite(nf.from_pretrained(path).flat_params).all()))
+        if outcome == "ok":
+            assert message is True, "loaded weights that are not finite"
+            return
+        assert outcome == "ValueError", (edit, outcome, message)
+        assert str(path) in message and "\n" not in message, (edit, message)
+    check()
+
+
+@pytest.mark.xfail(strict=True, reason="nn/ (not the loader): GPT builds its rotary tables for "
+                   "the whole max_len in float64 before casting, several times what "
+                   "GPTConfig.derived_arrays estimates, so a max_position_embeddings the memory "
+                   "check lets through (2**24 here, under a 1 GiB cap) ends in a MemoryError")
+def test_a_long_context_is_refused_or_built_within_the_memory_check(folders, tmp_path):
+    from test_hf_loader_property import run_bounded
+    path = edited(folders["llama-mha"][0], tmp_path, max_position_embeddings=2**24)
+    outcome, message = run_bounded(lambda: nf.from_pretrained(path).max_len, seconds=30)
+    assert outcome in ("ok", "ValueError"), (outcome, message)

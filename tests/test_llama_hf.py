@@ -698,10 +698,6 @@ def test_an_edited_folder_loads_or_is_refused_naming_its_file(folders, sharded, 
     check()
 
 
-@pytest.mark.xfail(strict=True, reason="nn/ (not the loader): GPT builds its rotary tables for "
-                   "the whole max_len in float64 before casting, several times what "
-                   "GPTConfig.derived_arrays estimates, so a max_position_embeddings the memory "
-                   "check lets through (2**24 here, under a 1 GiB cap) ends in a MemoryError")
 def test_a_long_context_is_refused_or_built_within_the_memory_check(folders, tmp_path):
     from test_hf_loader_property import run_bounded
     path = edited(folders["llama-mha"][0], tmp_path, max_position_embeddings=2**24)

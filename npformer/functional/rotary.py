@@ -12,6 +12,7 @@ import numpy as np
 from .embedding import position_rows
 
 ROTARY_BASE = 10000.0            # theta: pair i turns by t * theta ** (-2i / d) at position t
+_CHUNK = 1 << 20                 # angles computed per float64 chunk (8 MiB) when building tables
 
 
 def rotary_frequencies(head_dim, base=ROTARY_BASE, scaling=None):
@@ -42,8 +43,15 @@ def rotary_tables(max_len, head_dim, dtype, base=ROTARY_BASE, scaling=None):
         raise ValueError(f"head_dim: rotary positions turn pairs of dimensions, so expected an "
                          f"even size, got {head_dim}")
     inv_freq = rotary_frequencies(head_dim, base, scaling)                         # (d/2,)
-    angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq              # (T, d/2)
-    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    cos = np.empty((max_len, head_dim // 2), dtype=dtype)
+    sin = np.empty((max_len, head_dim // 2), dtype=dtype)
+    step = max(1, _CHUNK // max(1, head_dim // 2))       # rows a float64 chunk of angles holds
+    for start in range(0, max_len, step):                # a long context's tables: no float64
+        rows = np.arange(start, min(start + step, max_len), dtype=np.float64)   # copy of them
+        angles = rows[:, None] * inv_freq                                       # (rows, d/2)
+        cos[start:start + len(rows)] = np.cos(angles)
+        sin[start:start + len(rows)] = np.sin(angles)
+    return cos, sin
 
 
 def rotary_rows(cos, sin, start, t):

@@ -1,0 +1,118 @@
+"""Issue 68's "what must not change": the real recipes give the very bits of the code before it.
+
+tests/data/same_bits.json holds what commit 4b70321 (the code before issue 68, its kernels
+included) gave for each run of tests/same_bits.py: every logged loss, training and validation,
+and the sha256 of the final weights. The quick runs (the toy recipe over 2 epochs, all 200
+updates of ``npformer lm`` on a small model, the first 10 updates of the base and Tiny Multi30k
+recipes) run here; the full ones (the toy run, ``npformer lm --max-steps 200``, the first 200
+updates of base and Tiny) run on demand::
+
+    NPFORMER_SAME_BITS=full python -m pytest -q tests/test_same_bits.py
+
+The bits are those of one machine, and the test skips, saying why, where another computes
+otherwise:
+
+- NumPy's BLAS: OpenBLAS's Haswell (AVX2 + FMA) kernels, which the recipes' child process asks
+  for with OPENBLAS_CORETYPE (another kernel family sums a product's terms in another order);
+- the vector instruction sets Numba compiles the kernels for (AVX, AVX2, FMA, AVX-512): the
+  kernels are compiled with fastmath's reassociation and contraction, so the vector width orders
+  their sums and FMA rounds their products once; and the matrix-product dispatch rules choose
+  other variants on an AVX-512 CPU. (Compiled for "haswell" instead of this "znver4", both
+  AVX2 + FMA, they gave the same bits; for plain x86-64, SSE2 only, other bits.)
+
+Where it fails on another machine, ``python tests/same_bits.py check --tree <worktree of
+4b70321>`` tells whether the code before issue 68 gives the reference's bits there at all.
+
+A run whose data (../shared/data/multi30k, ../shared/data/tinyshakespeare) is absent skips.
+"""
+import os
+
+import pytest
+
+import same_bits
+from npformer import runtime
+
+REFERENCE = same_bits.load_reference()
+QUICK = [name for name, spec in same_bits.RUNS.items() if spec["quick"]]
+FULL = [name for name, spec in same_bits.RUNS.items() if not spec["quick"]]
+FULL_SWITCH = "NPFORMER_SAME_BITS"               # "full": run the full recipes too
+
+
+def _other_machine():
+    """Why the reference's bits cannot be expected here, before anything runs, or None."""
+    api, _, kernel = (runtime.blas_info() or [(None, None, None)])[0]
+    if api != "openblas" or not runtime.machine_features()["avx2"]:
+        return (f"the reference bits are OpenBLAS's {same_bits.BLAS_KERNEL} (AVX2) kernels; "
+                f"NumPy's BLAS here is {api} {kernel} on a CPU "
+                f"{'with' if runtime.machine_features()['avx2'] else 'without'} AVX2")
+    return same_bits.other_cpu(same_bits.machine_facts(), REFERENCE)
+
+
+def _compare(groups):
+    """Run each group of runs in a child process and compare each run with the reference
+    (skipping where this machine computes otherwise)."""
+    why = _other_machine()
+    if why:
+        pytest.skip(why)
+    facts, runs = same_bits.run_in_children(groups, timeout=3600)
+    why = same_bits.other_blas(facts)
+    if why:
+        pytest.skip(why)
+    return facts, runs
+
+
+@pytest.fixture(scope="module")
+def quick_runs():
+    """The quick runs whose data is here, in two child processes side by side (Tiny's
+    preparation, the papers' tokenizer and a SentencePiece model, overlaps the others):
+    (facts, {name: summary})."""
+    here = [name for name in QUICK if not same_bits.missing_data(name)]
+    return _compare([group for group in ([n for n in here if n != "tiny-10"],
+                                         [n for n in here if n == "tiny-10"]) if group])
+
+
+def _assert_same_bits(name, facts, got):
+    expected = REFERENCE["runs"][name]
+    changed = same_bits.differences(name, got, expected)
+    versions = REFERENCE["machine"]["versions"]
+    assert not changed, "\n".join(changed + [
+        f"(the reference was written with {versions}; this machine has {facts['versions']}: "
+        f"where they differ, write it again from the code before issue 68, as "
+        f"tests/same_bits.py says, rather than from this tree)"])
+    assert got["train_losses"] or got["evals"], f"{name}: no loss was logged"
+    assert "last" in got["weights_sha256"], f"{name}: no last checkpoint"
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_a_quick_run_keeps_the_bits_of_the_code_before_issue_68(name, quick_runs):
+    if same_bits.missing_data(name):
+        pytest.skip(same_bits.missing_data(name))
+    facts, runs = quick_runs
+    _assert_same_bits(name, facts, runs[name])
+
+
+@pytest.mark.parametrize("name", FULL)
+def test_a_full_run_keeps_the_bits_of_the_code_before_issue_68(name):
+    if os.environ.get(FULL_SWITCH) != "full":
+        pytest.skip(f"a full run takes minutes: {FULL_SWITCH}=full python -m pytest -q "
+                    f"tests/test_same_bits.py")
+    if same_bits.missing_data(name):
+        pytest.skip(same_bits.missing_data(name))
+    facts, runs = _compare([[name]])
+    _assert_same_bits(name, facts, runs[name])
+
+
+def test_the_reference_holds_every_run_as_its_command_line_is_today():
+    """A run's command line cannot change without its reference being written again, and a
+    quick run repeats the first updates of the full run it stands for."""
+    assert sorted(REFERENCE["runs"]) == sorted(same_bits.RUNS)
+    for name, spec in same_bits.RUNS.items():
+        expected = REFERENCE["runs"][name]
+        assert expected["argv"] == spec["argv"], name
+        assert expected["train_losses"] or expected["evals"], name
+        assert "last" in expected["weights_sha256"], name
+        full = spec.get("prefix_of")
+        if full:
+            n = len(expected["train_losses"])
+            assert expected["train_losses"] == REFERENCE["runs"][full]["train_losses"][:n], name
+    assert REFERENCE["machine"]["blas"][2] == same_bits.BLAS_KERNEL

@@ -50,7 +50,8 @@ _MULTI30K_ARGS = ["train", "--dataset", "multi30k", "--data-dir", "{multi30k}", 
 _BASE = _MULTI30K_ARGS + ["--preset", "base", "--src", "de", "--tgt", "en"]
 _TINY = _MULTI30K_ARGS + ["--preset", "tiny", "--src", "en", "--tgt", "de"]
 # A quick run's validations score 8 sentences instead of 1,014: validation changes no training
-# bit (``write`` checks that a quick run's training losses are the full run's first ones).
+# bit (runs of 20 updates logged the very loss of the full runs' update 20; ``write`` checks that
+# a quick run's training losses are the full run's first ones).
 _FEW_VALID = ["--valid-subset", "8"]
 
 # name -> (command line, data it needs, quick: run by pytest, prefix_of: the full run whose

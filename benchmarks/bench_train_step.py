@@ -254,13 +254,19 @@ def run_npformer(c, backend_name, args):
 def torch_gpt(c):
     """transformers' GPT2LMHeadModel of the config's shape (dropout 0.1 everywhere, as nf.GPT's
     defaults), its AdamW, and the step."""
-    import numpy as np
-    import torch
     import transformers
 
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=c["vocab_size"], n_positions=c["max_len"], n_embd=c["d_model"],
         n_layer=c["n_layers"], n_head=c["n_heads"], n_inner=c["d_ff"])).train()
+    return torch_lm_step(model, c)
+
+
+def torch_lm_step(model, c):
+    """One step of a transformers causal language model: AdamW, next-token cross-entropy."""
+    import numpy as np
+    import torch
+
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     inputs, targets = (torch.from_numpy(a) for a in make_batch(c, np))
 
@@ -277,8 +283,6 @@ def torch_gpt(c):
 def torch_llama(c):
     """transformers' LlamaForCausalLM of the config's shape (no dropout, as Llama), its AdamW,
     and the step."""
-    import numpy as np
-    import torch
     import transformers
 
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -286,17 +290,7 @@ def torch_llama(c):
         num_hidden_layers=c["n_layers"], num_attention_heads=c["n_heads"],
         num_key_value_heads=c["n_kv_heads"], max_position_embeddings=c["max_len"],
         tie_word_embeddings=True, attn_implementation="eager")).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    inputs, targets = (torch.from_numpy(a) for a in make_batch(c, np))
-
-    def train_step():
-        opt.zero_grad()
-        logits = model(inputs).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 targets.reshape(-1))
-        loss.backward()
-        opt.step()
-    return train_step
+    return torch_lm_step(model, c)
 
 
 def run_torch(c, repeats):

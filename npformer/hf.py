@@ -283,6 +283,17 @@ def _read_tensors(folder):
     return found, where
 
 
+def _check_block_count(config, names, pattern, field, spelled, folder, where):
+    """config.json's layer count (``field``) decides how many names are listed next: it may
+    claim no more blocks than the headers hold tensors of (a lying 10**9 is refused here, before
+    a single name is listed). ``pattern`` matches a block's tensor names, its group 1 the block."""
+    blocks = {int(m.group(1)) for m in map(pattern.match, names) if m}
+    if config.n_layers > len(blocks):
+        raise ValueError(f"{folder / 'config.json'}: {field}: {config.n_layers} blocks, but "
+                         f"{where} holds tensors of {len(blocks)} ({spelled}); the files do not "
+                         f"describe one model")
+
+
 def read_gpt2(path, dtype=np.float32):
     """A Hugging Face GPT-2 folder as ``(GPTConfig in dtype, {npformer parameter name: array},
     eos_token_id or None)``: the tensors checked against config.json by name and shape (from
@@ -295,11 +306,7 @@ def read_gpt2(path, dtype=np.float32):
     found, where = _read_tensors(folder)
     # config.json's n_layer decides how many names are listed below: it may claim no more
     # blocks than the headers hold tensors of (a lying n_layer of 10**9 is refused here)
-    blocks = {int(m.group(1)) for m in map(_BLOCK.match, found) if m}
-    if config.n_layers > len(blocks):
-        raise ValueError(f"{folder / 'config.json'}: n_layer: {config.n_layers} blocks, but "
-                         f"{where} holds tensors of {len(blocks)} (h.N.*); the files do not "
-                         f"describe one model")
+    _check_block_count(config, found, _BLOCK, "n_layer", "h.N.*", folder, where)
     names = hf_names(config)
     shapes = config.parameter_shapes()
     prefix = "transformer."            # GPT2LMHeadModel's files; the original gpt2 ones have none
@@ -767,11 +774,8 @@ def _check_llama_files(folder, config, model_type):
     num_hidden_layers, no tensor missing, none unexpected, each of its shape and of a
     floating-point dtype."""
     stored, where = _stored_tensors(folder)
-    blocks = {int(m.group(1)) for m in map(_LLAMA_BLOCK.match, stored) if m}
-    if config.n_layers > len(blocks):
-        raise ValueError(f"{folder / 'config.json'}: num_hidden_layers: {config.n_layers} "
-                         f"blocks, but {where} holds tensors of {len(blocks)} "
-                         f"(model.layers.N.*); the files do not describe one model")
+    _check_block_count(config, stored, _LLAMA_BLOCK, "num_hidden_layers", "model.layers.N.*",
+                       folder, where)
     names = llama_names(config)
     shapes = config.parameter_shapes()
     missing = [name for name in names if name not in stored]

@@ -3,7 +3,8 @@
 Every name of :mod:`npformer.functional`, with the same signatures, so the modules can call
 either. Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
 cross-entropy, embedding scatter-add, dropout and the residual sum with it, the feed-forward
-block's activation + dropout, rotary positions, the decoding cache's row movers), and two
+block's activation + dropout, RMSNorm, SwiGLU, rotary positions, the decoding cache's row
+movers), and two
 kernels have no reference of the same name (``EXTRAS``: the Adam update and ``matmul``). Every
 other name falls back to the reference's own function (``__getattr__`` below): the masks, the
 head reshapes, learned positions (an addition and a sum over the batch). Every matrix product
@@ -27,7 +28,9 @@ from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .matmul import matmul
+from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .rotary import rotary_backward, rotary_forward, rotary_tables
+from .swiglu import swiglu_backward, swiglu_forward
 
 runtime.ensure()
 

@@ -339,24 +339,25 @@ class TransformerConfig(ModelConfig):
         return _position_table(self.max_len, self.d_model, self.dtype)
 
 
-def _check_rope_scaling(scaling):
+def check_rope_scaling(scaling, name="rope_scaling"):
     """GPTConfig.rope_scaling as a plain dict of Llama 3's five settings, or ValueError naming
-    the key (Hugging Face's ``rope_scaling``; its older spelling ``type`` is read too)."""
+    the key as ``name.key`` (Hugging Face's ``rope_scaling``; its older spelling ``type`` is
+    read too; ``npformer.hf`` reads config.json's through here)."""
     if not isinstance(scaling, dict):
-        raise ValueError(f"rope_scaling: expected a dict such as Llama 3's {{'rope_type': "
+        raise ValueError(f"{name}: expected a dict such as Llama 3's {{'rope_type': "
                          f"'llama3', 'factor': 8.0, ...}}, got {type(scaling).__name__}")
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind != "llama3":
-        raise ValueError(f"rope_scaling: rope_type: expected 'llama3' (the only rescaling built), "
+        raise ValueError(f"{name}: rope_type: expected 'llama3' (the only rescaling built), "
                          f"got {kind!r}")
     out = {"rope_type": "llama3"}
     for key in ("factor", "low_freq_factor", "high_freq_factor"):
-        out[key] = check_real(f"rope_scaling.{key}", scaling.get(key), minimum=0, min_open=True)
+        out[key] = check_real(f"{name}.{key}", scaling.get(key), minimum=0, min_open=True)
     if out["high_freq_factor"] <= out["low_freq_factor"]:
-        raise ValueError(f"rope_scaling.high_freq_factor: expected more than low_freq_factor="
+        raise ValueError(f"{name}.high_freq_factor: expected more than low_freq_factor="
                          f"{out['low_freq_factor']}, got {out['high_freq_factor']}")
     out["original_max_position_embeddings"] = check_int(
-        "rope_scaling.original_max_position_embeddings",
+        f"{name}.original_max_position_embeddings",
         scaling.get("original_max_position_embeddings"))
     return out
 
@@ -451,7 +452,7 @@ class GPTConfig(ModelConfig):
             if self.positions != "rotary":
                 raise ValueError(f"rope_scaling: rescales rotary positions, but positions is "
                                  f"{self.positions!r}")
-            _put(self, "rope_scaling", _check_rope_scaling(self.rope_scaling))
+            _put(self, "rope_scaling", check_rope_scaling(self.rope_scaling))
         if self.positions == "rotary" and self.head_size % 2:
             raise ValueError(f"positions: 'rotary' turns pairs of dimensions, so expected an even "
                              f"head size, got {self.head_size}")

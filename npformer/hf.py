@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .configs import GPTConfig
+from .configs import GPTConfig, check_rope_scaling
 from .validation import check_flag, check_int, check_real
 
 # The Conv1D weights of every block: stored (in, out), transposed on loading.
@@ -576,19 +576,11 @@ def _rope(file, raw, max_len):
     if kind != "llama3":
         raise ValueError(f"{file}: {name}: rope_type: expected 'default' or 'llama3' (the "
                          f"rotary rescalings npformer builds), got {_short(kind)}")
-    scaling = {"rope_type": "llama3"}
-    try:
-        for key in ("factor", "low_freq_factor", "high_freq_factor"):
-            scaling[key] = check_real(f"{name}.{key}", rope.get(key), minimum=0, min_open=True)
-        if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
-            raise ValueError(f"{name}.high_freq_factor: expected more than low_freq_factor="
-                             f"{scaling['low_freq_factor']}, got {scaling['high_freq_factor']}")
-        scaling["original_max_position_embeddings"] = check_int(
-            f"{name}.original_max_position_embeddings",
-            rope.get("original_max_position_embeddings", max_len))
+    try:                            # the configuration's own check, named as config.json's keys
+        return theta, check_rope_scaling(
+            {"original_max_position_embeddings": max_len, **rope}, name)
     except ValueError as e:
         raise ValueError(f"{file}: {e}") from None
-    return theta, scaling
 
 
 def _eos_ids(folder, raw, vocab_size):

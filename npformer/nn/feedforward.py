@@ -9,17 +9,24 @@ from .module import Module
 
 
 class FeedForward(Module):
-    """Shape: (B, T, D) -> (B, T, d_ff) -> (B, T, D), applied to every position alike."""
+    """Position-wise feed-forward: linear2(dropout(activation(linear1(x)))).
+
+    Shape: (B, T, D) -> (B, T, d_ff) -> (B, T, D), applied to every position alike.
+    ``bias``: whether the two linear layers add a bias (GPT-2's do, Llama's do not). A gated
+    variant (``SwiGLUFeedForward``) widens ``linear1`` to ``GATES`` x d_ff and replaces
+    ``_activate`` and its backward; the rest is this class's."""
+
+    GATES = 1                     # linear1's output, in units of d_ff
 
     def __init__(self, d_model, d_ff, dropout=0.0, activation="relu", bias=True, *, rng,
                  dtype=np.float32):
-        """``bias``: whether the two linear layers add a bias (GPT-2's do, Llama's do not)."""
         super().__init__()
-        check_activation(activation)
+        if activation is not None:
+            check_activation(activation)
         self.activation = activation
-        self.linear1 = Linear(d_model, d_ff, bias=bias, rng=rng, dtype=dtype)
-        # dropout after the activation, applied with it by activation_dropout_forward (one fused
-        # pass in the Numba backend); train()/eval() switch it through self.training
+        self.linear1 = Linear(d_model, self.GATES * d_ff, bias=bias, rng=rng, dtype=dtype)
+        # dropout after the activation, applied with it (one fused pass in the Numba backend);
+        # train()/eval() switch it through self.training
         self.dropout = check_probability(dropout)
         self.rng = rng
         self.linear2 = Linear(d_ff, d_model, bias=bias, rng=rng, dtype=dtype)
@@ -28,18 +35,22 @@ class FeedForward(Module):
 
     def forward(self, x):
         self._ops = ops()
-        h = self.linear1.forward(x)                     # (B, T, d_ff)
-        h, self._cache = self._ops.activation_dropout_forward(
-            h, self.activation, self.dropout, self.rng, self.training)
-        return self.linear2.forward(h)                  # (B, T, D)
+        h = self.linear1.forward(x)                     # (B, T, GATES d_ff)
+        a, self._cache = self._activate(h)              # (B, T, d_ff)
+        return self.linear2.forward(a)                  # (B, T, D)
 
-    def backward(self, dy):
-        dh = self.linear2.backward(dy)                  # (B, T, d_ff)
-        dh = self._ops.activation_dropout_backward(dh, self._cache)
-        return self.linear1.backward(dh)                # (B, T, D)
+    def backward(self, dout):
+        return self.linear1.backward(self._activate_backward(self.linear2.backward(dout)))
+
+    def _activate(self, h):
+        return self._ops.activation_dropout_forward(h, self.activation, self.dropout, self.rng,
+                                                    self.training)
+
+    def _activate_backward(self, da):
+        return self._ops.activation_dropout_backward(da, self._cache)
 
 
-class SwiGLUFeedForward(Module):
+class SwiGLUFeedForward(FeedForward):
     """Llama's gated feed-forward: linear2(dropout(silu(x W_gate) * (x W_up))).
 
     ``linear1`` fuses W_gate and W_up into one (2 d_ff, D) projection, its first d_ff rows the
@@ -48,24 +59,16 @@ class SwiGLUFeedForward(Module):
     Shape: (B, T, D) -> (B, T, 2 d_ff) -> (B, T, d_ff) -> (B, T, D).
     """
 
+    GATES = 2
+
     def __init__(self, d_model, d_ff, dropout=0.0, bias=False, *, rng, dtype=np.float32):
-        super().__init__()
-        self.linear1 = Linear(d_model, 2 * d_ff, bias=bias, rng=rng, dtype=dtype)
-        self.dropout = check_probability(dropout)
-        self.rng = rng
-        self.linear2 = Linear(d_ff, d_model, bias=bias, rng=rng, dtype=dtype)
-        self._cache = None
-        self._ops = None          # the backend that ran forward: only its backward fits the cache
+        super().__init__(d_model, d_ff, dropout, None, bias, rng=rng, dtype=dtype)
 
-    def forward(self, x):
-        self._ops = ops()
-        h = self.linear1.forward(x)                     # (B, T, 2 d_ff): [gate | up]
-        a, swiglu_cache = self._ops.swiglu_forward(h)   # (B, T, d_ff)
+    def _activate(self, h):
+        a, swiglu_cache = self._ops.swiglu_forward(h)   # [gate | up] -> silu(gate) * up
         a, drop_cache = self._ops.dropout_forward(a, self.dropout, self.rng, self.training)
-        self._cache = (swiglu_cache, drop_cache)
-        return self.linear2.forward(a)                  # (B, T, D)
+        return a, (swiglu_cache, drop_cache)
 
-    def backward(self, dout):
+    def _activate_backward(self, da):
         swiglu_cache, drop_cache = self._cache
-        da = self._ops.dropout_backward(self.linear2.backward(dout), drop_cache)
-        return self.linear1.backward(self._ops.swiglu_backward(da, swiglu_cache))
+        return self._ops.swiglu_backward(self._ops.dropout_backward(da, drop_cache), swiglu_cache)

@@ -12,9 +12,15 @@ new layer pair runs on both backends at once). A forward and its backward must c
 same backend, since the caches differ; modules look ``ops()`` up when they run, so switch
 between steps.
 
+A third kind of backend is any namespace of such functions, made active for a while with
+:func:`using`: ``npformer exercises check DIR --train`` trains the toy translator on the one a
+learner's own backward passes make (:mod:`npformer.exercises.namespace`); names it lacks fall
+back to the reference, as the kernels' do.
+
 The environment variable ``NPFORMER_BACKEND`` sets the starting choice. How the kernels use the
 machine (threads, BLAS, the matrix-product dispatch table) is :mod:`npformer.runtime`'s concern.
 """
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -87,3 +93,37 @@ def ops():
     if _state["ops"] is None:
         get_backend()
     return _state["ops"]
+
+
+class Namespace:
+    """``functions`` (a dict of name -> function) as a backend: each name it lacks is the
+    reference's own (:mod:`npformer.functional`), as in the Numba backend."""
+
+    def __init__(self, functions, name):
+        self.functions, self.__name__ = dict(functions), name
+
+    def __getattr__(self, name):
+        if name in ("functions", "__name__"):       # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        if name in self.functions:
+            return self.functions[name]
+        return getattr(load("numpy"), name)
+
+
+@contextlib.contextmanager
+def using(functions, name):
+    """``with using({"layernorm_backward": mine, ...}, "exercises"):`` every module calls the
+    given functions (the reference for the others, products on npformer's BLAS thread count as
+    the NumPy backend's) and :func:`get_backend` says ``name``; the backend before is restored
+    after, even on an error. ``name`` must not be one of ``BACKENDS`` (the optimizers take the
+    Numba backend's fused Adam by that name)."""
+    if name in BACKENDS:
+        raise ValueError(f"name: expected a name other than {BACKENDS}, got {name!r}")
+    get_backend()                                    # the one to restore, resolved now
+    before = dict(_state)
+    _state["ops"] = runtime.BlasScoped(Namespace(functions, name))
+    _state["name"] = name
+    try:
+        yield _state["ops"]
+    finally:
+        _state.update(before)

@@ -24,14 +24,14 @@ import warnings
 
 from .. import distributed, runtime
 from . import parallel
-from . import (average, calibrate, download, evaluate, export, gradcheck, info, lm, plot, sample,
-               toy, train, translate)
+from . import (average, calibrate, download, evaluate, exercises, export, gradcheck, info, lm,
+               plot, sample, toy, train, translate)
 from .common import positive_int, refuse_output_under_a_file
 
 COMMANDS = {"toy": toy, "train": train, "translate": translate, "eval": evaluate,
             "gradcheck": gradcheck, "plot": plot, "download": download, "average": average,
             "calibrate": calibrate, "lm": lm, "sample": sample, "export": export,
-            "info": info}
+            "info": info, "exercises": exercises}
 EXIT_INTERNAL = 70                               # EX_SOFTWARE: a bug, not the user's mistake
 EXIT_BROKEN_PIPE = 141                           # 128 + SIGPIPE: the reader of our output left
 

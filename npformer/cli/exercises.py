@@ -1,0 +1,171 @@
+"""``npformer exercises``: write the backward passes yourself, have them checked, then train the
+toy translator with them (list, start DIR, check DIR [NAME], check DIR --train)."""
+import math
+
+from ..exercises.catalogue import DOCS_URL, EXERCISES, find
+from ..exercises.checker import TIMEOUT, check_folder
+from .common import positive_int
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="write each layer's backward pass yourself, check it, train with it",
+                       description="Exercises: one file per layer with the forward pass given and "
+                                   "the backward pass to write; a checker that compares your "
+                                   "gradients with central differences and names the likely "
+                                   "mistake; and a finale that trains the toy translator with "
+                                   "your own backward passes.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    actions.add_parser("list", help="the exercises, in order").set_defaults(run=run_list)
+    start = actions.add_parser("start", help="write the exercise files into DIR",
+                               description="Write one file per exercise into DIR (made if absent).")
+    start.add_argument("dir", metavar="DIR")
+    start.add_argument("--overwrite", action="store_true",
+                       help="write into a folder that is not empty: the exercise files it lacks "
+                            "are added, the files already there are kept (never overwritten)")
+    start.set_defaults(run=run_start)
+    check = actions.add_parser("check", help="gradient-check your exercises (or train with them)",
+                               description="Check every exercise of DIR (or NAME only): the "
+                                           "gradient checker's per-entry report, the likely "
+                                           "mistake where the error shows it, and a progress "
+                                           "table. --train: the finale.")
+    check.add_argument("dir", metavar="DIR")
+    check.add_argument("name", metavar="NAME", nargs="?",
+                       help=f"one exercise: {', '.join(e.name for e in EXERCISES)}")
+    check.add_argument("--train", action="store_true",
+                       help="the finale: train the toy translator of 'npformer toy' with your "
+                            "backward passes (checks every exercise first)")
+    check.add_argument("--epochs", type=positive_int, default=None,
+                       help="with --train: epochs to train (default: the toy's 14)")
+    check.add_argument("--seed", type=int, default=0, help="with --train: the toy's seed")
+    check.add_argument("--timeout", type=float, default=TIMEOUT,
+                       help="seconds each exercise's check may take (default %(default)g)")
+    check.add_argument("--quiet", action="store_true", help="with --train: no per-epoch lines")
+    check.set_defaults(run=run_check)
+
+
+def run_list(args):
+    print(f"{'#':>2s}  {'NAME':<22s} {'FILE':<28s} {'FINALE':<8s} TITLE")
+    for e in EXERCISES:
+        print(f"{e.number:>2d}  {e.name:<22s} {e.file:<28s} {'trains' if e.trained else 'checked':<8s} "
+              f"{e.title}")
+    print(f"\nderivations: {DOCS_URL}\nstart with: npformer exercises start DIR")
+    return 0
+
+
+def run_start(args):
+    from ..exercises.templates import start
+    written, kept = start(args.dir, overwrite=args.overwrite)
+    print(f"wrote {len(written)} files into {args.dir}" + (
+        f"; kept {len(kept)} already there: {', '.join(kept)}" if kept else ""))
+    print(f"next: open {args.dir}/{EXERCISES[0].file}, write {EXERCISES[0].writes[0]}, then run\n"
+          f"    npformer exercises check {args.dir} {EXERCISES[0].name}")
+    return 0
+
+
+def run_check(args):
+    if args.train and args.name:
+        raise ValueError("NAME: --train trains with every exercise; leave NAME out")
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
+    if args.epochs is not None and not args.train:
+        raise ValueError("--epochs: only with --train")
+    names = None if args.name is None else [find(args.name).name]
+    results = check_folder(args.dir, names, timeout=args.timeout)
+    if names and results[0].status in ("error", "timed out"):
+        raise ValueError(results[0].message)              # one line, exit 1
+    for r in results:
+        print_result(r)
+    print_table(results)
+    if not args.train:
+        return 0 if all(r.status == "done" for r in results) else 1
+    return run_train(args, results)
+
+
+def print_result(r):
+    e = find(r.name)
+    head = f"== {e.number}. {e.name} ({e.file}): {r.status}"
+    if r.status != "done" and r.message:
+        head += f": {r.message}"
+    print(head)
+    for label, text in r.reports:
+        print(f"  {label}")
+        print("\n".join("    " + line for line in text.splitlines()))
+    for hint in r.hints:
+        print(f"  likely mistake: {hint}")
+    if r.status == "WRONG":
+        print(f"  derivation: {e.url}")
+    print()
+
+
+def print_table(results):
+    done = sum(r.status == "done" for r in results)
+    print(f"progress: {done} of {len(results)} done")
+    print(f"  {'#':>2s}  {'exercise':<22s} {'status':<10s} {'worst error':>11s}  finale")
+    for r in results:
+        e = find(r.name)
+        worst = "" if r.worst is None or r.status in ("not done", "error", "timed out") else f"{r.worst:.1e}"
+        print(f"  {e.number:>2d}  {e.name:<22s} {r.status:<10s} {worst:>11s}  "
+              f"{'trains' if e.trained else 'checked'}")
+    print()
+
+
+def run_train(args, results):
+    from ..exercises.finale import TARGET, run_finale
+    wrong = [r.name for r in results if r.status == "WRONG"]
+    if wrong:
+        print(f"training anyway, with {', '.join(wrong)} failing their checks: watch what happens")
+
+    def on_eval(rec):
+        if not args.quiet:
+            print(f"epoch {rec['epoch']:3d}  step {rec['step']:5d}  valid loss {rec['loss']:.3f}  "
+                  f"exact match {rec['exact_match']:.3f}", flush=True)
+
+    print("the finale: training the toy translator (npformer toy) with your backward passes")
+    result = run_finale(args.dir, seed=args.seed, epochs=args.epochs, quiet=True,
+                        on_eval=on_eval, checks=results, timeout=args.timeout)
+    if result.error:
+        print(f"training stopped: your code raised {result.error}")
+    if result.toy is not None:
+        toy = result.toy
+        print(f"train exact match    {toy.train_exact_match:.4f} ({len(toy.data.train)} pairs)")
+        print(f"held-out exact match {toy.heldout_exact_match:.4f} ({len(toy.data.heldout)} pairs)")
+        print(f"training took {toy.train_seconds:.1f} s ({toy.summary['step']} steps, stopped by "
+              f"{toy.summary['stop_reason']})")
+        for zh, ref, hyp in toy.examples:
+            print(f"  {zh}\n    -> {hyp}   [{'ok' if hyp.split() == ref.split() else 'expected: ' + ref}]")
+    if result.findings:
+        first = result.findings[0]
+        print(f"look at {first.layer}: your {first.function} disagrees with the reference there "
+              f"on a real training batch ({first.output} off by {_size(first.error)}"
+              + (f"; {first.note}" if first.note else "") + ")")
+        others = sorted({(f.function, f.layer) for f in result.findings[1:]})
+        if others:
+            where = {}
+            for function, layer in others:
+                where.setdefault(function, []).append(layer)
+            print("  also: " + "; ".join(f"{fn} at {len(ls)} more layer{'s' if len(ls) > 1 else ''}"
+                                         for fn, ls in where.items()))
+        print(f"  derivation: {find(_exercise_of(first.function)).url}")
+        return 1
+    if result.ok and result.toy.train_exact_match >= TARGET:
+        print("your own backward passes trained the translator.")
+        return 0
+    if result.ok and args.epochs is not None:
+        print(f"(fewer epochs than the toy's: exact match below {TARGET} is expected)")
+        return 0
+    print("training failed, and on a real batch your backward passes agree with the reference: "
+          "rerun with the toy's full epochs, or compare with npformer toy")
+    return 1
+
+
+def _size(error):
+    return "more than 100%" if not math.isfinite(error) or error > 1 else f"{100 * error:.2g}%"
+
+
+def _exercise_of(function):
+    for e in EXERCISES:
+        if function in e.provides:
+            return e.name
+    return EXERCISES[0].name
+

@@ -1,0 +1,471 @@
+"""Checking a learner's exercise files: each exercise's cases through the gradient checker (the
+Adam step against npformer's own update), a verdict, and the likely mistake where the error's
+pattern shows it.
+
+The learner's code runs in a child process (:mod:`npformer.exercises.runner`), each exercise
+under a time limit, so that a file that loops, exits or crashes costs one line of the report
+and nothing else. :func:`check_exercise` is what runs there; :func:`check_folder` starts the
+child and reads its verdicts.
+"""
+import importlib
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..gradcheck import gradcheck
+from .catalogue import ADAM_HINTS, EXERCISES, Context, factor, find
+
+MARKER = ".npformer-exercises"        # written by start: what makes a folder an exercise folder
+TIMEOUT = 20.0                        # seconds per exercise, by default
+ADAM_RTOL = 1e-12
+STATUSES = ("done", "not done", "WRONG", "error", "timed out")
+
+
+@dataclass
+class ExerciseResult:
+    """The verdict on one exercise: ``status`` (one of ``STATUSES``), a one-line ``message``
+    (for "error", "timed out" and "not done"), the per-case ``reports`` [(label, text)] and the
+    ``hints``."""
+
+    name: str
+    status: str
+    message: str = ""
+    reports: list = field(default_factory=list)
+    hints: list = field(default_factory=list)
+    worst: float = None                 # the largest tensor error over the cases (None: none)
+
+    def to_json(self):
+        return json.dumps({"name": self.name, "status": self.status, "message": self.message,
+                           "reports": self.reports, "hints": self.hints, "worst": self.worst})
+
+    @classmethod
+    def from_json(cls, text):
+        d = json.loads(text)
+        return cls(d["name"], d["status"], d["message"], [tuple(r) for r in d["reports"]],
+                   d["hints"], d["worst"])
+
+
+class LearnerError(Exception):
+    """The learner's code cannot be checked (a syntax error, a wrong number of gradients, an
+    exception): the message is the one line the learner reads."""
+
+
+class NotDone(Exception):
+    """A function the learner still has to write raised NotImplementedError."""
+
+
+class Timeout(BaseException):
+    """An exercise ran past its time limit (a BaseException, so that the learner's
+    ``except Exception`` cannot swallow it)."""
+
+
+# -- the exercise folder ---------------------------------------------------------------------------
+
+def check_folder_marker(folder):
+    """ValueError unless ``folder`` is a folder ``npformer exercises start`` wrote."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise ValueError(f"DIR: {folder} is not a folder (make one with: npformer exercises "
+                         f"start {folder})")
+    if not (path / MARKER).is_file():
+        raise ValueError(f"DIR: {folder} is not an exercise folder (it has no {MARKER}; make "
+                         f"one with: npformer exercises start DIR)")
+
+
+def load_learner(path):
+    """The learner's file as a module. LearnerError naming the file and line for a syntax
+    error, the exception for one raised on import."""
+    path = Path(path)
+    if not path.is_file():
+        raise LearnerError(f"{path.name}: missing (npformer exercises start "
+                           f"{path.parent} --overwrite writes the missing files again)")
+    name = f"npformer_exercise_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        source = path.read_text(encoding="utf-8")
+        code = compile(source, str(path), "exec")
+    except SyntaxError as e:
+        raise LearnerError(f"{path.name} line {e.lineno}: syntax error: {e.msg}") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise LearnerError(f"{path.name}: cannot be read as Python source: {e}") from None
+    try:
+        exec(code, module.__dict__)
+    except Timeout:
+        raise
+    except Exception as e:
+        raise LearnerError(f"{path.name}{_where(e, path)}: raised {type(e).__name__} on import: "
+                           f"{_first_line(e)}") from None
+    return module
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _where(e, path):
+    """' line N' of the deepest frame of the traceback in the learner's file ('' if none)."""
+    line = None
+    for frame in traceback.extract_tb(e.__traceback__):
+        if os.path.realpath(frame.filename) == os.path.realpath(str(path)):
+            line = frame.lineno
+    return f" line {line}" if line else ""
+
+
+def solution(exercise):
+    """The reference solution's module of ``exercise``."""
+    return importlib.import_module(f"{__package__}.solutions.{exercise.module}")
+
+
+# -- one exercise ----------------------------------------------------------------------------------
+
+def check_exercise(folder, name, seed=0):
+    """The :class:`ExerciseResult` of exercise ``name`` in ``folder`` (run in the child)."""
+    exercise = find(name)
+    path = Path(folder) / exercise.file
+    try:
+        module = load_learner(path)
+        missing = [f for f in (*exercise.writes, *exercise.provides) if not callable(getattr(module, f, None))]
+        if missing:
+            raise LearnerError(f"{exercise.file}: defines no function {missing[0]} (the checker "
+                               f"calls it by that name)")
+        if exercise.cases is None:
+            return _check_adam(module, exercise, path)
+        return _check_cases(module, exercise, path, seed)
+    except NotDone as e:
+        return ExerciseResult(name, "not done", str(e))
+    except LearnerError as e:
+        return ExerciseResult(name, "error", str(e))
+
+
+def _call(path, fname, fn, *args):
+    """fn(*args), the learner's exceptions turned into NotDone / LearnerError."""
+    try:
+        return fn(*args)
+    except Timeout:
+        raise
+    except NotImplementedError:
+        raise NotDone(f"{fname} is still to be written (it raises NotImplementedError)") from None
+    except (NotDone, LearnerError):
+        raise
+    except Exception as e:
+        raise LearnerError(f"{path.name}{_where(e, path)}: {fname} raised "
+                           f"{type(e).__name__}: {_first_line(e)}") from None
+
+
+def _expect(raw, case, fname, path):
+    """The learner's return value as a tuple of ``case.returns`` values."""
+    n = case.returns
+    if n == 1:
+        if isinstance(raw, (tuple, list)):
+            if len(raw) != 1:
+                raise LearnerError(f"{path.name}: {fname} returned {len(raw)} values; expected "
+                                   f"one array ({case.labels[0]})")
+            raw = raw[0]
+        return (raw,)
+    if not isinstance(raw, (tuple, list)):
+        raise LearnerError(f"{path.name}: {fname} returned one value; expected {n} "
+                           f"({', '.join(case.labels)})")
+    if len(raw) != n:
+        raise LearnerError(f"{path.name}: {fname} returned {len(raw)} values; expected {n} "
+                           f"({', '.join(case.labels)})")
+    return tuple(raw)
+
+
+def _case_function(module, case, path, fname, checked=True):
+    """gradcheck's fn for ``case`` on ``module`` (the learner's, or the reference solution);
+    ``fn.seen["raw"]``: the values its backward returned last, before ``case.extra["view"]``."""
+    seen = {}
+
+    def fn(*xs):
+        out, cache = (_call(path, fname.replace("backward", "forward"), case.forward, module, *xs)
+                      if checked else case.forward(module, *xs))
+
+        def back(dout):
+            raw = (_call(path, fname, case.backward, module, dout, cache) if checked
+                   else case.backward(module, dout, cache))
+            values = _expect(raw, case, fname, path) if checked else tuple(
+                raw if isinstance(raw, (tuple, list)) else (raw,))
+            seen["raw"] = values
+            if "view" in case.extra:                 # the gradients of the inputs checked
+                values = case.extra["view"](values)
+            full = [None] * len(xs)
+            for i, g in zip(case.grads, values):
+                if i is not None:
+                    full[i] = g
+            return tuple(full)
+        return np.asarray(out, dtype=np.float64), back
+    fn.seen = seen
+    return fn
+
+
+def _shape_hint(name, got, want):
+    if len(got) == 2 and got == want[::-1] and got != want:
+        return (f"the gradient of {name} has shape {got}, {name}'s transposed: a parameter's "
+                f"gradient has its shape {want}")
+    if len(got) > len(want) and got[len(got) - len(want):] == want:
+        return (f"the gradient of {name} has shape {got}: {name} is used by every row, so sum "
+                f"over all the leading axes (flatten them first) to get {want}")
+    return f"the gradient of {name} has shape {got}; expected {want}"
+
+
+def _check_cases(module, exercise, path, seed):
+    reference = solution(exercise)
+    fname = exercise.writes[-1] if len(exercise.writes) == 1 else None
+    reports, hints, worst = [], [], 0.0
+    status = "done"
+    for k, case in enumerate(exercise.cases(np.random.default_rng(seed))):
+        name_here = fname or _case_function_name(case, exercise)
+        fn = _case_function(module, case, path, name_here)
+        inputs = [x.copy() for x in case.inputs]
+        out, back = fn(*inputs)
+        dout = np.asarray(np.random.default_rng([seed, k]).standard_normal(out.shape))
+        given = dout.copy()
+        mine = back(given)
+        problems, shapes = [], []
+        require = case.extra.get("require")
+        if require is not None and require(fn.seen["raw"]):
+            problems.append(require(fn.seen["raw"]))
+        if not np.array_equal(given, dout):
+            problems.append(f"{name_here} changed dout in place: in the model the same dout also "
+                            f"reaches other layers (the residual's identity path), so work on a copy")
+        for i, (x, g) in enumerate(zip(inputs, mine)):
+            if g is None:
+                continue
+            if not isinstance(g, np.ndarray) and not np.isscalar(g):
+                raise LearnerError(f"{path.name}: {name_here} returned a {type(g).__name__} for "
+                                   f"{case.names[i]}; expected an array")
+            if np.shape(g) != x.shape:
+                shapes.append(_shape_hint(case.names[i], np.shape(g), x.shape))
+        for problem in problems + shapes:
+            status = "WRONG"
+            if problem not in hints:
+                hints.append(problem)
+        if shapes:
+            reports.append((case.label, "not checked: " + shapes[0]))
+            continue
+        try:
+            result = gradcheck(fn, inputs, names=list(case.names), dout=dout, seed=seed)
+        except ValueError as e:
+            raise LearnerError(f"{path.name}: {name_here}: {e}") from None
+        reports.append((case.label, str(result)))
+        measured = [e for e in result.errors if e is not None]
+        worst = max([worst, *measured]) if not any(math.isnan(e) for e in measured) else math.nan
+        if not result.ok:
+            status = "WRONG"
+            for hint in _hints(exercise, case, module, reference, path, name_here, inputs, dout, mine, result):
+                if hint not in hints:
+                    hints.append(hint)
+    return ExerciseResult(exercise.name, status, "", reports, hints,
+                          None if worst is None else float(worst))
+
+
+def _case_function_name(case, exercise):
+    """The function a case of a several-function exercise (swiglu) checks."""
+    for f in exercise.writes:
+        if case.label.startswith(f.replace("_backward", "")):
+            return f
+    return exercise.writes[-1]
+
+
+def _hints(exercise, case, module, reference, path, fname, inputs, dout, mine, result):
+    ref = _case_function(reference, case, path, fname, checked=False)(*[x.copy() for x in inputs])[1](dout.copy())
+    names = list(case.names)
+    ctx = Context(case, dict(zip(names, mine)), dict(zip(names, ref)),
+                  {r.name for r in result.inputs if not r.ok}, dout)
+    found = []
+    for text, detector in exercise.hints:
+        try:
+            if detector(ctx):
+                found.append(text)
+        except Exception:                 # a detector that cannot read this pattern says nothing
+            continue
+    if found:
+        return found
+    for name in names:                    # the general patterns
+        if name not in ctx.wrong or ctx.mine.get(name) is None:
+            continue
+        a = np.asarray(ctx.mine[name], dtype=np.float64)
+        if not np.isfinite(a).all():
+            found.append(f"the gradient of {name} holds NaN or inf")
+        elif not a.any():
+            found.append(f"the gradient of {name} is all zeros")
+        else:
+            c = factor(a, ctx.ref[name])
+            if c is not None and abs(c + 1) < 1e-6:
+                found.append(f"the gradient of {name} has the wrong sign")
+            elif c is not None:
+                found.append(f"the gradient of {name} is {c:.6g} times the right one: a constant "
+                             f"factor is missing or extra")
+    return found
+
+
+# -- Adam ------------------------------------------------------------------------------------------
+
+ADAM_CONFIGS = (("Adam, no weight decay", 0.0, False), ("Adam, L2 weight decay 0.1", 0.1, False),
+                ("AdamW, decoupled weight decay 0.1", 0.1, True))
+ADAM_ARGS = dict(lr=1e-2, beta1=0.9, beta2=0.98, eps=1e-6)
+ADAM_STEPS = 4
+
+
+def _adam_variants():
+    """The documented wrong updates, as (hint key, update function)."""
+    def make(corrected=True, store=False, eps_inside=False, efficient=False):
+        def update(p, g, m, v, t, lr, beta1, beta2, eps, wd, decoupled):
+            if wd:
+                if decoupled:
+                    p *= 1.0 - lr * wd
+                else:
+                    g = g + wd * p
+            m += (1.0 - beta1) * (g - m)
+            v *= beta2
+            v += (1.0 - beta2) * g * g
+            c1, c2 = (1.0 - beta1 ** t, 1.0 - beta2 ** t) if corrected else (1.0, 1.0)
+            if efficient:
+                p -= lr * math.sqrt(c2) / c1 * m / (np.sqrt(v) + eps)
+                return
+            if store:
+                m /= c1
+                v /= c2
+                p -= lr * m / (np.sqrt(v) + eps)
+                return
+            denom = np.sqrt(v + eps) / math.sqrt(c2) if eps_inside else np.sqrt(v) / math.sqrt(c2) + eps
+            p -= lr / c1 * (m / denom)
+        return update
+    return (("no_bias_correction", make(corrected=False)), ("corrected_state", make(store=True)),
+            ("eps_inside", make(eps_inside=True)), ("efficient_form", make(efficient=True)))
+
+
+def _run_adam(update, state, grads, wd, decoupled, path=None):
+    p, m, v = (a.copy() for a in state)
+    for t, g in enumerate(grads, start=1):
+        g_given = g.copy()
+        if path is None:
+            update(p, g_given, m, v, t, ADAM_ARGS["lr"], ADAM_ARGS["beta1"], ADAM_ARGS["beta2"],
+                   ADAM_ARGS["eps"], wd, decoupled)
+        else:
+            _call(path, "adam_step", update, p, g_given, m, v, t, ADAM_ARGS["lr"],
+                  ADAM_ARGS["beta1"], ADAM_ARGS["beta2"], ADAM_ARGS["eps"], wd, decoupled)
+            if not np.array_equal(g_given, g):
+                raise LearnerError(f"{path.name}: adam_step changed g in place: the gradient is "
+                                   f"the model's buffer; put the L2 term into a copy "
+                                   f"(g = g + wd * p)")
+    return p, m, v
+
+
+def _rel(a, b):
+    scale = max(float(np.abs(b).max()), 1e-300)
+    err = float(np.abs(np.asarray(a, dtype=np.float64) - b).max()) / scale
+    return err if math.isfinite(err) else math.inf
+
+
+def _check_adam(module, exercise, path):
+    from ..optim.adam import _adam_update
+    rng = np.random.default_rng(0)
+    state = (rng.standard_normal(7), np.zeros(7), np.zeros(7))
+    grads = [rng.standard_normal(7) * 10.0 ** rng.uniform(-2, 1, size=7) for _ in range(ADAM_STEPS)]
+    reports, hints, worst, status = [], [], 0.0, "done"
+    for label, wd, decoupled in ADAM_CONFIGS:
+        want = _run_adam(_adam_update, state, grads, wd, decoupled)
+        got = _run_adam(module.adam_step, state, grads, wd, decoupled, path)
+        for a in got:
+            if not isinstance(a, np.ndarray) or a.shape != (7,):
+                raise LearnerError(f"{path.name}: adam_step must update p, m and v in place")
+        errors = [_rel(a, b) for a, b in zip(got, want)]
+        ok = all(e <= ADAM_RTOL for e in errors)
+        worst = max(worst, *errors)
+        reports.append((label, f"adam {'PASS' if ok else 'FAIL'} after {ADAM_STEPS} steps "
+                               f"(max |mine - npformer's| / max |npformer's| <= {ADAM_RTOL:.0e}): "
+                        + ", ".join(f"{n} {e:.1e}" for n, e in zip("pmv", errors))))
+        if ok:
+            continue
+        status = "WRONG"
+        found = [key for key, update in _adam_variants()
+                 if all(_rel(a, b) <= 1e-9 for a, b in
+                        zip(got, _run_adam(update, state, grads, wd, decoupled)))]
+        if not found and not all(np.isfinite(a).all() for a in got):
+            found = ["nan"]
+        if not found and wd and all(e <= ADAM_RTOL for e in
+                                    (_rel(a, b) for a, b in zip(*(_run_adam(u, state, grads, 0.0, False)
+                                                                  for u in (module.adam_step, _adam_update))))):
+            found = ["decay"]
+        for key in found:
+            if ADAM_HINTS[key] not in hints:
+                hints.append(ADAM_HINTS[key])
+    return ExerciseResult(exercise.name, status, "", reports, hints, worst)
+
+
+# -- the child and its parent ----------------------------------------------------------------------
+
+def run_child(folder, names, timeout, out):
+    """Check ``names`` one after the other, each under ``timeout`` seconds, writing one JSON
+    line per exercise to ``out`` (a "started" line before each, so that the parent knows which
+    one a kill interrupted)."""
+    def expire(signum, frame):
+        raise Timeout()
+    signal.signal(signal.SIGALRM, expire)
+    for name in names:
+        out.write(json.dumps({"started": name}) + "\n")
+        out.flush()
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            result = check_exercise(folder, name)
+        except Timeout:
+            result = ExerciseResult(name, "timed out", f"{find(name).file}: still running after "
+                                                       f"{timeout:g} s (an endless loop?)")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        out.write(result.to_json() + "\n")
+        out.flush()
+
+
+def check_folder(folder, names=None, timeout=TIMEOUT):
+    """The :class:`ExerciseResult` of each exercise ``names`` (all by default) of ``folder``,
+    checked in a child process. ValueError if ``folder`` is not an exercise folder."""
+    check_folder_marker(folder)
+    names = [e.name for e in EXERCISES] if names is None else [find(n).name for n in names]
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
+    command = [sys.executable, "-m", "npformer.exercises.runner", str(folder),
+               "--timeout", repr(float(timeout)), *names]
+    backstop = timeout * len(names) + 60          # the child's own alarm should come first
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                              timeout=backstop, env=env)
+        text, code = done.stdout, done.returncode
+    except subprocess.TimeoutExpired as e:
+        text, code = e.stdout or b"", None
+    results, started = {}, None
+    for line in text.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "started" in record:
+            started = record["started"]
+        elif "status" in record:
+            results[record["name"]] = ExerciseResult.from_json(line)
+    out = []
+    for name in names:
+        if name in results:
+            out.append(results[name])
+        elif name == started:
+            what = ("still running after the time limit" if code is None else
+                    f"ended the checker (exit status {code})")
+            out.append(ExerciseResult(name, "timed out" if code is None else "error",
+                                      f"{find(name).file}: {what}"))
+        else:
+            out.append(ExerciseResult(name, "error", f"{find(name).file}: not checked (an earlier "
+                                                     f"exercise ended the checker)"))
+    return out

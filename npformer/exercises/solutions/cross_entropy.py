@@ -1,0 +1,46 @@
+"""Exercise: softmax cross-entropy with ignore_index and label smoothing, as
+torch.nn.functional.cross_entropy(..., reduction="mean").
+
+Derivation: docs/backprop.md#cross-entropy (section "Cross-entropy").
+
+The loss is the mean over the rows whose target is not ``ignore_index`` of
+(1 - eps) * (-log p[target]) + eps * mean_k(-log p[k]), p = softmax(logits), eps the smoothing.
+Shapes: logits (N, V), targets (N,) integers -> a float loss. If every target is ignored the
+loss is 0.
+Write ``cross_entropy_backward``: given dout (the gradient reaching the loss, a number: 1.0 to
+minimise the loss itself), return dlogits (N, V). Ignored rows get zero.
+"""
+import numpy as np
+
+from npformer.functional import log_softmax
+
+
+def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.0):
+    """Returns (loss, cache)."""
+    n, vocab = logits.shape
+    logp = log_softmax(logits)                                # (N, V)
+    valid = targets != ignore_index                           # (N,)
+    count = int(valid.sum())
+    safe_targets = np.where(valid, targets, 0)
+    nll = -logp[np.arange(n), safe_targets]                   # (N,)
+    per_token = (1.0 - label_smoothing) * nll
+    if label_smoothing:
+        per_token = per_token - label_smoothing * logp.mean(axis=-1)
+    loss = float((per_token * valid).sum() / count) if count else 0.0
+    return loss, (logp, safe_targets, valid, count, label_smoothing)
+
+
+def cross_entropy_backward(dout, cache):
+    """dout (a number) -> dlogits (N, V)."""
+    logp, safe_targets, valid, count, eps = cache
+    # --- your code ---
+    n, vocab = logp.shape
+    if count == 0:
+        return np.zeros_like(logp)
+    grad = np.exp(logp)                                       # softmax, (N, V)
+    if eps:
+        grad -= eps / vocab
+    grad[np.arange(n), safe_targets] -= 1.0 - eps
+    grad *= (valid * (dout / count))[:, None].astype(grad.dtype)
+    return grad
+    # --- end of your code ---

@@ -1,0 +1,36 @@
+"""Exercise: layer normalisation over the last axis, as torch.nn.LayerNorm.
+
+Derivation: docs/backprop.md#layernorm (section "LayerNorm").
+
+y = gamma * (x - mu) / sqrt(var + eps) + beta, mu and var (biased) over the last axis.
+Shapes: x (..., D), gamma (D,), beta (D,) -> y (..., D); the cache holds xhat (..., D),
+rstd = 1 / sqrt(var + eps) (..., 1) and gamma.
+Write ``layernorm_backward``: given dout (..., D), return dx (..., D), dgamma (D,), dbeta (D,).
+Remember that mu and var depend on every x of the row.
+"""
+import numpy as np
+
+
+def layernorm_forward(x, gamma, beta, eps=1e-5):
+    """Returns (y, cache)."""
+    mean = x.mean(axis=-1, keepdims=True)                 # (..., 1)
+    xc = x - mean
+    var = (xc * xc).mean(axis=-1, keepdims=True)          # (..., 1)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat = xc * rstd                                      # (..., D)
+    y = xhat * gamma + beta
+    return y, (xhat, rstd, gamma)
+
+
+def layernorm_backward(dout, cache):
+    """dout (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
+    xhat, rstd, gamma = cache
+    # --- your code ---
+    d = xhat.shape[-1]
+    g = dout * gamma                                      # (..., D), dL/dxhat
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
+                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    dgamma = (dout * xhat).reshape(-1, d).sum(axis=0)
+    dbeta = dout.reshape(-1, d).sum(axis=0)
+    return dx, dgamma, dbeta
+    # --- end of your code ---

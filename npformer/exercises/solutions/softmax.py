@@ -1,0 +1,32 @@
+"""Exercise: softmax over the last axis with a boolean mask (True = takes part).
+
+Derivation: docs/backprop.md#softmax (section "Softmax").
+
+p = exp(s - max s) / sum exp(s - max s) over the unmasked entries; masked entries get p = 0 and
+a row whose entries are all masked gives all zeros. Shapes: scores (..., K), mask broadcastable
+(or None) -> p (..., K); the cache is p itself.
+Write ``softmax_backward``: given dout = dL/dp (..., K), return dscores (..., K), without building
+the (K, K) Jacobian.
+"""
+import numpy as np
+
+
+def softmax_forward(scores, mask=None):
+    """Returns (p, cache); the cache is p."""
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)              # (..., 1)
+    row_max[~np.isfinite(row_max)] = 0.0                      # all-masked rows: avoid -inf - -inf
+    e = np.exp(scores - row_max)
+    total = e.sum(axis=-1, keepdims=True)
+    total[total == 0] = 1.0                                   # all-masked rows: 0 / 1 = 0
+    e /= total
+    return e, e
+
+
+def softmax_backward(dout, cache):
+    """dout (..., K) -> dscores (..., K)."""
+    p = cache
+    # --- your code ---
+    return p * (dout - (dout * p).sum(axis=-1, keepdims=True))
+    # --- end of your code ---

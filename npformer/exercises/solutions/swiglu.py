@@ -1,0 +1,46 @@
+"""Exercise: SiLU and SwiGLU, the gated feed-forward of Llama, Qwen and Mistral.
+
+Derivation: docs/backprop.md#swiglu (section "SwiGLU").
+
+silu(x) = x * sigmoid(x). SwiGLU takes h (..., 2F) = [gate | up], the two halves of one fused
+projection, and gives out (..., F) = silu(gate) * up.
+Write ``silu_backward`` (dout (...) -> dx (...)) and ``swiglu_backward`` (dout (..., F) ->
+dh (..., 2F): the gate's gradient and the up half's, side by side).
+"""
+import numpy as np
+
+
+def _sigmoid(x):
+    """1 / (1 + e^-x) without overflow."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype, copy=False)
+
+
+def silu_forward(x):
+    """Returns (x * sigmoid(x), cache)."""
+    s = _sigmoid(x)
+    return x * s, (x, s)
+
+
+def silu_backward(dout, cache):
+    """dout (...) -> dx (...)."""
+    x, s = cache
+    # --- your code ---
+    return dout * (s * (1.0 + x * (1.0 - s)))
+    # --- end of your code ---
+
+
+def swiglu_forward(h):
+    """h (..., 2F) -> (silu(gate) * up (..., F), cache)."""
+    f = h.shape[-1] // 2
+    gate, up = h[..., :f], h[..., f:]
+    act, silu_cache = silu_forward(gate)
+    return act * up, (act, up, silu_cache)
+
+
+def swiglu_backward(dout, cache):
+    """dout (..., F) -> dh (..., 2F) = [d gate | d up]."""
+    act, up, silu_cache = cache
+    # --- your code ---
+    return np.concatenate([silu_backward(dout * up, silu_cache), dout * act], axis=-1)
+    # --- end of your code ---

@@ -1,0 +1,92 @@
+"""``npformer exercises start``: the learner's files, made from the reference solutions by
+replacing each ``# --- your code ---`` ... ``# --- end of your code ---`` block with
+``raise NotImplementedError``, and written into a folder without ever replacing a file there."""
+import json
+import os
+import re
+from pathlib import Path
+
+from .catalogue import DOCS_URL, EXERCISES
+from .checker import MARKER
+
+BEGIN, END = "# --- your code ---", "# --- end of your code ---"
+HERE = Path(__file__).resolve().parent
+
+
+def solution_source(exercise):
+    return (HERE / "solutions" / f"{exercise.module}.py").read_text(encoding="utf-8")
+
+
+def template(exercise, folder="DIR"):
+    """The text of ``exercise``'s file as the learner gets it."""
+    out, function, inside = [], None, False
+    head = (f"# npformer exercise {exercise.number} of {len(EXERCISES)}: {exercise.title}.\n"
+            f"# Write {', '.join(exercise.writes)} below, then check it with\n"
+            f"#     npformer exercises check {folder} {exercise.name}\n")
+    for line in solution_source(exercise).replace("docs/backprop.md#", f"{DOCS_URL}#").splitlines():
+        match = re.match(r"def (\w+)\(", line)
+        if match:
+            function = match.group(1)
+        stripped = line.strip()
+        if stripped == BEGIN:
+            indent = line[:len(line) - len(line.lstrip())]
+            out.append(f"{indent}# your code here")
+            out.append(f"{indent}raise NotImplementedError(\"{function}: not written yet\")")
+            inside = True
+        elif stripped == END:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return head + "\n".join(out) + "\n"
+
+
+def readme(folder):
+    text = (HERE / "templates" / "README.md").read_text(encoding="utf-8")
+    return text.replace("{docs}", DOCS_URL).replace("{folder}", str(folder))
+
+
+def files(folder):
+    """{file name: text} of a new exercise folder."""
+    out = {e.file: template(e, folder) for e in EXERCISES}
+    out["README.md"] = readme(folder)
+    out[MARKER] = json.dumps({"npformer_exercises": 1,
+                              "files": [e.file for e in EXERCISES]}, indent=1) + "\n"
+    return out
+
+
+def write_new(path, text):
+    """Write ``text`` to ``path`` unless a file is there already (then leave it and return
+    False). Atomic: the file appears whole, through a hard link that fails if the name exists."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:                                  # no hard links here: exclusive create
+        try:
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(text)
+            return True
+        except FileExistsError:
+            return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def start(folder, overwrite=False):
+    """Write the exercise files into ``folder`` (made if absent). A folder that holds anything
+    is refused unless ``overwrite``, and even then no file already there is replaced. Returns
+    (written, kept): the file names of each kind."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"DIR: {folder} is a file; expected a new or empty folder")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise ValueError(f"DIR: {folder} is not empty; pass --overwrite to add the exercise "
+                         f"files it lacks (files already there are kept, never overwritten)")
+    path.mkdir(parents=True, exist_ok=True)
+    written, kept = [], []
+    for name, text in files(folder).items():
+        (written if write_new(path / name, text) else kept).append(name)
+    return written, kept

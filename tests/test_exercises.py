@@ -1,0 +1,443 @@
+"""npformer exercises: the files start writes, the checker's verdicts and hints, the bad inputs
+of the issue (each a one-line message and a non-zero exit), the backend built from a learner's
+pairs, and the --train finale with the reference solutions against npformer toy."""
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npformer import backend
+from npformer.cli.main import main
+from npformer.exercises import EXERCISES, check_exercise, check_folder, find
+from npformer.exercises.catalogue import DOCS_URL
+from npformer.exercises.templates import solution_source, start
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def solve(folder, names=None):
+    """Put the reference solution into the learner's files (all, or ``names``)."""
+    for e in EXERCISES:
+        if names is None or e.name in names:
+            (Path(folder) / e.file).write_text(solution_source(e))
+
+
+def write(folder, name, code):
+    """The learner's file of exercise ``name``: the reference solution's module, with ``code``
+    (a wrong backward, say) defined after it."""
+    e = find(name)
+    (Path(folder) / e.file).write_text(
+        f"from npformer.exercises.solutions.{e.module} import *\n"
+        f"import numpy as np\n" + textwrap.dedent(code))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    path = tmp_path / "ex"
+    start(path)
+    return path
+
+
+@pytest.fixture
+def solved(folder):
+    solve(folder)
+    return folder
+
+
+def one_line_error(capsys, argv):
+    """Run the CLI, expect exit 1 and one line on stderr; return that line."""
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# -- list and start ----------------------------------------------------------------------------
+
+def test_list_names_every_exercise(capsys):
+    assert main(["exercises", "list"]) == 0
+    out = capsys.readouterr().out
+    for e in EXERCISES:
+        assert e.name in out and e.file in out
+    assert {"linear", "embedding", "dropout", "layernorm", "rmsnorm", "softmax", "swiglu",
+            "attention", "multi_head_attention", "residual", "cross_entropy",
+            "adam"} == {e.name for e in EXERCISES}
+
+
+def test_start_writes_each_exercise_with_its_backward_to_write(folder):
+    backprop = (ROOT / "docs" / "backprop.md").read_text()
+    headings = {line[3:].strip() for line in backprop.splitlines() if line.startswith("## ")}
+    for e in EXERCISES:
+        text = (folder / e.file).read_text()
+        assert f"{DOCS_URL}#{e.anchor}" in text and e.section in headings
+        assert "Shapes" in text or "shape" in text
+        assert text.count("raise NotImplementedError") == len(e.writes)
+        assert "# --- your code ---" not in text
+        compile(text, e.file, "exec")
+    assert (folder / "README.md").read_text().count("npformer exercises check") >= 3
+
+
+def test_a_missing_backward_is_not_done_not_an_error(folder, capsys):
+    results = check_folder(folder)
+    assert [r.status for r in results] == ["not done"] * len(EXERCISES)
+    assert main(["exercises", "check", str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert "progress: 0 of 12 done" in out and "error" not in out
+
+
+def test_the_reference_solutions_pass(solved, capsys):
+    results = check_folder(solved)
+    assert all(r.status == "done" for r in results), [(r.name, r.status, r.message, r.hints)
+                                                      for r in results if r.status != "done"]
+    assert all(r.worst is not None and r.worst < 1e-6 for r in results)
+    assert main(["exercises", "check", str(solved), "layernorm"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("gradcheck PASS") == 1 and "likely mistake" not in out
+    assert re.search(r"4\s+layernorm\s+done", out)
+
+
+# -- each documented mistake, with its hint -------------------------------------------------------
+
+MISTAKES = {
+    "linear: dW = X^T dY (transposed)": ("linear", """
+        def linear_backward(dout, cache):
+            x2, x_shape, w = cache
+            d = dout.reshape(-1, dout.shape[-1])
+            return (d @ w).reshape(x_shape), x2.T @ d, d.sum(axis=0)
+        """, "transposed"),
+    "linear: db summed over the batch axis only": ("linear", """
+        def linear_backward(dout, cache):
+            x2, x_shape, w = cache
+            d = dout.reshape(-1, dout.shape[-1])
+            return (d @ w).reshape(x_shape), d.T @ x2, dout.sum(axis=0)
+        """, "sum over all the leading axes"),
+    "embedding: dw[ids] += dout": ("embedding", """
+        def embedding_backward(dout, cache, padding_idx=None):
+            ids, shape, scale = cache
+            dw = np.zeros(shape)
+            dw[ids.reshape(-1)] += dout.reshape(-1, shape[1]) * scale
+            if padding_idx is not None:
+                dw[padding_idx] = 0
+            return dw
+        """, "np.add.at"),
+    "embedding: the scale forgotten": ("embedding", """
+        def embedding_backward(dout, cache, padding_idx=None):
+            ids, shape, scale = cache
+            dw = np.zeros(shape)
+            np.add.at(dw, ids.reshape(-1), dout.reshape(-1, shape[1]))
+            if padding_idx is not None:
+                dw[padding_idx] = 0
+            return dw
+        """, "multiply by the forward's scale"),
+    "embedding: the padding row gets a gradient": ("embedding", """
+        def embedding_backward(dout, cache, padding_idx=None):
+            ids, shape, scale = cache
+            dw = np.zeros(shape)
+            np.add.at(dw, ids.reshape(-1), dout.reshape(-1, shape[1]) * scale)
+            return dw
+        """, "padding row must get no gradient"),
+    "dropout: the 1/(1-p) scale forgotten": ("dropout", """
+        def dropout_backward(dout, cache):
+            if cache is None:
+                return dout
+            keep, scale = cache
+            return dout * keep
+        """, "1/(1-p)"),
+    "dropout: changes dout in place": ("dropout", """
+        def dropout_backward(dout, cache):
+            if cache is None:
+                return dout
+            keep, scale = cache
+            dout *= keep * scale
+            return dout
+        """, "changed dout in place"),
+    "layernorm: mu treated as a constant": ("layernorm", """
+        def layernorm_backward(dout, cache):
+            xhat, rstd, gamma = cache
+            g = dout * gamma
+            dx = rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+            d = xhat.shape[-1]
+            return dx, (dout * xhat).reshape(-1, d).sum(0), dout.reshape(-1, d).sum(0)
+        """, "mu was treated as a constant"),
+    "layernorm: sigma treated as a constant": ("layernorm", """
+        def layernorm_backward(dout, cache):
+            xhat, rstd, gamma = cache
+            g = dout * gamma
+            dx = rstd * (g - g.mean(axis=-1, keepdims=True))
+            d = xhat.shape[-1]
+            return dx, (dout * xhat).reshape(-1, d).sum(0), dout.reshape(-1, d).sum(0)
+        """, "sigma was treated as a constant"),
+    "layernorm: dgamma and dbeta swapped": ("layernorm", """
+        def layernorm_backward(dout, cache):
+            from npformer.exercises.solutions.layernorm import layernorm_backward as right
+            dx, dgamma, dbeta = right(dout, cache)
+            return dx, dbeta, dgamma
+        """, "swapped"),
+    "rmsnorm: r treated as a constant": ("rmsnorm", """
+        def rmsnorm_backward(dout, cache):
+            xhat, rstd, gamma, dtype = cache
+            return rstd * dout * gamma, (dout * xhat).reshape(-1, xhat.shape[-1]).sum(0)
+        """, "r was treated as a constant"),
+    "rmsnorm: LayerNorm's mean term kept": ("rmsnorm", """
+        def rmsnorm_backward(dout, cache):
+            xhat, rstd, gamma, dtype = cache
+            g = dout * gamma
+            dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+            return dx, (dout * xhat).reshape(-1, xhat.shape[-1]).sum(0)
+        """, "LayerNorm's - mean(g) term"),
+    "softmax: the Jacobian's - p p^T part missing": ("softmax", """
+        def softmax_backward(dout, cache):
+            return cache * dout
+        """, "p p^T part of the Jacobian"),
+    "swiglu: silu' taken as sigmoid": ("swiglu", """
+        def silu_backward(dout, cache):
+            x, s = cache
+            return dout * s
+        """, "product rule"),
+    "swiglu: the halves exchanged": ("swiglu", """
+        def swiglu_backward(dout, cache):
+            act, up, silu_cache = cache
+            return np.concatenate([dout * act, silu_backward(dout * up, silu_cache)], axis=-1)
+        """, "exchanged"),
+    "attention: the scale forgotten": ("attention", """
+        def attention_backward(dout, cache):
+            q, k, v, probs, probs_d, drop, scale = cache
+            dv = probs_d.swapaxes(-1, -2) @ dout
+            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs)
+            return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+        """, "scale was forgotten"),
+    "attention: dv from P before dropout": ("attention", """
+        def attention_backward(dout, cache):
+            q, k, v, probs, probs_d, drop, scale = cache
+            dv = probs.swapaxes(-1, -2) @ dout
+            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs) * scale
+            return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+        """, "P'^T dout"),
+    "residual: the identity path dropped": ("residual", """
+        def residual_backward(dout, cache):
+            norm_first, norm_cache, f_cache = cache
+            if norm_first:
+                dh, dw, db = linear_backward(dout, f_cache)
+                dx, dgamma, dbeta = layernorm_backward(dh, norm_cache)
+                return dx, dw, db, dgamma, dbeta
+            dz, dgamma, dbeta = layernorm_backward(dout, norm_cache)
+            dx, dw, db = linear_backward(dz, f_cache)
+            return dx, dw, db, dgamma, dbeta
+        """, "identity path"),
+    "cross-entropy: divided by all rows, ignored ones included": ("cross_entropy", """
+        def cross_entropy_backward(dout, cache):
+            logp, t, valid, count, eps = cache
+            n, vocab = logp.shape
+            grad = np.exp(logp) - eps / vocab
+            grad[np.arange(n), t] -= 1.0 - eps
+            return grad * (valid * dout / n)[:, None]
+        """, "divided by every row"),
+    "cross-entropy: ignored rows keep a gradient": ("cross_entropy", """
+        def cross_entropy_backward(dout, cache):
+            logp, t, valid, count, eps = cache
+            n, vocab = logp.shape
+            if count == 0:
+                return np.zeros_like(logp)
+            grad = np.exp(logp) - eps / vocab
+            grad[np.arange(n), t] -= 1.0 - eps
+            return grad * dout / count
+        """, "ignored rows must get zero"),
+    "adam: no bias correction": ("adam", """
+        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
+            if weight_decay:
+                if decoupled:
+                    p *= 1.0 - lr * weight_decay
+                else:
+                    g = g + weight_decay * p
+            m += (1.0 - beta1) * (g - m)
+            v *= beta2
+            v += (1.0 - beta2) * g * g
+            p -= lr * m / (np.sqrt(v) + eps)
+        """, "bias correction"),
+    "adam: eps inside the square root": ("adam", """
+        import math
+        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
+            if weight_decay:
+                if decoupled:
+                    p *= 1.0 - lr * weight_decay
+                else:
+                    g = g + weight_decay * p
+            m += (1.0 - beta1) * (g - m)
+            v *= beta2
+            v += (1.0 - beta2) * g * g
+            p -= lr / (1.0 - beta1 ** t) * (m / (np.sqrt(v + eps) / math.sqrt(1.0 - beta2 ** t)))
+        """, "outside the square root"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_each_documented_mistake_fails_with_its_hint(folder, mistake):
+    name, code, hint = MISTAKES[mistake]
+    write(folder, name, code)
+    result = check_exercise(folder, name)
+    assert result.status == "WRONG", (result.status, result.message)
+    assert any(hint in h for h in result.hints), result.hints
+
+
+def test_dk_without_the_transpose_fails_by_shape(folder):
+    """docs/backprop.md: dK = c dS q runs only when T_q = T_k; the check's T_q != T_k makes it
+    fail, naming the function and the line."""
+    write(folder, "attention", """
+        def attention_backward(dout, cache):
+            q, k, v, probs, probs_d, drop, scale = cache
+            dv = probs_d.swapaxes(-1, -2) @ dout
+            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs) * scale
+            return ds @ k, ds @ q, dv
+        """)
+    result = check_exercise(folder, "attention")
+    assert result.status == "error"
+    assert re.match(r"08_attention.py line \d+: attention_backward raised ValueError", result.message)
+
+
+def test_a_right_backward_written_differently_passes_without_hints(folder):
+    write(folder, "softmax", """
+        def softmax_backward(dout, cache):
+            p = cache
+            s = np.einsum("...k,...k->...", dout, p)[..., None]
+            return p * dout - p * s
+        """)
+    result = check_exercise(folder, "softmax")
+    assert result.status == "done" and not result.hints
+
+
+# -- bad input: one line, non-zero exit -----------------------------------------------------------
+
+def test_start_into_a_non_empty_folder_is_refused_and_never_overwrites(folder, capsys):
+    mine = folder / find("linear").file
+    mine.write_text("# my own work\n")
+    (folder / find("adam").file).unlink()
+    err = one_line_error(capsys, ["exercises", "start", str(folder)])
+    assert "not empty" in err and "--overwrite" in err
+    assert main(["exercises", "start", str(folder), "--overwrite"]) == 0
+    assert mine.read_text() == "# my own work\n"                       # kept
+    assert (folder / find("adam").file).exists()                       # the missing one, written
+    assert "kept" in capsys.readouterr().out
+    file = folder.parent / "a_file"
+    file.write_text("x")
+    assert "is a file" in one_line_error(capsys, ["exercises", "start", str(file)])
+
+
+def test_check_refuses_a_folder_that_is_not_an_exercise_folder(tmp_path, capsys):
+    err = one_line_error(capsys, ["exercises", "check", str(tmp_path)])
+    assert "not an exercise folder" in err
+    err = one_line_error(capsys, ["exercises", "check", str(tmp_path / "absent")])
+    assert "not a folder" in err
+    err = one_line_error(capsys, ["exercises", "check", str(tmp_path), "nonsense"])
+    assert "NAME" in err
+
+
+def test_syntax_error_raise_wrong_count_and_loop_each_one_line(folder, capsys):
+    linear = folder / find("linear").file
+    linear.write_text(linear.read_text().replace("raise NotImplementedError",
+                                                 "return dout +* 2  # typo\n    raise NotImplementedError"))
+    line = next(i for i, text in enumerate(linear.read_text().splitlines(), 1) if "+*" in text)
+    err = one_line_error(capsys, ["exercises", "check", str(folder), "linear"])
+    assert f"01_linear.py line {line}: syntax error" in err
+
+    write(folder, "dropout", """
+        def dropout_backward(dout, cache):
+            return dout / 0 if cache is None else dout[cache]
+        """)
+    err = one_line_error(capsys, ["exercises", "check", str(folder), "dropout"])
+    assert "03_dropout.py line" in err and "dropout_backward raised" in err
+
+    write(folder, "layernorm", """
+        def layernorm_backward(dout, cache):
+            return dout, dout.sum(0)
+        """)
+    err = one_line_error(capsys, ["exercises", "check", str(folder), "layernorm"])
+    assert "returned 2 values; expected 3 (dx, dgamma, dbeta)" in err
+
+    write(folder, "softmax", """
+        def softmax_backward(dout, cache):
+            while True:
+                pass
+        """)
+    err = one_line_error(capsys, ["exercises", "check", str(folder), "softmax", "--timeout", "2"])
+    assert "still running after 2 s" in err
+
+
+def test_a_loop_in_one_exercise_does_not_stop_the_others(folder):
+    solve(folder, ["linear"])
+    write(folder, "embedding", """
+        import time
+        def embedding_backward(dout, cache, padding_idx=None):
+            time.sleep(60)
+        """)
+    by_name = {r.name: r for r in check_folder(folder, ["embedding", "linear"], timeout=2)}
+    assert by_name["embedding"].status == "timed out" and by_name["linear"].status == "done"
+
+
+# -- the backend built from a learner's pairs ------------------------------------------------------
+
+def test_using_a_namespace_restores_the_backend_and_falls_back_to_the_reference():
+    before = backend.get_backend()
+    calls = []
+
+    def my_softmax_forward(scores, mask=None):
+        calls.append(1)
+        return backend.load("numpy").softmax_forward(scores, mask)
+    with backend.using({"softmax_forward": my_softmax_forward}, "exercises") as ops:
+        assert backend.get_backend() == "exercises"
+        ops.softmax_forward(np.zeros((2, 3)))
+        assert ops.layernorm_forward is not None                   # the reference's
+        assert backend.ops() is ops
+    assert calls == [1] and backend.get_backend() == before
+    with pytest.raises(ValueError, match="name"):
+        with backend.using({}, "numba"):
+            pass
+
+
+# -- the finale ------------------------------------------------------------------------------------
+
+EPOCHS = "2"
+
+
+def test_finale_refuses_until_the_trained_exercises_are_done(folder, capsys):
+    solve(folder, ["linear", "embedding"])
+    err = one_line_error(capsys, ["exercises", "check", str(folder), "--train"])
+    assert "finish dropout (not done)" in err
+
+
+def test_finale_with_the_reference_solutions_matches_npformer_toy(solved, tmp_path, capsys):
+    """The learner's namespace composes the fused names as the reference does, so with the
+    reference solutions the run is npformer toy's on the NumPy backend, bit for bit."""
+    assert main(["exercises", "check", str(solved), "--train", "--epochs", EPOCHS, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    mine = {k: float(re.search(rf"{k} exact match\s+([0-9.]+)", out).group(1))
+            for k in ("train", "held-out")}
+    figures = tmp_path / "toy.json"
+    before = backend.get_backend()
+    backend.set_backend("numpy")
+    try:
+        assert main(["toy", "--epochs", EPOCHS, "--quiet", "--out", str(tmp_path / "toy"),
+                     "--metrics-json", str(figures), "--examples", "0"]) == 0
+    finally:
+        backend.set_backend(before)
+    toy = json.loads(figures.read_text())
+    assert mine == {"train": round(toy["train_exact_match"], 4),
+                    "held-out": round(toy["heldout_exact_match"], 4)}
+    assert mine["train"] > 0.3                                     # it learned (chance is ~0)
+
+
+def test_finale_with_a_subtle_bug_names_the_layer_to_look_at(solved, capsys):
+    write(solved, "layernorm", """
+        def layernorm_backward(dout, cache):
+            xhat, rstd, gamma = cache
+            g = dout * gamma
+            d = xhat.shape[-1]
+            dx = rstd * (g - g.mean(axis=-1, keepdims=True))      # the variance term forgotten
+            return dx, (dout * xhat).reshape(-1, d).sum(0), dout.reshape(-1, d).sum(0)
+        """)
+    assert main(["exercises", "check", str(solved), "--train", "--epochs", "1", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert "training anyway, with layernorm failing" in out
+    assert re.search(r"look at (en|de)coder\.\S*norm\S*: your layernorm_backward disagrees", out), out

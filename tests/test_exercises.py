@@ -337,8 +337,8 @@ def test_check_refuses_a_folder_that_is_not_an_exercise_folder(tmp_path, capsys)
 
 def test_syntax_error_raise_wrong_count_and_loop_each_one_line(folder, capsys):
     linear = folder / find("linear").file
-    linear.write_text(linear.read_text().replace("raise NotImplementedError",
-                                                 "return dout +* 2  # typo\n    raise NotImplementedError"))
+    typo = "return dout +* 2  # a typo\n    raise NotImplementedError"
+    linear.write_text(linear.read_text().replace("raise NotImplementedError", typo))
     line = next(i for i, text in enumerate(linear.read_text().splitlines(), 1) if "+*" in text)
     err = one_line_error(capsys, ["exercises", "check", str(folder), "linear"])
     assert f"01_linear.py line {line}: syntax error" in err

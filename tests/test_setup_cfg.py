@@ -36,7 +36,8 @@ def folder_of(package, package_dir):
 def tree_packages(package_dir):
     """Dotted names of every folder with an __init__.py under npformer/ and the mapped ones."""
     found = set()
-    roots = [("npformer", ROOT / "npformer")] + [(name, ROOT / folder) for name, folder in package_dir.items()]
+    roots = [("npformer", ROOT / "npformer"),
+             *((name, ROOT / folder) for name, folder in package_dir.items())]
     for name, folder in roots:
         for init in folder.rglob("__init__.py"):
             rel = init.parent.relative_to(folder)

@@ -104,7 +104,8 @@ def print_table(results):
     print(f"  {'#':>2s}  {'exercise':<22s} {'status':<10s} {'worst error':>11s}  finale")
     for r in results:
         e = find(r.name)
-        worst = "" if r.worst is None or r.status in ("not done", "error", "timed out") else f"{r.worst:.1e}"
+        measured = r.worst is not None and r.status in ("done", "WRONG")
+        worst = f"{r.worst:.1e}" if measured else ""
         print(f"  {e.number:>2d}  {e.name:<22s} {r.status:<10s} {worst:>11s}  "
               f"{'trains' if e.trained else 'checked'}")
     print()
@@ -126,6 +127,8 @@ def run_train(args, results):
                         on_eval=on_eval, checks=results, timeout=args.timeout)
     if result.error:
         print(f"training stopped: your code raised {result.error}")
+        _print_findings(result.findings)
+        return 1
     if result.toy is not None:
         toy = result.toy
         print(f"train exact match    {toy.train_exact_match:.4f} ({len(toy.data.train)} pairs)")
@@ -133,20 +136,11 @@ def run_train(args, results):
         print(f"training took {toy.train_seconds:.1f} s ({toy.summary['step']} steps, stopped by "
               f"{toy.summary['stop_reason']})")
         for zh, ref, hyp in toy.examples:
-            print(f"  {zh}\n    -> {hyp}   [{'ok' if hyp.split() == ref.split() else 'expected: ' + ref}]")
+            mark = "ok" if hyp.split() == ref.split() else f"expected: {ref}"
+            print(f"  {zh}\n    -> {hyp}   [{mark}]")
     if result.findings:
-        first = result.findings[0]
-        print(f"look at {first.layer}: your {first.function} disagrees with the reference there "
-              f"on a real training batch ({first.output} off by {_size(first.error)}"
-              + (f"; {first.note}" if first.note else "") + ")")
-        others = sorted({(f.function, f.layer) for f in result.findings[1:]})
-        if others:
-            where = {}
-            for function, layer in others:
-                where.setdefault(function, []).append(layer)
-            print("  also: " + "; ".join(f"{fn} at {len(ls)} more layer{'s' if len(ls) > 1 else ''}"
-                                         for fn, ls in where.items()))
-        print(f"  derivation: {find(_exercise_of(first.function)).url}")
+        print("training failed: a backward pass is wrong on a real batch of the toy's")
+        _print_findings(result.findings)
         return 1
     if result.ok and result.toy.train_exact_match >= TARGET:
         print("your own backward passes trained the translator.")
@@ -154,9 +148,31 @@ def run_train(args, results):
     if result.ok and args.epochs is not None:
         print(f"(fewer epochs than the toy's: exact match below {TARGET} is expected)")
         return 0
-    print("training failed, and on a real batch your backward passes agree with the reference: "
-          "rerun with the toy's full epochs, or compare with npformer toy")
+    if result.toy.summary["stop_reason"] == "non_finite":
+        print("training failed: the loss or the gradient became NaN or inf")
+    else:
+        print(f"training failed: train exact match below {TARGET}")
+    print("  on a real batch your backward passes agree with the reference's; compare with "
+          "npformer toy (the same seed)")
     return 1
+
+
+def _print_findings(findings):
+    """Which layer to look at: the first place the learner's backward disagreed with the
+    reference's on a real batch, and how many other places each function did."""
+    if not findings:
+        return
+    first = findings[0]
+    print(f"look at {first.layer}: your {first.function} disagrees with the reference there "
+          f"on a real training batch ({first.output} off by {_size(first.error)}"
+          + (f"; {first.note}" if first.note else "") + ")")
+    where = {}
+    for f in findings[1:]:
+        where.setdefault(f.function, set()).add(f.layer)
+    if where:
+        print("  also: " + "; ".join(f"{fn} at {len(ls)} more layer{'s' if len(ls) > 1 else ''}"
+                                     for fn, ls in where.items()))
+    print(f"  derivation: {find(_exercise_of(first.function)).url}")
 
 
 def _size(error):

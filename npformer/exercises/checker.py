@@ -135,7 +135,9 @@ def check_exercise(folder, name, seed=0):
     path = Path(folder) / exercise.file
     try:
         module = load_learner(path)
-        missing = [f for f in (*exercise.writes, *exercise.provides) if not callable(getattr(module, f, None))]
+        needed = [*exercise.writes, *(f.replace("_backward", "_forward") for f in exercise.writes
+                                      if f.endswith("_backward"))]
+        missing = [f for f in needed if not callable(getattr(module, f, None))]
         if missing:
             raise LearnerError(f"{exercise.file}: defines no function {missing[0]} (the checker "
                                f"calls it by that name)")
@@ -263,7 +265,8 @@ def _check_cases(module, exercise, path, seed):
         worst = max([worst, *measured]) if not any(math.isnan(e) for e in measured) else math.nan
         if not result.ok:
             status = "WRONG"
-            for hint in _hints(exercise, case, module, reference, path, name_here, inputs, dout, mine, result):
+            for hint in _hints(exercise, case, reference, path, name_here, inputs, dout, mine,
+                               result):
                 if hint not in hints:
                     hints.append(hint)
     return ExerciseResult(exercise.name, status, "", reports, hints,
@@ -278,8 +281,10 @@ def _case_function_name(case, exercise):
     return exercise.writes[-1]
 
 
-def _hints(exercise, case, module, reference, path, fname, inputs, dout, mine, result):
-    ref = _case_function(reference, case, path, fname, checked=False)(*[x.copy() for x in inputs])[1](dout.copy())
+def _hints(exercise, case, reference, path, fname, inputs, dout, mine, result):
+    """The likely mistakes: the exercise's detectors, else the general patterns."""
+    fn = _case_function(reference, case, path, fname, checked=False)
+    ref = fn(*[x.copy() for x in inputs])[1](dout.copy())
     names = list(case.names)
     ctx = Context(case, dict(zip(names, mine)), dict(zip(names, ref)),
                   {r.name for r in result.inputs if not r.ok}, dout)
@@ -395,10 +400,11 @@ def _check_adam(module, exercise, path):
                         zip(got, _run_adam(update, state, grads, wd, decoupled)))]
         if not found and not all(np.isfinite(a).all() for a in got):
             found = ["nan"]
-        if not found and wd and all(e <= ADAM_RTOL for e in
-                                    (_rel(a, b) for a, b in zip(*(_run_adam(u, state, grads, 0.0, False)
-                                                                  for u in (module.adam_step, _adam_update))))):
-            found = ["decay"]
+        if not found and wd:                 # right without weight decay: the decay is wrong
+            mine = _run_adam(module.adam_step, state, grads, 0.0, False, path)
+            plain = _run_adam(_adam_update, state, grads, 0.0, False)
+            if all(_rel(a, b) <= ADAM_RTOL for a, b in zip(mine, plain)):
+                found = ["decay"]
         for key in found:
             if ADAM_HINTS[key] not in hints:
                 hints.append(ADAM_HINTS[key])

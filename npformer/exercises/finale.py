@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import backend
 from ..training.toy import run_toy, toy_trainer
-from .catalogue import EXERCISES
+from .catalogue import EXERCISES, find
 from .checker import check_folder, load_learner, solution, TIMEOUT
 from .namespace import Shadow, build, module_paths, pairs_of, trained_exercises
 
@@ -28,7 +28,16 @@ class FinaleResult:
 
 
 def modules_of(folder):
-    return {e.name: load_learner(Path(folder) / e.file) for e in trained_exercises()}
+    """The learner's modules of the exercises the finale trains with. The attention file
+    imports npformer's softmax and dropout (so that it is checked alone); here its names are
+    pointed at the learner's own, so that training runs the learner's softmax too."""
+    modules = {e.name: load_learner(Path(folder) / e.file) for e in trained_exercises()}
+    attention = modules["attention"]
+    for exercise in ("softmax", "dropout"):
+        for name in find(exercise).provides:
+            if hasattr(attention, name):
+                setattr(attention, name, getattr(modules[exercise], name))
+    return modules
 
 
 def reference_modules():

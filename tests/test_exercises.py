@@ -366,15 +366,20 @@ def test_syntax_error_raise_wrong_count_and_loop_each_one_line(folder, capsys):
     assert "still running after 2 s" in err
 
 
-def test_a_loop_in_one_exercise_does_not_stop_the_others(folder):
+def test_a_loop_or_a_dead_checker_in_one_exercise_does_not_stop_the_others(folder):
     solve(folder, ["linear"])
     write(folder, "embedding", """
         import time
         def embedding_backward(dout, cache, padding_idx=None):
             time.sleep(60)
         """)
-    by_name = {r.name: r for r in check_folder(folder, ["embedding", "linear"], timeout=2)}
-    assert by_name["embedding"].status == "timed out" and by_name["linear"].status == "done"
+    write(folder, "dropout", """
+        import os
+        os._exit(3)
+        """)
+    results = check_folder(folder, ["embedding", "dropout", "linear"], timeout=2)
+    assert [r.status for r in results] == ["timed out", "error", "done"]
+    assert "ended the checker (exit status 3)" in results[1].message
 
 
 # -- the backend built from a learner's pairs ------------------------------------------------------

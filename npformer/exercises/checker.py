@@ -102,7 +102,7 @@ def load_learner(path):
         exec(code, module.__dict__)
     except Timeout:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise LearnerError(f"{path.name}{_where(e, path)}: raised {type(e).__name__} on import: "
                            f"{_first_line(e)}") from None
     return module
@@ -160,7 +160,7 @@ def _call(path, fname, fn, *args):
         raise NotDone(f"{fname} is still to be written (it raises NotImplementedError)") from None
     except (NotDone, LearnerError):
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise LearnerError(f"{path.name}{_where(e, path)}: {fname} raised "
                            f"{type(e).__name__}: {_first_line(e)}") from None
 
@@ -437,9 +437,31 @@ def run_child(folder, names, timeout, out):
 
 def check_folder(folder, names=None, timeout=TIMEOUT):
     """The :class:`ExerciseResult` of each exercise ``names`` (all by default) of ``folder``,
-    checked in a child process. ValueError if ``folder`` is not an exercise folder."""
+    checked in a child process; a child that dies (or runs past every limit) costs the exercise
+    it was checking, and a new one checks the rest. ValueError if ``folder`` is not an exercise
+    folder."""
     check_folder_marker(folder)
     names = [e.name for e in EXERCISES] if names is None else [find(n).name for n in names]
+    results = {}
+    while len(results) < len(names):
+        left = [n for n in names if n not in results]
+        got, started, code = _run_child(folder, left, timeout)
+        results.update(got)
+        if started is not None and started not in results:
+            what = ("still running after the time limit" if code is None else
+                    f"ended the checker (exit status {code})")
+            results[started] = ExerciseResult(started, "timed out" if code is None else "error",
+                                               f"{find(started).file}: {what}")
+        elif not got:                             # the child never got to an exercise
+            for n in left:
+                results[n] = ExerciseResult(n, "error", f"the checker could not start (exit "
+                                                        f"status {code})")
+    return [results[n] for n in names]
+
+
+def _run_child(folder, names, timeout):
+    """({name: ExerciseResult}, the exercise it was on when it ended or None, exit status or
+    None if killed) of one child checking ``names``."""
     package_root = str(Path(__file__).resolve().parent.parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
@@ -462,16 +484,4 @@ def check_folder(folder, names=None, timeout=TIMEOUT):
             started = record["started"]
         elif "status" in record:
             results[record["name"]] = ExerciseResult.from_json(line)
-    out = []
-    for name in names:
-        if name in results:
-            out.append(results[name])
-        elif name == started:
-            what = ("still running after the time limit" if code is None else
-                    f"ended the checker (exit status {code})")
-            out.append(ExerciseResult(name, "timed out" if code is None else "error",
-                                      f"{find(name).file}: {what}"))
-        else:
-            out.append(ExerciseResult(name, "error", f"{find(name).file}: not checked (an earlier "
-                                                     f"exercise ended the checker)"))
-    return out
+    return results, started, code

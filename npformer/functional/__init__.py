@@ -20,6 +20,8 @@ from .embedding import (embedding_backward, embedding_forward, position_embeddin
 from .kv_cache import move_rows, take_rows
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import linear_backward, linear_backward_accumulate, linear_forward
+from .lora import (adapter_backward, adapter_forward, linear_input_backward, lora_backward,
+                   lora_forward)
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .masks import causal_mask, decoder_self_mask, padding_mask
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
@@ -34,8 +36,8 @@ __all__ = [
     "dropout_add_forward", "dropout_backward", "dropout_forward", "embedding_backward",
     "embedding_forward", "flush_subnormal", "gelu_backward", "gelu_forward",
     "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
-    "linear_backward", "linear_backward_accumulate",
-    "linear_forward", "log_softmax",
+    "adapter_backward", "adapter_forward", "linear_backward", "linear_backward_accumulate",
+    "linear_forward", "linear_input_backward", "log_softmax", "lora_backward", "lora_forward",
     "merge_heads", "move_rows", "padding_mask", "position_embedding_backward",
     "position_embedding_forward", "position_rows",
     "relu_backward", "relu_forward", "rmsnorm_backward", "rmsnorm_forward",

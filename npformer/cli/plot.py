@@ -1,26 +1,34 @@
 """``npformer plot``: loss curves from a metrics log, BLEU against minutes of Multi30k runs
-(``benchmarks/multi30k_curve.py``'s points) and per-head attention heatmaps, as PNG."""
+(``benchmarks/multi30k_curve.py``'s points), per-layer gradient norms against depth and
+per-head attention heatmaps, as PNG. Labels in Chinese, Japanese, Korean, Greek or Cyrillic are
+drawn with ``npformer.fonts``."""
 import math
 import os
-import warnings
 
 import numpy as np
 
 from ..training.metrics_log import json_lines, read_metrics_log
 from ..checkpoint import checkpoint_paths
+from ..fonts import readable_text
 from .common import check_writable, refuse_output_over_inputs, resolve_checkpoint
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="loss curves and attention heatmaps as PNG (needs matplotlib)",
+    p = sub.add_parser(name, help="loss curves, gradient norms and attention heatmaps as PNG "
+                                  "(needs matplotlib)",
                        description="Draw the training/validation loss of a run's metrics.jsonl "
-                                   "(and validation BLEU against wall time when it has them) "
+                                   "(and validation BLEU against wall time when it has them), "
+                                   "with --grad-norms each layer's gradient norm against depth, "
                                    "and, with --checkpoint and --sentence, the attention weights "
                                    "of every head of every layer for one translation.")
     p.add_argument("--metrics", metavar="JSONL", help="a metrics log (e.g. runs/toy/metrics.jsonl)")
     p.add_argument("--curve", metavar="JSONL", nargs="+",
                    help="BLEU against wall-clock minutes, both metrics, from the JSON lines of "
                         "benchmarks/multi30k_curve.py (one file per run)")
+    p.add_argument("--grad-norms", metavar="JSONL", nargs="+",
+                   help="per-layer gradient norms (before clipping) against depth at several "
+                        "steps, one panel per run's metrics log: post-norm's pile up in the "
+                        "layers near the output, pre-norm's stay even")
     p.add_argument("--checkpoint", metavar="CKPT", help="checkpoint for the attention heatmaps")
     p.add_argument("--sentence", help="source sentence to translate and show attention for")
     p.add_argument("--out", default="plots", help="output folder (default %(default)s)")
@@ -36,27 +44,6 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
-
-
-CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC",
-             "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "SimHei", "Microsoft YaHei",
-             "PingFang SC", "Heiti SC", "AR PL UMing CN", "Droid Sans Fallback")
-
-
-def use_cjk_font(plt, tokens):
-    """Pick an installed CJK font if the labels need one; False (and one warning) if none."""
-    if all(ord(c) < 0x2E80 for t in tokens for c in t):
-        return True
-    from matplotlib import font_manager
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    for name in CJK_FONTS:
-        if name in installed:
-            plt.rcParams["font.sans-serif"] = [name] + list(plt.rcParams["font.sans-serif"])
-            plt.rcParams["font.family"] = "sans-serif"
-            return True
-    warnings.warn("no CJK font found, Chinese labels will show as boxes (install one, e.g. "
-                  "the fonts-noto-cjk package)", stacklevel=2)
-    return False
 
 
 def plot_losses(plt, metrics_path, out_dir):
@@ -149,6 +136,62 @@ def plot_curves(plt, points, out_dir):
     return [path]
 
 
+GRAD_NORM_LINES = 6                      # logged steps drawn per run, first and last among them
+
+
+def read_grad_norms(path):
+    """The "train" records of a metrics log that hold per-layer gradient norms (``grad_norms``:
+    {layer: norm}), or a ValueError naming the file."""
+    try:
+        records = read_metrics_log(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--grad-norms {e}") from None
+    found = [r for r in records if r.get("event") == "train" and "grad_norms" in r]
+    if not found:
+        raise ValueError(f"--grad-norms {path}: no 'train' records with per-layer gradient norms "
+                         f"('grad_norms'; training logs them at every --log-every steps)")
+    for r in found:
+        norms = r["grad_norms"]
+        if not (isinstance(norms, dict) and norms and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in norms.values())):
+            raise ValueError(f"--grad-norms {path}: step {r.get('step')}: grad_norms expected "
+                             f"{{layer: number}}, got {str(norms)[:60]!r}")
+    return found
+
+
+def plot_grad_norms(plt, runs, out_dir):
+    """One panel per run (``runs``: [(metrics path, read_grad_norms' records)]): each layer's
+    gradient norm, in the order of depth, at up to ``GRAD_NORM_LINES`` logged steps."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs) + 1, 4.2), sharey=True,
+                             squeeze=False)
+    labels = []
+    for ax, (metrics_path, records) in zip(axes[0], runs):
+        layers = list(records[0]["grad_norms"])
+        k = min(GRAD_NORM_LINES, len(records))
+        picks = sorted({round(i * (len(records) - 1) / max(k - 1, 1)) for i in range(k)})
+        cmap = plt.get_cmap("viridis")
+        for n, i in enumerate(picks):
+            norms = records[i]["grad_norms"]
+            ax.plot(range(len(layers)), [norms.get(name, float("nan")) for name in layers],
+                    "o-", ms=3, color=cmap(n / max(len(picks) - 1, 1)),
+                    label=f"step {records[i].get('step', '?')}")
+        ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=7)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        title = os.path.basename(os.path.dirname(os.path.abspath(metrics_path))) or metrics_path
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+        labels += layers + [title]
+    axes[0][0].set_ylabel("gradient norm of the layer (before clipping)")
+    fig.suptitle("per-layer gradient norms, input side on the left", fontsize=9)
+    path = os.path.join(out_dir, "grad_norms.png")
+    with readable_text(labels):
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
 def attention_maps(model, vocabs, sentence):
     """Greedy-translate ``sentence``, re-run the model on (source, output) and collect
     ``attn_weights`` of every MultiHeadAttention: {name: (H, T, S)}, plus the token labels."""
@@ -160,7 +203,9 @@ def attention_maps(model, vocabs, sentence):
     src_ids, _ = vocabs.src.encode_with_unknowns(sentence.split())
     if not src_ids:
         raise ValueError("--sentence: expected at least one word")
-    out_ids = [vocabs.tgt.token_to_id(t) for t in result.tokens]
+    # an unfinished output may fill max_len: with <bos> before it, re-run what fits
+    kept = result.tokens[:model.config.max_len - 1]
+    out_ids = [vocabs.tgt.token_to_id(t) for t in kept]
     model.eval()
     model.forward(np.array([src_ids]), np.array([[vocabs.tgt.bos_id] + out_ids]))
     maps = {}
@@ -170,7 +215,7 @@ def attention_maps(model, vocabs, sentence):
         maps[f"decoder.{i}.self_attn"] = layer.self_attn.attn_weights[0]
         maps[f"decoder.{i}.cross_attn"] = layer.multihead_attn.attn_weights[0]
     src_tokens = sentence.split()
-    tgt_tokens = ["<bos>"] + result.tokens
+    tgt_tokens = ["<bos>"] + kept
     return maps, src_tokens, tgt_tokens, result.text
 
 
@@ -179,9 +224,7 @@ def plot_attention(plt, ckpt, sentence, out_dir):
     loaded = load_model_checkpoint(resolve_checkpoint(ckpt))
     maps, src_tokens, tgt_tokens, text = attention_maps(loaded.model, loaded.vocabs, sentence)
     paths = []
-    use_cjk_font(plt, src_tokens + tgt_tokens)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Glyph .* missing from font")   # warned once above
+    with readable_text(src_tokens + tgt_tokens + [text]):    # CJK too; names missing glyphs
         for name, weights in maps.items():
             paths.append(_heatmap(plt, name, weights, src_tokens, tgt_tokens, sentence, text, out_dir))
     return paths
@@ -212,21 +255,24 @@ def check_out_folder(args):
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out}: is a file, expected a folder for the PNGs")
     check_writable("--out", os.path.join(args.out, "loss.png"))
-    inputs = [("--metrics", args.metrics)] + [("--curve", c) for c in args.curve or ()]
+    inputs = ([("--metrics", args.metrics)] + [("--curve", c) for c in args.curve or ()]
+              + [("--grad-norms", g) for g in args.grad_norms or ()])
     if args.checkpoint:
         inputs += [("--checkpoint", str(p)) for p in checkpoint_paths(resolve_checkpoint(args.checkpoint))]
-    for name in ("loss.png", "bleu_vs_time.png", "bleu_curve.png"):
+    for name in ("loss.png", "bleu_vs_time.png", "bleu_curve.png", "grad_norms.png"):
         refuse_output_over_inputs("--out", os.path.join(args.out, name), inputs)
 
 
 def run(args):
-    if not args.metrics and not args.checkpoint and not args.curve:
+    if not (args.metrics or args.checkpoint or args.curve or args.grad_norms):
         raise ValueError("give --metrics JSONL (loss curves), --curve JSONL (BLEU against "
-                         "minutes) and/or --checkpoint CKPT --sentence TEXT")
+                         "minutes), --grad-norms JSONL (per-layer gradient norms) and/or "
+                         "--checkpoint CKPT --sentence TEXT")
     if bool(args.checkpoint) != bool(args.sentence):
         raise ValueError("--checkpoint and --sentence: the attention heatmaps need both")
     check_out_folder(args)
     curves = [point for path in args.curve or () for point in read_curve(path)]
+    grad_runs = [(path, read_grad_norms(path)) for path in args.grad_norms or ()]
     plt = _pyplot()
     os.makedirs(args.out, exist_ok=True)
     paths = []
@@ -234,6 +280,8 @@ def run(args):
         paths += plot_losses(plt, args.metrics, args.out)
     if args.curve:
         paths += plot_curves(plt, curves, args.out)
+    if grad_runs:
+        paths += plot_grad_norms(plt, grad_runs, args.out)
     if args.checkpoint:
         paths += plot_attention(plt, args.checkpoint, args.sentence, args.out)
     for path in paths:

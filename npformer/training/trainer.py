@@ -36,6 +36,7 @@ from .checkpointing import (LoadedCheckpoint, check_compatible, load_model_check
                             restore_training_state, save_model_checkpoint)
 from .collective import EveryRankError, SingleProcess, weights_check
 from .early_stopping import EarlyStopping
+from .grad_norms import layer_grad_norms
 from .metrics_log import MetricsLog
 from .progress import progress_bar
 from .task import Task
@@ -235,6 +236,7 @@ class Trainer:
         self.best_value = self.stopper.best      # metric of the weights in ``best`` (any validation)
         self.step, self.epoch = 0, 0
         self.grad_norm = None                    # of the latest train_step, before clipping
+        self.layer_grad_norms = None             # {layer: norm} of an update to log, before clipping
         self._failure = None                     # why fit stopped without an update (non-finite)
         self.saved_step = None                   # step of the latest checkpoint written (or resumed)
         self.seconds_before = 0.0               # wall time of earlier sessions (resumed runs)
@@ -311,6 +313,8 @@ class Trainer:
             loss_sum = self.task.loss_and_backward(model, b, weight)
             loss += (loss_sum / n) * weight if n else 0.0
         loss, self.grad_norm = self.collective.reduce(model, loss)    # the norm before clipping
+        if self.collective.is_root and (self.step + 1) % cfg.log_every == 0:
+            self.layer_grad_norms = layer_grad_norms(model)    # the reduced gradient's, for the log
         if cfg.clip_norm is not None:
             clip_grad_norm(model, cfg.clip_norm, norm=self.grad_norm)
         if not (math.isfinite(loss) and math.isfinite(self.grad_norm)):
@@ -658,10 +662,14 @@ class Trainer:
                 self.log.log("start", made_by=(self.extra or {}).get("made_by"))
 
     def _log_train(self, meter, bar):
-        """A "train" record: the mean loss of the updates since the last one, the learning rate
-        and the throughput (``tokens_per_s``: the tokens the loss sees; ``padded_tokens_per_s``:
-        every cell of the batches' arrays)."""
+        """A "train" record: the mean loss of the updates since the last one, the learning rate,
+        the throughput (``tokens_per_s``: the tokens the loss sees; ``padded_tokens_per_s``:
+        every cell of the batches' arrays), and the latest update's gradient norm before
+        clipping, whole (``grad_norm``) and by layer (``grad_norms``, ``grad_norms.py``)."""
         values = dict(meter.values(), lr=self.optimizer.lr, seconds=self.elapsed())
+        if self.layer_grad_norms is not None:    # this update's, before clipping
+            values.update(grad_norm=self.grad_norm, grad_norms=self.layer_grad_norms)
+            self.layer_grad_norms = None
         bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{values['tokens_per_s']:.0f}",
                         lr=f"{self.optimizer.lr:.2e}")
         if self.log:

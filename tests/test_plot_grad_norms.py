@@ -1,0 +1,81 @@
+"""Per-layer gradient norms: the metric (``npformer.training.grad_norms``), its "train" records in
+every run's metrics log, and ``npformer plot --grad-norms``."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer.cli.main import main
+from npformer.optim.clip import grad_norm
+from npformer.training.grad_norms import layer_grad_norms, layer_of
+from npformer.training.metrics_log import read_metrics_log
+
+
+@pytest.mark.parametrize("name, layer", [
+    ("encoder.layers.0.ffn.linear1.weight", "encoder.layers.0"),
+    ("decoder.layers.11.multihead_attn.in_proj_bias", "decoder.layers.11"),
+    ("blocks.3.norm1.weight", "blocks.3"),
+    ("decoder.norm.weight", "decoder.norm"),
+    ("src_embed.weight", "src_embed"),
+    ("weight", "weight")])
+def test_layer_of(name, layer):
+    assert layer_of(name) == layer
+
+
+def test_the_layers_norms_make_up_the_whole_norm_in_the_order_of_depth():
+    model = nf.Transformer(30, 31, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
+                           n_decoder_layers=2, max_len=12, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    logits = model.forward(rng.integers(1, 30, (3, 7)), rng.integers(1, 31, (3, 6)))
+    _, dlogits = nf.cross_entropy(logits, rng.integers(1, 31, (3, 6)), ignore_index=0)
+    model.zero_grad()
+    model.backward(dlogits)
+    before = model.flat_grads.copy()
+    norms = layer_grad_norms(model)
+    assert list(norms) == ["src_embed", "tgt_embed", "encoder.layers.0", "encoder.layers.1",
+                           "encoder.norm", "decoder.layers.0", "decoder.layers.1",
+                           "decoder.norm", "generator"]
+    assert math.isclose(math.sqrt(sum(v * v for v in norms.values())), grad_norm(model),
+                        rel_tol=1e-12)
+    by_hand = np.sqrt(sum(np.sum(p.grad ** 2) for n, p in model.named_parameters()
+                          if n.startswith("encoder.layers.1.")))
+    assert math.isclose(norms["encoder.layers.1"], by_hand, rel_tol=1e-12)
+    assert np.array_equal(model.flat_grads, before)           # read, never changed
+
+
+def test_every_train_record_holds_the_norms_before_clipping(run_dir):
+    out, _ = run_dir                                         # log_every=1
+    train = [r for r in read_metrics_log(out / "metrics.jsonl") if r["event"] == "train"]
+    assert train and all("grad_norms" in r for r in train)
+    for r in train:
+        layers = r["grad_norms"]
+        assert "encoder.layers.0" in layers and "decoder.layers.0" in layers
+        assert all(v > 0 for v in layers.values())
+        whole = math.sqrt(sum(v * v for v in layers.values()))
+        assert math.isclose(whole, r["grad_norm"], rel_tol=1e-4)   # float32 sums
+
+
+def test_plot_grad_norms_draws_one_panel_per_run(run_dir, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out, _ = run_dir
+    log = str(out / "metrics.jsonl")
+    assert main(["plot", "--grad-norms", log, log, "--out", str(tmp_path / "p")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.split() == [str(tmp_path / "p" / "grad_norms.png")]
+    assert (tmp_path / "p" / "grad_norms.png").stat().st_size > 1000
+    assert "warning" not in captured.err
+
+
+def test_plot_grad_norms_of_a_log_without_them_is_one_line(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    log = tmp_path / "old" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_text(json.dumps({"event": "train", "step": 1, "loss": 2.0}) + "\n")
+    assert main(["plot", "--grad-norms", str(log), "--out", str(tmp_path / "p")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(log) in err and "grad_norms" in err
+    log.write_text(json.dumps({"event": "train", "step": 1, "grad_norms": {"a": "x"}}) + "\n")
+    assert main(["plot", "--grad-norms", str(log), "--out", str(tmp_path / "p")]) == 1
+    assert "step 1: grad_norms expected" in capsys.readouterr().err

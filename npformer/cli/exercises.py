@@ -4,7 +4,7 @@ import math
 
 from ..exercises.catalogue import DOCS_URL, EXERCISES, find
 from ..exercises.checker import TIMEOUT, check_folder
-from .common import positive_int
+from .common import non_negative_int, positive_int
 
 
 def add_parser(sub, name):
@@ -37,7 +37,7 @@ def add_parser(sub, name):
                             "backward passes (checks every exercise first)")
     check.add_argument("--epochs", type=positive_int, default=None,
                        help="with --train: epochs to train (default: the toy's 14)")
-    check.add_argument("--seed", type=int, default=0, help="with --train: the toy's seed")
+    check.add_argument("--seed", type=non_negative_int, default=0, help="with --train: the toy's seed")
     check.add_argument("--timeout", type=float, default=TIMEOUT,
                        help="seconds each exercise's check may take (default %(default)g)")
     check.add_argument("--quiet", action="store_true", help="with --train: no per-epoch lines")
@@ -115,7 +115,8 @@ def run_train(args, results):
     from ..exercises.finale import TARGET, run_finale
     wrong = [r.name for r in results if r.status == "WRONG"]
     if wrong:
-        print(f"training anyway, with {', '.join(wrong)} failing their checks: watch what happens")
+        print(f"training anyway, although {', '.join(wrong)} "
+              f"{'fails its' if len(wrong) == 1 else 'fail their'} checks: watch what happens")
 
     def on_eval(rec):
         if not args.quiet:

@@ -17,6 +17,8 @@ from ..functional.activations import ACTIVATIONS
 from ..functional.dropout import check_terms
 from .catalogue import EXERCISES
 
+OUTPUTS = {"linear_backward": ("dx", "dw", "db"), "layernorm_backward": ("dx", "dgamma", "dbeta"),
+           "attention_backward": ("dq", "dk", "dv")}      # what each backward returns, by name
 TOLERANCE = 1e-3          # a backward off the reference by more than this, relative, on a real
                           # float32 batch is wrong (a right one differs by round-off, ~1e-6)
 
@@ -154,7 +156,8 @@ class Shadow:
             for i, (a, b) in enumerate(zip(got_t, want_t)):
                 err = _error(a, b)
                 if err > TOLERANCE:
-                    self._note(name, layer, err, f"output {i + 1}" if len(want_t) > 1 else "its output")
+                    labels = OUTPUTS.get(name, ())
+                    self._note(name, layer, err, labels[i] if i < len(labels) else "its output")
             return got
         return backward
 

@@ -217,6 +217,103 @@ MISTAKES = {
             ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs) * scale
             return ds @ k, ds.swapaxes(-1, -2) @ q, dv
         """, "P'^T dout"),
+    "softmax: the factor p forgotten (masked entries get a gradient)": ("softmax", """
+        def softmax_backward(dout, cache):
+            return dout - (dout * cache).sum(axis=-1, keepdims=True)
+        """, "masked entries"),
+    "softmax: the sign flipped (a general pattern)": ("softmax", """
+        def softmax_backward(dout, cache):
+            return -cache * (dout - (dout * cache).sum(axis=-1, keepdims=True))
+        """, "wrong sign"),
+    "dropout: zeros returned (a general pattern)": ("dropout", """
+        def dropout_backward(dout, cache):
+            return np.zeros_like(dout)
+        """, "all zeros"),
+    "attention: the scale applied twice": ("attention", """
+        def attention_backward(dout, cache):
+            q, k, v, probs, probs_d, drop, scale = cache
+            dv = probs_d.swapaxes(-1, -2) @ dout
+            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs) * scale
+            return scale * (ds @ k), scale * (ds.swapaxes(-1, -2) @ q), dv
+        """, "once too often"),
+    "attention: P' passed to the softmax backward": ("attention", """
+        def attention_backward(dout, cache):
+            q, k, v, probs, probs_d, drop, scale = cache
+            dv = probs_d.swapaxes(-1, -2) @ dout
+            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs_d) * scale
+            return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+        """, "the softmax backward got P'"),
+    "multi-head attention: heads merged without the transpose": ("multi_head_attention", """
+        def mha_backward(dout, cache):
+            in_cache, attn_cache, out_cache, n_heads = cache
+            dctx, dw_out, db_out = linear_backward(dout, out_cache)
+            dq, dk, dv = attention_backward(split_heads(dctx, n_heads), attn_cache)
+            b, h, t, d = dq.shape
+            dqkv = np.concatenate([g.reshape(b, t, h * d) for g in (dq, dk, dv)], axis=-1)
+            dx, dw_in, db_in = linear_backward(dqkv, in_cache)
+            return dx, dw_in, db_in, dw_out, db_out
+        """, "merged back to (B, T, D)"),
+    "residual: post-norm's identity path carries dout": ("residual", """
+        def residual_backward(dout, cache):
+            norm_first, norm_cache, f_cache = cache
+            if norm_first:
+                dh, dw, db = linear_backward(dout, f_cache)
+                dx, dgamma, dbeta = layernorm_backward(dh, norm_cache)
+                return dx + dout, dw, db, dgamma, dbeta
+            dz, dgamma, dbeta = layernorm_backward(dout, norm_cache)
+            dx, dw, db = linear_backward(dz, f_cache)
+            return dx + dout, dw, db, dgamma, dbeta
+        """, "not dout itself"),
+    "cross-entropy: not divided by the count": ("cross_entropy", """
+        def cross_entropy_backward(dout, cache):
+            logp, t, valid, count, eps = cache
+            n, vocab = logp.shape
+            grad = np.exp(logp) - eps / vocab
+            grad[np.arange(n), t] -= 1.0 - eps
+            return grad * (valid * dout)[:, None]
+        """, "divide by their count"),
+    "cross-entropy: smoothing's eps / V forgotten": ("cross_entropy", """
+        def cross_entropy_backward(dout, cache):
+            logp, t, valid, count, eps = cache
+            n, vocab = logp.shape
+            if count == 0:
+                return np.zeros_like(logp)
+            grad = np.exp(logp)
+            grad[np.arange(n), t] -= 1.0 - eps
+            return grad * (valid * dout / count)[:, None]
+        """, "eps / V on every class"),
+    "adam: the corrected moments stored": ("adam", """
+        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
+            if weight_decay:
+                if decoupled:
+                    p *= 1.0 - lr * weight_decay
+                else:
+                    g = g + weight_decay * p
+            m += (1.0 - beta1) * (g - m)
+            v *= beta2
+            v += (1.0 - beta2) * g * g
+            m /= 1.0 - beta1 ** t
+            v /= 1.0 - beta2 ** t
+            p -= lr * m / (np.sqrt(v) + eps)
+        """, "stored bias-corrected"),
+    "adam: the paper's efficient form": ("adam", """
+        import math
+        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
+            if weight_decay:
+                if decoupled:
+                    p *= 1.0 - lr * weight_decay
+                else:
+                    g = g + weight_decay * p
+            m += (1.0 - beta1) * (g - m)
+            v *= beta2
+            v += (1.0 - beta2) * g * g
+            p -= lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t) * m / (np.sqrt(v) + eps)
+        """, "efficient"),
+    "adam: L2 and decoupled decay swapped": ("adam", """
+        from npformer.exercises.solutions.adam import adam_step as right
+        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
+            right(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, not decoupled)
+        """, "AdamW (decoupled) shrinks"),
     "residual: the identity path dropped": ("residual", """
         def residual_backward(dout, cache):
             norm_first, norm_cache, f_cache = cache
@@ -296,6 +393,19 @@ def test_dk_without_the_transpose_fails_by_shape(folder):
     result = check_exercise(folder, "attention")
     assert result.status == "error"
     assert re.match(r"08_attention.py line \d+: attention_backward raised ValueError", result.message)
+
+
+def test_adam_with_t_from_zero_says_where_t_starts(folder):
+    write(folder, "adam", """
+        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
+            m += (1.0 - beta1) * (g - m)
+            v *= beta2
+            v += (1.0 - beta2) * g * g
+            p -= lr / (1.0 - beta1 ** (t - 1)) * m / (np.sqrt(v) + eps)
+        """)
+    result = check_exercise(folder, "adam")
+    assert result.status == "error" and "ZeroDivisionError" in result.message
+    assert "t starts at 1" in result.message
 
 
 def test_a_right_backward_written_differently_passes_without_hints(folder):

@@ -382,7 +382,12 @@ def _check_adam(module, exercise, path):
     reports, hints, worst, status = [], [], 0.0, "done"
     for label, wd, decoupled in ADAM_CONFIGS:
         want = _run_adam(_adam_update, state, grads, wd, decoupled)
-        got = _run_adam(module.adam_step, state, grads, wd, decoupled, path)
+        try:
+            got = _run_adam(module.adam_step, state, grads, wd, decoupled, path)
+        except LearnerError as e:
+            if "ZeroDivisionError" in str(e):
+                raise LearnerError(f"{e} ({ADAM_HINTS['nan'][len('NaN or inf: '):]})") from None
+            raise
         for a in got:
             if not isinstance(a, np.ndarray) or a.shape != (7,):
                 raise LearnerError(f"{path.name}: adam_step must update p, m and v in place")

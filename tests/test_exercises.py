@@ -221,6 +221,12 @@ MISTAKES = {
         def softmax_backward(dout, cache):
             return dout - (dout * cache).sum(axis=-1, keepdims=True)
         """, "masked entries"),
+    "linear: dx doubled (a general pattern)": ("linear", """
+        from npformer.exercises.solutions.linear import linear_backward as right
+        def linear_backward(dout, cache):
+            dx, dw, db = right(dout, cache)
+            return 2 * dx, dw, db
+        """, "2 times the right one"),
     "softmax: the sign flipped (a general pattern)": ("softmax", """
         def softmax_backward(dout, cache):
             return -cache * (dout - (dout * cache).sum(axis=-1, keepdims=True))

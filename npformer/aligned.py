@@ -98,6 +98,17 @@ def zeros_aligned(shape, dtype):
     return out
 
 
+def calloc_aligned(shape, dtype):
+    """np.zeros(shape, dtype) whose first element starts a cache line, its pages left untouched
+    until written (np.zeros of a fresh block: the operating system's zero pages, not the pool's
+    used buffers): a gradient buffer that an evaluating model never writes costs no memory."""
+    dtype = np.dtype(dtype)
+    n = math.prod((operator.index(shape),) if np.ndim(shape) == 0 else tuple(map(int, shape)))
+    buf = np.zeros(n * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
+    start = -buf.__array_interface__["data"][0] % ALIGNMENT
+    return buf[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
+
+
 def rows_aligned(x):
     """Whether every row of x (last axis) has unit stride and starts a cache line."""
     return ((x.shape[-1] == 1 or x.strides[-1] == x.itemsize) and x.ctypes.data % ALIGNMENT == 0

@@ -725,23 +725,27 @@ def _stored_tensors(folder):
 
 
 def _converted(tensor, name):
-    """(offset, float array) chunks of a stored tensor's values, flat, memory-mapped from its
-    file and widened to float32 where stored as bfloat16; ValueError for a dtype that is not
-    floating point."""
+    """(offset, float array) chunks of a stored tensor's values, flat, read from its file a
+    chunk at a time (``CHUNK`` elements into one reused buffer: each chunk is valid until the
+    next is read) and widened to float32 where stored as bfloat16; ValueError for a dtype that
+    is not floating point. Read, not memory-mapped: a mapped file's pages stay in the process's
+    memory as long as the map, read ones are the page cache's."""
     if tensor.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{tensor.file}: {name}: expected floating-point weights (F32, F16, "
                          f"BF16, F64), got {tensor.dtype}")
     count = int(np.prod(tensor.shape))
     if count == 0:
         return
-    data = np.memmap(tensor.file, dtype=FLOAT_DTYPES[tensor.dtype], mode="r",
-                     offset=tensor.start, shape=(count,))
-    for i in range(0, count, CHUNK):
-        part = data[i:i + CHUNK]
-        if tensor.dtype == "BF16":
-            part = (part.astype(np.uint32) << 16).view(np.float32)      # exact
-        yield i, part
-    del data
+    buffer = np.empty(min(count, CHUNK), dtype=FLOAT_DTYPES[tensor.dtype])
+    with open(tensor.file, "rb") as f:
+        f.seek(tensor.start)
+        for i in range(0, count, CHUNK):
+            part = buffer[:min(CHUNK, count - i)]
+            if f.readinto(memoryview(part).cast("B")) != part.nbytes:   # the header said so
+                raise ValueError(f"{tensor.file}: {name}: the file ends inside the tensor")
+            if tensor.dtype == "BF16":
+                part = (part.astype(np.uint32) << 16).view(np.float32)      # exact
+            yield i, part
 
 
 def _copy_into(tensor, name, dest):
@@ -803,6 +807,9 @@ def from_pretrained(path, dtype=np.float32):
     (:func:`read_model_config`), every tensor checked by name, shape and dtype from the
     safetensors headers before the model is built, then read tensor by tensor, memory-mapped,
     into the model's parameter buffer (bfloat16 widened exactly; every value must be finite).
+    The model is built without initial weights (``nn.init.uninitialised``), so the peak memory
+    is about the float32 weights once, plus one tensor of the files; its dropout generator
+    starts from ``config.seed`` (nothing was drawn from it).
     ``model.eos_id``: the folder's end-of-text id, or a tuple of them (generation stops at any).
     ``dtype``: float32, or float64 for checks. ValueError naming the file for anything else."""
     folder = model_folder(path)
@@ -811,8 +818,10 @@ def from_pretrained(path, dtype=np.float32):
         return GPTConfig.model_class.from_pretrained(folder, dtype)
     config = config.replace(dtype=dtype)
     plan, stored = _check_llama_files(folder, config, model_type)
-    try:                                          # npformer.GPT (registered by npformer.registry)
-        model = config.model_class(config)
+    from .nn.init import uninitialised           # (npformer.nn reads GPT-2 through this file)
+    try:                       # npformer.GPT (registered by npformer.registry), its buffers
+        with uninitialised():  # untouched until the copies below write every weight
+            model = config.model_class(config)
     except ValueError as e:                       # a size this machine cannot hold
         raise ValueError(f"{folder / 'config.json'}: {e}") from None
     params = dict(model.named_parameters())

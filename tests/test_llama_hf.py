@@ -315,6 +315,25 @@ def test_bf16_weights_load_exactly(tmp_path):
     np.testing.assert_allclose(model.forward(ids), expected, rtol=1e-10, atol=1e-10)
 
 
+def test_the_loaded_model_was_never_initialised(folders, monkeypatch):
+    """from_pretrained builds the model without drawing or writing initial weights (its peak
+    memory is then about the weights once: benchmarks/bench_load_memory.py): GPT-2's
+    initialisation is never run, nothing is drawn from the generator every initialiser draws
+    from (the dropout one, left where its seed puts it), and the weights are the files' (the
+    parity tests above hold their values)."""
+    path, _ = folders["llama-gqa-llama3"]
+    expected = nf.from_pretrained(path).flat_params.copy()
+
+    def no_draws(*args, **kwargs):
+        raise AssertionError("GPT-2's initialisation ran")
+
+    monkeypatch.setattr(nf.GPT, "_init_weights", no_draws)
+    model = nf.from_pretrained(path)
+    np.testing.assert_array_equal(model.flat_params, expected)
+    assert model.rng.bit_generator.state == \
+        np.random.default_rng(model.config.seed).bit_generator.state
+
+
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
     path = tmp_path_factory.mktemp("sharded")

@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from ..backend import ops
-from .init import building_shapes, normal
+from .init import drawing_nothing, normal
 from .module import Module, Parameter
 
 
@@ -22,7 +22,7 @@ class Embedding(Module):
         self.padding_idx, self.scale = padding_idx, scale
         # std d^-1/2, so that the scaled vectors (scale = sqrt(d)) have unit variance per entry
         w = normal(rng, (num_embeddings, embedding_dim), 1.0 / math.sqrt(embedding_dim), dtype)
-        if padding_idx is not None and not building_shapes():
+        if padding_idx is not None and not drawing_nothing():
             w[padding_idx] = 0
         self.weight = Parameter(w)
         self._cache = None

@@ -30,7 +30,7 @@ from ..validation import check_array, check_int, check_token_ids
 from .block import NORMS, Block
 from .dropout import Dropout
 from .embedding import Embedding, PositionEmbedding
-from .init import building_shapes, placeholder, table
+from .init import building_shapes, drawing_nothing, placeholder, table
 from .linear import Linear
 from .module import Module, ModuleList, config_of
 from .state import CachedState
@@ -85,7 +85,7 @@ class GPT(Module):
         self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False, rng=init_rng, dtype=dtype)
         if cfg.tie_embeddings:
             self.generator.weight = self.tok_embed.weight       # one Parameter, two users
-        if not building_shapes():
+        if not drawing_nothing():       # (uninitialised: the caller writes every weight)
             self._init_weights(init_rng)
         self.flatten_parameters()
         self.eos_id = None               # the end-of-text token, where the weights' files name one

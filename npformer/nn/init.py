@@ -5,28 +5,50 @@ the model), and the one switch that builds a model without allocating its weight
 returns a zero-strided view of the right shape and dtype (``np.broadcast_to`` of one number):
 no memory, no draws. ``Module.shapes_of(config)`` lists a model's parameter shapes this way, so
 a configuration learns its shapes from the modules themselves instead of a hand-written mirror.
+
+``with uninitialised(): model = GPT(config)`` builds a whole model, its parameter and gradient
+buffers allocated but never written: the weights are whatever the caller copies in next (a
+checkpoint, a Hugging Face folder, read tensor by tensor). Nothing is drawn, no per-parameter
+array is made and copied, and the buffers' pages are not touched until they are written, so
+loading a model costs its weights once instead of three or four times. Until every weight is
+written, the values are undefined.
 """
 import contextlib
 import math
 
 import numpy as np
 
-_state = {"shapes_only": 0}
+_state = {"shapes_only": 0, "uninitialised": 0}
 
 
 @contextlib.contextmanager
-def shapes_only():
-    """Build modules without allocating or drawing their weights (see the module docstring)."""
-    _state["shapes_only"] += 1
+def _mode(name):
+    _state[name] += 1
     try:
         yield
     finally:
-        _state["shapes_only"] -= 1
+        _state[name] -= 1
+
+
+def shapes_only():
+    """Build modules without allocating or drawing their weights (see the module docstring)."""
+    return _mode("shapes_only")
+
+
+def uninitialised():
+    """Build a model whose buffers are allocated but not initialised (the module docstring)."""
+    return _mode("uninitialised")
 
 
 def building_shapes():
     """Whether modules are being built for their shapes alone (inside :func:`shapes_only`)."""
     return _state["shapes_only"] > 0
+
+
+def drawing_nothing():
+    """Whether the initialisers give placeholders instead of values: building for shapes
+    (:func:`shapes_only`) or for weights copied in afterwards (:func:`uninitialised`)."""
+    return _state["shapes_only"] > 0 or _state["uninitialised"] > 0
 
 
 def placeholder(shape, dtype):
@@ -36,7 +58,7 @@ def placeholder(shape, dtype):
 
 def xavier_uniform(rng, shape, dtype):
     """U(-a, a), a = sqrt(6 / (fan_in + fan_out)): keeps activation variance across a layer."""
-    if building_shapes():
+    if drawing_nothing():
         return placeholder(shape, dtype)
     fan_out, fan_in = shape
     a = math.sqrt(6.0 / (fan_in + fan_out))
@@ -44,17 +66,17 @@ def xavier_uniform(rng, shape, dtype):
 
 
 def normal(rng, shape, std, dtype):
-    if building_shapes():
+    if drawing_nothing():
         return placeholder(shape, dtype)
     return (rng.standard_normal(size=shape) * std).astype(dtype)
 
 
 def zeros(shape, dtype):
-    return placeholder(shape, dtype) if building_shapes() else np.zeros(shape, dtype=dtype)
+    return placeholder(shape, dtype) if drawing_nothing() else np.zeros(shape, dtype=dtype)
 
 
 def ones(shape, dtype):
-    return placeholder(shape, dtype) if building_shapes() else np.ones(shape, dtype=dtype)
+    return placeholder(shape, dtype) if drawing_nothing() else np.ones(shape, dtype=dtype)
 
 
 def table(make, shape, dtype):

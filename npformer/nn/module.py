@@ -13,8 +13,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..aligned import empty_aligned, zeros_aligned
-from .init import building_shapes, shapes_only
+from ..aligned import calloc_aligned, empty_aligned
+from .init import building_shapes, drawing_nothing, shapes_only
 
 
 def config_of(config_class, args, kwargs):
@@ -34,8 +34,8 @@ class Parameter:
     __slots__ = ("data", "grad")
 
     def __init__(self, data):
-        if building_shapes():             # a placeholder (nn.init.shapes_only): allocate nothing
-            self.data = self.grad = data
+        if drawing_nothing():             # a placeholder (nn.init.shapes_only, uninitialised):
+            self.data = self.grad = data  # allocate nothing (flatten_parameters may, later)
             return
         self.data = np.ascontiguousarray(data)
         self.grad = np.zeros_like(self.data)
@@ -139,11 +139,13 @@ class Module:
         total = sum(p.data.size for p in params)
         dtype = dtypes.pop()
         flat_params = empty_aligned(total, dtype)    # weights start on cache lines where their
-        flat_grads = zeros_aligned(total, dtype)     # offsets allow: fast rows for the products
+        flat_grads = calloc_aligned(total, dtype)    # offsets allow: fast rows for the products
+        copy = not drawing_nothing()                 # (uninitialised: the caller writes them)
         offset = 0
         for p in params:
             n = p.data.size
-            flat_params[offset:offset + n] = p.data.reshape(-1)
+            if copy:
+                flat_params[offset:offset + n] = p.data.reshape(-1)
             p.data = flat_params[offset:offset + n].reshape(p.data.shape)
             p.grad = flat_grads[offset:offset + n].reshape(p.data.shape)
             offset += n

@@ -101,7 +101,18 @@ def missing_data(name):
 
 def command_line(name, out):
     fill = {"out": str(out), "multi30k": str(MULTI30K), "text": str(TEXT)}
-    return [a.format(**fill) for a in RUNS[name]["argv"]] + ["--out", str(out)]
+    return [a.format(**fill) for a in RUNS[name]["argv"]] + ["--out", str(out)] + _pinned(name)
+
+
+def _pinned(name):
+    """Options that keep a run the program it was, where the code running it has them: since
+    issue 69, ``npformer lm`` builds Llama's block by default, and ``--arch gpt`` the GPT-2
+    block the reference's runs trained (the code before issue 68 has no --arch, and needs
+    none)."""
+    if RUNS[name]["argv"][0] != "lm":
+        return []
+    from npformer.training import language_model
+    return ["--arch", "gpt"] if hasattr(language_model, "LM_ARCH") else []
 
 
 # -- inside the process that runs the recipes ------------------------------------------------

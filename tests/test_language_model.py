@@ -305,6 +305,57 @@ def test_lm_positions_is_a_model_option_a_resume_keeps(text_file, tmp_path, monk
     assert "--positions learned in the checkpoint, rotary given" in capsys.readouterr().err
 
 
+def test_the_recipes_two_blocks_have_one_size_and_are_told_apart_by_their_fields():
+    """--arch gpt and --arch llama are the same shape and training with another block: the
+    SwiGLU's width makes its three matrices hold the MLP's two's weights."""
+    from npformer.training.language_model import arch_of, lm_d_ff, lm_model
+    gpt, llama = (nf.GPTConfig(vocab_size=65, **lm_model(a)) for a in ("gpt", "llama"))
+    assert (llama.norm, llama.ffn, llama.qkv_bias, llama.proj_bias) == ("rmsnorm", "swiglu",
+                                                                        False, False)
+    assert 3 * llama.d_ff == 2 * gpt.d_ff                   # 512 and 768 at d_model 192
+    assert abs(llama.parameter_count() / gpt.parameter_count() - 1) < 0.01   # (biases, shifts)
+    assert (arch_of(gpt), arch_of(llama)) == ("gpt", "llama")
+    assert arch_of(llama.replace(qkv_bias=True)) is None   # a Qwen2's block: neither preset
+    assert [lm_d_ff("llama", d) for d in (16, 96, 192, 200)] == [64, 256, 512, 544]
+    with pytest.raises(ValueError, match="arch: expected one of gpt, llama, got 'mistral'"):
+        lm_model("mistral")
+
+
+def test_lm_arch_llama_trains_llamas_block_and_a_resume_keeps_it(text_file, tmp_path, capsys):
+    """--arch llama: RMSNorm, SwiGLU, no biases, recorded; --n-kv-heads groups the heads; a
+    resume continues bit for bit and refuses another --arch; --init-from brings its own."""
+    args = ["--arch", "llama", "--n-kv-heads", "1", "--dropout", "0.1", *TINY]
+    straight = tmp_path / "straight"
+    assert main(["lm", "--data", str(text_file), "--out", str(straight), "--max-steps", "3",
+                 *args]) == 0
+    assert "a GPT with Llama's block of" in capsys.readouterr().out
+    ckpt = load_model_checkpoint(str(straight / "last"))
+    config = ckpt.model.config
+    assert (config.norm, config.ffn, config.qkv_bias, config.proj_bias, config.n_kv_heads,
+            config.n_heads, config.d_ff) == ("rmsnorm", "swiglu", False, False, 1, 2, 64)
+    assert ckpt.meta["extra"]["options"]["arch"] == "llama"
+    assert ckpt.meta["extra"]["options"]["n_kv_heads"] == 1
+    out = tmp_path / "run"
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--max-steps", "3",
+                 "--time-budget", "1e-9", *args]) == 0             # stops after one update
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--resume",
+                 str(out / "last"), "--quiet", "--time-budget", "100"]) == 0
+    assert np.array_equal(load_model_checkpoint(str(out / "last")).model.flat_params,
+                          ckpt.model.flat_params)
+    capsys.readouterr()
+    assert main(["lm", "--data", str(text_file), "--out", str(out), "--resume",
+                 str(out / "last"), "--max-steps", "4", "--arch", "gpt"]) == 1
+    assert ("cannot change --arch: --arch llama in the checkpoint, gpt given"
+            in capsys.readouterr().err)
+    for flag, value in (("--arch", "llama"), ("--n-kv-heads", "1")):
+        assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "x"),
+                     "--init-from", str(straight), flag, value]) == 1
+        assert f"{flag}: the model of --init-from" in capsys.readouterr().err
+    assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "y"), "--n-heads", "2",
+                 "--n-kv-heads", "3", *TINY[:2], "--d-model", "16", "--quiet"]) == 1
+    assert "n_kv_heads: expected a divisor of n_heads=2" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
 def test_lm_min_lr_above_lr_is_one_line_naming_both(text_file, tmp_path, capsys, schedule):
     assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "run"), *TINY,

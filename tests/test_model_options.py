@@ -57,6 +57,9 @@ def test_a_run_recorded_before_resumes_as_before(name, tmp_path, capsys):
     options = dict(resumed.meta["extra"]["options"])
     if name == "lm":
         options.pop("data")                  # (a temporary file's path, which may change)
+        # the options added since are recorded with what the old run was: GPT-2's block,
+        # every head its own keys and values
+        assert (options.pop("arch"), options.pop("n_kv_heads")) == ("gpt", None)
     assert options == expected["options"]
     assert resumed.model.config == config_from_dict(expected["config"])
 
@@ -75,6 +78,8 @@ def _group(command, title):
     ("lm", "model (a new one; --init-from brings its own)", LANGUAGE_MODEL)])
 def test_every_model_option_is_its_field_with_dashes_but_the_renamed_ones(command, title, model):
     flags = _group(command, title)
+    if command == "lm":                  # the block's preset, not a field: its own test below
+        assert flags.pop("arch") == "--arch"
     assert list(flags) == list(model.options)
     renamed = RENAMED_OPTIONS[model.config]
     fields = {f.name for f in dataclasses.fields(model.config)}
@@ -112,7 +117,8 @@ def test_options_set_their_fields_and_fields_without_an_option_keep_their_defaul
     assert set(names) == {f.name for f in dataclasses.fields(GPTConfig)}
     assert {k: v for k, v in names.items() if v} == {
         "n_layers": "--layers", "d_model": "--d-model", "n_heads": "--n-heads", "d_ff": "--d-ff",
-        "max_len": "--context", "dropout": "--dropout", "positions": "--positions"}
+        "max_len": "--context", "dropout": "--dropout", "positions": "--positions",
+        "n_kv_heads": "--n-kv-heads"}
     assert TRANSLATION_MODEL.names()["n_decoder_layers"] is None
 
 
@@ -152,8 +158,11 @@ def test_help_says_the_recipes_defaults(capsys):
 @pytest.mark.parametrize("argv,named", [
     (["train", "--dataset", "toy", "--quiet"], "--d-model 64 --d-ff 128 --layers 1000000000 "
                                                "--max-len 32: a model this size"),
-    (["lm", "--context", "64", "--quiet"], "--d-model 192 --d-ff 768 --layers 1000000000 "
-                                           "--context 64: a model this size")])
+    (["lm", "--arch", "gpt", "--context", "64", "--quiet"], "--d-model 192 --d-ff 768 --layers "
+                                                            "1000000000 --context 64: a model "
+                                                            "this size"),
+    (["lm", "--context", "64", "--quiet"], "--d-model 192 --d-ff 512 --layers 1000000000 "
+                                           "--context 64: a model this size")])   # llama's
 def test_a_memory_refusal_names_the_options_as_before(argv, named, tmp_path, capsys,
                                                        monkeypatch):
     monkeypatch.setattr(common, "physical_memory", lambda: 8 << 30)

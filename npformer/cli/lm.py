@@ -4,8 +4,11 @@
     npformer lm --data ../shared/data/tinyshakespeare/input.txt --out runs/shakespeare
     npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --max-new-tokens 300
     npformer lm --data my.txt --init-from path/to/gpt2 --out runs/gpt2-mine --max-steps 200
+    npformer lm --data ../shared/data/tinyshakespeare/input.txt --arch llama --out runs/llama
 
-The recipe is ``npformer.training.language_model``'s (``LM_MODEL``, ``LM_TRAIN``).
+The recipe is ``npformer.training.language_model``'s (``lm_model(arch)``, ``LM_TRAIN``).
+``--arch`` picks the block (GPT-2's or Llama's) of a new model; it is recorded like a model
+option, and a run recorded before it existed is the architecture its model's fields say.
 """
 import os
 from pathlib import Path
@@ -13,7 +16,8 @@ from pathlib import Path
 from ..checkpoint import write_file_atomic
 from ..configs import GPTConfig
 from . import common
-from ..training.language_model import INIT_CONTEXT, LM_MODEL, LM_TRAIN, lm_trainer
+from ..training.language_model import (INIT_CONTEXT, LM_ARCH, LM_BLOCKS, LM_TRAIN, arch_of,
+                                       lm_d_ff, lm_model, lm_trainer)
 from ..training.trainer import SPANNING
 from .common import (NoneDefaultFormatter, add_model_options, non_negative_float, non_negative_int,
                      positive_float, positive_int, refuse_min_lr_above_lr)
@@ -25,13 +29,14 @@ LM_MADE_BY = "npformer lm"
 # what an out-of-memory error suggests (npformer.cli.main)
 MEMORY_HINT = "try a smaller --layers, --d-model, --d-ff, --context or --batch-size"
 # the options a checkpoint of ``npformer lm`` records, and those a resume may change
-LM_RECORDED = ("data", "init_from", *LANGUAGE_MODEL.options, "max_steps", "batch_size", "lr",
+LM_RECORDED = ("data", "init_from", "arch", *LANGUAGE_MODEL.options, "max_steps", "batch_size", "lr",
                "schedule", "min_lr", "warmup_steps", "weight_decay", "clip_norm",
                "eval_every_steps", "time_budget", "sample_tokens", "seed")
 LM_MAY_CHANGE = ("data", "max_steps", "time_budget", "eval_every_steps", "sample_tokens")
 # the model options --init-from refuses, its model bringing them: all but --context (how much
 # of the text the task shows it at once) and --dropout (the fine-tuning's)
-_SHAPE = tuple(option for option in LANGUAGE_MODEL.options if option not in ("context", "dropout"))
+_SHAPE = ("arch",) + tuple(option for option in LANGUAGE_MODEL.options
+                            if option not in ("context", "dropout"))
 
 
 def add_parser(sub, name):
@@ -63,13 +68,20 @@ def add_parser(sub, name):
                         "tokenizer")
     # None: not given, so that a resume tells them from the checkpoint's; fill_defaults sets
     # the recipe's values afterwards, which the help says
-    recipe = LANGUAGE_MODEL.defaults(LM_MODEL)
-    add_model_options(p.add_argument_group("model (a new one; --init-from brings its own)"),
-                      LANGUAGE_MODEL, LANGUAGE_MODEL.defaults(), {
+    recipe = LANGUAGE_MODEL.defaults(lm_model())
+    group = p.add_argument_group("model (a new one; --init-from brings its own)")
+    group.add_argument("--arch", choices=tuple(LM_BLOCKS), default=None,
+                       help=f"the block: GPT-2's (LayerNorm, a GELU MLP, biases) or Llama's "
+                            f"(RMSNorm, a SwiGLU feed-forward, no biases); the same size and "
+                            f"training (default {LM_ARCH})")
+    add_model_options(group, LANGUAGE_MODEL, LANGUAGE_MODEL.defaults(), {
         "layers": f"transformer blocks (default {recipe['layers']})",
         "d_model": f"default {recipe['d_model']}",
         "n_heads": f"default {recipe['n_heads']}",
-        "d_ff": "default 4 x --d-model",
+        "d_ff": "default 4 x --d-model for gpt; 8/3 x --d-model, rounded up to a multiple of "
+                "32, for llama (its three matrices then hold as many weights as the two of gpt)",
+        "n_kv_heads": "key/value heads, each shared by a group of query heads: a divisor of "
+                      "--n-heads (default --n-heads; fewer is grouped-query attention)",
         "context": f"tokens the model sees at once (default {recipe['context']}; with "
                    f"--init-from the model's, at most {INIT_CONTEXT})",
         "dropout": f"in [0, 1) (default {recipe['dropout']}; with --init-from the model's)",
@@ -142,11 +154,12 @@ def fill_defaults(args):
     """Options left out take the recipe's values, so that every checkpoint records what its run
     used (a model of --init-from keeps its own shape, context and dropout unless given)."""
     if args.init_from is None:
-        for option, value in LANGUAGE_MODEL.defaults(LM_MODEL).items():
+        args.arch = args.arch or LM_ARCH
+        for option, value in LANGUAGE_MODEL.defaults(lm_model(args.arch)).items():
             if getattr(args, option) is None and option != "d_ff":
                 setattr(args, option, value)
         if args.d_ff is None:                    # the recipe's ratio, whatever --d-model is
-            args.d_ff = 4 * args.d_model
+            args.d_ff = lm_d_ff(args.arch, args.d_model)
     for dest in ("max_steps", "batch_size", "lr", "schedule", "min_lr", "warmup_steps",
                  "weight_decay", "clip_norm", "eval_every_steps"):
         if getattr(args, dest) is None:
@@ -158,7 +171,8 @@ def check_model_size(args):
     """Refuse a new model that cannot train in this machine's memory, naming lm's options,
     before the text is read: the estimate of ``GPTConfig.memory_estimate`` for a one-token
     vocabulary (the text's is not known yet), a lower bound (as ``train``'s check)."""
-    config = GPTConfig(vocab_size=1, **LANGUAGE_MODEL.config_kwargs(args))
+    config = GPTConfig(vocab_size=1, **{**lm_model(args.arch),
+                                        **LANGUAGE_MODEL.config_kwargs(args)})
     config.check_memory(training=True, memory=common.physical_memory(),
                         names=LANGUAGE_MODEL.names())
 
@@ -184,16 +198,23 @@ def build(args, saved=None):
                                _train_kwargs(args), seed=args.seed, context=args.context,
                                init_from=None if saved is not None else args.init_from,
                                sample_tokens=args.sample_tokens, extra=_recorded(args),
-                               saved=saved)
+                               saved=saved, arch=args.arch or LM_ARCH)
     args.context = trainer.extra["options"]["context"] = trainer.task.context   # as used
     args.sample_tokens = trainer.extra["options"]["sample_tokens"] = trainer.task.sample_tokens
     model = trainer.model
     print(f"{args.data}: {len(data.train) + len(data.valid):,} tokens ({len(data.train):,} "
           f"training, {len(data.valid):,} validation), a vocabulary of {len(data.tokenizer):,}; "
-          f"a GPT of {model.num_parameters():,} parameters ({model.config.n_layers} layers, "
+          f"a {_block_name(model.config)} of {model.num_parameters():,} parameters "
+          f"({model.config.n_layers} layers, "
           f"d_model {model.config.d_model}, context {trainer.task.context}), "
           f"{trainer.task.batches_per_epoch()} batches per epoch", flush=True)
     return trainer, data
+
+
+def _block_name(config):
+    """How the summary line names a model: by the ``--arch`` its fields match."""
+    return {"gpt": "GPT", "llama": "GPT with Llama's block"}.get(arch_of(config),
+                                                                 f"{config.arch} model")
 
 
 def _tokenizer_bytes(data):
@@ -223,6 +244,8 @@ def recorded_lm_options(meta):
         for option, value in model.items():
             if option != "context":              # the task's, recorded by every run
                 recorded.setdefault(option, value)
+        if recorded.get("init_from") is None:   # a new model: the block its fields are
+            recorded.setdefault("arch", arch_of(GPTConfig.from_dict(meta["config"])))
     return recorded
 
 

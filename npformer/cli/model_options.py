@@ -122,5 +122,5 @@ TRANSLATION_MODEL = ModelOptions(TransformerConfig, (
     "d_model", "n_heads", "d_ff", "layers", "dropout", "attention_dropout", "activation_dropout",
     "max_len"))
 LANGUAGE_MODEL = ModelOptions(GPTConfig, (
-    "layers", "d_model", "n_heads", "d_ff", "context", "dropout", "positions"),
+    "layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "context", "dropout", "positions"),
     choices={"positions": POSITIONS})

@@ -263,8 +263,9 @@ def _top_candidates(cand, n):
 def reference_beam_search(state, beam_size, length_penalty, max_new):
     """The beam search as it was before its bookkeeping became arrays (commit c3e47c7):
     a Python loop over sources and candidates, list copies per candidate. The array
-    version must give the same hypotheses, bit for bit."""
-    k, eos_id = beam_size, state.eos_id
+    version must give the same hypotheses, bit for bit. (Since then ``eos_id`` may also be a
+    tuple of E end ids, any of which ends a hypothesis: (E+1)K candidates are read.)"""
+    k, ends = beam_size, [int(i) for i in np.atleast_1d(state.eos_id)]
     b = state.batch_size // k
     active = np.arange(b)                        # sources still searching, k rows each
     # only the first beam of each source is live at the start (the others are copies)
@@ -280,7 +281,7 @@ def reference_beam_search(state, beam_size, length_penalty, max_new):
         logp = state.step(prev)                                          # (A*K, V)
         v = logp.shape[1]
         cand = (scores[:, None] + logp).reshape(a, k * v)                # (A, K*V)
-        top = _top_candidates(cand, 2 * k)                               # (A, 2K) best first
+        top = _top_candidates(cand, (len(ends) + 1) * k)                 # best first
         new_rows, new_tok, new_scores = [], [], []
         for j in range(a):
             s, kept = active[j], 0
@@ -289,7 +290,7 @@ def reference_beam_search(state, beam_size, length_penalty, max_new):
                 if score == -np.inf:
                     break
                 row, tok = j * k + c // v, int(c % v)
-                if tok == eos_id:
+                if tok in ends:
                     norm = score / length_penalty_gnmt(t + 1, length_penalty)
                     finished[s].append((norm, list(seqs[row]),
                                         probs[row] + [float(np.exp(logp[row, tok]))]))
@@ -302,7 +303,7 @@ def reference_beam_search(state, beam_size, length_penalty, max_new):
                     break
             while kept < k:                                              # pad with dead beams
                 new_rows.append(j * k)
-                new_tok.append(eos_id)
+                new_tok.append(ends[0])
                 new_scores.append(-np.inf)
                 kept += 1
         new_rows = np.array(new_rows)
@@ -370,7 +371,8 @@ class TableState:
         for r, (s, row) in enumerate(zip(self.source, self.prefix)):
             rng = np.random.default_rng([self.seed, s, *row.tolist()])
             logits[r] = rng.integers(0, 3, self.vocab) * 0.75        # few values: ties
-            logits[r, self.eos_id] += rng.choice([-2.0, 0.0, 1.5])
+            for end in np.atleast_1d(self.eos_id):
+                logits[r, end] += rng.choice([-2.0, 0.0, 1.5])
         logits[:, [0, 1]] = -np.inf
         return logits
 
@@ -405,6 +407,22 @@ def test_array_beam_search_equals_the_per_hypothesis_one_with_ties(backend, stat
     want = reference_beam_search(TableState(n, k, vocab, seed, cap), k, alpha, cap)
     got = beam_search(state(n, k, vocab, seed, cap), k, alpha, cap)
     same_hypotheses(got, want)
+
+
+@pytest.mark.parametrize("seed", range(15))
+@pytest.mark.parametrize("ends", [(2, 3), (4, 2, 3)])
+@pytest.mark.parametrize("state", [TableState, TopTableState])
+def test_beam_search_ends_at_any_of_several_end_ids(backend, state, ends, seed):
+    """Llama 3 names several end tokens: any of them finishes a hypothesis (E end ids: (E+1)K
+    candidates are read, so K open prefixes remain however many end), as the per-hypothesis
+    search does it."""
+    rng = np.random.default_rng(seed)
+    n, k, vocab = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(8, 12))
+    alpha, cap = float(rng.choice([0.0, 0.6])), int(rng.integers(2, 8))
+    want = reference_beam_search(TableState(n, k, vocab, seed, cap, eos_id=ends), k, alpha, cap)
+    got = beam_search(state(n, k, vocab, seed, cap, eos_id=ends), k, alpha, cap)
+    same_hypotheses(got, want)
+    assert not any(set(h.ids) & set(ends) for h in got)
 
 
 @pytest.mark.parametrize("seed", range(10))

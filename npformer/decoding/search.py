@@ -190,13 +190,14 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
     beat its best finished hypothesis.
 
     One step, for every running source at once (arrays, no loop over sources or hypotheses):
-    the 2K best continuations of its K prefixes (ranked by total log-probability, ties by the
-    lower prefix row, then the lower token id; K of them at most end in ``<eos>``, one per
-    prefix, so at least K remain) are read best first, as a reader would walk the list: a
-    candidate ending in ``<eos>`` becomes a finished hypothesis, any other the next open prefix,
-    until K prefixes are taken (:func:`_walk_candidates`). The 2K best of a source are among
-    the 2K best of each of its rows, which the state gives (``step_top``) without writing the
-    rows' whole (V,) distributions. Prefixes are rows of two arrays, the tokens and their
+    the (E+1)K best continuations of its K prefixes (ranked by total log-probability, ties by
+    the lower prefix row, then the lower token id; with E end ids (one, or several as Llama 3's
+    ``eos_id`` tuple) at most EK of them end the sequence, E per prefix, so at least K remain)
+    are read best first, as a reader would walk the list: a candidate ending in an end id
+    becomes a finished hypothesis, any other the next open prefix, until K prefixes are taken
+    (:func:`_walk_candidates`). The (E+1)K best of a source are among the (E+1)K best of each
+    of its rows, which the state gives (``step_top``) without writing the rows' whole (V,)
+    distributions. Prefixes are rows of two arrays, the tokens and their
     probabilities, gathered by parent row at every step.
     """
     beam_size = check_int("beam_size", beam_size)
@@ -207,7 +208,9 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
         raise ValueError("state: beam search needs an end-of-sequence id (eos_id is None)")
     length_penalty = check_real("length_penalty", length_penalty, minimum=0)
     max_new = _check_max_new(state, max_new_tokens)
-    k, eos_id = beam_size, state.eos_id
+    k = beam_size
+    ends = np.atleast_1d(np.asarray(state.eos_id, dtype=np.int64))     # (E,) end ids
+    n_best = (len(ends) + 1) * k                 # continuations read per source and step
     b = state.batch_size // k
     active = np.arange(b)                        # sources still searching, k rows each
     # only the first beam of each source is live at the start (the others are copies)
@@ -228,24 +231,24 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
 
     for t in range(max_new):
         a = len(active)
-        # each row's 2K best continuations, then each source's 2K best of its K rows' (ties:
-        # the lower row, then the lower id, as in one list of the source's K*V continuations)
-        ids, logp = _step_top(state, _in_rows(prev, slot), 2 * k, _in_rows(scores, slot))
-        ids, logp = ids[slot], logp[slot]                                # (A*K, 2K) each
+        # each row's N = (E+1)K best continuations, then each source's N best of its K rows'
+        # (ties: the lower row, then the lower id, as in one list of its K*V continuations)
+        ids, logp = _step_top(state, _in_rows(prev, slot), n_best, _in_rows(scores, slot))
+        ids, logp = ids[slot], logp[slot]                                # (A*K, N) each
         n_top = ids.shape[1]
-        cand = (scores[:, None] + logp).reshape(a, k * n_top)            # (A, K*2K)
-        beam = np.repeat(np.arange(k), n_top)                            # (K*2K,) row in source
+        cand = (scores[:, None] + logp).reshape(a, k * n_top)            # (A, K*N)
+        beam = np.repeat(np.arange(k), n_top)                            # (K*N,) row in source
         ids, logp = ids.reshape(a, k * n_top), logp.reshape(a, k * n_top)
-        top = np.lexsort((ids, np.broadcast_to(beam, ids.shape), -cand), axis=1)[:, :2 * k]
-        top_scores = np.take_along_axis(cand, top, axis=1)               # (A, 2K) best first
+        top = np.lexsort((ids, np.broadcast_to(beam, ids.shape), -cand), axis=1)[:, :n_best]
+        top_scores = np.take_along_axis(cand, top, axis=1)               # (A, N) best first
         top_rows = beam[top] + (np.arange(a) * k)[:, None]               # rows of the state
         top_tok = np.take_along_axis(ids, top, axis=1)
         top_logp = np.take_along_axis(logp, top, axis=1)
-        ends, opens = _walk_candidates(top_scores, top_tok == eos_id, k)
+        ended, opens = _walk_candidates(top_scores, np.isin(top_tok, ends), k)
 
         # candidates ending in <eos>: finished hypotheses; a source's first one this step is its
         # best this step (same length, so the best score has the best normalised score)
-        src_pos, cand_pos = np.nonzero(ends)
+        src_pos, cand_pos = np.nonzero(ended)
         if len(src_pos):
             n_finished += np.bincount(active[src_pos], minlength=b)
             first = np.r_[True, src_pos[1:] != src_pos[:-1]]
@@ -263,7 +266,7 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
         live = np.take_along_axis(opens, pick, axis=1)
         new_rows = np.where(live, np.take_along_axis(top_rows, pick, axis=1),
                             (np.arange(a) * k)[:, None]).reshape(-1)     # (A*K,)
-        new_tok = np.where(live, np.take_along_axis(top_tok, pick, axis=1), eos_id).reshape(-1)
+        new_tok = np.where(live, np.take_along_axis(top_tok, pick, axis=1), ends[0]).reshape(-1)
         scores = np.where(live, np.take_along_axis(top_scores, pick, axis=1), -np.inf).reshape(-1)
         new_probs = np.exp(np.take_along_axis(top_logp, pick, axis=1).reshape(-1))
         seqs = np.concatenate([seqs[new_rows], new_tok[:, None]], axis=1)
@@ -348,7 +351,7 @@ def _step_top(state, prev, n, offset):
 
 
 def _walk_candidates(top_scores, is_eos, k):
-    """Which of each source's candidates (A, 2K), best first, a reader walking the list takes:
+    """Which of each source's candidates (A, N), best first, a reader walking the list takes:
     ``ends`` (ending in ``<eos>``: finished) and ``opens`` (the open prefixes, at most K). The
     walk stops at the first dead candidate (score -inf) or once K open prefixes are taken, so
     an ``<eos>`` candidate counts only if it comes before the K-th open one."""

@@ -62,7 +62,7 @@ def rmsnorm_forward(x, gamma, eps=1e-6):
         raise ValueError(f"gamma: expected shape ({d},), got {gamma.shape}")
     x2 = np.ascontiguousarray(x.reshape(-1, d))               # (N, D)
     y = empty_aligned(x2.shape, x2.dtype)
-    xhat = np.empty_like(x2)
+    xhat = empty_aligned(x2.shape, x2.dtype)                   # pooled: no fresh pages
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)        # (N, 1), the reference's layout
     _rmsnorm_fwd(x2, gamma.astype(x2.dtype, copy=False), eps, y, xhat, rstd[:, 0])
     return y.reshape(x.shape), (xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gamma,
@@ -78,7 +78,7 @@ def rmsnorm_backward(dout, cache):
         raise ValueError(f"dout: expected shape {xhat.shape}, got {dout.shape}")
     d = xhat.shape[-1]
     dout2 = np.ascontiguousarray(dout.reshape(-1, d), dtype=xhat.dtype)   # (N, D)
-    dx = np.empty_like(dout2)
+    dx = empty_aligned(dout2.shape, dout2.dtype)
     dgamma = np.empty(d, dtype=xhat.dtype)
     _rmsnorm_bwd(dout2, xhat.reshape(-1, d), rstd.reshape(-1), gamma.astype(xhat.dtype, copy=False),
                  dx, dgamma)

@@ -39,8 +39,9 @@ def module_function(module, forward, backward, n_inputs):
     activations and then every named parameter's array (which the checker perturbs in place, so
     the module reads them), it runs ``forward(*activations)``; its backward zeroes the module's
     gradients, runs ``backward(dout)`` and returns the input gradients it gives (none, one or a
-    tuple) followed by a copy of every parameter's ``.grad``."""
-    params = [p for _, p in module.named_parameters()]
+    tuple) followed by a copy of every trained parameter's ``.grad`` (a frozen one, whose
+    ``.grad`` is None, has none to check)."""
+    params = [p for _, p in module.named_parameters() if p.grad is not None]
 
     def fn(*arrays):
         out = forward(*arrays[:n_inputs])
@@ -56,13 +57,13 @@ def module_function(module, forward, backward, n_inputs):
 
 def check_module(module, forward, backward, inputs=(), names=None, **kwargs):
     """``gradcheck`` of a module over its ``inputs`` (float64 activations) and every named
-    parameter, each reported by its name (``self_attn.in_proj_weight``)::
+    trained parameter, each reported by its name (``self_attn.in_proj_weight``)::
 
         m = nf.nn.LayerNorm(6, dtype=np.float64)
         check_module(m, m.forward, m.backward, [x], names=["x"])
 
     Keyword arguments go to :func:`npformer.gradcheck`; returns its result."""
-    params = list(module.named_parameters())
+    params = [(n, p) for n, p in module.named_parameters() if p.grad is not None]
     names = list(names) if names is not None else [f"input{i}" for i in range(len(inputs))]
     return gradcheck(module_function(module, forward, backward, len(inputs)),
                      [*inputs, *[p.data for _, p in params]],
@@ -105,7 +106,7 @@ def check_model(model, batch, label_smoothing=0.0, fast=True, **kwargs):
     :func:`npformer.gradcheck`. Returns a :class:`ModelCheckResult`.
     """
     forward, targets, ignore_index = _model_call(model, batch)
-    params = list(model.named_parameters())
+    params = [(n, p) for n, p in model.named_parameters() if p.grad is not None]   # trained
     for name, p in params:
         if p.data.dtype != np.float64:
             raise ValueError(f"model: {name} is {p.data.dtype}; a gradient check needs a float64 "

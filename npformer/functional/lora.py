@@ -39,8 +39,9 @@ def adapter_forward(x, a, b, scaling, p=0.0, rng=None, training=True):
     return delta.reshape(*x.shape[:-1], b.shape[0]), (xd, hs, a, b, scaling, drop_cache, x.shape)
 
 
-def adapter_backward(ddelta, cache):
-    """Gradients of delta = s * X_d A^T B^T with H_s = s X_d A^T (N, r), X_d the dropped input:
+def adapter_backward(dout, cache):
+    """Gradients of delta = s * X_d A^T B^T with H_s = s X_d A^T (N, r), X_d the dropped input,
+    given dout = dDelta (..., D_out):
 
       dB = dDelta^T H_s            (D_out, r)
       dH = s * dDelta B            (N, r)
@@ -49,7 +50,7 @@ def adapter_backward(ddelta, cache):
 
     Returns dx (..., D_in), da (r, D_in), db (D_out, r)."""
     xd, hs, a, b, scaling, drop_cache, x_shape = cache
-    g = ddelta.reshape(-1, ddelta.shape[-1])                   # (N, D_out)
+    g = dout.reshape(-1, dout.shape[-1])                       # (N, D_out)
     db = g.T @ hs                                              # (D_out, r)
     dh = (g @ b) * g.dtype.type(scaling)                       # (N, r)
     da = dh.T @ xd                                             # (r, D_in)

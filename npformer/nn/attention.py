@@ -9,6 +9,7 @@ from ..backend import ops
 from .init import xavier_uniform, zeros
 from .kv_cache import KVCache
 from .linear import Linear
+from .lora import add_adapters, projection_backward
 from .module import Module, Parameter
 from .rmsnorm import RMSNorm
 
@@ -69,6 +70,7 @@ class MultiHeadAttention(Module):
         if qk_norm:                       # one gain per dimension of a head, shared by the heads
             self.q_norm = RMSNorm(qk_dim // n_heads, norm_eps, dtype=dtype)
             self.k_norm = RMSNorm(qk_dim // n_heads, norm_eps, dtype=dtype)
+        self.adapters = []                # LoRA updates of in_proj_weight's rows (npformer.lora)
         self._cache = None
         self._ops = None                  # the backend that ran forward: only its backward fits the cache
         self.attn_weights = None          # (B, H, T, S) after each forward, for inspection/plots
@@ -78,14 +80,15 @@ class MultiHeadAttention(Module):
         """The rows of ``in_proj_bias`` (or of its gradient), or None without a bias."""
         if self.in_proj_bias is None:
             return None
-        bias = self.in_proj_bias.grad if grad else self.in_proj_bias.data
-        return bias if rows is None else bias[rows]
+        bias = self.in_proj_bias.grad if grad else self.in_proj_bias.data   # grad None: frozen
+        return bias if rows is None or bias is None else bias[rows]
 
     def _project_self(self, x):
         """x (B, T, D) -> q (B, H, T, dk), k (B, Hkv, T, dk), v (B, Hkv, T, dv): one product
         (then the per-head norms of q and k, where the attention has them)."""
         qk, kw, h, hkv = self.qk_dim, self.k_width, self.n_heads, self.n_kv_heads
         qkv, cache = self._ops.linear_forward(x, self.in_proj_weight.data, self._bias(None))
+        add_adapters(qkv, x, self.adapters)
         q, k = F.split_heads(qkv[..., :qk], h), F.split_heads(qkv[..., qk:qk + kw], hkv)
         if self.q_norm is not None:
             q, k = self.q_norm.forward(q), self.k_norm.forward(k)
@@ -96,6 +99,7 @@ class MultiHeadAttention(Module):
         qk = self.qk_dim
         q, cache = self._ops.linear_forward(x, self.in_proj_weight.data[:qk],
                                             self._bias(slice(None, qk)))       # (B, T, qk)
+        add_adapters(q, x, self._adapters(query=True))
         return F.split_heads(q, self.n_heads), cache
 
     def _project_memory(self, memory):
@@ -103,7 +107,14 @@ class MultiHeadAttention(Module):
         qk, kw, hkv = self.qk_dim, self.k_width, self.n_kv_heads
         kv, cache = self._ops.linear_forward(memory, self.in_proj_weight.data[qk:],
                                              self._bias(slice(qk, None)))      # (B, S, kw + vw)
+        add_adapters(kv, memory, self._adapters(query=False), offset=qk)
         return F.split_heads(kv[..., :kw], hkv), F.split_heads(kv[..., kw:], hkv), cache
+
+    def _adapters(self, query):
+        """The adapters of the query rows (``query``) or of the key and value rows: a
+        cross-attention projects them from different inputs (``npformer.lora`` gives it one
+        adapter for each side)."""
+        return [a for a in self.adapters if (a.stop <= self.qk_dim) == query]
 
     def _share(self, kv):
         """Key or value heads (B, Hkv, T, d) -> (B, H, T, d): each repeated for its group of
@@ -205,7 +216,7 @@ class MultiHeadAttention(Module):
         dctx = F.split_heads(self.out_proj.backward(dout), h)     # (B, H, T, d)
         q, k, v = attn_cache[:3]                                   # (B, H, T|S, d)
         n_b, tq, tk = q.shape[0], q.shape[2], k.shape[2]
-        gw = self.in_proj_weight.grad
+        gw = self.in_proj_weight.grad     # None: frozen (npformer.lora), no dW computed
         if is_self:
             dqkv = np.empty((n_b, tq, qk + kw + self.v_width), dtype=q.dtype)
             dq, dk = F.split_heads(dqkv[..., :qk], h), F.split_heads(dqkv[..., qk:qk + kw], hkv)
@@ -225,7 +236,8 @@ class MultiHeadAttention(Module):
                 if self.q_norm is not None:
                     dq_h, dk_h = self.q_norm.backward(dq_h), self.k_norm.backward(dk_h)
                 dq[...], dk[...] = dq_h, dk_h
-            return f.linear_backward_accumulate(dqkv, proj_cache, gw, self._bias(None, grad=True))
+            return projection_backward(f, dqkv, proj_cache, gw, self._bias(None, grad=True),
+                                       self.adapters)
         q_cache, kv_cache = proj_cache
         dq = np.empty((n_b, tq, qk), dtype=q.dtype)                            # (B, T, qk)
         dkv = np.empty((n_b, tk, kw + self.v_width), dtype=q.dtype)            # (B, S, kw + vw)
@@ -238,6 +250,9 @@ class MultiHeadAttention(Module):
             f.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h), dk_h, dv_h)
             F.split_heads(dkv[..., :kw], hkv)[...] = self._gather(dk_h)
             F.split_heads(dkv[..., kw:], hkv)[...] = self._gather(dv_h)
-        dx = f.linear_backward_accumulate(dq, q_cache, gw[:qk], self._bias(slice(None, qk), True))
-        dmem = f.linear_backward_accumulate(dkv, kv_cache, gw[qk:], self._bias(slice(qk, None), True))
+        dx = projection_backward(f, dq, q_cache, None if gw is None else gw[:qk],
+                                 self._bias(slice(None, qk), True), self._adapters(query=True))
+        dmem = projection_backward(f, dkv, kv_cache, None if gw is None else gw[qk:],
+                                   self._bias(slice(qk, None), True),
+                                   self._adapters(query=False), offset=qk)
         return dx, dmem

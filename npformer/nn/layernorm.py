@@ -24,6 +24,8 @@ class LayerNorm(Module):
 
     def backward(self, dy):
         dx, dgamma, dbeta = self._ops.layernorm_backward(dy, self._cache)
-        self.weight.grad += dgamma
-        self.bias.grad += dbeta
+        if self.weight.grad is not None:             # None: frozen (npformer.lora)
+            self.weight.grad += dgamma
+        if self.bias.grad is not None:
+            self.bias.grad += dbeta
         return dx

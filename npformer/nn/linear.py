@@ -3,6 +3,7 @@ import numpy as np
 
 from ..backend import ops
 from .init import xavier_uniform, zeros
+from .lora import add_adapters, projection_backward
 from .module import Module, Parameter
 
 
@@ -11,6 +12,8 @@ class Linear(Module):
 
     Shape: input (..., in_features) -> output (..., out_features).
     Parameters: weight (out_features, in_features), bias (out_features,).
+    ``adapters``: the LoRA updates ``npformer.lora.apply`` attached (each adds to its rows of
+    y); a frozen weight (``npformer.lora``) gets no dW: its backward is dX = dY W alone.
     """
 
     def __init__(self, in_features, out_features, bias=True, *, rng, dtype=np.float32):
@@ -18,6 +21,7 @@ class Linear(Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(xavier_uniform(rng, (out_features, in_features), dtype))
         self.bias = Parameter(zeros(out_features, dtype)) if bias else None
+        self.adapters = []
         self._cache = None
         self._ops = None          # the backend that ran forward: only its backward fits the cache
 
@@ -25,9 +29,9 @@ class Linear(Module):
         self._ops = ops()
         y, self._cache = self._ops.linear_forward(x, self.weight.data,
                                           None if self.bias is None else self.bias.data)
-        return y
+        return add_adapters(y, x, self.adapters) if self.adapters else y
 
     def backward(self, dy):
-        """Adds dW, db into .grad (in place) and returns dx."""
-        return self._ops.linear_backward_accumulate(dy, self._cache, self.weight.grad,
-                                                    None if self.bias is None else self.bias.grad)
+        """Adds dW, db into .grad (in place, where trained) and returns dx."""
+        return projection_backward(self._ops, dy, self._cache, self.weight.grad,
+                                   None if self.bias is None else self.bias.grad, self.adapters)

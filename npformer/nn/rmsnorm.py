@@ -23,5 +23,6 @@ class RMSNorm(Module):
 
     def backward(self, dout):
         dx, dgamma = self._ops.rmsnorm_backward(dout, self._cache)
-        self.weight.grad += dgamma
+        if self.weight.grad is not None:             # None: frozen (npformer.lora)
+            self.weight.grad += dgamma
         return dx

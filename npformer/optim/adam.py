@@ -1,7 +1,9 @@
 """Adam and AdamW, bias-corrected, step for step as torch.optim.Adam / AdamW (single-tensor path).
 
 The update runs over the model's one flat parameter buffer (``Module.flat_params``), so a step is
-a handful of vectorised operations, whatever the number of layers.
+a handful of vectorised operations, whatever the number of layers. Frozen parameters (whose
+``.grad`` is None, as ``npformer.lora`` leaves the base weights) are not in it: they get no
+moments and no update.
 
 Derivation: docs/backprop.md#adam.
 """
@@ -108,6 +110,8 @@ def _segments(model, decay):
     base = flat.__array_interface__["data"][0]
     segments = []
     for name, p in model.named_parameters():
+        if p.grad is None:                  # frozen (npformer.lora): not in the flat buffer
+            continue
         start = (p.data.__array_interface__["data"][0] - base) // flat.itemsize
         decays = bool(decay(name, p))
         if segments and segments[-1][2] == decays and segments[-1][1] == start:

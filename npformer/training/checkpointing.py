@@ -34,7 +34,14 @@ def save_model_checkpoint(path, model, vocabs, optimizer=None, training=None, ex
     whose configuration's ``vocab_sizes()`` is empty). Returns the paths written."""
     Vocabularies.check_fits(vocabs, model.config.vocab_sizes(),
                             pad_id=getattr(model.config, "pad_id", None))
-    arrays = {_MODEL + name: value for name, value in model.state_dict().items()}
+    lora = getattr(model, "lora", None)           # a LoRA run: its adapters alone, and its base
+    if lora is not None:
+        from .. import lora as lora_module
+        if "sha256" not in lora.base:
+            lora.base["sha256"] = lora_module.base_sha256(model)
+        arrays = {_MODEL + name: value for name, value in lora_module.adapter_state(model).items()}
+    else:
+        arrays = {_MODEL + name: value for name, value in model.state_dict().items()}
     if optimizer is not None:
         arrays.update({_OPTIM + k: np.asarray(v) for k, v in optimizer.state_dict().items()})
         arrays.update(rng_state_to_arrays(model.rng, _RNG))
@@ -42,6 +49,8 @@ def save_model_checkpoint(path, model, vocabs, optimizer=None, training=None, ex
             "runtime": runtime.record()}
     if vocabs is not None:
         meta["vocabularies"] = vocabs.to_dict()
+    if lora is not None:
+        meta["lora"] = lora.to_dict()
     if training is not None:
         meta["training"] = training
     if extra:
@@ -116,20 +125,53 @@ def load_model_checkpoint(path):
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: cannot build the model from its config ({e})") from None
     weights = {k[len(_MODEL):]: v for k, v in arrays.items() if k.startswith(_MODEL)}
-    weights = type(config).current_names(weights)     # names stored before a rename: migrated
-    _check_weights_fit_config(config, weights, name)
-    model = build_model(config)
+    if "lora" in meta:                                # adapters over a base named by folder
+        model = _lora_model(meta, config, weights, name)
+    else:
+        weights = type(config).current_names(weights)   # names stored before a rename: migrated
+        _check_weights_fit_config(config, weights, name)
+        model = build_model(config)
     try:
         Vocabularies.check_fits(vocabs, model.config.vocab_sizes(), f"checkpoint {name}",
                                 pad_id=getattr(model.config, "pad_id", None))
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     try:
-        model.load_state_dict(weights)
+        if "lora" not in meta:
+            model.load_state_dict(weights)
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: weights do not match its config ({e})") from None
     model.eval()
     return LoadedCheckpoint(model, vocabs, meta, arrays, name)
+
+
+# the fields a LoRA run may set apart from its base's configuration (lm --dropout)
+_DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def _lora_model(meta, config, weights, name):
+    """The model of a LoRA checkpoint: its base read again from the folder it records, checked
+    by configuration and by the hash of its weights, then the stored adapters applied and
+    loaded (each checked: present, of its shape and dtype, finite)."""
+    from .. import lora
+    where = f"checkpoint {name}"
+    if not isinstance(meta["lora"], dict) or not isinstance(meta["lora"].get("base"), dict):
+        raise CheckpointError(f"{where}: 'lora' expected an object with a 'base', got "
+                              f"{meta['lora']!r:.80}")
+    try:
+        model = lora.load_base(meta["lora"]["base"], where)
+        theirs, ours = model.config.to_dict(), config.to_dict()
+        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        if [k for k in differ if k not in _DROPOUTS]:
+            raise ValueError(f"{where}: is an adapter for another base model (its configuration "
+                             f"differs from {meta['lora']['base'].get('folder')}'s in "
+                             f"{', '.join(differ)})")
+        return lora.rebuild(model, meta["lora"], weights, where, dropouts={
+            k: ours[k] for k in differ})
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _check_weights_fit_config(config, weights, name):
@@ -210,6 +252,11 @@ def restore_training_state(loaded, model, optimizer):
     leaves ``model`` and ``optimizer`` as they were. Returns the metadata's ``training`` dict.
     """
     name = loaded.path
+    mine, theirs = getattr(model, "lora", None), getattr(loaded.model, "lora", None)
+    if (mine is None) != (theirs is None):
+        raise CheckpointError(f"checkpoint {name}: " + (
+            "holds LoRA adapters; this run trains the whole model" if theirs is not None else
+            "trained the whole model; this run trains LoRA adapters"))
     own = {k: p.shape for k, p in model.named_parameters()}
     saved = {k: p.shape for k, p in loaded.model.named_parameters()}
     if own != saved:
@@ -235,7 +282,12 @@ def restore_training_state(loaded, model, optimizer):
         optimizer.load_state_dict(optim)  # checks every entry before copying any
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: optimizer state does not fit ({e})") from None
-    model.load_state_dict(loaded.model.state_dict())
+    if getattr(model, "lora", None) is not None:    # the base is frozen: the adapters alone
+        from .. import lora
+        if loaded.model is not model:
+            lora.load_adapter_state(model, lora.adapter_state(loaded.model), name)
+    else:
+        model.load_state_dict(loaded.model.state_dict())
     # set the state in place: every Dropout holds a reference to this very rng
     model.rng.bit_generator.state = state
     return training

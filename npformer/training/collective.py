@@ -300,7 +300,8 @@ class MPICollective(SingleProcess):
                   ("training or validation data", trainer.data_fingerprint()),
                   ("position in the run (step, epoch, batches)",
                    [trainer.step, trainer.epoch, trainer.task.state_dict()]),
-                  ("number of ranks", self.size), ("option reduce", self.mode)]
+                  ("number of ranks", self.size), ("option reduce", self.mode),
+                  ("LoRA adapters or base weights", _lora_identity(trainer.model))]
         mine = np.array([_hash(v) for _, v in items], dtype=np.int64)
         every = np.zeros((self.size, len(items)), dtype=np.int64)
         self.comm.Allgather(mine, every)
@@ -335,3 +336,14 @@ class MPICollective(SingleProcess):
     def __repr__(self):
         return f"MPICollective(rank {self.rank} of {self.size}, reduce={self.mode!r})"
 
+
+def _lora_identity(model):
+    """A LoRA run's settings with the sha256 of its frozen base (every rank must adapt the same
+    weights: they are read from a folder, not broadcast), or None for a run without adapters."""
+    settings = getattr(model, "lora", None)
+    if settings is None:
+        return None
+    if "sha256" not in settings.base:
+        from .. import lora
+        settings.base["sha256"] = lora.base_sha256(model)
+    return settings.to_dict()

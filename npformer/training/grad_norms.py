@@ -28,6 +28,8 @@ def layer_grad_norms(model):
     (``named_parameters()``'s), each the square root of its parameters' sums of squares."""
     squares = {}
     for name, p in model.named_parameters():
+        if p.grad is None:                      # frozen (npformer.lora): no gradient to log
+            continue
         layer = layer_of(name)
         squares[layer] = squares.get(layer, 0.0) + float(sum_of_squares(np.ravel(p.grad)))
     return {layer: math.sqrt(sq) for layer, sq in squares.items()}

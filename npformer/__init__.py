@@ -13,8 +13,9 @@ decoder-only GPT) with hand-derived backward passes.
     logits = gpt.forward(ids)                                    # (B, T, V), causal
     gpt2 = nf.GPT.from_pretrained("path/to/gpt2")                # Hugging Face folder (extra hf)
     llm = nf.from_pretrained("path/to/SmolLM2-135M")             # gpt2, llama, qwen2, qwen3
+    nf.lora.apply(llm, rank=8, alpha=16, target_modules=["q_proj", "v_proj"])   # LoRA
 """
-from . import functional, interop, nn, optim
+from . import functional, interop, lora, nn, optim
 from .backend import get_backend, set_backend
 from .configs import GPTConfig, TransformerConfig
 from .gradcheck import GradcheckResult, gradcheck
@@ -33,6 +34,6 @@ __all__ = [
     "WarmupCosineSchedule", "WarmupInverseSqrtSchedule", "WarmupLinearSchedule", "build_model",
     "clip_grad_norm",
     "configure_runtime", "cross_entropy", "from_pretrained", "functional", "get_backend",
-    "gradcheck", "interop",
+    "gradcheck", "interop", "lora",
     "nn", "optim", "set_backend", "set_deterministic",
 ]

@@ -1,37 +1,105 @@
-"""``npformer export``: write a checkpoint in another engine's format (CTranslate2)."""
+"""``npformer export``: write a checkpoint in another engine's format: CTranslate2 (a translation
+checkpoint), PEFT's adapter files or a merged Hugging Face folder (a LoRA run of npformer lm on
+a Llama, Qwen2 or Qwen3 base)."""
 import os
+import shutil
+from pathlib import Path
 
 from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2
 from ..training.checkpointing import load_model_checkpoint
 from .common import checkpoint_files, resolve_checkpoint
 from .runs import remove_stale_temps
 
+FORMATS = ("ctranslate2", "peft", "hf")
+
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="export a translation checkpoint to CTranslate2",
+    p = sub.add_parser(name, help="export a checkpoint to CTranslate2, PEFT or Hugging Face",
                        description="Write the encoder-decoder of --checkpoint as a CTranslate2 "
                                    "model folder (extra ctranslate2), with what npformer needs "
                                    "to tokenise for it; run it with `npformer translate/eval "
                                    "--engine ctranslate2 --checkpoint OUT`. The folder is written "
                                    "under a temporary name and renamed into place; its "
                                    "npformer.json records the sha256 of every file, checked "
-                                   "whenever the export is loaded.")
+                                   "whenever the export is loaded. A LoRA run of npformer lm "
+                                   "(llama, qwen2 or qwen3 base) exports as PEFT's "
+                                   "adapter_config.json and adapter_model.safetensors "
+                                   "(--format peft), or as a Hugging Face folder of its merged "
+                                   "weights that transformers loads (--format hf --merge).")
     p.add_argument("--checkpoint", required=True, metavar="CKPT",
                    help="checkpoint path (run/best) or a run directory")
-    p.add_argument("--format", choices=["ctranslate2"], required=True)
+    p.add_argument("--format", choices=FORMATS, required=True)
     p.add_argument("--out", required=True, metavar="DIR", help="the folder to create")
     p.add_argument("--quantization", choices=list(QUANTIZATIONS), default=None,
-                   help="store the weights quantized (default: float32, the weights unchanged)")
+                   help="ctranslate2: store the weights quantized (default: float32, the "
+                        "weights unchanged)")
+    p.add_argument("--merge", action="store_true",
+                   help="hf: add each adapter's (alpha / r) B A into its base weight")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="hf: the merged weights' dtype (default float32)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out if it holds an earlier export")
     p.set_defaults(run=run, engine="npformer")
 
 
+def _refuse_misplaced(args):
+    """Options of one format given with another would be ignored: refused."""
+    if args.format != "ctranslate2" and args.quantization is not None:
+        raise ValueError(f"--quantization: only for --format ctranslate2 (got --format "
+                         f"{args.format})")
+    if args.format != "hf" and (args.merge or args.dtype is not None):
+        option = "--merge" if args.merge else "--dtype"
+        raise ValueError(f"{option}: only for --format hf (got --format {args.format})")
+    if args.format == "hf" and not args.merge:
+        raise ValueError("--format hf: writes the merged weights of a LoRA run; add --merge")
+
+
 def run(args):
+    _refuse_misplaced(args)
     inputs = [path for _, path in checkpoint_files(args)]
-    check_export_target(args.out, inputs, overwrite=args.overwrite)   # before loading anything
+    earlier = args.format != "ctranslate2" and args.overwrite and _is_lora_export(args.out)
+    check_export_target(args.out, inputs, overwrite=args.overwrite and not earlier)
+    # (before loading anything; an earlier PEFT or merged export may be replaced)
+    if args.format != "ctranslate2":
+        return _run_lora(args)
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
     remove_stale_temps(*os.path.split(os.path.abspath(args.out)))   # a killed export's leftovers
     out = export_ctranslate2(loaded, args.out, args.quantization, overwrite=args.overwrite)
     print(f"exported {loaded.path} ({args.quantization or 'float32'}) -> {out}")
+    return 0
+
+
+def _is_lora_export(out):
+    """Whether ``out`` holds an earlier --format peft or hf export (what --overwrite replaces)."""
+    out = Path(out)
+    return out.is_dir() and ((out / "adapter_config.json").is_file() or
+                             ((out / "config.json").is_file() and
+                              (out / "model.safetensors").is_file()))
+
+
+def _run_lora(args):
+    """--format peft / hf --merge: the adapters of a LoRA run, written into a temporary folder
+    beside --out and renamed into place."""
+    from .. import lora
+    loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
+    model, settings = loaded.model, lora.settings(loaded.model)
+    if settings is None:
+        raise ValueError(f"--checkpoint {args.checkpoint}: holds no LoRA adapters (--format "
+                         f"{args.format} writes a LoRA run of npformer lm --lora-rank)")
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".npformer-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        if args.format == "peft":
+            lora.save_peft(model, tmp, settings.base.get("folder"))
+            what = "PEFT adapter"
+        else:
+            lora.save_merged(model, settings.base["folder"], tmp, args.dtype or "float32")
+            what = f"merged Hugging Face model ({args.dtype or 'float32'})"
+        if out.exists():                      # --overwrite (check_export_target allowed it)
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"exported {loaded.path} as a {what} -> {out}")
     return 0

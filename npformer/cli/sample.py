@@ -4,6 +4,7 @@ a Hugging Face folder, or a checkpoint of ``npformer lm``.
     npformer sample --hf path/to/gpt2 --prompt "Hello, I'm a language model," --max-new-tokens 40
     npformer sample --hf path/to/SmolLM2-135M --prompt "The capital of France is" --greedy
     npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --temperature 0.8
+    npformer sample --hf path/to/SmolLM2-135M --adapter runs/lora/best --prompt "ROMEO:"
 """
 import sys
 
@@ -37,6 +38,10 @@ def add_parser(sub, name):
     source.add_argument("--hf", metavar="DIR",
                         help="a Hugging Face model folder of GPT-2, Llama, Qwen2 or Qwen3 (e.g. "
                              "the files of the hub's gpt2 or SmolLM2-135M)")
+    p.add_argument("--adapter", metavar="PATH",
+                   help="with --hf: the LoRA adapter of a run of npformer lm --lora-rank "
+                        "(RUN/best), or a PEFT folder (adapter_config.json), applied to the "
+                        "model of --hf, which must be its base")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=positive_int, default=50, metavar="N",
                    help="tokens to generate at most (default %(default)s; a model also stops "
@@ -71,9 +76,19 @@ def check_options(args):
 def load_language_model(args):
     """(model, tokenizer) of --checkpoint or --hf."""
     dtype = np.dtype(args.dtype)
+    if args.adapter is not None and args.hf is None:
+        raise ValueError("--adapter: goes with --hf DIR, its base model (a --checkpoint of a "
+                         "LoRA run holds its adapters already)")
+    if args.adapter is not None and dtype != np.float32:
+        raise ValueError(f"--dtype {args.dtype}: an adapter is checked against its base's "
+                         f"float32 weights; sample it in float32")
     if args.hf is not None:
         from ..training.language_model import load_pretrained
-        return load_pretrained(args.hf, dtype=dtype)
+        model, tokenizer = load_pretrained(args.hf, dtype=dtype)
+        if args.adapter is not None:
+            from ..lora import load_adapter
+            model = load_adapter(model, args.adapter).eval()
+        return model, tokenizer
     from ..training.checkpointing import load_model_checkpoint
     from ..training.language_model import resolve_tokenizer
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
@@ -81,6 +96,9 @@ def load_language_model(args):
         raise ValueError(f"--checkpoint {args.checkpoint}: holds a {loaded.model.config.arch} "
                          f"model, not a language model (translate with npformer translate)")
     model = loaded.model
+    if model.dtype != dtype and getattr(model, "lora", None) is not None:
+        raise ValueError(f"--dtype {args.dtype}: --checkpoint {args.checkpoint} is a LoRA run "
+                         f"over float32 weights; sample it in float32")
     if model.dtype != dtype:
         model = model.reconfigured(dtype=args.dtype)
     return model, resolve_tokenizer(loaded)

@@ -1,0 +1,654 @@
+"""LoRA fine-tuning (Hu et al. 2021): the base weights frozen, each chosen projection learning a
+low-rank update (alpha / r) B A, as Hugging Face PEFT's ``LoraConfig`` makes them.
+
+    model = nf.from_pretrained("path/to/SmolLM2-135M")
+    nf.lora.apply(model, rank=8, alpha=16, dropout=0.05, target_modules=["q_proj", "v_proj"])
+    ...train: only the adapters are in model.flat_params, the optimizer and the clipping...
+    nf.lora.merge(model)        # W += (alpha / r) B A in place (eval only); unmerge undoes it
+
+Target names: PEFT's (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``,
+``down_proj``), found through ``npformer.hf.hf_parameter`` (the rename table of the Llama
+family): ``k_proj`` is the key rows of the fused ``in_proj_weight``, ``gate_proj`` the gate rows
+of SwiGLU's ``linear1``. npformer's own names work for any GPT and the translator: ``in_proj``
+(the attention's fused projection: one adapter over all its rows; a cross-attention gets one
+for its query rows and one for its key and value rows, which come from another input),
+``out_proj``, ``linear1``, ``linear2``, ``generator``.
+
+The adapters are :class:`npformer.nn.lora.LoRA` modules, children of the projection they adapt
+(``blocks.3.self_attn.lora_q_proj.A``). A checkpoint of a LoRA run holds them alone and records
+its base by folder and by :func:`base_sha256`; :func:`save_peft` / :func:`load_peft` write and
+read PEFT's ``adapter_config.json`` and ``adapter_model.safetensors``; :func:`save_merged`
+writes a Hugging Face folder of the merged weights.
+"""
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import write_file_atomic
+from .nn.lora import LoRA
+from .validation import check_real
+
+PEFT_TARGETS = {                       # PEFT's name -> the Llama module path inside a layer
+    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+    "down_proj": "mlp.down_proj"}
+NPFORMER_TARGETS = ("in_proj", "out_proj", "linear1", "linear2", "generator")
+DEFAULT_TARGETS = ("q_proj", "v_proj")  # PEFT's default for the Llama family
+PEFT_PREFIX = "base_model.model."       # PeftModel's key prefix before the model's own names
+LLAMA_TYPES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass
+class LoRASettings:
+    """What ``apply`` was given, and the base it adapts (``base``: {"folder", "kind",
+    "model_type", "sha256"} where known)."""
+    rank: int
+    alpha: float
+    dropout: float
+    targets: tuple
+    seed: int = 0
+    base: dict = field(default_factory=dict)
+
+    def to_dict(self):
+        d = asdict(self)
+        d["targets"] = list(self.targets)
+        return d
+
+    @classmethod
+    def from_dict(cls, d, where="lora"):
+        try:
+            return cls(rank=int(d["rank"]), alpha=float(d["alpha"]), dropout=float(d["dropout"]),
+                       targets=tuple(str(t) for t in d["targets"]), seed=int(d.get("seed", 0)),
+                       base=dict(d.get("base") or {}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: expected rank, alpha, dropout and targets, got "
+                             f"{d!r:.120} ({e})") from None
+
+
+# -- finding the targets ------------------------------------------------------------------------
+def named_modules(model, prefix=""):
+    """(dotted path, module) of every module of ``model`` (the model itself as "")."""
+    yield prefix, model
+    for name, child in model._modules.items():
+        yield from named_modules(child, f"{prefix}.{name}" if prefix else name)
+
+
+def _module_at(model, path):
+    m = model
+    for part in path.split("."):
+        m = m._modules[part]
+    return m
+
+
+def _peft_plan(model, name):
+    """[(host path, weight attribute, start, stop)] of PEFT target ``name`` in every layer, through
+    npformer.hf.hf_parameter; ValueError where this model has no such layer."""
+    from .hf import hf_parameter
+    config = model.config
+    if name in ("gate_proj", "up_proj") and getattr(config, "ffn", None) != "swiglu":
+        raise ValueError(f"target_modules: {name!r}: this model's feed-forward is not gated "
+                         f"(linear1 and linear2 of an MLP): target linear1, or a Llama-family "
+                         f"model's gate_proj")
+    plan = []
+    shapes = dict(model.named_parameters())
+    for i in range(config.n_layers):
+        ours, rows = hf_parameter(config, f"model.layers.{i}.{PEFT_TARGETS[name]}.weight")
+        host, attr = ours.rsplit(".", 1)
+        start, stop, _ = rows.indices(shapes[ours].data.shape[0])
+        plan.append((host, attr, start, stop, name))
+    return plan
+
+
+def _own_plan(model, name):
+    """[(host path, weight attribute, start, stop, label)] of npformer's target ``name``."""
+    from .nn.attention import MultiHeadAttention
+    from .nn.linear import Linear
+    plan = []
+    for path, m in named_modules(model):
+        leaf = path.rsplit(".", 1)[-1]
+        if name == "in_proj" and isinstance(m, MultiHeadAttention):
+            rows = m.in_proj_weight.data.shape[0]
+            if leaf == "multihead_attn":           # cross-attention: two inputs, two adapters
+                plan += [(path, "in_proj_weight", 0, m.qk_dim, "in_proj_q"),
+                         (path, "in_proj_weight", m.qk_dim, rows, "in_proj_kv")]
+            else:
+                plan.append((path, "in_proj_weight", 0, rows, "in_proj"))
+        elif isinstance(m, Linear) and leaf == name:
+            plan.append((path, "weight", 0, m.out_features, None))
+    return plan
+
+
+def available_targets(model):
+    """The target names this model has: PEFT's (a GPT whose rename table finds them) and
+    npformer's."""
+    names = []
+    if _has_layers(model):
+        for name in PEFT_TARGETS:
+            try:
+                _peft_plan(model, name)
+                names.append(name)
+            except ValueError:
+                pass
+    return names + [n for n in NPFORMER_TARGETS if _own_plan(model, n)]
+
+
+def _has_layers(model):
+    config = getattr(model, "config", None)
+    return getattr(config, "capability", None) == "causal_lm" and hasattr(model, "blocks")
+
+
+def plan_targets(model, target_modules):
+    """[(host path, weight attribute, start, stop, label)] of every adapter ``target_modules``
+    asks for; ValueError naming a name that matches nothing (and what exists), or two that name
+    the same rows."""
+    if isinstance(target_modules, str):
+        target_modules = [target_modules]
+    try:
+        targets = list(target_modules)
+    except TypeError:
+        raise ValueError(f"target_modules: expected a list of names, got "
+                         f"{target_modules!r:.60}") from None
+    if not targets or not all(isinstance(t, str) for t in targets):
+        raise ValueError(f"target_modules: expected a non-empty list of names, got "
+                         f"{target_modules!r:.80}")
+    plan, seen = [], {}
+    for name in dict.fromkeys(targets):
+        if name in PEFT_TARGETS and _has_layers(model):
+            found = _peft_plan(model, name)
+        elif name in NPFORMER_TARGETS:
+            found = _own_plan(model, name)
+        else:
+            found = []
+        if not found:
+            raise ValueError(f"target_modules: {name!r} matches no module of this "
+                             f"{type(model).__name__}; it has {', '.join(available_targets(model))}")
+        for host, attr, start, stop, label in found:
+            for (h, a, s0, s1), other in seen.items():
+                if h == host and a == attr and start < s1 and s0 < stop:
+                    raise ValueError(f"target_modules: {other!r} and {name!r} adapt the same "
+                                     f"rows of {host}.{attr}; name one of them")
+            seen[(host, attr, start, stop)] = name
+            plan.append((host, attr, start, stop, label or name))
+    return plan
+
+
+# -- apply, merge, unmerge ----------------------------------------------------------------------
+def check_settings(rank, alpha, dropout):
+    """(rank, alpha, dropout) checked: rank a positive int, alpha a finite number > 0, dropout
+    in [0, 1). ValueError naming the argument."""
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank <= 0:
+        raise ValueError(f"rank: expected a positive integer, got {rank!r:.40}")
+    alpha = check_real("alpha", alpha, minimum=0, min_open=True)
+    dropout = check_real("dropout", dropout, minimum=0, maximum=1, max_open=True)
+    return int(rank), alpha, dropout
+
+
+def adapters(model):
+    """[(dotted path, LoRA)] of the adapters of ``model``, in parameter order."""
+    return [(path, m) for path, m in named_modules(model) if isinstance(m, LoRA)]
+
+
+def settings(model):
+    """The model's ``LoRASettings`` (None: no adapters)."""
+    return getattr(model, "lora", None)
+
+
+def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS, seed=0):
+    """Freeze every weight of ``model`` and give each projection ``target_modules`` names a
+    LoRA update of ``rank`` (``alpha`` default: the rank, a scale alpha / r of 1), with
+    dropout ``dropout`` on its input (PEFT's ``lora_dropout``), A drawn from ``seed``, B zero.
+    In place; returns the model, whose ``flat_params`` now holds the adapters alone (the
+    optimizer, the clipping and a data-parallel reduction see nothing else) and ``model.lora``
+    its ``LoRASettings``."""
+    from .nn.module import Module
+    if not isinstance(model, Module):
+        raise ValueError(f"model: expected an npformer model, got {type(model).__name__}")
+    if settings(model) is not None:
+        raise ValueError("model: already has LoRA adapters (apply once; a new model for others)")
+    rank, alpha, dropout = check_settings(rank, rank if alpha is None else alpha, dropout)
+    plan = plan_targets(model, target_modules)
+    params = dict(model.named_parameters())
+    dtypes = {p.data.dtype for p in params.values()}
+    dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.float32)
+    narrowest = min(plan, key=lambda t: min(t[3] - t[2],
+                                            params[f"{t[0]}.{t[1]}"].data.shape[1]))
+    host, attr, start, stop, label = narrowest
+    width = min(stop - start, params[f"{host}.{attr}"].data.shape[1])
+    if rank > width:
+        shape = (stop - start, params[f"{host}.{attr}"].data.shape[1])
+        raise ValueError(f"rank: expected at most {width}, the width of the narrowest targeted "
+                         f"layer ({label} at {host}.{attr}, {shape[0]} x {shape[1]}), got {rank}")
+    for p in params.values():
+        p.grad = None                                   # frozen: no gradient, no Adam state
+    rng = np.random.default_rng(seed)
+    dropout_rng = getattr(model, "rng", None) or np.random.default_rng(seed)
+    for host, attr, start, stop, label in plan:
+        m = _module_at(model, host)
+        in_features = params[f"{host}.{attr}"].data.shape[1]
+        lora = LoRA(in_features, start, stop, rank, alpha, dropout, rng=rng,
+                    dropout_rng=dropout_rng, dtype=dtype, target=label)
+        name = "lora" if (attr == "weight" and label in NPFORMER_TARGETS) else f"lora_{label}"
+        setattr(m, name, lora)
+        m.adapters.append(lora)
+    lora_settings = LoRASettings(rank, alpha, dropout, tuple(dict.fromkeys(
+        [target_modules] if isinstance(target_modules, str) else target_modules)), seed)
+    object.__setattr__(model, "lora", lora_settings)
+    model.flatten_parameters()
+    model.train(model.training)                         # the adapters take the model's mode
+    return model
+
+
+def merge(model):
+    """W[rows] += (alpha / r) B A for every adapter, in place: the model then computes the same
+    function without the adapters' extra products (eval only; ``unmerge`` takes it back out,
+    to within rounding)."""
+    for _, lora in _adapters_or_refuse(model):
+        if not lora.merged:
+            _weight_of(model, lora)[lora.rows] += lora.delta_weight()
+            lora.merged = True
+    return model
+
+
+def unmerge(model):
+    """Undo ``merge``: W[rows] -= (alpha / r) B A (the same rounding as adding it, so not
+    always the bits before)."""
+    for _, lora in _adapters_or_refuse(model):
+        if lora.merged:
+            _weight_of(model, lora)[lora.rows] -= lora.delta_weight()
+            lora.merged = False
+    return model
+
+
+def _adapters_or_refuse(model):
+    found = adapters(model)
+    if not found:
+        raise ValueError("model: has no LoRA adapters (npformer.lora.apply adds them)")
+    return found
+
+
+def _host_of(model, lora):
+    for path, m in named_modules(model):
+        if lora in getattr(m, "adapters", ()):
+            return path, m
+    raise ValueError(f"LoRA {lora.target}: not attached to this model")
+
+
+def _weight_of(model, lora):
+    _, host = _host_of(model, lora)
+    return host.in_proj_weight.data if hasattr(host, "in_proj_weight") else host.weight.data
+
+
+def _weight_name(model, lora):
+    path, host = _host_of(model, lora)
+    return f"{path}.{'in_proj_weight' if hasattr(host, 'in_proj_weight') else 'weight'}"
+
+
+# -- the base and the adapters' arrays ---------------------------------------------------------
+def is_adapter_name(name):
+    return ".lora" in name and name.rsplit(".", 1)[-1] in ("A", "B")
+
+
+def base_sha256(model):
+    """sha256 of the base weights (every parameter that is not an adapter's: name, shape, dtype
+    and bytes, in parameter order), with any merged update taken back out first is not done:
+    a merged model is refused."""
+    if any(lora.merged for _, lora in adapters(model)):
+        raise ValueError("model: its adapters are merged into the base weights; unmerge first")
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        if not is_adapter_name(name):
+            h.update(f"{name}{tuple(p.data.shape)}{p.data.dtype.str}".encode())
+            h.update(np.ascontiguousarray(p.data).data)
+    return h.hexdigest()
+
+
+def adapter_state(model):
+    """{name: copy} of the adapters' arrays (A and B of each), in parameter order."""
+    return {name: p.data.copy() for name, p in model.named_parameters() if is_adapter_name(name)}
+
+
+def load_adapter_state(model, arrays, where):
+    """Copy adapter arrays into ``model`` (LoRA applied with the same settings): every name
+    present, none extra, each of its shape and the model's dtype, every value finite.
+    ValueError naming ``where`` and the entries otherwise; nothing is copied then."""
+    own = {name: p for name, p in model.named_parameters() if is_adapter_name(name)}
+    missing = [k for k in own if k not in arrays]
+    extra = [k for k in arrays if k not in own]
+    wrong = []
+    for k, p in own.items():
+        if k in arrays:
+            a = arrays[k]
+            if tuple(a.shape) != p.data.shape:
+                wrong.append(f"{k}: expected shape {p.data.shape}, got {tuple(a.shape)}")
+            elif a.dtype != p.data.dtype:
+                wrong.append(f"{k}: expected {p.data.dtype}, got {a.dtype}")
+            elif not np.isfinite(a).all():
+                wrong.append(f"{k}: holds {int(np.size(a) - np.isfinite(a).sum())} non-finite "
+                             f"value(s)")
+    if missing or extra or wrong:
+        parts = ([f"missing {missing[:5]}"] if missing else []) + \
+                ([f"unexpected {extra[:5]}"] if extra else []) + wrong[:5]
+        raise ValueError(f"{where}: does not hold this model's adapters: " + "; ".join(parts))
+    for k, p in own.items():
+        p.data[...] = arrays[k]
+    return model
+
+
+def check_base(model, recorded, where):
+    """ValueError unless ``model``'s base weights hash to the sha256 ``recorded``."""
+    expected = (recorded or {}).get("sha256")
+    if expected is None:
+        return
+    got = base_sha256(model)
+    if got != expected:
+        raise ValueError(f"{where}: is an adapter for another base model (its base "
+                         f"{recorded.get('folder', '?')} had weights of sha256 {expected[:16]}..., "
+                         f"these have {got[:16]}...)")
+
+
+def load_base(base, where):
+    """The frozen base a LoRA checkpoint records: its Hugging Face folder or npformer checkpoint
+    (``base["folder"]``, ``base["kind"]``)."""
+    folder = base.get("folder")
+    if not folder or not (os.path.exists(folder) or os.path.exists(f"{folder}.npz")):
+        raise ValueError(f"{where}: its base model {folder!r} is not there any more (a LoRA "
+                         f"checkpoint holds the adapters alone; put the base back, or pass it "
+                         f"with sample --hf DIR --adapter)")
+    if base.get("kind") == "npformer":
+        from .training.checkpointing import load_model_checkpoint
+        return load_model_checkpoint(folder).model
+    from .hf import from_pretrained
+    return from_pretrained(folder)
+
+
+def rebuild(base_model, lora_meta, arrays, where, dropouts=None):
+    """``base_model`` with the adapters of a checkpoint applied and loaded: its settings
+    (``lora_meta``), its base checked by hash, its arrays (``{name: array}``) checked.
+    ``dropouts``: the run's own dropout rates (``GPT.reconfigured``), where they differ."""
+    s = LoRASettings.from_dict(lora_meta, f"{where}: lora")
+    check_base(base_model, s.base, where)
+    if dropouts:
+        base_model = base_model.reconfigured(**dropouts)
+    apply(base_model, s.rank, s.alpha, s.dropout, s.targets, s.seed)
+    base_model.lora.base = dict(s.base)
+    return load_adapter_state(base_model, arrays, where)
+
+
+# -- PEFT's files ---------------------------------------------------------------------------------
+def _hf_modules(model):
+    """{(npformer weight, start, stop): Hugging Face module name} of a Llama-family GPT."""
+    from .hf import llama_names
+    shapes = {k: v.data.shape for k, v in model.named_parameters()}
+    names = {}
+    for hf, (ours, rows) in llama_names(model.config).items():
+        if hf.endswith(".weight") and ours in shapes:
+            start, stop, _ = rows.indices(shapes[ours][0])
+            names[(ours, start, stop)] = hf[:-len(".weight")]
+    return names
+
+
+def _check_llama_base(model, what):
+    s = settings(model)
+    model_type = (s.base.get("model_type") if s else None) or _guess_model_type(model)
+    if model_type not in LLAMA_TYPES:
+        reason = ("GPT-2's attention is one fused Conv1D c_attn: its layers are stored "
+                  "transposed (PEFT's fan_in_fan_out) and npformer writes no GPT-2 folder; a "
+                  "GPT-2 run's checkpoints sample with npformer itself"
+                  if model_type == "gpt2" else f"a base of model_type {model_type!r}")
+        raise ValueError(f"{what}: written for LoRA runs on llama, qwen2 and qwen3 bases, not "
+                         f"{reason}")
+    return model_type
+
+
+def _guess_model_type(model):
+    c = model.config
+    if getattr(c, "norm", None) == "rmsnorm" and getattr(c, "ffn", None) == "swiglu":
+        return "llama"
+    return "gpt2" if getattr(c, "capability", None) == "causal_lm" else getattr(c, "arch", None)
+
+
+def peft_state(model):
+    """({PEFT key: array}, [Hugging Face module leaf names]) of the model's adapters:
+    ``base_model.model.<module>.lora_A.weight`` (r, in) and ``lora_B.weight`` (out, r)."""
+    _check_llama_base(model, "export --format peft")
+    names = _hf_modules(model)
+    tensors, leaves = {}, []
+    for _, lora in _adapters_or_refuse(model):
+        key = (_weight_name(model, lora), lora.start, lora.stop)
+        module = names.get(key)
+        if module is None:
+            raise ValueError(f"export --format peft: the adapter {lora.target} of {key[0]} rows "
+                             f"{key[1]}:{key[2]} is no Hugging Face module (PEFT names it by "
+                             f"module: adapt q_proj, k_proj, ... instead of in_proj)")
+        tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = lora.A.data
+        tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = lora.B.data
+        leaves.append(module.rsplit(".", 1)[-1])
+    return tensors, list(dict.fromkeys(leaves))
+
+
+def adapter_config(model, base_name_or_path, leaves):
+    s = settings(model)
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path":
+            base_name_or_path, "r": s.rank, "lora_alpha": s.alpha, "lora_dropout": s.dropout,
+            "target_modules": sorted(leaves), "bias": "none", "fan_in_fan_out": False,
+            "use_rslora": False, "use_dora": False, "modules_to_save": None,
+            "init_lora_weights": True, "inference_mode": True, "layers_to_transform": None,
+            "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}}
+
+
+def save_peft(model, out, base_name_or_path=None):
+    """Write ``out/adapter_config.json`` and ``out/adapter_model.safetensors`` (float32 or the
+    model's dtype) as PEFT's ``save_pretrained`` does; ``PeftModel.from_pretrained(base, out)``
+    loads them. Returns the folder."""
+    tensors, leaves = peft_state(model)
+    base = base_name_or_path or settings(model).base.get("folder") or ""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out / "adapter_model.safetensors", tensors)
+    config = json.dumps(adapter_config(model, str(base), leaves), indent=2, sort_keys=True) + "\n"
+    write_file_atomic(out / "adapter_config.json", lambda f: f.write(config.encode()))
+    return out
+
+
+PEFT_UNSUPPORTED = {"use_dora": False, "use_rslora": False, "bias": "none",
+                    "modules_to_save": None, "layers_to_transform": None, "rank_pattern": {},
+                    "alpha_pattern": {}, "fan_in_fan_out": False}
+
+
+def read_peft_config(folder):
+    """(rank, alpha, dropout, targets) of a PEFT folder's adapter_config.json; ValueError
+    naming the file and the key for anything npformer's LoRA is not."""
+    from .hf import read_json
+    file = Path(folder) / "adapter_config.json"
+    if not file.is_file():
+        raise ValueError(f"{folder}: no adapter_config.json (not a PEFT adapter folder)")
+    raw = read_json(file)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file}: expected a JSON object")
+    if raw.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{file}: peft_type: expected 'LORA', got {raw.get('peft_type')!r}")
+    for key, plain in PEFT_UNSUPPORTED.items():
+        value = raw.get(key)
+        if not (value is None or value == plain or (plain is None and value == [])):
+            raise ValueError(f"{file}: {key}: npformer's LoRA reads {plain!r} only, got "
+                             f"{raw[key]!r:.60}")
+    targets = raw.get("target_modules")
+    if isinstance(targets, str) or not isinstance(targets, list) or not targets:
+        raise ValueError(f"{file}: target_modules: expected a list of module names, got "
+                         f"{targets!r:.60}")
+    try:
+        rank, alpha, dropout = check_settings(raw.get("r"), raw.get("lora_alpha", 8),
+                                              raw.get("lora_dropout", 0.0))
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
+    return rank, alpha, dropout, targets
+
+
+def load_peft(model, folder):
+    """Apply and load a PEFT adapter folder (``adapter_config.json``,
+    ``adapter_model.safetensors``) onto ``model`` (its base, frozen here). Every key of the file
+    must be an adapter of the config's targets and every adapter must be there, each of its
+    shape, in the model's dtype and finite. Returns the model."""
+    from .hf import read_header
+    rank, alpha, dropout, targets = read_peft_config(folder)
+    _check_llama_base(model, f"{folder}")
+    file = Path(folder) / "adapter_model.safetensors"
+    if not file.is_file():
+        raise ValueError(f"{folder}: no adapter_model.safetensors")
+    stored = read_header(file)
+    apply(model, rank, alpha, dropout, targets)
+    names = _hf_modules(model)
+    arrays = {}
+    wanted = {}
+    for path, lora in adapters(model):
+        module = names[(_weight_name(model, lora), lora.start, lora.stop)]
+        wanted[f"{PEFT_PREFIX}{module}.lora_A.weight"] = f"{path}.A"
+        wanted[f"{PEFT_PREFIX}{module}.lora_B.weight"] = f"{path}.B"
+    dtype = np.dtype(model.config.dtype)
+    code = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}.get(dtype)
+    missing = [k for k in wanted if k not in stored]
+    extra = [k for k in stored if k not in wanted]
+    wrong = [f"{k}: expected {code}, got {t.dtype}" for k, t in stored.items()
+             if k in wanted and t.dtype != code]
+    if missing or extra or wrong:
+        parts = ([f"missing {missing[:4]}"] if missing else []) + \
+                ([f"unexpected {extra[:4]}"] if extra else []) + wrong[:4]
+        raise ValueError(f"{file}: does not hold the adapters of its adapter_config.json for "
+                         f"this model: " + "; ".join(parts))
+    for key, ours in wanted.items():
+        t = stored[key]
+        arrays[ours] = np.fromfile(t.file, dtype=dtype, count=int(np.prod(t.shape)),
+                                   offset=t.start).reshape(t.shape)
+    load_adapter_state(model, arrays, str(file))
+    model.lora.base = {"folder": None, "kind": "peft"}
+    return model
+
+
+# -- safetensors and the merged model ------------------------------------------------------------
+SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "bfloat16": "BF16"}
+
+
+def to_bfloat16(x):
+    """float32 -> bfloat16 bits (uint16), rounded to nearest even (NaN stays NaN)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        rounded[nan] = np.uint16(0x7FC0)
+    return rounded
+
+
+def write_safetensors(path, tensors, dtype=None):
+    """One safetensors file of ``tensors`` ({name: array}), atomically: F32 or F64 as they are,
+    or all as ``dtype`` ("float32", "bfloat16"). Header metadata {"format": "pt"}, as
+    transformers writes it."""
+    entries, blobs, offset = {}, [], 0
+    for name, value in tensors.items():
+        if dtype == "bfloat16":
+            data, code = to_bfloat16(value), "BF16"
+        else:
+            arr = np.asarray(value, dtype=np.float32 if dtype == "float32" else None)
+            code = SAFETENSORS_DTYPES.get(arr.dtype.name)
+            if code is None:
+                raise ValueError(f"{name}: cannot store a {arr.dtype} tensor")
+            data = np.ascontiguousarray(arr)
+        raw = data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes()
+        entries[name] = {"dtype": code, "shape": list(np.shape(value)),
+                         "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    header = json.dumps({"__metadata__": {"format": "pt"}, **entries},
+                        separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+
+    def write(f):
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        for raw in blobs:
+            f.write(raw)
+    write_file_atomic(Path(path), write)
+
+
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt")
+
+
+def merged_tensors(model):
+    """{Hugging Face name: float array} of a Llama-family model with its adapters' updates
+    added (the model itself unchanged)."""
+    from .hf import llama_names
+    params = dict(model.named_parameters())
+    deltas = {}
+    for _, lora in adapters(model):
+        if not lora.merged:
+            deltas.setdefault(_weight_name(model, lora), []).append(lora)
+    out = {}
+    for hf, (ours, rows) in llama_names(model.config).items():
+        value = np.array(params[ours].data[rows], dtype=np.float32)
+        start, _, _ = rows.indices(params[ours].data.shape[0])
+        for lora in deltas.get(ours, ()):
+            stop = start + value.shape[0]
+            if start <= lora.start and lora.stop <= stop:
+                value[lora.start - start:lora.stop - start] += lora.delta_weight()
+        out[hf] = value
+    return out
+
+
+def save_merged(model, base_folder, out, dtype="float32"):
+    """A Hugging Face folder of the merged model (``transformers`` loads it): the base folder's
+    config.json (its ``torch_dtype`` set to ``dtype``), tokenizer and generation files, and
+    one model.safetensors of the weights with the adapters added, in float32 or bfloat16."""
+    _check_llama_base(model, "export --format hf --merge")
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype!r}")
+    base_folder, out = Path(base_folder), Path(out)
+    config_file = base_folder / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{base_folder}: no config.json (the base model's folder is needed for "
+                         f"its configuration and tokenizer)")
+    out.mkdir(parents=True, exist_ok=True)
+    for item in sorted(base_folder.iterdir()):
+        if item.is_file() and not item.name.endswith(WEIGHT_FILES) and \
+                not item.name.endswith(".index.json") and item.name != "config.json":
+            shutil.copyfile(item, out / item.name)
+    config = json.loads(config_file.read_text())
+    config["torch_dtype"] = dtype
+    text = json.dumps(config, indent=2) + "\n"
+    write_file_atomic(out / "config.json", lambda f: f.write(text.encode()))
+    write_safetensors(out / "model.safetensors", merged_tensors(model), dtype)
+    return out
+
+
+def lora_parameter_count(model):
+    """(trained, total) parameter counts."""
+    trained = sum(p.data.size for n, p in model.named_parameters() if is_adapter_name(n))
+    return trained, model.num_parameters()
+
+
+def load_adapter(model, path):
+    """Apply and load the adapter at ``path`` onto ``model`` (its base, frozen here): a PEFT
+    folder (adapter_config.json) or a checkpoint of an npformer LoRA run (RUN/best), whose base
+    must be this model (same configuration, same weights by sha256). Returns the model."""
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return load_peft(model, path)
+    from .checkpoint import load_checkpoint
+    if os.path.isdir(path):
+        path = os.path.join(path, "best")
+    arrays, meta = load_checkpoint(path)
+    where = f"adapter {path}"
+    if "lora" not in meta:
+        raise ValueError(f"{where}: holds no LoRA adapters (a checkpoint of npformer lm "
+                         f"--lora-rank, or a PEFT folder with adapter_config.json)")
+    theirs = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    ours = model.config.to_dict()
+    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k)
+                    and k not in ("dropout", "attention_dropout", "activation_dropout"))
+    if differ:
+        raise ValueError(f"{where}: is an adapter for another base model (its configuration "
+                         f"differs from this one's in {', '.join(differ)})")
+    weights = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
+    return rebuild(model, meta["lora"], weights, where)

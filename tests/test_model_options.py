@@ -60,6 +60,9 @@ def test_a_run_recorded_before_resumes_as_before(name, tmp_path, capsys):
         # the options added since are recorded with what the old run was: GPT-2's block,
         # every head its own keys and values
         assert (options.pop("arch"), options.pop("n_kv_heads")) == ("gpt", None)
+        # and no LoRA adapters (issue 71's options)
+        assert [options.pop(k) for k in ("lora_rank", "lora_alpha", "lora_dropout",
+                                         "lora_targets")] == [None] * 4
     assert options == expected["options"]
     assert resumed.model.config == config_from_dict(expected["config"])
 

@@ -5,6 +5,7 @@
     npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --max-new-tokens 300
     npformer lm --data my.txt --init-from path/to/gpt2 --out runs/gpt2-mine --max-steps 200
     npformer lm --data ../shared/data/tinyshakespeare/input.txt --arch llama --out runs/llama
+    npformer lm --data my.txt --init-from path/to/SmolLM2-135M --lora-rank 8 --out runs/lora
 
 The recipe is ``npformer.training.language_model``'s (``lm_model(arch)``, ``LM_TRAIN``).
 ``--arch`` picks the block (GPT-2's or Llama's) of a new model; it is recorded like a model
@@ -31,7 +32,8 @@ MEMORY_HINT = "try a smaller --layers, --d-model, --d-ff, --context or --batch-s
 # the options a checkpoint of ``npformer lm`` records, and those a resume may change
 LM_RECORDED = ("data", "init_from", "arch", *LANGUAGE_MODEL.options, "max_steps", "batch_size", "lr",
                "schedule", "min_lr", "warmup_steps", "weight_decay", "clip_norm",
-               "eval_every_steps", "time_budget", "sample_tokens", "seed")
+               "eval_every_steps", "time_budget", "sample_tokens", "seed",
+               "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 LM_MAY_CHANGE = ("data", "max_steps", "time_budget", "eval_every_steps", "sample_tokens")
 # the model options --init-from refuses, its model bringing them: all but --context (how much
 # of the text the task shows it at once) and --dropout (the fine-tuning's)
@@ -89,6 +91,20 @@ def add_parser(sub, name):
                      f"sinusoidal table, or rotary (each attention turns queries and keys by "
                      f"their positions) (default {recipe['positions']})"},
         metavars={"context": "T"})
+    lo = p.add_argument_group("LoRA (with --init-from: the model frozen, low-rank adapters "
+                              "trained)")
+    lo.add_argument("--lora-rank", type=positive_int, default=None, metavar="R",
+                    help="train a rank-R update (alpha / R) B A of each targeted projection "
+                         "instead of the whole model; checkpoints hold the adapters alone")
+    lo.add_argument("--lora-alpha", type=positive_float, default=None, metavar="A",
+                    help="the update's scale is A / R (default R: a scale of 1)")
+    lo.add_argument("--lora-dropout", type=non_negative_float, default=None, metavar="P",
+                    help="dropout on the adapters' input, in [0, 1) (PEFT's lora_dropout; "
+                         "default 0)")
+    lo.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME",
+                    help="the projections to adapt: PEFT's names (q_proj k_proj v_proj o_proj "
+                         "gate_proj up_proj down_proj) or npformer's (in_proj out_proj linear1 "
+                         "linear2 generator) (default q_proj v_proj)")
     t = p.add_argument_group("training")
     t.add_argument("--max-steps", type=positive_int, default=None,
                    help=f"updates; the schedule ends there (default {LM_TRAIN['max_steps']})")
@@ -145,6 +161,31 @@ def _train_kwargs(args):
     return dict(kwargs, out_dir=args.out, quiet=args.quiet)
 
 
+def _lora(args):
+    """The LoRA settings of --lora-*, or None without --lora-rank (the others then refused)."""
+    if args.lora_rank is None:
+        given = [d for d in ("lora_alpha", "lora_dropout", "lora_targets")
+                 if getattr(args, d) is not None]
+        if given:
+            raise ValueError(f"{flag(given[0])}: only with --lora-rank R")
+        return None
+    if args.init_from is None and not args.resume:
+        raise ValueError("--lora-rank: adapts a trained model; give it with --init-from DIR")
+    from ..lora import DEFAULT_TARGETS, check_settings
+    if args.lora_alpha is None:
+        args.lora_alpha = float(args.lora_rank)
+    if args.lora_dropout is None:
+        args.lora_dropout = 0.0
+    if args.lora_targets is None:
+        args.lora_targets = list(DEFAULT_TARGETS)
+    try:
+        check_settings(args.lora_rank, args.lora_alpha, args.lora_dropout)
+    except ValueError as e:
+        raise ValueError(f"--lora-{str(e)}") from None
+    return {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
+            "targets": list(args.lora_targets)}
+
+
 def _recorded(args):
     return {"made_by": LM_MADE_BY,
             "options": {dest: getattr(args, dest, None) for dest in LM_RECORDED}}
@@ -184,6 +225,7 @@ def build(args, saved=None):
             raise ValueError(f"{flag(given[0])}: the model of --init-from "
                              f"{args.init_from} brings its own shape; leave it out")
     fill_defaults(args)
+    lora = _lora(args)
     if args.init_from is None and saved is None:
         check_model_size(args)
     refuse_inputs_in_run(args.out, [("--data", args.data)])
@@ -194,13 +236,31 @@ def build(args, saved=None):
             raise ValueError(f"--init-from {args.init_from}: is in --out {args.out}, whose run "
                              f"files the new run replaces; give another --out (nothing was "
                              f"written)")
-    trainer, data = lm_trainer(args.data, _model_kwargs(args) if saved is None else {},
-                               _train_kwargs(args), seed=args.seed, context=args.context,
-                               init_from=None if saved is not None else args.init_from,
-                               sample_tokens=args.sample_tokens, extra=_recorded(args),
-                               saved=saved, arch=args.arch or LM_ARCH)
+    try:
+        trainer, data = _lm_trainer(args, saved, lora)
+    except ValueError as e:                      # apply's arguments, named by their options
+        message = str(e)
+        for name, option in (("rank: ", "--lora-rank: "), ("alpha: ", "--lora-alpha: "),
+                             ("target_modules: ", "--lora-targets: ")):
+            if lora is not None and message.startswith(name):
+                raise ValueError(option + message[len(name):]) from None
+        raise
     args.context = trainer.extra["options"]["context"] = trainer.task.context   # as used
     args.sample_tokens = trainer.extra["options"]["sample_tokens"] = trainer.task.sample_tokens
+    return _summary(args, trainer, data)
+
+
+def _lm_trainer(args, saved, lora):
+    return lm_trainer(args.data, _model_kwargs(args) if saved is None else {},
+                      _train_kwargs(args), seed=args.seed, context=args.context,
+                      init_from=None if saved is not None else args.init_from,
+                      sample_tokens=args.sample_tokens, extra=_recorded(args),
+                      saved=saved, arch=args.arch or LM_ARCH,
+                      lora=None if saved is not None else lora)
+
+
+def _summary(args, trainer, data):
+    """The run's summary line (and its LoRA line); returns (trainer, data)."""
     model = trainer.model
     print(f"{args.data}: {len(data.train) + len(data.valid):,} tokens ({len(data.train):,} "
           f"training, {len(data.valid):,} validation), a vocabulary of {len(data.tokenizer):,}; "
@@ -208,6 +268,11 @@ def build(args, saved=None):
           f"({model.config.n_layers} layers, "
           f"d_model {model.config.d_model}, context {trainer.task.context}), "
           f"{trainer.task.batches_per_epoch()} batches per epoch", flush=True)
+    if getattr(model, "lora", None) is not None:
+        s = model.lora
+        print(f"LoRA rank {s.rank}, alpha {s.alpha:g}, dropout {s.dropout:g} on "
+              f"{', '.join(s.targets)}: {model.flat_params.size:,} parameters train, the other "
+              f"{model.num_parameters() - model.flat_params.size:,} are frozen", flush=True)
     return trainer, data
 
 
@@ -246,6 +311,8 @@ def recorded_lm_options(meta):
                 recorded.setdefault(option, value)
         if recorded.get("init_from") is None:   # a new model: the block its fields are
             recorded.setdefault("arch", arch_of(GPTConfig.from_dict(meta["config"])))
+    for option in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"):
+        recorded.setdefault(option, None)        # a run from before LoRA trained no adapters
     return recorded
 
 

@@ -34,7 +34,8 @@ class Embedding(Module):
         return out
 
     def backward(self, dout):
-        self.weight.grad += self._ops.embedding_backward(dout, self._cache, self.padding_idx)
+        if self.weight.grad is not None:        # None: frozen (npformer.lora), no scatter-add
+            self.weight.grad += self._ops.embedding_backward(dout, self._cache, self.padding_idx)
 
 
 class PositionEmbedding(Module):
@@ -58,6 +59,8 @@ class PositionEmbedding(Module):
 
     def backward(self, dout):
         """Adds dweight into .grad and returns dx (= dout)."""
+        if self.weight.grad is None:            # frozen (npformer.lora)
+            return dout
         dx, dw = self._ops.position_embedding_backward(dout, self._cache)
         self.weight.grad += dw
         return dx

@@ -7,6 +7,11 @@ just work, and ``zero_grad()`` resets them.
 All parameters of a model live in one contiguous buffer (``flat_params``), each Parameter's
 ``data`` a view into it, and likewise for gradients (``flat_grads``). The optimizer, the
 gradient-norm clipping and ``zero_grad`` then each touch one array instead of hundreds.
+
+A frozen parameter (``Parameter.freeze``, ``Module.freeze``: LoRA's base weights) has no
+gradient (``grad`` is None): ``flatten_parameters`` leaves it out of both buffers, so the
+optimizer, the clipping and a data-parallel reduction never see it, and the modules' backward
+passes skip its gradient (a frozen Linear weight costs no dW product).
 """
 import contextlib
 from collections import OrderedDict
@@ -29,7 +34,7 @@ def config_of(config_class, args, kwargs):
 
 
 class Parameter:
-    """A trainable array and its gradient (same shape and dtype)."""
+    """A trainable array and its gradient (same shape and dtype); ``grad`` is None once frozen."""
 
     __slots__ = ("data", "grad")
 
@@ -43,6 +48,16 @@ class Parameter:
     @property
     def shape(self):
         return self.data.shape
+
+    @property
+    def frozen(self):
+        """Whether the parameter is frozen: no gradient, left out of the training buffers."""
+        return self.grad is None
+
+    def freeze(self):
+        """No gradient from now on (the model's buffers change at its next
+        ``flatten_parameters``, which ``Module.freeze`` calls)."""
+        self.grad = None
 
     def __repr__(self):
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
@@ -99,6 +114,17 @@ class Module:
     def num_parameters(self):
         return sum(p.data.size for p in self.parameters())
 
+    def trainable_parameters(self):
+        """(dotted name, Parameter) of the parameters that are not frozen."""
+        return [(name, p) for name, p in self.named_parameters() if p.grad is not None]
+
+    def freeze(self):
+        """Freeze every parameter of this module and its children, and rebuild the flat
+        buffers of what still trains (none: empty). Returns the module."""
+        for p in self.parameters():
+            p.freeze()
+        return self.flatten_parameters()
+
     # -- modes and gradients -----------------------------------------------------------------
     def train(self, mode=True):
         for m in self.modules():
@@ -126,14 +152,18 @@ class Module:
             self.flat_grads.fill(0)
         else:
             for p in self.parameters():
-                p.grad.fill(0)
+                if p.grad is not None:
+                    p.grad.fill(0)
 
     def flatten_parameters(self):
-        """Move every parameter (and gradient) into one contiguous buffer; each becomes a view."""
+        """Move every parameter (and gradient) into one contiguous buffer; each becomes a view.
+        Frozen parameters stay where they are (in the buffer of an earlier call: LoRA's base
+        keeps its weights in place, and a new, small buffer holds the adapters)."""
         if building_shapes():
             return self
-        params = self.parameters()
-        dtypes = {p.data.dtype for p in params}
+        every = self.parameters()
+        params = [p for p in every if p.grad is not None]
+        dtypes = {p.data.dtype for p in params} or {p.data.dtype for p in every}
         if len(dtypes) != 1:
             raise ValueError(f"flatten_parameters: expected one dtype for all parameters, got {dtypes}")
         total = sum(p.data.size for p in params)

@@ -333,15 +333,35 @@ def _initial_model(init_from):
     return loaded.model, resolve_tokenizer(loaded)
 
 
+def _apply_lora(model, lora, init_from, seed):
+    """Freeze ``model`` (the weights of ``init_from``) and attach the adapters ``lora`` asks for;
+    the base is recorded by folder (absolute), kind and model_type."""
+    from .. import lora as lora_module
+    from ..hf import read_model_config
+    lora_module.apply(model, lora["rank"], lora["alpha"], lora["dropout"], lora["targets"],
+                      seed=seed)
+    folder = os.path.abspath(init_from)
+    if os.path.isdir(folder) and os.path.isfile(os.path.join(folder, "config.json")):
+        model.lora.base = {"folder": folder, "kind": "hf",
+                           "model_type": read_model_config(folder)[2]}
+    else:
+        path = os.path.join(folder, "best") if os.path.isdir(folder) else folder
+        model.lora.base = {"folder": path[:-4] if path.endswith(".npz") else path,
+                           "kind": "npformer", "model_type": None}
+
+
 def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=None,
-               init_from=None, sample_tokens=None, extra=None, saved=None, arch=LM_ARCH):
+               init_from=None, sample_tokens=None, extra=None, saved=None, arch=LM_ARCH,
+               lora=None):
     """The recipe's ``(Trainer, LMData)``: a character-level GPT of ``lm_model(arch)``
     (overridden by ``model_kwargs``) on the text of ``text_file``, trained as ``LM_TRAIN`` says (overridden by
     ``train_kwargs``). ``init_from`` fine-tunes a GPT-2 folder or an npformer GPT checkpoint
     instead, on the text as its own tokenizer cuts it (``model_kwargs`` may then only set
     ``dropout``: every dropout rate of the model). ``saved`` (a ``LoadedCheckpoint``) is the
     run a caller resumes: its model and tokenizer are kept, and ``context`` must be given (the
-    run's). The context used is the task's (``trainer.task.context``)."""
+    run's). The context used is the task's (``trainer.task.context``). ``lora`` ({"rank",
+    "alpha", "dropout", "targets"}) freezes the model of ``init_from`` and trains LoRA adapters
+    (``npformer.lora.apply``), the base recorded by folder and by the hash of its weights."""
     text = read_text(text_file)
     model_kwargs = dict(model_kwargs or {})
     if saved is not None:
@@ -358,6 +378,8 @@ def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=
         context = context or min(model.max_len, INIT_CONTEXT)
         if "dropout" in model_kwargs:            # the same weights; every rate is the new one
             model = model.reconfigured(dropout=model_kwargs["dropout"], attention_dropout=None)
+        if lora is not None:
+            _apply_lora(model, lora, init_from, seed)
     else:
         tokenizer = CharTokenizer.from_text(text)
         recipe = lm_model(arch)

@@ -1,0 +1,252 @@
+"""LoRA against Hugging Face PEFT, both ways, on tiny random-weight Llama and Qwen2 folders
+(tests/test_llama_hf.py's): npformer's adapters load with ``PeftModel.from_pretrained`` and give
+npformer's logits; PEFT's adapters load into npformer and give PEFT's logits; the gradients of
+every lora_A and lora_B equal PEFT's in float64; a merged export loads in transformers (float32,
+bfloat16); the commands (lm --lora-rank, sample --adapter, export --format peft / hf --merge)
+end to end; bad adapter folders refused naming the file. Float64 comparisons are against
+PEFT over test_llama_hf's ``exact_reference`` (RMSNorm and rotary angles without Hugging Face's
+float32 casts). Skips where torch, transformers or peft are absent (.ci/run installs them)."""
+import json
+
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer import lora
+from npformer.cli.main import main
+
+torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
+transformers = pytest.importorskip("transformers",
+                                   reason="the reference models: pip install transformers")
+peft = pytest.importorskip("peft", reason="the PEFT round trips: pip install peft accelerate "
+                                          "(.ci/run installs them beside torch)")
+pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
+from test_llama_hf import TEXT, build, exact_reference  # noqa: E402
+
+torch.set_num_threads(1)
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+CASES = ("llama-gqa-llama3", "qwen2-mqa")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """{case: (folder, float32 transformers model)}."""
+    out = {}
+    for i, case in enumerate(CASES):
+        path = tmp_path_factory.mktemp(case)
+        out[case] = path, build(path, case, seed=10 + i)
+    return out
+
+
+def ids_and_targets(vocab, seed=0, shape=(2, 9)):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, vocab, shape), rng.integers(0, vocab, shape)
+
+
+def randomise(model, seed=1):
+    rng = np.random.default_rng(seed)
+    for _, m in lora.adapters(model):
+        m.B.data[...] = rng.standard_normal(m.B.data.shape) * 0.2
+        m.A.data[...] += rng.standard_normal(m.A.data.shape) * 0.1
+
+
+def peft_logits(peft_model, ids):
+    with torch.no_grad():
+        return peft_model(torch.tensor(ids)).logits.numpy()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_npformer_adapter_loads_in_peft(folders, tmp_path, case):
+    path, hf = folders[case]
+    model = lora.apply(nf.from_pretrained(path, dtype=np.float64), rank=4, alpha=8.0,
+                       target_modules=ALL)
+    randomise(model)
+    lora.save_peft(model, tmp_path / "adapter", str(path))
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0 and sorted(config["target_modules"]) \
+        == sorted(ALL)
+    reference = peft.PeftModel.from_pretrained(exact_reference(hf), tmp_path / "adapter").eval()
+    ids, _ = ids_and_targets(model.config.vocab_size)
+    np.testing.assert_allclose(model.eval().forward(ids), peft_logits(reference.double(), ids),
+                               rtol=0, atol=1e-10)
+
+
+def peft_made(hf, tmp_path, targets=ALL, r=3, alpha=5.0, seed=0):
+    """An adapter made by PEFT over the float64 exact reference, lora_B random; saved."""
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0,
+                             task_type="CAUSAL_LM")
+    pm = peft.get_peft_model(exact_reference(hf), config)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p) * 0.2)
+    pm = pm.double()
+    pm.save_pretrained(tmp_path / "peft")
+    return pm
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_peft_adapter_loads_in_npformer_and_gradients_agree(folders, tmp_path, case):
+    """PEFT's adapter file gives PEFT's logits in npformer, and for one batch every lora_A and
+    lora_B gradient equals PEFT's (float64)."""
+    path, hf = folders[case]
+    pm = peft_made(hf, tmp_path)
+    model = lora.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
+    ids, targets = ids_and_targets(model.config.vocab_size, seed=3)
+    pm.eval()
+    model.eval()
+    logits = pm(torch.tensor(ids)).logits
+    np.testing.assert_allclose(model.forward(ids), logits.detach().numpy(), rtol=0, atol=1e-10)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             torch.tensor(targets).reshape(-1))
+    loss.backward()
+    theirs = {n.replace(".default", ""): p.grad.numpy() for n, p in pm.named_parameters()
+              if "lora_" in n}
+    model.zero_grad()
+    mean, dlogits = nf.cross_entropy(model.forward(ids), targets)
+    model.backward(dlogits)
+    assert abs(float(mean) - loss.item()) < 1e-12
+    names = lora._hf_modules(model)
+    checked = 0
+    for _, m in lora.adapters(model):
+        module = names[(lora._weight_name(model, m), m.start, m.stop)]
+        for ours, key in ((m.A, "lora_A"), (m.B, "lora_B")):
+            ref = theirs[f"{lora.PEFT_PREFIX}{module}.{key}.weight"]
+            np.testing.assert_allclose(ours.grad, ref, rtol=1e-8, atol=1e-12 * np.abs(ref).max())
+            checked += 1
+    assert checked == len(theirs) == 2 * len(ALL) * 2
+
+
+def test_merged_export_loads_in_transformers(folders, tmp_path):
+    path, hf = folders["llama-gqa-llama3"]
+    model = lora.apply(nf.from_pretrained(path), rank=4, alpha=8.0, target_modules=ALL)
+    randomise(model)
+    ids, _ = ids_and_targets(model.config.vocab_size)
+    ours = model.eval().forward(ids)
+    lora.save_merged(model, path, tmp_path / "f32")
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "f32").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(merged(torch.tensor(ids)).logits.numpy(), ours, atol=2e-5)
+    lora.save_merged(model, path, tmp_path / "bf16", "bfloat16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    half = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16",
+                                                             dtype=torch.bfloat16).eval()
+    assert half.model.embed_tokens.weight.dtype == torch.bfloat16
+    w = half.model.layers[0].self_attn.q_proj.weight.detach().float().numpy()
+    exact = lora.merged_tensors(model)["model.layers.0.self_attn.q_proj.weight"]
+    np.testing.assert_allclose(w, exact, rtol=2 ** -8, atol=1e-30)      # bf16's rounding
+
+
+def test_commands_fine_tune_sample_export(folders, tmp_path, capsys):
+    """lm --init-from --lora-rank trains adapters only (checkpoints hold them alone), sample
+    --hf --adapter gives sample --checkpoint's text, export --format peft loads in PEFT with
+    npformer's logits, export --format hf --merge loads in transformers."""
+    path, hf = folders["qwen2-mqa"]
+    data = tmp_path / "text.txt"
+    data.write_text("\n".join(TEXT) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["lm", "--data", str(data), "--init-from", str(path), "--out", str(run),
+                 "--lora-rank", "4", "--lora-alpha", "8", "--lora-dropout", "0.1",
+                 "--lora-targets", "q_proj", "v_proj", "down_proj", "--lr", "0.01",
+                 "--context", "16", "--batch-size", "2", "--max-steps", "3", "--eval-every", "3",
+                 "--sample-tokens", "0", "--quiet"]) == 0
+    capsys.readouterr()
+    args = ["--prompt", "hello world", "--max-new-tokens", "4", "--greedy"]
+    assert main(["sample", "--hf", str(path), "--adapter", str(run / "best"), *args]) == 0
+    with_adapter = capsys.readouterr().out
+    assert main(["sample", "--checkpoint", str(run / "best"), *args]) == 0
+    assert capsys.readouterr().out == with_adapter
+    assert main(["export", "--checkpoint", str(run / "best"), "--format", "peft", "--out",
+                 str(tmp_path / "peft")]) == 0
+    from npformer.training.checkpointing import load_model_checkpoint
+    ours = load_model_checkpoint(run / "best").model
+    assert any(np.abs(m.B.data).max() > 0 for _, m in lora.adapters(ours))     # it trained
+    ids, _ = ids_and_targets(ours.config.vocab_size)
+    pm = peft.PeftModel.from_pretrained(hf, tmp_path / "peft").eval()
+    np.testing.assert_allclose(peft_logits(pm, ids), ours.forward(ids), atol=2e-5)
+    assert main(["export", "--checkpoint", str(run / "best"), "--format", "hf", "--merge",
+                 "--out", str(tmp_path / "merged")]) == 0
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(merged(torch.tensor(ids)).logits.numpy(),
+                                   ours.forward(ids), atol=2e-5)
+
+
+# -- bad adapter folders --------------------------------------------------------------------------
+def rewrite(folder, edit):
+    """Edit the tensors of adapter_model.safetensors with ``edit({name: array})``."""
+    from safetensors.numpy import load_file, save_file
+    file = folder / "adapter_model.safetensors"
+    tensors = load_file(file)
+    edit(tensors)
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def first(tensors, suffix):
+    return next(k for k in sorted(tensors) if k.endswith(suffix))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.pop(first(t, "lora_A.weight")), "missing"),
+    (lambda t: t.__setitem__("base_model.model.lm_head.lora_A.weight", np.zeros((3, 32))),
+     "unexpected"),
+    (lambda t: t.__setitem__(first(t, "lora_B.weight"), np.zeros((5, 3))), "expected shape"),
+    (lambda t: t.__setitem__(first(t, "lora_A.weight"),
+                             np.full(t[first(t, "lora_A.weight")].shape, np.inf)), "non-finite"),
+    (lambda t: t.__setitem__(first(t, "lora_A.weight"),
+                             t[first(t, "lora_A.weight")].astype(np.float16)),
+     "expected F64, got F16"),
+])
+def test_bad_adapter_tensors_are_refused(folders, tmp_path, edit, message):
+    path, hf = folders["llama-gqa-llama3"]
+    peft_made(hf, tmp_path, targets=["q_proj", "v_proj"])
+    rewrite(tmp_path / "peft", edit)
+    with pytest.raises(ValueError, match=message):
+        lora.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("use_dora", True, "use_dora: npformer's LoRA reads False only"),
+    ("target_modules", ".*proj", "target_modules: expected a list of module names"),
+    ("r", 0, "rank: expected a positive integer"),
+    ("lora_alpha", -1, "alpha"),
+    ("lora_dropout", 1.5, "dropout"),
+])
+def test_bad_adapter_configs_are_refused(folders, tmp_path, key, value, message):
+    path, hf = folders["llama-gqa-llama3"]
+    peft_made(hf, tmp_path, targets=["q_proj", "v_proj"])
+    file = tmp_path / "peft" / "adapter_config.json"
+    config = json.loads(file.read_text())
+    config[key] = value
+    file.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"adapter_config.json: {message}"):
+        lora.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
+
+
+def test_adapter_for_another_base_is_refused(folders, tmp_path, capsys):
+    """A PEFT adapter of the Llama onto the Qwen2 (other shapes), and an npformer run's adapter
+    onto a base whose weights differ (same shapes: the hash) are refused naming the adapter."""
+    llama, qwen = folders["llama-gqa-llama3"], folders["qwen2-mqa"]
+    peft_made(llama[1], tmp_path, targets=["q_proj", "v_proj"])
+    with pytest.raises(ValueError, match="adapter_model.safetensors: does not hold this "
+                                         "model's adapters: .*v_proj.*expected shape"):
+        lora.load_peft(nf.from_pretrained(qwen[0], dtype=np.float64), tmp_path / "peft")
+    model = lora.apply(nf.from_pretrained(llama[0]), rank=2)
+    model.lora.base = {"folder": str(llama[0]), "kind": "hf", "model_type": "llama"}
+    from npformer.training.checkpointing import save_model_checkpoint
+    save_model_checkpoint(tmp_path / "run", model, None)
+    other = tmp_path / "other"
+    build(other, "llama-gqa-llama3", seed=99)
+    assert main(["sample", "--hf", str(other), "--adapter", str(tmp_path / "run"),
+                 "--prompt", "hello", "--max-new-tokens", "2", "--greedy"]) == 1
+    assert "is an adapter for another base model" in capsys.readouterr().err
+
+
+def test_gpt2_export_is_refused_with_the_reason(tmp_path):
+    """GPT-2's fused Conv1D c_attn: the formats are refused, saying why."""
+    gpt2 = lora.apply(nf.GPT(vocab_size=19, d_model=12, n_heads=3, d_ff=20, n_layers=1,
+                             max_len=8), rank=2, target_modules=["in_proj"])
+    with pytest.raises(ValueError, match="not GPT-2's attention is one fused Conv1D c_attn: its layers are stored "
+                                         "transposed"):
+        lora.save_peft(gpt2, tmp_path / "peft")

@@ -1,0 +1,78 @@
+"""mkdocs hooks of the documentation site (mkdocs.yml): README.md becomes the home page and
+BENCHMARKS.md a page beside the docs; links are rewritten to where their target is on the site.
+
+The Markdown files are written to be read in the repository, where README links
+``docs/backprop.md`` and backprop.md links ``../npformer/functional/linear.py``. On the site
+README is ``index.md`` at the root of the docs, so:
+
+- a link to a file of docs/ (or to README/BENCHMARKS) points to its page;
+- a link to another file of the repository (a source file) points to it on the repository's
+  web page (``REPOSITORY``);
+- a link to nothing is left as it is, so that ``mkdocs build --strict`` fails on it.
+
+In the tutorials' pages (rendered from notebooks, HTML that mkdocs does not check), links to
+``X.md`` and ``X.ipynb`` become links to the pages ``X.html``.
+"""
+import os
+import posixpath
+import re
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+REPOSITORY = "https://github.com/npformer/npformer/blob/main/"
+PAGES = {"README.md": "index.md", "BENCHMARKS.md": "benchmarks.md"}   # repository -> site
+LINK = re.compile(r"\]\((?P<target>[^)\s#]+)(?P<anchor>#[^)\s]*)?\)")
+HREF = re.compile(r'href="(?P<target>[^"#:]+)\.(?:md|ipynb)(?P<anchor>#[^"]*)?"')
+
+
+def on_files(files, config):
+    for source, page in PAGES.items():
+        files.append(File.generated(config, page,
+                                    content=(ROOT / source).read_text(encoding="utf-8")))
+    return files
+
+
+def _origin(src_uri):
+    """Where the page's Markdown lies in the repository."""
+    for source, page in PAGES.items():
+        if src_uri == page:
+            return ROOT / source
+    return DOCS / src_uri
+
+
+def _site_target(target, origin, src_uri):
+    """``target`` (as written in ``origin``) as a link of the page ``src_uri``, or None to keep it."""
+    if "://" in target or target.startswith("mailto:"):
+        return None
+    real = Path(os.path.normpath(origin.parent / target))
+    if not real.exists():
+        return None                              # broken: mkdocs --strict names it
+    relative = real.relative_to(ROOT).as_posix() if real.is_relative_to(ROOT) else None
+    if relative in PAGES:
+        in_docs = PAGES[relative]
+    elif real.is_relative_to(DOCS):
+        in_docs = real.relative_to(DOCS).as_posix()
+    elif relative is not None:
+        return REPOSITORY + relative             # a source file: on the repository's page
+    else:
+        return None
+    return posixpath.relpath(in_docs, posixpath.dirname(src_uri) or ".")
+
+
+def on_page_markdown(markdown, page, config, files):
+    origin, src_uri = _origin(page.file.src_uri), page.file.src_uri
+
+    def fix(m):
+        new = _site_target(m.group("target"), origin, src_uri)
+        return m.group(0) if new is None else f"]({new}{m.group('anchor') or ''})"
+
+    return LINK.sub(fix, markdown)
+
+
+def on_page_content(html, page, config, files):
+    if not page.file.src_uri.endswith(".ipynb"):
+        return html
+    return HREF.sub(lambda m: f'href="{m.group("target")}.html{m.group("anchor") or ""}"', html)

@@ -1,0 +1,58 @@
+"""The tutorials run: every chapter of docs/tutorials (jupytext text notebooks) executes top to
+bottom in a fresh Jupyter kernel, in under a minute, and the outputs the documentation site
+shows (``NN_*.ipynb``) were made from the chapter's current code."""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TUTORIALS = ROOT / "docs" / "tutorials"
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+LIMIT_S = 60                                  # the issue's "each runs in under a minute"
+DOCS_EXTRA = ("jupytext", "nbclient", "ipykernel", "nbformat")
+
+_spec = importlib.util.spec_from_file_location("npformer_tutorial_runner",
+                                               TUTORIALS / "run_tutorials.py")
+runner = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(runner)
+CHAPTERS = runner.chapters()
+
+
+def test_the_six_chapters_are_there():
+    assert [p.name[:2] for p in CHAPTERS] == ["01", "02", "03", "04", "05", "06"]
+
+
+@pytest.fixture
+def docs_extra():
+    missing = [m for m in DOCS_EXTRA if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the docs extra is not installed ({', '.join(missing)} missing): "
+                    f"pip install -e '.[docs]'")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_the_tutorial_runs_in_under_a_minute(path, docs_extra, monkeypatch):
+    if path.name.startswith("04"):
+        if not SHAKESPEARE.exists() and not os.environ.get("TINYSHAKESPEARE"):
+            pytest.skip(f"tiny Shakespeare not found at {SHAKESPEARE} (or $TINYSHAKESPEARE)")
+        monkeypatch.setenv("TINYSHAKESPEARE", os.environ.get("TINYSHAKESPEARE", str(SHAKESPEARE)))
+    nb, seconds = runner.execute(path)
+    errors = [o for cell in nb.cells if cell.cell_type == "code"
+              for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
+    assert seconds < LIMIT_S, f"{path.name} took {seconds:.0f} s; a chapter must run in under {LIMIT_S} s"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_the_stored_outputs_come_from_the_current_text(path, docs_extra):
+    stored = path.with_suffix(".ipynb")
+    assert stored.exists(), f"{stored.name} missing: python docs/tutorials/run_tutorials.py --store {path.name[:2]}"
+    import nbformat
+    ran = nbformat.read(str(stored), as_version=4)
+    cells = [(c.cell_type, c.source) for c in runner.read(path).cells]
+    assert [(c.cell_type, c.source) for c in ran.cells] == cells, \
+        f"{stored.name} is older than {path.name}: python docs/tutorials/run_tutorials.py --store {path.name[:2]}"
+    assert all(c.get("outputs") is not None for c in ran.cells if c.cell_type == "code")
+    assert any(c.get("outputs") for c in ran.cells if c.cell_type == "code"), "no outputs stored"

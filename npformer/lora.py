@@ -224,7 +224,7 @@ def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS
         raise ValueError(f"rank: expected at most {width}, the width of the narrowest targeted "
                          f"layer ({label} at {host}.{attr}, {shape[0]} x {shape[1]}), got {rank}")
     for p in params.values():
-        p.grad = None                                   # frozen: no gradient, no Adam state
+        p.freeze()                                      # no gradient, no Adam state
     rng = np.random.default_rng(seed)
     dropout_rng = getattr(model, "rng", None) or np.random.default_rng(seed)
     for host, attr, start, stop, label in plan:
@@ -496,12 +496,16 @@ def load_peft(model, folder):
     shape, in the model's dtype and finite. Returns the model."""
     from .hf import read_header
     rank, alpha, dropout, targets = read_peft_config(folder)
+    folder = Path(folder)
     _check_llama_base(model, f"{folder}")
     file = Path(folder) / "adapter_model.safetensors"
     if not file.is_file():
         raise ValueError(f"{folder}: no adapter_model.safetensors")
     stored = read_header(file)
-    apply(model, rank, alpha, dropout, targets)
+    try:
+        apply(model, rank, alpha, dropout, targets)
+    except ValueError as e:
+        raise ValueError(f"{folder / 'adapter_config.json'}: {e}") from None
     names = _hf_modules(model)
     arrays = {}
     wanted = {}

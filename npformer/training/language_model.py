@@ -389,7 +389,8 @@ def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=
     if model is None:
         model = GPT(len(tokenizer), **{**recipe, **model_kwargs, "seed": seed,
                                        "max_len": context})
-    model.config.check_memory(training=True)    # with Adam's moments, before they are made
+    if getattr(model, "lora", None) is None:     # (LoRA: the weights are in memory already,
+        model.config.check_memory(training=True)  # and Adam's moments are the adapters')
     config = TrainConfig(**{**LM_TRAIN, "seed": seed, **(train_kwargs or {})})
     vocabs = (Vocabularies.joint(tokenizer.vocab) if isinstance(tokenizer, CharTokenizer)
               else None)

@@ -1,7 +1,13 @@
 """Per-layer gradient norms: the metric (``npformer.training.grad_norms``), its "train" records in
 every run's metrics log, and ``npformer plot --grad-norms``."""
+import importlib.util
 import json
 import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +17,8 @@ from npformer.cli.main import main
 from npformer.optim.clip import grad_norm
 from npformer.training.grad_norms import layer_grad_norms, layer_of
 from npformer.training.metrics_log import read_metrics_log
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name, layer", [
@@ -79,3 +87,30 @@ def test_plot_grad_norms_of_a_log_without_them_is_one_line(tmp_path, capsys):
     log.write_text(json.dumps({"event": "train", "step": 1, "grad_norms": {"a": "x"}}) + "\n")
     assert main(["plot", "--grad-norms", str(log), "--out", str(tmp_path / "p")]) == 1
     assert "step 1: grad_norms expected" in capsys.readouterr().err
+
+
+MPIEXEC = shutil.which("mpiexec")
+
+
+@pytest.mark.skipif(MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
+                    reason="needs mpiexec and mpi4py: pip install 'npformer[mpi]'")
+def test_under_mpi_rank_0_logs_the_norms_of_the_summed_gradient(tmp_path):
+    """2 ranks, a batch each per update, against one process accumulating the same 2 batches:
+    the logged per-layer norms are those of the whole update's gradient (rank 0's own half
+    would be another), and one log is written."""
+    toy = [sys.executable, "-m", "npformer", "train", "--dataset", "toy", "--quiet",
+           "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--layers", "1", "--dropout", "0",
+           "--batch-size", "16", "--max-steps", "10", "--reduce", "ordered"]
+    env = {**os.environ, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))}
+    r = subprocess.run([MPIEXEC, "-n", "2"] + toy + ["--out", str(tmp_path / "two")],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run(toy + ["--accum-steps", "2", "--out", str(tmp_path / "one")],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    two, one = ([rec for rec in read_metrics_log(tmp_path / run / "metrics.jsonl")
+                 if rec["event"] == "train"] for run in ("two", "one"))
+    assert [rec["step"] for rec in two] == [rec["step"] for rec in one] == [10]
+    assert two[0]["grad_norms"].keys() == one[0]["grad_norms"].keys()
+    for layer, norm in one[0]["grad_norms"].items():
+        assert math.isclose(two[0]["grad_norms"][layer], norm, rel_tol=1e-4), layer

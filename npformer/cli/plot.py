@@ -244,7 +244,7 @@ def _heatmap(plt, name, weights, src_tokens, tgt_tokens, sentence, text, out_dir
     fig.suptitle(f"{name}: {sentence} -> {text}", fontsize=8)
     fig.tight_layout()
     path = os.path.join(out_dir, f"attention_{name.replace('.', '_')}.png")
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
 

@@ -4,13 +4,16 @@ backends) and PyTorch eager on the same architecture, cores and batch, in one ru
     python benchmarks/bench_train_step.py [--config tiny|base|big|gpt2|gpt-char|llama-char]
                                           [--batch B] [--repeats 7]
                                           [--cores N] [--runtime-call] [--nondeterministic]
-                                          [--profile] [--choices] [--only IMPL ...]
+                                          [--profile] [--choices] [--only IMPL ...] [--no-peak]
 
 Each implementation runs in its own subprocess, so its peak resident memory
 (``resource.getrusage``) is its own. Prints ms/step (median after two warm-up steps), tokens/s
 (source + target tokens), achieved GFLOP/s (matrix-product FLOPs counted analytically), peak RSS,
 and each implementation's speed relative to PyTorch eager in the same run. PyTorch is skipped,
-with a message, when it is not installed.
+with a message, when it is not installed. Then, unless ``--no-peak``, the machine's own float32
+matrix-product rate (NumPy's matmul, its BLAS on the same cores, in a subprocess) on the step's
+three largest product shapes, weighed as the step weighs them, and npformer's whole-step GFLOP/s
+as a share of it: how near the machine's peak the step runs.
 
 Cores: the workers inherit this process's CPU affinity; ``--cores N`` re-executes them pinned to
 the first N CPUs of that affinity with ``taskset -c`` (CPUs 0-(N-1) on an unrestricted machine).
@@ -116,6 +119,73 @@ def step_flops(c):
            + 4 * nt * d * f)                                                          # feed-forward
     forward = c["n_encoder_layers"] * enc + c["n_decoder_layers"] * dec + 2 * nt * d * v
     return 3 * forward
+
+
+def step_products(c):
+    """The forward's linear products of one step as {(M, K, N): count}: M rows times a (K, N)
+    weight (the attention's per-head products, many small batched ones, are left out). The
+    backward runs two products of each shape's size (its transposes), so these shapes carry
+    most of ``step_flops``."""
+    d, f = c["d_model"], c["d_ff"]
+    out = {}
+
+    def add(m, k, n, count):
+        out[(m, k, n)] = out.get((m, k, n), 0) + count
+
+    if c.get("model") in DECODERS:
+        n, v = c["batch"] * c["seq_len"], c["vocab_size"]
+        kv = d * c.get("n_kv_heads", c["n_heads"]) // c["n_heads"]
+        layers = c["n_layers"]
+        add(n, d, d + 2 * kv, layers)                                   # q, k, v
+        add(n, d, d, layers)                                            # attention output
+        if c["model"] == "llama":
+            add(n, d, 2 * f, layers)                                    # gate and up, fused
+        else:
+            add(n, d, f, layers)
+        add(n, f, d, layers)                                            # down
+        add(n, d, v, 1)                                                 # the output head
+        return out
+    b, s, t, v = c["batch"], c["src_len"], c["tgt_len"], c["tgt_vocab_size"]
+    ns, nt, enc, dec = b * s, b * t, c["n_encoder_layers"], c["n_decoder_layers"]
+    add(ns, d, 3 * d, enc), add(ns, d, d, enc), add(ns, d, f, enc), add(ns, f, d, enc)
+    add(nt, d, 3 * d, dec), add(nt, d, d, 3 * dec), add(ns, d, 2 * d, dec)
+    add(nt, d, f, dec), add(nt, f, d, dec), add(nt, d, v, 1)
+    return out
+
+
+def largest_products(c, n=3):
+    """The ``n`` shapes of ``step_products`` with the most FLOPs in the step, largest first."""
+    products = step_products(c)
+    return sorted(products, key=lambda mkn: -products[mkn] * mkn[0] * mkn[1] * mkn[2])[:n]
+
+
+def sgemm_rates(shapes, seconds=0.3):
+    """{shape: GFLOP/s} of NumPy's float32 matmul (its BLAS, on every core this process may
+    use) on each (M, K, N): the best of repeated products over about ``seconds`` each."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    rates = {}
+    for m, k, n in shapes:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        w = rng.standard_normal((k, n), dtype=np.float32)
+        out = np.empty((m, n), dtype=np.float32)
+        np.matmul(a, w, out=out)                                        # warm-up
+        best, spent = float("inf"), 0.0
+        while spent < seconds or best == float("inf"):
+            t0 = time.perf_counter()
+            np.matmul(a, w, out=out)
+            dt = time.perf_counter() - t0
+            best, spent = min(best, dt), spent + dt
+        rates[(m, k, n)] = 2 * m * k * n / best / 1e9
+    return rates
+
+
+def machine_rate(c, rates):
+    """The step's largest products at the machine's sgemm rates, as one rate: their FLOPs in
+    the step over the time those rates give them (a FLOP-weighted harmonic mean), GFLOP/s."""
+    products = step_products(c)
+    work = {mkn: products[mkn] * 2 * mkn[0] * mkn[1] * mkn[2] for mkn in rates}
+    return sum(work.values()) / sum(work[mkn] / (rates[mkn] * 1e9) for mkn in rates) / 1e9
 
 
 def step_tokens(c):
@@ -335,6 +405,10 @@ def config(args):
 
 def worker(args):
     c = config(args)
+    if args.worker == "sgemm":
+        rates = sgemm_rates(largest_products(c))
+        print(json.dumps({"rates": [[list(k), v] for k, v in rates.items()]}))
+        return
     if args.worker == "torch-eager":
         times, info = run_torch(c, args.repeats)
     else:
@@ -401,7 +475,11 @@ def main():
                          "numba step (and the timings, where measured)")
     ap.add_argument("--only", choices=IMPLEMENTATIONS, action="append",
                     help="run only these implementations (repeatable)")
-    ap.add_argument("--worker", choices=IMPLEMENTATIONS, help=argparse.SUPPRESS)
+    ap.add_argument("--no-peak", action="store_true",
+                    help="skip measuring the machine's sgemm rate on the step's largest product "
+                         "shapes (by default measured after the steps, on the same cores, and "
+                         "npformer's share of it printed)")
+    ap.add_argument("--worker", choices=IMPLEMENTATIONS + ("sgemm",), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.repeats < 5:
         ap.error(f"--repeats: expected at least 5, got {args.repeats}")
@@ -452,7 +530,34 @@ def main():
         ratio = f"{(ref['times'][len(ref['times']) // 2]) / med:8.2f}x" if ref else "      n/a"
         print(f"{name:16s} {1e3 * med:9.1f} {1e3 * t[0]:8.1f} {tokens / med:9.0f} "
               f"{flops / med / 1e9:8.1f} {res['peak_mb']:12.0f} {ratio}")
+    if not args.no_peak:
+        peak = machine_peak(args, c, pin)
+        for name, res in results.items():
+            if name.startswith("npformer"):
+                t = res["times"]
+                achieved = flops / t[len(t) // 2] / 1e9
+                print(f"{name}: {achieved:.1f} GFLOP/s over the whole step = "
+                      f"{100 * achieved / peak:.0f}% of the machine's sgemm rate on the step's "
+                      f"largest products ({peak:.1f} GFLOP/s)")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+def machine_peak(args, c, pin):
+    """The machine's float32 matrix-product rate on the step's largest product shapes
+    (``largest_products``), measured in a subprocess on the same cores as the steps: each
+    shape's rate, then their FLOP-weighted rate (``machine_rate``), which is returned."""
+    cmd = [sys.executable, __file__, "--worker", "sgemm", "--config", args.config]
+    if args.batch is not None:
+        cmd += ["--batch", str(args.batch)]
+    if pin is not None:
+        cmd = ["taskset", "-c", cpu_list(pin)] + cmd
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    rates = {tuple(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1])["rates"]}
+    shown = ", ".join(f"({m}x{k})@({k}x{n}) {r:.0f}" for (m, k, n), r in rates.items())
+    rate = machine_rate(c, rates)
+    print(f"the machine's sgemm (NumPy float32 matmul on these cores), GFLOP/s: {shown}; "
+          f"as the step weighs them: {rate:.1f}")
+    return rate
 
 
 if __name__ == "__main__":

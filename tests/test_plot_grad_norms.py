@@ -87,6 +87,8 @@ def test_plot_grad_norms_of_a_log_without_them_is_one_line(tmp_path, capsys):
     log.write_text(json.dumps({"event": "train", "step": 1, "grad_norms": {"a": "x"}}) + "\n")
     assert main(["plot", "--grad-norms", str(log), "--out", str(tmp_path / "p")]) == 1
     assert "step 1: grad_norms expected" in capsys.readouterr().err
+    assert main(["plot", "--grad-norms", str(tmp_path / "nothing.jsonl")]) == 1
+    assert "--grad-norms " + str(tmp_path / "nothing.jsonl") + ": no such file" in capsys.readouterr().err
 
 
 MPIEXEC = shutil.which("mpiexec")

@@ -142,9 +142,11 @@ GRAD_NORM_LINES = 6                      # logged steps drawn per run, first and
 def read_grad_norms(path):
     """The "train" records of a metrics log that hold per-layer gradient norms (``grad_norms``:
     {layer: norm}), or a ValueError naming the file."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--grad-norms {path}: no such file (a run's metrics.jsonl)")
     try:
         records = read_metrics_log(path)
-    except (OSError, ValueError) as e:
+    except ValueError as e:
         raise ValueError(f"--grad-norms {e}") from None
     found = [r for r in records if r.get("event") == "train" and "grad_norms" in r]
     if not found:

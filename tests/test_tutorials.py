@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ROOT / "docs" / "tutorials"
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 LIMIT_S = 60                                  # the "each runs in under a minute"
-DOCS_EXTRA = ("jupytext", "nbclient", "ipykernel", "nbformat")
+DOCS_EXTRA = ("jupytext", "nbclient", "ipykernel", "nbformat", "matplotlib", "matplotlib_inline")
 
 _spec = importlib.util.spec_from_file_location("npformer_tutorial_runner",
                                                TUTORIALS / "run_tutorials.py")

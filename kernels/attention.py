@@ -63,6 +63,15 @@ afterwards is a free reshape; :func:`attention_backward_into` writes dq, dk, dv 
 caller's buffers (the self-attention module passes three slices of one (B, T, 3D) array). P, P'
 and those outputs come from :mod:`npformer.aligned`'s pool (arrays of 4 MiB and more), so the
 next step reuses their memory instead of having it mapped afresh (a page fault per page).
+
+Long contexts take :mod:`npformer.kernels.blocked_attention` instead (FlashAttention's online
+softmax over key blocks; the backward recomputes the scores block by block): it keeps no
+B*H*Tq*Tk array at all, only the output and two numbers per query row. The rule reads the shape
+alone (:func:`use_blocked`): at least ``BLOCKED_MIN_KEYS`` keys and ``BLOCKED_MIN_QUERIES``
+queries, or scores of ``BLOCKED_MIN_BYTES`` and more, or grouped key/value heads (k, v with
+fewer heads than q, which only the blocked path takes). Its cache has None where this one holds
+P and P' (``cache[3]``, the attention weights a module exposes for plots), and the backward
+below recognises it. Shorter sequences (every recipe's, T <= 128) take the path above, unchanged.
 """
 import math
 
@@ -72,6 +81,7 @@ from numba import njit
 from npformer import runtime
 from npformer.aligned import empty_aligned
 
+from . import blocked_attention
 from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
 from .dropout import keep_mask
@@ -84,6 +94,9 @@ MIN_BLOCK_ROWS = 32              # ... of at least 32 rows ...
 SKIP_MIN = 0.3                   # ... when that skips at least this share of the products' work
 BLOCK_CHUNK_BYTES = 1 << 20      # scores computed per part when skipping (each block's in L2)
 VECTOR_RUN = 64                  # LLVM vectorises a loop this many elements at a time
+BLOCKED_MIN_KEYS = 512           # the blocked path from this many keys ...
+BLOCKED_MIN_QUERIES = 64         # ... and queries (a decoding step's one query keeps the above),
+BLOCKED_MIN_BYTES = 1 << 28      # or from scores (B*H*Tq*Tk) of this many bytes
 
 
 @njit(inline="always", fastmath=FASTMATH, cache=True)
@@ -295,9 +308,11 @@ def _check_qkv(q, k, v):
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"attention_forward: expected q, k, v of shape (B, H, T, d), got "
                          f"{q.shape}, {k.shape}, {v.shape}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"attention_forward: q (B, H, Tq, dk), k (B, H, Tk, dk), v (B, H, Tk, dv) "
-                         f"do not agree, got {q.shape}, {k.shape}, {v.shape}")
+    if (q.shape[0] != k.shape[0] or k.shape[1] < 1 or q.shape[1] % k.shape[1]
+            or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]):
+        raise ValueError(f"attention_forward: q (B, H, Tq, dk), k (B, Hkv, Tk, dk), "
+                         f"v (B, Hkv, Tk, dv) with Hkv dividing H do not agree, got {q.shape}, "
+                         f"{k.shape}, {v.shape}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (np.float32, np.float64):
         raise ValueError(f"attention_forward: expected q, k, v all float32 or all float64, got "
                          f"{q.dtype}, {k.dtype}, {v.dtype}")
@@ -395,12 +410,23 @@ def _flat(x, shape):
     return view
 
 
+def use_blocked(q_shape, k_shape, itemsize):
+    """Whether attention of these shapes takes the blocked path (shapes alone decide)."""
+    n_b, n_h, tq, _ = q_shape
+    tk = k_shape[2]
+    return (k_shape[1] != n_h or (tk >= BLOCKED_MIN_KEYS and tq >= BLOCKED_MIN_QUERIES)
+            or n_b * n_h * tq * tk * itemsize >= BLOCKED_MIN_BYTES)
+
+
 def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
     """out = dropout(softmax(q k^T / sqrt(d_k), mask)) v, as the NumPy reference.
 
-    Shape: q (B, H, Tq, dk), k (B, H, Tk, dk), v (B, H, Tk, dv), mask bool broadcastable to
-    (B, H, Tq, Tk), True = may attend -> out (B, H, Tq, dv). The dropout mask is drawn from
-    ``rng`` exactly as the reference draws it, so both backends see the same masks.
+    Shape: q (B, H, Tq, dk), k (B, Hkv, Tk, dk), v (B, Hkv, Tk, dv), mask bool broadcastable to
+    (B, H, Tq, Tk), True = may attend -> out (B, H, Tq, dv). Hkv = H, or a divisor of H (grouped
+    key/value heads: query head i reads key/value head i // (H / Hkv); blocked path only). The
+    dropout mask is drawn from ``rng`` exactly as the reference draws it, so both backends see
+    the same masks. Long sequences (:func:`use_blocked`) keep no probabilities: ``cache[3]`` is
+    None there.
     """
     _check_qkv(q, k, v)
     n_b, n_h, tq, d_k = q.shape
@@ -408,6 +434,8 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     full = (n_b, n_h, tq, tk)
     dtype = q.dtype.type
     mask4 = _mask4(mask, full)                                       # (B|1, H|1, Tq|1, Tk)
+    if use_blocked(q.shape, k.shape, q.itemsize):
+        return blocked_attention.attention_forward(q, k, v, mask4, dropout_p, rng, training)
     bias = np.where(mask4, dtype(0.0), dtype(-np.inf))
     blocks = _row_blocks(mask4, tq, tk)                              # None: every key computed
     scale = 1.0 / math.sqrt(d_k)
@@ -456,8 +484,8 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
 
 
 def attention_backward_into(dout, cache, dq, dk, dv):
-    """attention_backward writing into given arrays dq (B, H, Tq, dk), dk (B, H, Tk, dk),
-    dv (B, H, Tk, dv) (views of a larger buffer are fine). Returns (dq, dk, dv)."""
+    """attention_backward writing into given arrays dq (B, H, Tq, dk), dk (B, Hkv, Tk, dk),
+    dv (B, Hkv, Tk, dv) (views of a larger buffer are fine). Returns (dq, dk, dv)."""
     q, k, v, probs, probs_d, drop_cache, scale = cache[:7]
     blocks = cache[7] if len(cache) > 7 else None          # (the reference's cache has none)
     n_b, n_h, tq, d_k = q.shape
@@ -468,6 +496,8 @@ def attention_backward_into(dout, cache, dq, dk, dv):
         if arr.shape != shape or arr.dtype != q.dtype:
             raise ValueError(f"{name}: expected a {q.dtype} array of shape {shape}, got "
                              f"{arr.dtype} {arr.shape}")
+    if isinstance(blocks, blocked_attention.Saved):        # the blocked path's cache
+        return blocked_attention.attention_backward_into(dout, cache, dq, dk, dv)
     if drop_cache is None:
         keep, drop_scale, use_dropout = None, q.dtype.type(1.0), False
     else:
@@ -538,6 +568,7 @@ def attention_backward(dout, cache):
     n_b, n_h, tq, d_k = q.shape
     tk, d_v = k.shape[2], v.shape[3]
     dq = empty_aligned((n_b, tq, n_h, d_k), q.dtype).transpose(0, 2, 1, 3)
-    dk = empty_aligned((n_b, tk, n_h, d_k), q.dtype).transpose(0, 2, 1, 3)
-    dv = empty_aligned((n_b, tk, n_h, d_v), q.dtype).transpose(0, 2, 1, 3)
+    n_kv = k.shape[1]                                                # H, or grouped: Hkv
+    dk = empty_aligned((n_b, tk, n_kv, d_k), q.dtype).transpose(0, 2, 1, 3)
+    dv = empty_aligned((n_b, tk, n_kv, d_v), q.dtype).transpose(0, 2, 1, 3)
     return attention_backward_into(dout, cache, dq, dk, dv)

@@ -53,6 +53,23 @@ def test_the_layers_norms_make_up_the_whole_norm_in_the_order_of_depth():
     assert np.array_equal(model.flat_grads, before)           # read, never changed
 
 
+def test_frozen_parameters_are_left_out():
+    model = nf.Transformer(30, 31, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
+                           n_decoder_layers=1, max_len=12, dtype=np.float64)
+    model.encoder.layers[0].freeze()
+    model.src_embed.weight.freeze()
+    rng = np.random.default_rng(0)
+    logits = model.forward(rng.integers(1, 30, (2, 5)), rng.integers(1, 31, (2, 4)))
+    _, dlogits = nf.cross_entropy(logits, rng.integers(1, 31, (2, 4)), ignore_index=0)
+    model.zero_grad()
+    model.backward(dlogits)
+    norms = layer_grad_norms(model)
+    assert "encoder.layers.0" not in norms and "src_embed" not in norms
+    assert "encoder.layers.1" in norms
+    assert math.isclose(math.sqrt(sum(v * v for v in norms.values())),
+                        float(np.sqrt(np.sum(model.flat_grads ** 2))), rel_tol=1e-12)
+
+
 def test_every_train_record_holds_the_norms_before_clipping(run_dir):
     out, _ = run_dir                                         # log_every=1
     train = [r for r in read_metrics_log(out / "metrics.jsonl") if r["event"] == "train"]

@@ -10,7 +10,8 @@ Each run is a fresh process (so that its peak resident memory, ``VmHWM``, is its
 builds the model with random weights, reports its resident memory then (``built``), runs one
 untimed step (the first allocates the gradient buffers, Adam's moments, the kernels' scratch),
 then ``--repeats`` timed steps (zero_grad, forward, cross-entropy, backward, AdamW), and
-reports the median step and the peak. ``step memory`` is the peak less ``built``: what training
+reports the median step (and the fastest: on a shared machine the median moves with the
+neighbours' load) and the peak. ``step memory`` is the peak less ``built``: what training
 added to the weights. Both libraries use the cores npformer's runtime policy picks.
 """
 import argparse
@@ -146,7 +147,8 @@ def main():
             continue
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
         r = results[-1]
-        print(f"{r['run']:14s} step {r['step_s']:7.3f} s  peak {r['peak_mib']:7.0f} MiB  "
+        print(f"{r['run']:14s} step {r['step_s']:7.3f} s (min {min(r['times']):6.3f})  "
+              f"peak {r['peak_mib']:7.0f} MiB  "
               f"(weights built {r['built_mib']:6.0f} MiB, step +{r['step_mib']:6.0f} MiB)  "
               f"trained {r['trained']:,} of {r['parameters']:,}", flush=True)
     print(f"batch {a.batch} x context {a.context}, median of {a.repeats} steps after one "

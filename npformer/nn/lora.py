@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from .. import functional as F
+from .. import runtime
 from ..backend import ops
 from .init import zeros
 from .module import Module, Parameter
@@ -52,13 +53,15 @@ class LoRA(Module):
 
     def forward(self, x):
         self._ops = ops()
-        delta, self._cache = self._ops.adapter_forward(x, self.A.data, self.B.data, self.scaling,
-                                                       self.dropout, self.rng, self.training)
+        with runtime.blas_scope():       # narrow products: BLAS on npformer's threads, not the
+            delta, self._cache = self._ops.adapter_forward(   # default pool beside Numba's
+                x, self.A.data, self.B.data, self.scaling, self.dropout, self.rng, self.training)
         return delta
 
     def backward(self, ddelta):
         """Adds dA, dB into .grad (where trained) and returns dx."""
-        dx, da, db = self._ops.adapter_backward(ddelta, self._cache)
+        with runtime.blas_scope():
+            dx, da, db = self._ops.adapter_backward(ddelta, self._cache)
         if self.A.grad is not None:
             self.A.grad += da
         if self.B.grad is not None:

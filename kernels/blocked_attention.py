@@ -49,7 +49,7 @@ from ._jit import FASTMATH, kernel
 from .dropout import _word
 from .matmul import THREAD_SAFE, matmul
 
-BLOCK_Q = 64                     # query rows per block (of each query head)
+BLOCK_Q = 256                    # query rows per block (of each query head)
 BLOCK_K = 512                    # keys per block
 PART_BYTES = 1 << 20             # a part's score block (heads x rows x keys) at most this ...
 MIN_PARTS = 8                    # ... and at least this many parts where the heads allow it
@@ -110,9 +110,10 @@ def _forward_block(s, mask, b, h0, group, n_rows, r0, c0, scale, neg_inf, low, f
             i = r0 + r % n_rows
             mh = h if mask.shape[1] > 1 else 0
             mi = i if mq else 0
+            mrow = mask[mb, mh, mi]                              # (Tk,)
             for j in range(n_c):                                 # scale, mask
                 y = s[a, r, j] * scale
-                x[j] = y if mask[mb, mh, mi, c0 + j] else neg_inf
+                x[j] = y if mrow[c0 + j] else neg_inf
             m_old = neg_inf if first else m[a, r]
             l_old = zero if first else l[a, r]
             m_new = max(m_old, _row_max(x, n_c, neg_inf))
@@ -197,11 +198,13 @@ def _row_dots(x, y, out, zero):
 @kernel
 def _backward_block(s, dp, mask, b, h0, group, n_rows, r0, c0, scale, neg_inf, low, fast_exp,
                     m, inv_l, dd, use_dropout, key, threshold, drop_scale, n_heads, tq, tk,
-                    tiny, bits):
+                    tiny, x, bits):
     """One block of the backward, in place: s (A, G*R, C) raw scores -> P' (P keep / (1 - p));
     dp (A, G*R, C) dP' = dout v^T -> dS = P (dP' keep / (1 - p) - D) scale, entries below
     ``tiny`` in magnitude set to 0. P = exp(scale s - m) / l, from the forward's m and 1/l
-    (A, G*R); dd (A, G*R): D = rowsum(dout * out). Rows and mask as :func:`_forward_block`."""
+    (A, G*R); dd (A, G*R): D = rowsum(dout * out). Rows and mask as :func:`_forward_block`;
+    x (C,), bits (C + 8,): scratch. Each case is its own loop, without branches, so that it
+    vectorises."""
     n_a, n_r, n_c = s.shape
     zero = scale - scale
     mb = b if mask.shape[0] > 1 else 0
@@ -210,48 +213,58 @@ def _backward_block(s, dp, mask, b, h0, group, n_rows, r0, c0, scale, neg_inf, l
         for r in range(n_r):
             h = h0 + a * group + r // n_rows
             i = r0 + r % n_rows
-            mh = h if mask.shape[1] > 1 else 0
-            mi = i if mq else 0
+            mrow = mask[mb, h if mask.shape[1] > 1 else 0, i if mq else 0]      # (Tk,)
             row_max, inv, d_row = m[a, r], inv_l[a, r], dd[a, r]
             if inv == zero:                                      # every key masked: P = 0
                 for j in range(n_c):
                     s[a, r, j] = zero
                     dp[a, r, j] = zero
                 continue
+            if fast_exp:                                         # P
+                for j in range(n_c):
+                    t = s[a, r, j] * scale - row_max
+                    e = exp32(t) * inv
+                    x[j] = e if (t > low) & mrow[c0 + j] else zero
+            else:
+                for j in range(n_c):
+                    t = s[a, r, j] * scale - row_max
+                    e = math.exp(t) * inv
+                    x[j] = e if (t > low) & mrow[c0 + j] else zero
             if use_dropout:
                 off = _fill_bits(key, ((b * n_heads + h) * tq + i) * tk + c0, n_c, bits)
-            for j in range(n_c):
-                t = s[a, r, j] * scale - row_max
-                e = exp32(t) if fast_exp else math.exp(t)
-                p = e * inv if (t > low and mask[mb, mh, mi, c0 + j]) else zero
-                g = dp[a, r, j]
-                if use_dropout:
+                for j in range(n_c):
                     kept = bits[off + j] >= threshold
-                    g = g * drop_scale if kept else zero
-                    s[a, r, j] = p * drop_scale if kept else zero
-                else:
-                    s[a, r, j] = p
-                ds = p * (g - d_row) * scale
-                dp[a, r, j] = ds if abs(ds) >= tiny else zero
+                    g = dp[a, r, j] * drop_scale if kept else zero
+                    s[a, r, j] = x[j] * drop_scale if kept else zero
+                    ds = x[j] * (g - d_row) * scale
+                    dp[a, r, j] = ds if abs(ds) >= tiny else zero
+            else:
+                for j in range(n_c):
+                    s[a, r, j] = x[j]
+                    ds = x[j] * (dp[a, r, j] - d_row) * scale
+                    dp[a, r, j] = ds if abs(ds) >= tiny else zero
 
 
 @kernel
-def _accumulate(dv, tv, dk, tk, dq, tq, first):
-    """dv += tv, dk += tk (key rows of one block, any strides); dq = tq where ``first`` (the
-    query block's first key block), else dq += tq."""
+def _accumulate(dv, tv, dk, tk, c0, dq, tq, first):
+    """dv[:, c0:c0+C] += tv, dk[:, c0:c0+C] += tk (dv, dk (A, Tk, d) the part's sums; tv, tk
+    (A, C, d) one key block's); dq = tq where ``first`` (the query block's first key block),
+    else dq += tq. All C-contiguous, so the loops vectorise."""
     n_a, n_c, d_v = tv.shape
     d_k = tk.shape[2]
     for a in range(n_a):
         for c in range(n_c):
             for j in range(d_v):
-                dv[a, c, j] += tv[a, c, j]
+                dv[a, c0 + c, j] += tv[a, c, j]
             for j in range(d_k):
-                dk[a, c, j] += tk[a, c, j]
-    n_r = tq.shape[1]
-    for a in range(n_a):
-        for r in range(n_r):
-            for j in range(d_k):
-                dq[a, r, j] = tq[a, r, j] if first else dq[a, r, j] + tq[a, r, j]
+                dk[a, c0 + c, j] += tk[a, c, j]
+    dq_f, tq_f = dq.reshape(-1), tq.reshape(-1)
+    if first:
+        for j in range(tq_f.shape[0]):
+            dq_f[j] = tq_f[j]
+    else:
+        for j in range(tq_f.shape[0]):
+            dq_f[j] += tq_f[j]
 
 
 @kernel
@@ -283,7 +296,7 @@ def plan(mask4, tq, tk):
     (c0, c1), the key blocks some row r0 .. r1-1 may attend in some batch element or head, each
     at most ``BLOCK_K`` keys, the last ending at the last key any row of the block may attend.
     Depends on the mask and the shape alone."""
-    seen = mask4.any(axis=(0, 1))                            # (Tq|1, Tk)
+    seen = mask4[0, 0] if mask4.shape[:2] == (1, 1) else mask4.any(axis=(0, 1))  # (Tq|1, Tk)
     shared = None
     blocks = []
     for r0 in range(0, tq, BLOCK_Q):
@@ -408,9 +421,8 @@ def attention_backward_into(dout, cache, dq, dk, dv):
         kt_p = np.ascontiguousarray(k[b, a0:a1].swapaxes(-1, -2))        # (A, dk, Tk)
         k_p = np.ascontiguousarray(k[b, a0:a1])                          # (A, Tk, dk)
         vt_p = np.ascontiguousarray(v[b, a0:a1].swapaxes(-1, -2))        # (A, dv, Tk)
-        dk_p, dv_p, dq_p = dk[b, a0:a1], dv[b, a0:a1], dq[b, h0:h1]
-        dk_p[...] = 0
-        dv_p[...] = 0
+        dq_p = dq[b, h0:h1]
+        dk_p, dv_p = np.zeros((n_a, tk, d_k), dtype), np.zeros((n_a, tk, d_v), dtype)  # sums
         rows = group * BLOCK_Q
         s_flat = empty_aligned(n_a * rows * BLOCK_K, dtype)
         dp_flat = empty_aligned(n_a * rows * BLOCK_K, dtype)
@@ -422,6 +434,7 @@ def attention_backward_into(dout, cache, dq, dk, dv):
         tv_flat = np.empty(n_a * BLOCK_K * d_v, dtype)
         m_flat, il_flat = np.empty(n_a * rows, dtype), np.empty(n_a * rows, dtype)
         d_flat, bits = np.empty(n_a * rows, dtype), np.empty(BLOCK_K + 8, np.uint16)
+        x = np.empty(BLOCK_K, dtype)
         for r0, r1, keys in saved.plan:
             n_r = r1 - r0
             if not keys:
@@ -445,14 +458,15 @@ def attention_backward_into(dout, cache, dq, dk, dv):
                 matmul(gg, vt_p[:, :, c0:c1], out=dp, candidates=THREAD_SAFE)    # dP'
                 _backward_block(s, dp, mask4, b, h0, group, n_r, r0, c0, dt(scale), neg_inf,
                                 low, fast, m, il, dd, saved.use_dropout, saved.key,
-                                saved.threshold, saved.drop_scale, n_h, tq, tk, tiny, bits)
+                                saved.threshold, saved.drop_scale, n_h, tq, tk, tiny, x, bits)
                 tv, tk_ = _view(tv_flat, (n_a, n_c, d_v)), _view(tk_flat, (n_a, n_c, d_k))
                 matmul(s.swapaxes(-1, -2), gg, out=tv, candidates=THREAD_SAFE)   # P'^T dout
                 matmul(dp.swapaxes(-1, -2), qg, out=tk_, candidates=THREAD_SAFE)  # dS^T q
                 matmul(dp, k_p[:, c0:c1], out=tq_, candidates=THREAD_SAFE)       # dS k
-                _accumulate(dv_p[:, c0:c1], tv, dk_p[:, c0:c1], tk_, dq_acc, tq_, idx == 0)
+                _accumulate(dv_p, tv, dk_p, tk_, c0, dq_acc, tq_, idx == 0)
             dq_p[:, r0:r1] = _view(dq_flat, (h1 - h0, n_r, d_k))
-        for grad in (dq_p, dk_p, dv_p):
+        dk[b, a0:a1], dv[b, a0:a1] = dk_p, dv_p
+        for grad in (dq_p, dk[b, a0:a1], dv[b, a0:a1]):
             _flush_subnormal(grad, tiny)
 
     _run(parts(n_b, n_kv, group, q.itemsize), n_b * n_h * tq * tk, backward_part)

@@ -439,6 +439,30 @@ def tied_case(rng):
     return pair(forward, backward(True)), pair(forward, backward(False)), [rnd(rng, 4, 4)]
 
 
+def lora_cases():
+    """LoRA: the scale alpha / r on dB but not on dA; the adapter's share of dx forgotten (dX =
+    dY W alone, as if the update were not there). Dropout on, one mask for every evaluation."""
+    scale = 1.5
+
+    def forward(x, a, b):
+        w = np.linspace(-1, 1, 5 * 6).reshape(5, 6)
+        return F.lora_forward(x, w, None, a, b, scale, 0.25, np.random.default_rng(3))
+
+    def unscaled_da(dy, cache):
+        dx, da, db = F.lora_backward(dy, cache)
+        return dx, da / scale, db
+
+    def frozen_dx_only(dy, cache):
+        _, da, db = F.lora_backward(dy, cache)
+        return F.linear_input_backward(dy, cache[0]), da, db
+    right = pair(forward, F.lora_backward)
+    inputs = lambda rng: [rnd(rng, 2, 3, 6), rnd(rng, 2, 6), rnd(rng, 5, 2)]
+    return {"lora: the scale alpha / r applied to dB but not to dA":
+                (right, pair(forward, unscaled_da), inputs),
+            "lora: the adapter's share of dx forgotten": (right, pair(forward, frozen_dx_only),
+                                                           inputs)}
+
+
 def catalogue():
     """{mistake: (right fn, wrong fn, inputs(rng))}"""
     cases = {}
@@ -451,7 +475,7 @@ def catalogue():
     for group in (embedding_cases(), dropout_cases(), layernorm_cases(), rmsnorm_cases(),
                   swiglu_cases(), gelu_cases(), attention_cases(), mha_cases(),
                   grouped_query_cases(), rotary_cases(), residual_cases(),
-                  cross_entropy_cases()):
+                  cross_entropy_cases(), lora_cases()):
         for name, (right, wrong, inputs) in group.items():
             cases[name] = (lambda right, wrong, inputs: (lambda rng: (right, wrong, inputs(rng))))(
                 right, wrong, inputs)
@@ -532,6 +556,9 @@ INVISIBLE = {
         "an optimizer update, not a backward; tests/test_optim.py holds every step against "
         "torch.optim.Adam / AdamW",
     "dropout: left on in evaluation": "a mode mistake, not a gradient; tests/test_decoding.py",
+    "lora: dropout on the frozen term's input too, or a merged update still added":
+        "a consistent function PEFT does not compute; tests/test_lora_peft.py holds the logits "
+        "against PEFT's and tests/test_lora.py the merged model against the adapters",
     "multi-head attention: splitting dmemory's heads before summing layers":
         "covered by the overwrite case above when it loses terms; otherwise the same sum",
 }
@@ -582,7 +609,8 @@ def test_the_catalogue_covers_every_what_goes_wrong_paragraph():
             "activations": "gelu", "softmax": "softmax",
             "attention": "attention", "multi-head attention": "multi-head attention",
             "rotary positions": "rotary", "residual and layer order": "residual",
-            "cross-entropy": "cross-entropy", "tied embeddings": "tied embeddings", "adam": "adam"}
+            "cross-entropy": "cross-entropy", "tied embeddings": "tied embeddings", "adam": "adam",
+            "lora": "lora"}
     assert sections, "no What goes wrong paragraphs found"
     for section in sections:
         assert section in keys, f"a new section with mistakes: {section}; add it to the catalogue"

@@ -50,7 +50,7 @@ from .dropout import _word
 from .matmul import THREAD_SAFE, matmul
 
 BLOCK_Q = 256                    # query rows per block (of each query head)
-BLOCK_K = 512                    # keys per block
+BLOCK_K = 1024                   # keys per block
 PART_BYTES = 1 << 20             # a part's score block (heads x rows x keys) at most this ...
 MIN_PARTS = 8                    # ... and at least this many parts where the heads allow it
 SPLIT_MIN = 1 << 15              # score entries (B*H*Tq*Tk) from which the parts run in parallel

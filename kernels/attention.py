@@ -83,7 +83,8 @@ from npformer.aligned import empty_aligned
 
 from . import blocked_attention
 from ._fastexp import exp32
-from ._jit import FASTMATH, kernel
+from ._jit import kernel
+from ._rows import row_max as _row_max
 from .dropout import keep_mask
 from .matmul import THREAD_SAFE, matmul
 
@@ -97,21 +98,6 @@ VECTOR_RUN = 64                  # LLVM vectorises a loop this many elements at 
 BLOCKED_MIN_KEYS = 512           # the blocked path from this many keys ...
 BLOCKED_MIN_QUERIES = 64         # ... and queries (a decoding step's one query keeps the above),
 BLOCKED_MIN_BYTES = 1 << 28      # or from scores (B*H*Tq*Tk) of this many bytes
-
-
-@njit(inline="always", fastmath=FASTMATH, cache=True)
-def _row_max(x, n, neg_inf):
-    """max(x[:n]) in eight independent running maxima. One running maximum is a chain of
-    dependent compares that LLVM does not vectorise (it dominated the softmax pass at T=64);
-    eight chains run in parallel."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = neg_inf
-    n8 = n - n % 8
-    for j in range(0, n8, 8):
-        m0, m1, m2, m3 = max(m0, x[j]), max(m1, x[j + 1]), max(m2, x[j + 2]), max(m3, x[j + 3])
-        m4, m5, m6, m7 = max(m4, x[j + 4]), max(m5, x[j + 5]), max(m6, x[j + 6]), max(m7, x[j + 7])
-    for j in range(n8, n):
-        m0 = max(m0, x[j])
-    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
 @kernel

@@ -45,7 +45,8 @@ from npformer.aligned import empty_aligned
 from npformer.functional.dropout import mask_key, mask_threshold
 
 from ._fastexp import exp32
-from ._jit import FASTMATH, kernel
+from ._jit import kernel
+from ._rows import row_max as _row_max
 from .dropout import _word
 from .matmul import THREAD_SAFE, matmul
 
@@ -54,19 +55,6 @@ BLOCK_K = 1024                   # keys per block
 PART_BYTES = 1 << 20             # a part's score block (heads x rows x keys) at most this ...
 MIN_PARTS = 8                    # ... and at least this many parts where the heads allow it
 SPLIT_MIN = 1 << 15              # score entries (B*H*Tq*Tk) from which the parts run in parallel
-
-
-@njit(inline="always", fastmath=FASTMATH, cache=True)
-def _row_max(x, n, neg_inf):
-    """max(x[:n]) in eight independent running maxima (a single chain does not vectorise)."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = neg_inf
-    n8 = n - n % 8
-    for j in range(0, n8, 8):
-        m0, m1, m2, m3 = max(m0, x[j]), max(m1, x[j + 1]), max(m2, x[j + 2]), max(m3, x[j + 3])
-        m4, m5, m6, m7 = max(m4, x[j + 4]), max(m5, x[j + 5]), max(m6, x[j + 6]), max(m7, x[j + 7])
-    for j in range(n8, n):
-        m0 = max(m0, x[j])
-    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
 @njit(inline="always", cache=True)

@@ -22,7 +22,7 @@ from npformer.aligned import empty_aligned
 
 from ._fastexp import exp32
 from ._jit import kernel
-from .attention import _row_max
+from ._rows import row_max as _row_max
 from npformer.functional.loss import log_softmax  # noqa: F401  (same public names as the reference)
 
 

@@ -1,0 +1,19 @@
+"""Row helpers the softmax passes share (attention, blocked attention, cross-entropy)."""
+from numba import njit
+
+from ._jit import FASTMATH
+
+
+@njit(inline="always", fastmath=FASTMATH, cache=True)
+def row_max(x, n, neg_inf):
+    """max(x[:n]) in eight independent running maxima. One running maximum is a chain of
+    dependent compares that LLVM does not vectorise (it dominated the softmax pass at T=64);
+    eight chains run in parallel."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = neg_inf
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        m0, m1, m2, m3 = max(m0, x[j]), max(m1, x[j + 1]), max(m2, x[j + 2]), max(m3, x[j + 3])
+        m4, m5, m6, m7 = max(m4, x[j + 4]), max(m5, x[j + 5]), max(m6, x[j + 6]), max(m7, x[j + 7])
+    for j in range(n8, n):
+        m0 = max(m0, x[j])
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))

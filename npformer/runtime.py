@@ -262,7 +262,9 @@ def configure_runtime(threads=None, blas_threads=None, keep_memory=False, determ
       it warns and uses those;
     - ``blas_threads``: BLAS threads inside each product npformer computes (default 1: a large
       product is divided into parts fixed by its shape, which the worker threads share; more
-      BLAS threads may change float64 results with the count on some BLAS builds);
+      BLAS threads may change float64 results with the count on some BLAS builds); above the
+      available cores it warns and uses those (BLAS threads beyond the cores only wait on
+      each other: on 2 cores, 64 of them made a NumPy-backend step many times slower);
     - ``keep_memory``: keep freed memory in the process (glibc ``mallopt``, process-wide);
     - ``deterministic``: see :func:`set_deterministic`.
 
@@ -281,6 +283,12 @@ def configure_runtime(threads=None, blas_threads=None, keep_memory=False, determ
                       f"process may use; using {cores}")
                 threads = cores
             pol = thread_policy(threads, numba_max=_numba_max())
+        if blas_threads is not None:
+            cores, _ = available_cores()
+            if blas_threads > cores:
+                _warn(f"npformer runtime: blas_threads={blas_threads} is more than the {cores} "
+                      f"core(s) this process may use; using {cores}")
+                blas_threads = cores
         _state["policy"] = pol
         _state["blas_threads"] = blas_threads or 1
         _state["managed"] = True

@@ -9,6 +9,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 MULTI30K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 
 
+@pytest.fixture(autouse=True)
+def _runtime_restored():
+    """Every test leaves npformer's runtime as it found it: a test that runs ``npformer
+    --threads N`` or ``--blas-threads N`` in this process (or calls ``configure_runtime``)
+    would otherwise change the threads of every test after it."""
+    from npformer import runtime
+    keys = ("policy", "blas_threads", "managed", "deterministic")
+    before = {k: runtime._state[k] for k in keys}
+    yield
+    if any(runtime._state[k] != before[k] for k in keys):
+        with runtime._lock:
+            pool = runtime._state["pool"]
+            runtime._state.update(before)
+            if pool is not None and before["policy"] is not None and \
+                    pool[1] != before["policy"].workers - 1:
+                pool[0].shutdown(wait=True)
+                runtime._state["pool"] = None
+
+
 @pytest.fixture(params=["numba", "numpy"])
 def backend(request):
     """A test that takes ``backend`` runs on both: the Numba kernels and the NumPy reference

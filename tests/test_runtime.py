@@ -76,6 +76,11 @@ def test_configure_runtime_checks_its_arguments():
         with pytest.warns(runtime.NpformerRuntimeWarning, match=f"threads={too_many}"):
             summary = nf.configure_runtime(threads=too_many)
         assert summary["cores"] == runtime.available_cores()[0]
+        # BLAS threads past the cores only wait on each other (the command line's
+        # --blas-threads 1000 once left a test session's NumPy products on 64 of them)
+        with pytest.warns(runtime.NpformerRuntimeWarning, match=f"blas_threads={too_many}"):
+            summary = nf.configure_runtime(blas_threads=too_many)
+        assert summary["blas_threads"] == runtime.available_cores()[0]
     finally:
         nf.configure_runtime()
 

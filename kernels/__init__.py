@@ -4,8 +4,10 @@ Every name of :mod:`npformer.functional`, with the same signatures, so the modul
 either. Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
 cross-entropy, embedding scatter-add, dropout and the residual sum with it, the feed-forward
 block's activation + dropout, RMSNorm, SwiGLU, rotary positions, the decoding cache's row
-movers), and two
-kernels have no reference of the same name (``EXTRAS``: the Adam update and ``matmul``). Every
+movers), and three
+names have no reference of the same name (``EXTRAS``: the Adam update, ``matmul``, and
+``reads_grouped_kv``, which tells the attention module where the kernel reads grouped
+key/value heads without repeating them; a backend without it repeats them). Every
 other name falls back to the reference's own function (``__getattr__`` below): the masks, the
 head reshapes, learned positions (an addition and a sum over the batch). Every matrix product
 goes through ``matmul``, which computes each product shape by the variant ``npformer.runtime``'s
@@ -19,7 +21,8 @@ from npformer import runtime
 
 from .activation_dropout import activation_dropout_backward, activation_dropout_forward
 from .adam import adam_step
-from .attention import attention_backward, attention_backward_into, attention_forward
+from .attention import (attention_backward, attention_backward_into, attention_forward,
+                        reads_grouped_kv)
 from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backward,
                       dropout_forward)
 from .embedding import embedding_backward, embedding_forward, sinusoidal_positions
@@ -35,8 +38,9 @@ from .swiglu import swiglu_backward, swiglu_forward
 runtime.ensure()
 
 # Kernels with no function of the same name in the functional core: their references are
-# NumPy's ``@`` (``matmul``) and ``npformer.optim.adam`` (``adam_step``).
-EXTRAS = ("adam_step", "matmul")
+# NumPy's ``@`` (``matmul``) and ``npformer.optim.adam`` (``adam_step``); and one question the
+# reference never needs asking (``reads_grouped_kv``: it always takes repeated heads).
+EXTRAS = ("adam_step", "matmul", "reads_grouped_kv")
 
 __all__ = sorted(set(_reference.__all__) | set(EXTRAS))
 

@@ -404,6 +404,16 @@ def use_blocked(q_shape, k_shape, itemsize):
             or n_b * n_h * tq * tk * itemsize >= BLOCKED_MIN_BYTES)
 
 
+def reads_grouped_kv(q_shape, kv_shape, itemsize):
+    """Whether a module with grouped key/value heads should hand ``attention_forward`` its kv
+    heads as they are (k, v (B, Hkv, Tk, d)) instead of repeated to the query heads: where
+    the repeated heads would take the blocked path anyway (long contexts), which reads a group's
+    shared head for all its query heads and returns dk, dv per kv head, with no copies. Elsewhere
+    the fused path, which needs as many kv heads as query heads, stays faster."""
+    n_b, n_h, _, _ = q_shape
+    return use_blocked(q_shape, (n_b, n_h) + tuple(kv_shape[2:]), itemsize)
+
+
 def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
     """out = dropout(softmax(q k^T / sqrt(d_k), mask)) v, as the NumPy reference.
 

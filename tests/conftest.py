@@ -15,6 +15,7 @@ def _runtime_restored():
     --threads N`` or ``--blas-threads N`` in this process (or calls ``configure_runtime``)
     would otherwise change the threads of every test after it."""
     from npformer import runtime
+    runtime.ensure()                     # the policy a test may change exists before it runs
     keys = ("policy", "blas_threads", "managed", "deterministic")
     before = {k: runtime._state[k] for k in keys}
     yield

@@ -217,9 +217,11 @@ def test_grouped_heads_are_refused_unless_they_divide():
         K.attention_forward(q, k, k)
 
 
-def gpt_step(blocked, monkeypatch, **kw):
+def gpt_step(blocked, monkeypatch, kv_heads=None, **kw):
     """One AdamW step of a small GPT on 2 x 72 tokens, the attention on the blocked path or not;
-    returns the logits and every parameter afterwards."""
+    returns the logits and every parameter afterwards (and the key heads each attention read
+    into ``kv_heads``)."""
+    kv_heads = [] if kv_heads is None else kv_heads
     if blocked:
         monkeypatch.setattr(ATTENTION, "BLOCKED_MIN_KEYS", 1)
         monkeypatch.setattr(ATTENTION, "BLOCKED_MIN_QUERIES", 1)
@@ -235,6 +237,7 @@ def gpt_step(blocked, monkeypatch, **kw):
     model.backward(dlogits)
     opt.step()
     weights = [a.attn_weights for a in (blk.self_attn for blk in model.blocks)]
+    kv_heads.extend(blk.self_attn._cache[2][1].shape[1] for blk in model.blocks)  # keys read
     return logits.copy(), [p.data.copy() for _, p in model.named_parameters()], weights
 
 
@@ -247,11 +250,15 @@ def test_a_gpt_step_through_the_blocked_path_equals_the_fused_one(monkeypatch, k
     try:
         monkeypatch.setattr(BLOCKED, "BLOCK_Q", 16)
         monkeypatch.setattr(BLOCKED, "BLOCK_K", 32)
-        logits_b, params_b, weights_b = gpt_step(True, monkeypatch, **kw)
-        logits_f, params_f, weights_f = gpt_step(False, monkeypatch, **kw)
+        heads_b, heads_f = [], []
+        logits_b, params_b, weights_b = gpt_step(True, monkeypatch, heads_b, **kw)
+        logits_f, params_f, weights_f = gpt_step(False, monkeypatch, heads_f, **kw)
     finally:
         nf.set_backend(before)
     assert all(w is None for w in weights_b) and all(w is not None for w in weights_f)
+    # grouped heads: the blocked path reads the shared kv heads as they are (no repeat, dk and
+    # dv per kv head); the fused path reads them repeated to the 4 query heads
+    assert heads_b == [kw.get("n_kv_heads", 4)] * 2 and heads_f == [4, 4]
     close(logits_b, logits_f, 1e-12)
     for a, b in zip(params_b, params_f):
         close(a, b, 1e-10)

@@ -124,8 +124,11 @@ class MultiHeadAttention(Module):
 
     def _gather(self, d_shared):
         """The backward of ``_share``: (B, H, T, d) -> (B, Hkv, T, d), each group's gradients
-        summed into its shared head."""
+        summed into its shared head (already per kv head where the attention read them
+        unshared: returned as it is)."""
         b, h, t, d = d_shared.shape
+        if h == self.n_kv_heads:
+            return d_shared
         return d_shared.reshape(b, self.n_kv_heads, self.group, t, d).sum(axis=2)
 
     def _turn(self, q, k, start):
@@ -141,10 +144,16 @@ class MultiHeadAttention(Module):
 
     def _attend(self, q, k, v, mask):
         """Heads-split q (B, H, T, dk), k and v (B, Hkv, S, d) -> out (B, T, D) through the
-        output projection."""
-        ctx, attn_cache = self._ops.attention_forward(q, self._share(k), self._share(v), mask,
-                                                      self.dropout, self.rng,
-                                                      self.training)          # (B, H, T, dv)
+        output projection. Grouped heads are repeated to the query heads (``_share``) unless
+        the backend reads them as they are for these shapes (the Numba kernels' blocked path,
+        for long contexts: ``reads_grouped_kv``)."""
+        reads = getattr(self._ops, "reads_grouped_kv", None)
+        if self.group > 1 and reads is not None and reads(q.shape, k.shape, q.itemsize):
+            shared_k, shared_v = k, v                                 # (B, Hkv, S, d)
+        else:
+            shared_k, shared_v = self._share(k), self._share(v)      # (B, H, S, d)
+        ctx, attn_cache = self._ops.attention_forward(q, shared_k, shared_v, mask, self.dropout,
+                                                      self.rng, self.training)  # (B, H, T, dv)
         return self.out_proj.forward(F.merge_heads(ctx)), attn_cache
 
     # -- training: all positions at once ---------------------------------------------------------
@@ -221,7 +230,8 @@ class MultiHeadAttention(Module):
             dqkv = np.empty((n_b, tq, qk + kw + self.v_width), dtype=q.dtype)
             dq, dk = F.split_heads(dqkv[..., :qk], h), F.split_heads(dqkv[..., qk:qk + kw], hkv)
             dv = F.split_heads(dqkv[..., qk + kw:], hkv)
-            if self.group == 1 and self.q_norm is None:           # straight into dqkv
+            per_kv_head = k.shape[1] == hkv                      # no repeat: dk, dv per kv head
+            if per_kv_head and self.q_norm is None:                # straight into dqkv
                 f.attention_backward_into(dctx, attn_cache, dq, dk, dv)
                 if turn_cache is not None:
                     f.rotary_backward(dq, turn_cache, out=dq)
@@ -241,7 +251,7 @@ class MultiHeadAttention(Module):
         q_cache, kv_cache = proj_cache
         dq = np.empty((n_b, tq, qk), dtype=q.dtype)                            # (B, T, qk)
         dkv = np.empty((n_b, tk, kw + self.v_width), dtype=q.dtype)            # (B, S, kw + vw)
-        if self.group == 1:
+        if k.shape[1] == hkv:                                      # dk, dv per kv head
             f.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h),
                                       F.split_heads(dkv[..., :kw], hkv),
                                       F.split_heads(dkv[..., kw:], hkv))

@@ -5,6 +5,7 @@ sentences, cores and batches, in one run.
                                       [--data-dir ../shared/data/multi30k] [--split test_2016_flickr]
                                       [--methods greedy beam5] [--repeats 3] [--cores N]
                                       [--engines npformer ct2-float32 ct2-int8] [--toy] [--profile]
+                                      [--ct2-batch greedy=500 beam5=128]
 
 The checkpoint is exported to CTranslate2 (``npformer.ct2``) into a temporary folder, once per
 quantization. Each engine then runs in its own subprocess (so one engine's threads never wait
@@ -13,6 +14,12 @@ same tokenisation, the sentences sorted by length in ``Translator``'s batches by
 engines get the same batches) ``--repeats`` times after one warm-up pass; the table gives
 the median seconds, output tokens per second, the ratio to
 CTranslate2 float32 in the same run, and whether greedy output is token for token npformer's.
+
+CTranslate2 is also timed at its own best batch size: ``--ct2-batch METHOD=N[,N...]`` (default
+``greedy=500 beam5=128``, the sizes of the issue's CTranslate2 figures) runs each CTranslate2
+engine again over batches of N sentences (sorted by length, no limit by tokens), and the table
+gives each as ``ct2-float32@N``; the ratio column ``x ct2-best`` divides by the fastest
+CTranslate2 float32 time of the method, same batches or its own.
 
 Cores: the workers inherit this process's CPU affinity; ``--cores N`` pins them to the first N
 CPUs of it with ``taskset``. npformer's runtime and CTranslate2 (``intra_threads``) both take
@@ -55,6 +62,21 @@ def _method(name):
     raise SystemExit(f"--methods: expected greedy or beamN, got {name!r}")
 
 
+def _ct2_batches(specs):
+    """``["greedy=500", "beam5=64,128"]`` -> {"greedy": [500], "beam5": [64, 128]}."""
+    sizes = {}
+    for spec in specs:
+        name, _, values = spec.partition("=")
+        try:
+            _method(name)
+            sizes[name] = [int(v) for v in values.split(",")]
+        except (SystemExit, ValueError):
+            raise SystemExit(f"--ct2-batch: expected METHOD=N[,N...] (greedy=500), got {spec!r}")
+        if not sizes[name] or min(sizes[name]) < 1:
+            raise SystemExit(f"--ct2-batch: expected batch sizes of at least 1, got {spec!r}")
+    return sizes
+
+
 def worker(args):
     """One engine in this process: print {method: {"seconds": [...], "tokens": n, "output": [...]}}."""
     from npformer.training.checkpointing import load_model_checkpoint
@@ -91,6 +113,22 @@ def worker(args):
             pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
         out[name] = {"seconds": seconds, "tokens": sum(len(r.tokens) + r.finished for r in results),
                      "output": [r.tokens for r in results]}
+        if args.worker != "npformer":
+            for size in _ct2_batches(args.ct2_batch).get(name, ()):
+                own = translator.batch_size, translator.max_tokens
+                translator.batch_size, translator.max_tokens = size, 1 << 40
+                try:
+                    run()
+                    seconds = []
+                    for _ in range(args.repeats):
+                        start = time.perf_counter()
+                        results = run()
+                        seconds.append(time.perf_counter() - start)
+                finally:
+                    translator.batch_size, translator.max_tokens = own
+                out[f"{name}@{size}"] = {
+                    "seconds": seconds, "tokens": sum(len(r.tokens) + r.finished for r in results),
+                    "output": [r.tokens for r in results]}
     if args.toy_checkpoint and args.worker == "npformer":
         out["toy"] = toy_seconds(args.toy_checkpoint, args.repeats)
     print(json.dumps(out))
@@ -132,6 +170,8 @@ def main():
     p.add_argument("--toy", action="store_true")
     p.add_argument("--toy-checkpoint", default=None)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--ct2-batch", nargs="*", default=["greedy=500", "beam5=128"],
+                   metavar="METHOD=N[,N...]")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--export", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -139,6 +179,7 @@ def main():
         return worker(args)
     for name in args.methods:
         _method(name)
+    _ct2_batches(args.ct2_batch)
     if not Path(args.checkpoint + ".npz").exists():
         raise SystemExit(f"--checkpoint {args.checkpoint}: not found (see "
                          f"shared/checkpoints/m30k-de-en/README.md)")
@@ -175,23 +216,33 @@ def main():
                 cmd += ["--toy-checkpoint", toy]
             if args.profile:
                 cmd += ["--profile"]
+            if engine != "npformer":
+                cmd += ["--ct2-batch", *args.ct2_batch]
             done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
             results[engine] = json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\n{'method':8s} {'engine':12s} {'seconds':>8s} {'tokens/s':>9s} {'x ct2-f32':>9s}  "
-          f"same output as npformer")
+    print(f"\n{'method':8s} {'engine':18s} {'seconds':>8s} {'tokens/s':>9s} {'x ct2-f32':>9s} "
+          f"{'x ct2-best':>10s}  same output as npformer")
     for name in args.methods:
         ref = results.get("ct2-float32", {}).get(name)
+        own = [r for key, r in results.get("ct2-float32", {}).items()
+               if key == name or key.startswith(name + "@")]
+        best = min((_median(r["seconds"]) for r in own), default=None)
+        mine = results.get("npformer", {}).get(name, {}).get("output")
         for engine, res in results.items():
-            r = res[name]
-            sec = _median(r["seconds"])
-            ratio = f"{sec / _median(ref['seconds']):.2f}" if ref else "-"
-            same = ("-" if engine == "npformer" else
-                    "yes" if r["output"] == results.get("npformer", {}).get(name, {}).get("output")
-                    else "no")
-            print(f"{name:8s} {engine:12s} {sec:8.2f} {r['tokens'] / sec:9.0f} {ratio:>9s}  {same}")
+            for key, r in res.items():
+                if key != name and not key.startswith(name + "@"):
+                    continue
+                sec = _median(r["seconds"])
+                ratio = f"{sec / _median(ref['seconds']):.2f}" if ref else "-"
+                to_best = f"{sec / best:.2f}" if best else "-"
+                same = ("-" if engine == "npformer" or mine is None else
+                        "yes" if r["output"] == mine else "no")
+                label = engine + key[len(name):]
+                print(f"{name:8s} {label:18s} {sec:8.2f} {r['tokens'] / sec:9.0f} {ratio:>9s} "
+                      f"{to_best:>10s}  {same}")
     if toy:
         t = results["npformer"]["toy"]
         print(f"\ntoy: {t['sentences']} sentences greedy in {_median(t['seconds']):.3f} s "

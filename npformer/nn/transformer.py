@@ -216,7 +216,7 @@ class TranslationState(CachedState):
         self.model = model
         model._logits_shape = None       # its training activations are overwritten from here on
         with model.evaluating():
-            memory, self.src_mask = model._encode(src)                  # (B, S, D), (B, 1, 1, S)
+            memory, self.src_mask = _encode_by_length(model, src)       # (B, S, D), (B, 1, 1, S)
             self.memory_caches = [layer.multihead_attn.memory_cache(memory)
                                   for layer in model.decoder.layers]
         rows = src.shape[0] * self.beams
@@ -287,6 +287,26 @@ class TranslationState(CachedState):
             for cache in self.memory_caches:
                 cache.reorder(kept)
             self.src_mask = self.src_mask[kept]
+
+
+def _encode_by_length(model, src):
+    """The encoder over sources ``src`` (B, S) in groups of equal length, each at its own width
+    (a group's rows hold no padding after their last token): memory (B, S, D), zero at the
+    padded positions every attention masks, and the padding mask (B, 1, 1, S). A batch of
+    sentences sorted by length is mostly padding at its short end; encoding it at the longest
+    one's width spent a third of a greedy pass on Multi30k there. A sentence's memory may
+    differ from the padded batch's in the last bits (products of other shapes)."""
+    pad = model.pad_id
+    real = src != pad
+    lengths = np.where(real.any(axis=1), src.shape[1] - np.argmax(real[:, ::-1], axis=1), 1)
+    widths = np.unique(lengths)
+    if len(widths) == 1:
+        return model._encode(src)
+    memory = np.zeros(src.shape + (model.d_model,), dtype=model.dtype)
+    for width in widths.tolist():
+        rows = np.flatnonzero(lengths == width)
+        memory[rows, :width] = model._encode(src[rows, :width])[0]
+    return memory, F.padding_mask(src, pad)
 
 
 def default_capacity(max_len, src_len):

@@ -238,16 +238,43 @@ class TranslationState(CachedState):
         ranked by ``offset[r] + log p`` (a beam's running scores; None: log p), ties by the
         lower id (``top_log_softmax`` of the backend: the (R, V) float64 arrays are never
         written on the Numba backend)."""
-        return ops().top_log_softmax(self._logits(tokens), n, offset)
+        logits, shared = self._logits(tokens, repeat=False)
+        if not shared:
+            return ops().top_log_softmax(logits, n, offset)
+        # a first step of one row per source: each beam's rows ranked once over the sources'
+        # logits (every row's result depends on its logits and offset alone), beams of equal
+        # offsets (beam search's -inf for all but the first) ranked once between them
+        beams, rows = self.beams, len(logits) * self.beams
+        if offset is not None and np.shape(offset) != (rows,):      # as an unshared step
+            return ops().top_log_softmax(np.repeat(logits, beams, axis=0), n, offset)
+        columns = (None if offset is None else
+                   np.asarray(offset, dtype=np.float64).reshape(len(logits), beams).T)
+        ids = logp = None
+        ranked = []                                          # (offsets, ids, logp) so far
+        for j in range(beams):
+            column = None if columns is None else columns[j]
+            for seen, seen_ids, seen_logp in ranked:
+                if column is None or np.array_equal(seen, column):
+                    top = seen_ids, seen_logp
+                    break
+            else:
+                top = ops().top_log_softmax(logits, n, column)
+                ranked.append((column, *top))
+            if ids is None:
+                ids = np.empty((rows, top[0].shape[1]), dtype=top[0].dtype)
+                logp = np.empty((rows, top[1].shape[1]), dtype=top[1].dtype)
+            ids[j::beams], logp[j::beams] = top
+        return ids, logp
 
-    def _logits(self, tokens):
+    def _logits(self, tokens, repeat=True):
         """The decoder and generator one position on: (R,) tokens -> logits (R, V) in the
         model's dtype, ``<pad>`` and ``<bos>`` at -inf (never a next token).
 
         A first step that gives a source's ``beams`` rows one token (beam search's ``<bos>``)
         computes one row per source: its rows would be the same, so the result and its cached
         keys and values are repeated to the source's other rows (a beam search's first step
-        thus costs what greedy's does)."""
+        thus costs what greedy's does). ``repeat=False``: the logits as computed, one row per
+        source where the step was shared, and whether it was: ``(logits, shared)``."""
         model, beams = self.model, self.beams
         tokens = self.check_step(tokens, model.config.tgt_vocab_size)   # before any cache moves
         shared = (self.length == 0 and beams > 1
@@ -267,6 +294,8 @@ class TranslationState(CachedState):
                 for cache in self.caches:
                     cache.repeat_rows(beams)
         logits[:, [model.pad_id, self.bos_id]] = -np.inf
+        if not repeat:
+            return logits, shared
         if shared:
             logits = np.repeat(logits, beams, axis=0)
         return logits

@@ -1,9 +1,11 @@
-"""The decoder state encodes its sources in groups of equal length, each at its own width (no
-padding in the encoder's products): the memory is the padded batch's at the real positions (to
-the last bits of other product shapes), zero at the masked ones, and a batch of mixed lengths
-decodes each source as it decodes alone."""
+"""Work the decoder state skips. It encodes its sources in groups of equal length, each at its
+own width (no padding in the encoder's products): the memory is the padded batch's at the real
+positions (to the last bits of other product shapes), zero at the masked ones, and a batch of
+mixed lengths decodes each source as it decodes alone. A beam search's first step ranks one row
+per source and offset: the same bits as ranking the repeated rows."""
 import numpy as np
 import npformer as nf
+from npformer.backend import ops
 from npformer.decoding.search import greedy_search
 from npformer.nn.transformer import _encode_by_length
 
@@ -49,3 +51,19 @@ def test_a_batch_of_mixed_lengths_decodes_each_source_as_alone():
                               max_new_tokens=8)[0]
         assert batch[row].ids == alone.ids
         np.testing.assert_allclose(batch[row].probs, alone.probs, rtol=1e-4, atol=1e-6)
+
+
+def test_a_shared_first_step_ranks_as_the_repeated_rows(backend):
+    model = make_model(np.float32)
+    src = mixed_sources(np.random.default_rng(2), [4, 2, 3], 4)
+    beams = 3
+    offsets = [None, np.tile([0.0, -np.inf, -np.inf], 3), np.array([0.0, -1.5, -1.5] * 3)]
+    for offset in offsets:
+        state = model.decoder_state(src, bos_id=1, eos_id=2, beams=beams)
+        ids, logp = state.step_top(state.first_tokens(), 4, offset)
+        again = model.decoder_state(src, bos_id=1, eos_id=2, beams=beams)
+        want_ids, want_logp = ops().top_log_softmax(again._logits(again.first_tokens()), 4,
+                                                    offset)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(logp, want_logp)
+        assert state.batch_size == again.batch_size == 9 and state.length == again.length == 1

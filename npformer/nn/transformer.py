@@ -190,7 +190,8 @@ class TranslationState(CachedState):
     position's projections plus attention over the cache. T steps give what one forward over
     the T positions gives (tests/test_incremental.py).
 
-    The encoder runs once per source. Each decoder layer's cross-attention keys and values are
+    The encoder runs once per source, sources of one length together at their own width (no
+    padding in its products). Each decoder layer's cross-attention keys and values are
     computed once per source and shared by the source's ``beams`` rows (consecutive: rows
     ``i * beams ... (i + 1) * beams - 1`` belong to source i); its self-attention keys and values
     fill a preallocated cache of ``capacity`` positions (default: ``min(max_len, 2 * S + 10)``).

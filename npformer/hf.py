@@ -283,6 +283,17 @@ def _read_tensors(folder):
     return found, where
 
 
+def _check_fits(config, folder):
+    """Refuse a config.json whose sizes this machine cannot hold (``ModelConfig.check_memory``,
+    in closed form) before its parameters' shapes are listed (after its block count is held
+    against the files' headers): a lying ``n_embd`` of 10**9 would otherwise fail inside NumPy
+    ("array is too big") without naming the file."""
+    try:
+        config.check_memory()
+    except ValueError as e:
+        raise ValueError(f"{folder / 'config.json'}: {e}") from None
+
+
 def _check_block_count(config, names, pattern, field, spelled, folder, where):
     """config.json's layer count (``field``) decides how many names are listed next: it may
     claim no more blocks than the headers hold tensors of (a lying 10**9 is refused here, before
@@ -307,6 +318,7 @@ def read_gpt2(path, dtype=np.float32):
     # config.json's n_layer decides how many names are listed below: it may claim no more
     # blocks than the headers hold tensors of (a lying n_layer of 10**9 is refused here)
     _check_block_count(config, found, _BLOCK, "n_layer", "h.N.*", folder, where)
+    _check_fits(config, folder)
     names = hf_names(config)
     shapes = config.parameter_shapes()
     prefix = "transformer."            # GPT2LMHeadModel's files; the original gpt2 ones have none
@@ -772,6 +784,7 @@ def _check_llama_files(folder, config, model_type):
     stored, where = _stored_tensors(folder)
     _check_block_count(config, stored, _LLAMA_BLOCK, "num_hidden_layers", "model.layers.N.*",
                        folder, where)
+    _check_fits(config, folder)
     names = llama_names(config)
     shapes = config.parameter_shapes()
     missing = [name for name in names if name not in stored]

@@ -140,6 +140,20 @@ def test_a_lying_n_layer_is_refused_at_once(folder, tmp_path, capsys, n_layer):
     assert time.perf_counter() - start < 1.0
 
 
+@pytest.mark.parametrize("n_embd", [10**6, 10**9])
+def test_a_lying_width_is_refused_naming_the_file(folder, tmp_path, capsys, n_embd):
+    """A width no machine holds is refused by the size check, naming config.json, before the
+    parameters' shapes are listed (10**9 made NumPy itself refuse them: "array is too big")."""
+    import shutil
+    path = tmp_path / "wide"
+    shutil.copytree(folder, path)
+    edit_config(path, n_embd=n_embd)
+    with pytest.raises(ValueError, match=r"config\.json: .*a model this size"):
+        nf.GPT.from_pretrained(path)
+    assert main(["sample", "--hf", str(path), "--prompt", "x"]) == 1
+    one_line(capsys, "config.json", "a model this size")
+
+
 def test_fewer_layers_than_the_files_hold_are_named_as_unexpected(tmp_path):
     path = tmp_path / "two"
     make_folder(path, n_layer=2)

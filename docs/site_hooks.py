@@ -20,9 +20,11 @@ from pathlib import Path
 
 from mkdocs.structure.files import File
 
+from npformer.exercises.catalogue import REPOSITORY_URL
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-REPOSITORY = "https://github.com/npformer/npformer/blob/main/"
+REPOSITORY = REPOSITORY_URL + "/blob/main/"     # the one repository URL, the exercises' links
 PAGES = {"README.md": "index.md", "BENCHMARKS.md": "benchmarks.md"}   # repository -> site
 LINK = re.compile(r"\]\((?P<target>[^)\s#]+)(?P<anchor>#[^)\s]*)?\)")
 HREF = re.compile(r'href="(?P<target>[^"#:]+)\.(?:md|ipynb)(?P<anchor>#[^"]*)?"')

@@ -25,6 +25,8 @@ import tempfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_lora import memory_kib  # noqa: E402  (VmRSS / VmHWM of this process, KiB)
 
 
 def tensor_shapes(a):
@@ -105,21 +107,13 @@ def write_model(folder, a):
 
 
 # -- the measuring process ---------------------------------------------------------------------
-def _status_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def measure(loader, folder):
     """Runs in its own process: imports, baseline RSS, the load, peak RSS; prints JSON."""
     if loader == "torch":
         import torch
         import transformers
         torch.set_num_threads(1)
-        base = _status_kib("VmRSS")
+        base = memory_kib("VmRSS")
         model = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
         count = sum(p.numel() for p in model.parameters())
     else:
@@ -128,10 +122,10 @@ def measure(loader, folder):
             import contextlib
             import npformer.nn.init as init
             init.uninitialised = contextlib.nullcontext
-        base = _status_kib("VmRSS")
+        base = memory_kib("VmRSS")
         model = nf.from_pretrained(folder)
         count = model.num_parameters()
-    print(json.dumps({"baseline_kib": base, "peak_kib": _status_kib("VmHWM"),
+    print(json.dumps({"baseline_kib": base, "peak_kib": memory_kib("VmHWM"),
                       "parameters": int(count)}))
 
 

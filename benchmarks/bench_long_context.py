@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_train_step import CONFIGS, affinity, cpu_list, step_flops  # noqa: E402
+from bench_train_step import CONFIGS, affinity, cpu_list, step_flops, time_steps  # noqa: E402
 
 IMPLEMENTATIONS = ("npformer-numba", "torch-sdpa")
 
@@ -55,17 +55,6 @@ def batch(c, np):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, c["vocab_size"], size=(c["batch"], c["seq_len"] + 1))
     return ids[:, :-1], ids[:, 1:]
-
-
-def time_steps(step, repeats):
-    for _ in range(2):                                        # warm-up (compiles, allocates)
-        step()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)
 
 
 def run_npformer(c, args):

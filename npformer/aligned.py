@@ -92,13 +92,6 @@ def empty_aligned(shape, dtype, aligned_rows=False):
 
 
 def zeros_aligned(shape, dtype):
-    """np.zeros(shape, dtype) whose first element starts a cache line."""
-    out = empty_aligned(shape, dtype)
-    out.fill(0)
-    return out
-
-
-def calloc_aligned(shape, dtype):
     """np.zeros(shape, dtype) whose first element starts a cache line, its pages left untouched
     until written (np.zeros of a fresh block: the operating system's zero pages, not the pool's
     used buffers): a gradient buffer that an evaluating model never writes costs no memory."""

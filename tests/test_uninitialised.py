@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import npformer as nf
-from npformer.aligned import ALIGNMENT, calloc_aligned
+from npformer.aligned import ALIGNMENT, zeros_aligned
 from npformer.nn.init import building_shapes, drawing_nothing, shapes_only, uninitialised
 
 
@@ -55,8 +55,8 @@ def test_shapes_only_inside_uninitialised_still_allocates_nothing():
 
 @pytest.mark.parametrize("shape,dtype", [(0, np.float32), (5, np.float64), ((3, 7), np.float32),
                                          (1 << 20, np.float32)])
-def test_calloc_aligned_is_zeros_on_a_cache_line(shape, dtype):
-    out = calloc_aligned(shape, dtype)
+def test_zeros_aligned_is_zeros_on_a_cache_line(shape, dtype):
+    out = zeros_aligned(shape, dtype)
     assert out.shape == np.zeros(shape).shape and out.dtype == dtype
     assert out.flags.c_contiguous and not out.any()
     if out.size:

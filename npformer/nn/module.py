@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..aligned import calloc_aligned, empty_aligned
+from ..aligned import zeros_aligned, empty_aligned
 from .init import building_shapes, drawing_nothing, shapes_only
 
 
@@ -169,7 +169,7 @@ class Module:
         total = sum(p.data.size for p in params)
         dtype = dtypes.pop()
         flat_params = empty_aligned(total, dtype)    # weights start on cache lines where their
-        flat_grads = calloc_aligned(total, dtype)    # offsets allow: fast rows for the products
+        flat_grads = zeros_aligned(total, dtype)    # offsets allow: fast rows for the products
         copy = not drawing_nothing()                 # (uninitialised: the caller writes them)
         offset = 0
         for p in params:

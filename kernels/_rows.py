@@ -1,7 +1,7 @@
-"""Row helpers the softmax passes share (attention, blocked attention, cross-entropy)."""
+"""Helpers the softmax passes share (attention, blocked attention, cross-entropy)."""
 from numba import njit
 
-from ._jit import FASTMATH
+from ._jit import FASTMATH, kernel
 
 
 @njit(inline="always", fastmath=FASTMATH, cache=True)
@@ -17,3 +17,17 @@ def row_max(x, n, neg_inf):
     for j in range(n8, n):
         m0 = max(m0, x[j])
     return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+@kernel
+def flush_subnormal(x, tiny):
+    """In place: entries of x (B, H, T, d), any strides, below ``tiny`` in magnitude -> 0 (a
+    three-axis array goes in as ``x[None]``)."""
+    zero = tiny - tiny
+    n_b, n_h, n_t, n_d = x.shape
+    for b in range(n_b):
+        for h in range(n_h):
+            for t in range(n_t):
+                for j in range(n_d):
+                    if abs(x[b, h, t, j]) < tiny:
+                        x[b, h, t, j] = zero

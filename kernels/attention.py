@@ -84,6 +84,7 @@ from npformer.aligned import empty_aligned
 from . import blocked_attention
 from ._fastexp import exp32
 from ._jit import kernel
+from ._rows import flush_subnormal as _flush_subnormal
 from ._rows import row_max as _row_max
 from .dropout import keep_mask
 from .matmul import THREAD_SAFE, matmul
@@ -270,19 +271,6 @@ def _softmax_block_backward(dp, probs, keep, r0, r1, c1, drop_scale, use_dropout
             for j in range(n):
                 g = probs[bh, i, j] * (dp[bh, i, j] - dot) * scale
                 dp[bh, i, j] = g if abs(g) >= tiny else zero
-
-
-@kernel
-def _flush_subnormal(x, tiny):
-    """In place: entries of x (B, H, T, d), any strides, below ``tiny`` in magnitude -> 0."""
-    zero = tiny - tiny
-    n_b, n_h, n_t, n_d = x.shape
-    for b in range(n_b):
-        for h in range(n_h):
-            for t in range(n_t):
-                for j in range(n_d):
-                    if abs(x[b, h, t, j]) < tiny:
-                        x[b, h, t, j] = zero
 
 
 _TRUE = np.ones((1, 1, 1, 1), dtype=bool)              # no mask: every key may be attended

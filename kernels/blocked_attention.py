@@ -46,6 +46,7 @@ from npformer.functional.dropout import mask_key, mask_threshold
 
 from ._fastexp import exp32
 from ._jit import kernel
+from ._rows import flush_subnormal
 from ._rows import row_max as _row_max
 from .dropout import _word
 from .matmul import THREAD_SAFE, matmul
@@ -255,18 +256,6 @@ def _accumulate(dv, tv, dk, tk, c0, dq, tq, first):
             dq_f[j] += tq_f[j]
 
 
-@kernel
-def _flush_subnormal(x, tiny):
-    """In place: entries of x (A, T, d), any strides, below ``tiny`` in magnitude -> 0."""
-    zero = tiny - tiny
-    n_a, n_t, n_d = x.shape
-    for a in range(n_a):
-        for t in range(n_t):
-            for j in range(n_d):
-                if abs(x[a, t, j]) < tiny:
-                    x[a, t, j] = zero
-
-
 class Saved:
     """What the blocked backward needs besides q, k, v: the output (B, H, Tq, dv), each query
     row's maximum scaled score and 1/sum of its exponentials (B, H, Tq), the mask, the blocks,
@@ -455,7 +444,7 @@ def attention_backward_into(dout, cache, dq, dk, dv):
             dq_p[:, r0:r1] = _view(dq_flat, (h1 - h0, n_r, d_k))
         dk[b, a0:a1], dv[b, a0:a1] = dk_p, dv_p
         for grad in (dq_p, dk[b, a0:a1], dv[b, a0:a1]):
-            _flush_subnormal(grad, tiny)
+            flush_subnormal(grad[None], tiny)
 
     _run(parts(n_b, n_kv, group, q.itemsize), n_b * n_h * tq * tk, backward_part)
     return dq, dk, dv

@@ -31,7 +31,7 @@ import numpy as np
 
 from .checkpoint import write_file_atomic
 from .nn.lora import LoRA
-from .validation import check_real
+from .validation import check_int, check_real
 
 PEFT_TARGETS = {                       # PEFT's name -> the Llama module path inside a layer
     "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
@@ -181,11 +181,10 @@ def plan_targets(model, target_modules):
 def check_settings(rank, alpha, dropout):
     """(rank, alpha, dropout) checked: rank a positive int, alpha a finite number > 0, dropout
     in [0, 1). ValueError naming the argument."""
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank <= 0:
-        raise ValueError(f"rank: expected a positive integer, got {rank!r:.40}")
+    rank = check_int("rank", rank)
     alpha = check_real("alpha", alpha, minimum=0, min_open=True)
     dropout = check_real("dropout", dropout, minimum=0, maximum=1, max_open=True)
-    return int(rank), alpha, dropout
+    return rank, alpha, dropout
 
 
 def adapters(model):
@@ -223,8 +222,7 @@ def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS
         shape = (stop - start, params[f"{host}.{attr}"].data.shape[1])
         raise ValueError(f"rank: expected at most {width}, the width of the narrowest targeted "
                          f"layer ({label} at {host}.{attr}, {shape[0]} x {shape[1]}), got {rank}")
-    for p in params.values():
-        p.freeze()                                      # no gradient, no Adam state
+    model.freeze()                                      # no gradient, no Adam state
     rng = np.random.default_rng(seed)
     dropout_rng = getattr(model, "rng", None) or np.random.default_rng(seed)
     for host, attr, start, stop, label in plan:
@@ -291,6 +289,31 @@ def _weight_name(model, lora):
 # -- the base and the adapters' arrays ---------------------------------------------------------
 def is_adapter_name(name):
     return ".lora" in name and name.rsplit(".", 1)[-1] in ("A", "B")
+
+
+# the configuration fields a LoRA run may set apart from its base's (npformer lm --dropout)
+RUN_DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def run_dropouts(run_config, base_config, where, base_name="this model"):
+    """{field: the run's rate} where a LoRA run's configuration ``run_config`` differs from its
+    base's ``base_config`` (dicts) in a dropout rate alone; ValueError naming ``where`` (an
+    adapter for another base model) where any other field differs."""
+    differ = sorted(k for k in set(run_config) | set(base_config)
+                    if run_config.get(k) != base_config.get(k))
+    if [k for k in differ if k not in RUN_DROPOUTS]:
+        raise ValueError(f"{where}: is an adapter for another base model (its configuration "
+                         f"differs from {base_name}'s in {', '.join(differ)})")
+    return {k: run_config[k] for k in differ}
+
+
+def base_identity(model):
+    """A LoRA model's settings, the sha256 of its frozen base filled in once (what its
+    checkpoints record and what data-parallel ranks compare), or None without adapters."""
+    lora_settings = settings(model)
+    if lora_settings is not None and "sha256" not in lora_settings.base:
+        lora_settings.base["sha256"] = base_sha256(model)
+    return lora_settings
 
 
 def base_sha256(model):
@@ -648,11 +671,6 @@ def load_adapter(model, path):
         raise ValueError(f"{where}: holds no LoRA adapters (a checkpoint of npformer lm "
                          f"--lora-rank, or a PEFT folder with adapter_config.json)")
     theirs = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-    ours = model.config.to_dict()
-    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k)
-                    and k not in ("dropout", "attention_dropout", "activation_dropout"))
-    if differ:
-        raise ValueError(f"{where}: is an adapter for another base model (its configuration "
-                         f"differs from this one's in {', '.join(differ)})")
+    dropouts = run_dropouts(theirs, model.config.to_dict(), where)
     weights = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
-    return rebuild(model, meta["lora"], weights, where)
+    return rebuild(model, meta["lora"], weights, where, dropouts=dropouts)

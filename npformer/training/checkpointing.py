@@ -37,8 +37,7 @@ def save_model_checkpoint(path, model, vocabs, optimizer=None, training=None, ex
     lora = getattr(model, "lora", None)           # a LoRA run: its adapters alone, and its base
     if lora is not None:
         from .. import lora as lora_module
-        if "sha256" not in lora.base:
-            lora.base["sha256"] = lora_module.base_sha256(model)
+        lora_module.base_identity(model)          # its base's sha256, computed once
         arrays = {_MODEL + name: value for name, value in lora_module.adapter_state(model).items()}
     else:
         arrays = {_MODEL + name: value for name, value in model.state_dict().items()}
@@ -145,10 +144,6 @@ def load_model_checkpoint(path):
     return LoadedCheckpoint(model, vocabs, meta, arrays, name)
 
 
-# the fields a LoRA run may set apart from its base's configuration (lm --dropout)
-_DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
-
-
 def _lora_model(meta, config, weights, name):
     """The model of a LoRA checkpoint: its base read again from the folder it records, checked
     by configuration and by the hash of its weights, then the stored adapters applied and
@@ -160,14 +155,9 @@ def _lora_model(meta, config, weights, name):
                               f"{meta['lora']!r:.80}")
     try:
         model = lora.load_base(meta["lora"]["base"], where)
-        theirs, ours = model.config.to_dict(), config.to_dict()
-        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
-        if [k for k in differ if k not in _DROPOUTS]:
-            raise ValueError(f"{where}: is an adapter for another base model (its configuration "
-                             f"differs from {meta['lora']['base'].get('folder')}'s in "
-                             f"{', '.join(differ)})")
-        return lora.rebuild(model, meta["lora"], weights, where, dropouts={
-            k: ours[k] for k in differ})
+        dropouts = lora.run_dropouts(config.to_dict(), model.config.to_dict(), where,
+                                     meta["lora"]["base"].get("folder"))
+        return lora.rebuild(model, meta["lora"], weights, where, dropouts=dropouts)
     except CheckpointError:
         raise
     except ValueError as e:

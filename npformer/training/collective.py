@@ -340,10 +340,6 @@ class MPICollective(SingleProcess):
 def _lora_identity(model):
     """A LoRA run's settings with the sha256 of its frozen base (every rank must adapt the same
     weights: they are read from a folder, not broadcast), or None for a run without adapters."""
-    settings = getattr(model, "lora", None)
-    if settings is None:
-        return None
-    if "sha256" not in settings.base:
-        from .. import lora
-        settings.base["sha256"] = lora.base_sha256(model)
-    return settings.to_dict()
+    from .. import lora
+    settings = lora.base_identity(model)
+    return None if settings is None else settings.to_dict()

@@ -36,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_train_step import CONFIGS, affinity, cpu_list, step_flops, time_steps  # noqa: E402
+from bench_train_step import (CONFIGS, affinity, cpu_list, make_batch, step_flops,  # noqa: E402
+                              time_steps)
 
 IMPLEMENTATIONS = ("npformer-numba", "torch-sdpa")
 
@@ -51,12 +52,6 @@ def attention_flops(c):
     return 3 * c["n_layers"] * 4 * c["batch"] * c["seq_len"] ** 2 * c["d_model"]
 
 
-def batch(c, np):
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, c["vocab_size"], size=(c["batch"], c["seq_len"] + 1))
-    return ids[:, :-1], ids[:, 1:]
-
-
 def run_npformer(c, args):
     import numpy as np
 
@@ -69,7 +64,7 @@ def run_npformer(c, args):
                    n_layers=c["n_layers"], max_len=c["max_len"], dtype=np.float32, seed=0,
                    dropout=0.1, attention_dropout=args.attention_dropout)
     opt = nf.AdamW(model, lr=1e-4, weight_decay=0.1)
-    inputs, targets = batch(c, np)
+    inputs, targets = make_batch(c, np)
 
     def train_step():
         model.zero_grad()
@@ -135,7 +130,7 @@ def run_torch(c, args):
     torch.manual_seed(0)
     model = torch_gpt(c, args.attention_dropout)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    inputs, targets = (torch.from_numpy(a) for a in batch(c, np))
+    inputs, targets = (torch.from_numpy(a) for a in make_batch(c, np))
 
     def train_step():
         opt.zero_grad()

@@ -289,19 +289,44 @@ def configure_runtime(threads=None, blas_threads=None, keep_memory=False, determ
                 _warn(f"npformer runtime: blas_threads={blas_threads} is more than the {cores} "
                       f"core(s) this process may use; using {cores}")
                 blas_threads = cores
-        _state["policy"] = pol
+        _set_policy(pol)
         _state["blas_threads"] = blas_threads or 1
         _state["managed"] = True
         use_workqueue_threads()
-        if _state["pool"] is not None and _state["pool"][1] != pol.workers - 1:
-            _state["pool"][0].shutdown(wait=True)
-            _state["pool"] = None
         if deterministic is not None:
             set_deterministic(deterministic)
         kept = keep_freed_memory() if keep_memory else False
     summary = describe()
     summary["keep_memory"] = kept
     return summary
+
+
+def _set_policy(pol):
+    """The thread policy ``pol`` in force; a worker pool of another size is let go (the next
+    parallel call makes one of the new size)."""
+    _state["policy"] = pol
+    if _state["pool"] is not None and _state["pool"][1] != pol.workers - 1:
+        _state["pool"][0].shutdown(wait=True)
+        _state["pool"] = None
+
+
+_SETTINGS = ("policy", "blas_threads", "managed", "deterministic")
+
+
+def snapshot():
+    """The runtime's settings now (its thread policy, BLAS threads, whether it manages them,
+    deterministic mode), for :func:`restore`."""
+    ensure()
+    return {k: _state[k] for k in _SETTINGS}
+
+
+def restore(saved):
+    """Put back settings :func:`snapshot` took (a test, or a caller that configured the
+    runtime for a while)."""
+    with _lock:
+        _set_policy(saved["policy"])
+        for k in _SETTINGS[1:]:
+            _state[k] = saved[k]
 
 
 def set_deterministic(flag=True):

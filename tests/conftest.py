@@ -15,18 +15,10 @@ def _runtime_restored():
     --threads N`` or ``--blas-threads N`` in this process (or calls ``configure_runtime``)
     would otherwise change the threads of every test after it."""
     from npformer import runtime
-    runtime.ensure()                     # the policy a test may change exists before it runs
-    keys = ("policy", "blas_threads", "managed", "deterministic")
-    before = {k: runtime._state[k] for k in keys}
+    before = runtime.snapshot()
     yield
-    if any(runtime._state[k] != before[k] for k in keys):
-        with runtime._lock:
-            pool = runtime._state["pool"]
-            runtime._state.update(before)
-            if pool is not None and before["policy"] is not None and \
-                    pool[1] != before["policy"].workers - 1:
-                pool[0].shutdown(wait=True)
-                runtime._state["pool"] = None
+    if runtime.snapshot() != before:
+        runtime.restore(before)
 
 
 @pytest.fixture(params=["numba", "numpy"])

@@ -85,6 +85,14 @@ def test_configure_runtime_checks_its_arguments():
         nf.configure_runtime()
 
 
+def test_restore_puts_back_what_snapshot_took():
+    before = runtime.snapshot()
+    nf.configure_runtime(threads=1, blas_threads=1, deterministic=False)
+    assert runtime.snapshot() != before
+    runtime.restore(before)
+    assert runtime.snapshot() == before and runtime.policy() == before["policy"]
+
+
 # -- no side effects ---------------------------------------------------------------------------
 def run_python(code, **env):
     full = {k: v for k, v in os.environ.items()

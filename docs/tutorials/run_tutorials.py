@@ -55,10 +55,11 @@ def execute(path, timeout=300):
 def store(nb, path):
     """Write ``nb`` (with its outputs) as the ``.ipynb`` beside tutorial ``path``."""
     import nbformat
+
+    from npformer.data.textfile import write_text_atomic
     target = Path(path).with_suffix(".ipynb")
-    tmp = target.with_suffix(".ipynb.tmp")
-    nbformat.write(nb, str(tmp))
-    tmp.replace(target)
+    text = nbformat.writes(nb)
+    write_text_atomic(target, text if text.endswith("\n") else text + "\n")   # as nbformat.write
     return target
 
 

@@ -4,7 +4,7 @@ import math
 
 from ..exercises.catalogue import DOCS_URL, EXERCISES, find
 from ..exercises.checker import TIMEOUT, check_folder
-from .common import non_negative_int, positive_int
+from .common import non_negative_int, positive_float, positive_int
 
 
 def add_parser(sub, name):
@@ -38,7 +38,7 @@ def add_parser(sub, name):
     check.add_argument("--epochs", type=positive_int, default=None,
                        help="with --train: epochs to train (default: the toy's 14)")
     check.add_argument("--seed", type=non_negative_int, default=0, help="with --train: the toy's seed")
-    check.add_argument("--timeout", type=float, default=TIMEOUT,
+    check.add_argument("--timeout", type=positive_float, default=TIMEOUT,
                        help="seconds each exercise's check may take (default %(default)g)")
     check.add_argument("--quiet", action="store_true", help="with --train: no per-epoch lines")
     check.set_defaults(run=run_check)
@@ -66,8 +66,6 @@ def run_start(args):
 def run_check(args):
     if args.train and args.name:
         raise ValueError("NAME: --train trains with every exercise; leave NAME out")
-    if not (args.timeout > 0 and math.isfinite(args.timeout)):
-        raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
     if args.epochs is not None and not args.train:
         raise ValueError("--epochs: only with --train")
     names = None if args.name is None else [find(args.name).name]

@@ -28,7 +28,8 @@ from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backwar
 from .embedding import embedding_backward, embedding_forward, sinusoidal_positions
 from .kv_cache import move_rows, take_rows
 from .layernorm import layernorm_backward, layernorm_forward
-from .linear import linear_backward, linear_backward_accumulate, linear_forward
+from .linear import (linear_backward, linear_backward_accumulate, linear_forward,
+                     linear_input_backward)
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .matmul import matmul
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward

@@ -37,6 +37,13 @@ def linear_backward(dout, cache):
     return dx, dw, dout2.sum(axis=0)
 
 
+def linear_input_backward(dout, cache):
+    """dx = dY W alone, for a frozen W (LoRA's base): the product :func:`linear_backward` makes
+    dx with, and no dW. Returns dx (..., D_in)."""
+    _, x_shape, w = cache
+    return matmul(dout.reshape(-1, dout.shape[-1]), w).reshape(x_shape)
+
+
 def linear_backward_accumulate(dout, cache, dw_acc, db_acc=None):
     """As :func:`linear_backward`, but adds dw into ``dw_acc`` (D_out, D_in) and db into
     ``db_acc`` (D_out,) in place (the parameters' ``.grad``) instead of returning new arrays.

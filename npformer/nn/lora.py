@@ -9,7 +9,6 @@ import math
 
 import numpy as np
 
-from .. import functional as F
 from .. import runtime
 from ..backend import ops
 from .init import zeros
@@ -91,21 +90,10 @@ def projection_backward(f, dy, cache, w_grad, b_grad=None, adapters=(), offset=0
     if w_grad is not None:
         dx = f.linear_backward_accumulate(dy, cache, w_grad, b_grad)
     else:
-        dx = _input_gradient(f, dy, cache)
+        dx = f.linear_input_backward(dy, cache)      # dX = dY W, no dW product
         if b_grad is not None:
             b_grad += dy.reshape(-1, dy.shape[-1]).sum(axis=0)
     for lora in adapters:
         if not lora.merged:
             dx += lora.backward(dy[..., lora.start - offset:lora.stop - offset])
     return dx
-
-
-def _input_gradient(f, dy, cache):
-    """dX = dY W of a frozen projection: through the backend's own matrix product where it has
-    one (the Numba backend's ``matmul``, the product its linear backward computes dX with, on
-    the runtime's threads), else the reference's ``linear_input_backward``."""
-    matmul = getattr(f, "matmul", None)
-    if matmul is None:
-        return F.linear_input_backward(dy, cache)
-    _, x_shape, w = cache
-    return matmul(dy.reshape(-1, dy.shape[-1]), w).reshape(x_shape)

@@ -89,7 +89,7 @@ def _forward_block(s, mask, b, h0, group, n_rows, r0, c0, scale, neg_inf, low, f
     ``tmp`` (the previous block's P' v) where ``pending``; ``first``: set to 0.
     mask (B|1, H|1, Tq|1, Tk) bool. x (C,), bits (C + 8,) uint16: scratch."""
     n_a, n_r, n_c = s.shape
-    zero, one = scale - scale, scale / scale
+    zero = scale - scale
     mb = b if mask.shape[0] > 1 else 0
     mq = mask.shape[2] > 1
     d_v = acc.shape[2]
@@ -257,11 +257,10 @@ def _accumulate(dv, tv, dk, tk, c0, dq, tq, first):
 
 
 class Saved:
-    """What the blocked backward needs besides q, k, v: the output (B, H, Tq, dv), each query
-    row's maximum scaled score and 1/sum of its exponentials (B, H, Tq), the mask, the blocks,
-    and the dropout's key and threshold (the mask itself is regenerated)."""
-    __slots__ = ("out", "row_max", "inv_sum", "mask4", "plan", "use_dropout", "key", "threshold",
-                 "drop_scale")
+    """What the blocked backward needs besides q, k, v and the dropout's key and threshold (the
+    cache's ``drop``: the mask itself is regenerated): the output (B, H, Tq, dv), each query
+    row's maximum scaled score and 1/sum of its exponentials (B, H, Tq), the mask, the blocks."""
+    __slots__ = ("out", "row_max", "inv_sum", "mask4", "plan")
 
     def __init__(self, **fields):
         for name, value in fields.items():
@@ -372,8 +371,7 @@ def attention_forward(q, k, v, mask4, dropout_p=0.0, rng=None, training=False):
                             dt(1.0))
 
     _run(parts(n_b, n_kv, group, q.itemsize), n_b * n_h * tq * tk, forward_part)
-    saved = Saved(out=out_bhtd, row_max=row_max, inv_sum=inv_sum, mask4=mask4, plan=blocks,
-                  use_dropout=use_dropout, key=key, threshold=threshold, drop_scale=drop_scale)
+    saved = Saved(out=out_bhtd, row_max=row_max, inv_sum=inv_sum, mask4=mask4, plan=blocks)
     drop = (key, threshold, drop_scale) if use_dropout else None
     return out_bhtd, (q, k, v, None, None, drop, scale, saved)
 
@@ -381,7 +379,7 @@ def attention_forward(q, k, v, mask4, dropout_p=0.0, rng=None, training=False):
 def attention_backward_into(dout, cache, dq, dk, dv):
     """Gradients of :func:`attention_forward` written into dq (B, H, Tq, dk), dk (B, Hkv, Tk, dk),
     dv (B, Hkv, Tk, dv) (views of larger buffers are fine). Returns (dq, dk, dv)."""
-    q, k, v, _, _, _, scale, saved = cache
+    q, k, v, _, _, drop, scale, saved = cache
     n_b, n_h, tq, d_k = q.shape
     n_kv, tk, d_v = k.shape[1], k.shape[2], v.shape[3]
     group = n_h // n_kv
@@ -391,6 +389,8 @@ def attention_backward_into(dout, cache, dq, dk, dv):
     tiny = np.finfo(dtype).tiny
     neg_inf, low, fast = dt(-np.inf), _low(dtype), dtype == np.float32
     out, mask4 = saved.out, saved.mask4
+    use_dropout = drop is not None           # the key and threshold regenerate its bits
+    key, threshold, drop_scale = drop if use_dropout else (np.uint64(0), np.uint16(0), dt(1.0))
 
     def backward_part(part):
         b, a0, a1 = part
@@ -434,8 +434,8 @@ def attention_backward_into(dout, cache, dq, dk, dv):
                 matmul(qg, kt_p[:, :, c0:c1], out=s, candidates=THREAD_SAFE)     # S
                 matmul(gg, vt_p[:, :, c0:c1], out=dp, candidates=THREAD_SAFE)    # dP'
                 _backward_block(s, dp, mask4, b, h0, group, n_r, r0, c0, dt(scale), neg_inf,
-                                low, fast, m, il, dd, saved.use_dropout, saved.key,
-                                saved.threshold, saved.drop_scale, n_h, tq, tk, tiny, x, bits)
+                                low, fast, m, il, dd, use_dropout, key, threshold,
+                                drop_scale, n_h, tq, tk, tiny, x, bits)
                 tv, tk_ = _view(tv_flat, (n_a, n_c, d_v)), _view(tk_flat, (n_a, n_c, d_k))
                 matmul(s.swapaxes(-1, -2), gg, out=tv, candidates=THREAD_SAFE)   # P'^T dout
                 matmul(dp.swapaxes(-1, -2), qg, out=tk_, candidates=THREAD_SAFE)  # dS^T q

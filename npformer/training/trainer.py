@@ -287,6 +287,10 @@ class Trainer:
         return self.config.out_dir if self.collective.is_root else None
 
     # -- one update ------------------------------------------------------------------------------
+    def _logs(self, step):
+        """Whether update ``step`` is logged (a "train" record, with its per-layer norms)."""
+        return step % self.config.log_every == 0
+
     def train_step(self, batch):
         """One update from ``batch`` (or a list of batches, accumulated): every batch's loss and
         backward, weighted by its share of the update's tokens; the collective reduction; then
@@ -313,7 +317,7 @@ class Trainer:
             loss_sum = self.task.loss_and_backward(model, b, weight)
             loss += (loss_sum / n) * weight if n else 0.0
         loss, self.grad_norm = self.collective.reduce(model, loss)    # the norm before clipping
-        if self.collective.is_root and (self.step + 1) % cfg.log_every == 0:
+        if self.collective.is_root and self._logs(self.step + 1):
             self.layer_grad_norms = layer_grad_norms(model)    # the reduced gradient's, for the log
         if cfg.clip_norm is not None:
             clip_grad_norm(model, cfg.clip_norm, norm=self.grad_norm)
@@ -632,7 +636,7 @@ class Trainer:
             meter.add(loss, sum(task.tokens(b) for b in group),
                       sum(task.padded_tokens(b) for b in group))
             bar.update(len(group))
-            if self.step % cfg.log_every == 0:
+            if self._logs(self.step):
                 self._log_train(meter, bar)
             if cfg.save_every_steps and self.step % cfg.save_every_steps == 0:
                 self._save_step_checkpoint()

@@ -1,8 +1,8 @@
 """Time one full training step (forward, loss, backward, Adam) of npformer (Numba and NumPy
 backends) and PyTorch eager on the same architecture, cores and batch, in one run.
 
-    python benchmarks/bench_train_step.py [--config tiny|base|big|gpt2|gpt-char|llama-char]
-                                          [--batch B] [--repeats 7]
+    python benchmarks/bench_train_step.py [--config tiny|base|big|gpt2|gpt2-llmc|gpt-char|
+                                                    llama-char] [--batch B] [--repeats 7]
                                           [--cores N] [--runtime-call] [--nondeterministic]
                                           [--profile] [--choices] [--only IMPL ...] [--no-peak]
 
@@ -39,7 +39,9 @@ Configs: ``tiny`` is Transformer-Tiny (4+4 layers, d_model 128, 4 heads, FFN 256
 target vocabularies of 10,000, batch 256 x 14 source x 15 target tokens); ``base`` and ``big``
 are as defined in ``CONFIGS`` below. The decoder-only ones train a GPT (``nf.GPT``) with AdamW
 on next-token prediction: ``gpt2`` is GPT-2 small (124M parameters, random weights, 4 x 256
-tokens), ``gpt-char`` a character-level model (4 layers, d_model 192, context 128); PyTorch's
+tokens), ``gpt2-llmc`` the same model at llm.c's ``train_gpt2.c`` shape and settings (4 x 64
+tokens, no dropout, AdamW without weight decay; benchmarks/bench_llmc.py runs it against llm.c),
+``gpt-char`` a character-level model (4 layers, d_model 192, context 128); PyTorch's
 side is transformers' ``GPT2LMHeadModel`` of the same shape (skipped, with a message, where
 transformers is not installed). ``llama-char`` is the same character model with Llama's block
 (RMSNorm, SwiGLU of 512 so its feed-forward holds as many weights as gpt-char's 768, 6 query heads
@@ -69,6 +71,9 @@ CONFIGS = {
                 src_vocab_size=7853, tgt_vocab_size=5893, batch=32, src_len=14, tgt_len=15),
     "gpt2": dict(model="gpt", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12,
                  max_len=1024, batch=4, seq_len=256),
+    "gpt2-llmc": dict(model="gpt", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072,
+                      n_layers=12, max_len=1024, batch=4, seq_len=64, dropout=0.0,
+                      weight_decay=0.0),
     "gpt-char": dict(model="gpt", vocab_size=65, d_model=192, n_heads=6, d_ff=768, n_layers=4,
                      max_len=128, batch=64, seq_len=128),
     "llama-char": dict(model="llama", vocab_size=65, d_model=192, n_heads=6, n_kv_heads=2,
@@ -286,13 +291,14 @@ def run_npformer(c, backend_name, args):
     if args.nondeterministic:
         nf.runtime.set_deterministic(False)
     if c.get("model") in DECODERS:
+        gpt2 = dict(dropout=c.get("dropout", 0.1))
         llama = dict(norm="rmsnorm", ffn="swiglu", n_kv_heads=c.get("n_kv_heads"),
                      positions="rotary", qkv_bias=False, proj_bias=False, dropout=0.0,
-                     layer_norm_eps=1e-6) if c["model"] == "llama" else dict(dropout=0.1)
+                     layer_norm_eps=1e-6) if c["model"] == "llama" else gpt2
         model = nf.GPT(c["vocab_size"], d_model=c["d_model"], n_heads=c["n_heads"], d_ff=c["d_ff"],
                        n_layers=c["n_layers"], max_len=c["max_len"], dtype=np.float32, seed=0,
                        **llama)
-        opt = nf.AdamW(model, lr=1e-4, weight_decay=0.1)
+        opt = nf.AdamW(model, lr=1e-4, weight_decay=c.get("weight_decay", 0.1))
         inputs, targets = make_batch(c, np)
 
         def train_step():
@@ -323,21 +329,24 @@ def run_npformer(c, backend_name, args):
 
 def torch_gpt(c):
     """transformers' GPT2LMHeadModel of the config's shape (dropout 0.1 everywhere, as nf.GPT's
-    defaults), its AdamW, and the step."""
+    defaults, or the config's ``dropout``), its AdamW, and the step."""
     import transformers
 
+    p = c.get("dropout", 0.1)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=c["vocab_size"], n_positions=c["max_len"], n_embd=c["d_model"],
-        n_layer=c["n_layers"], n_head=c["n_heads"], n_inner=c["d_ff"])).train()
+        n_layer=c["n_layers"], n_head=c["n_heads"], n_inner=c["d_ff"], resid_pdrop=p,
+        embd_pdrop=p, attn_pdrop=p)).train()
     return torch_lm_step(model, c)
 
 
 def torch_lm_step(model, c):
-    """One step of a transformers causal language model: AdamW, next-token cross-entropy."""
+    """One step of a transformers causal language model: AdamW (weight decay 0.1, or the
+    config's), next-token cross-entropy."""
     import numpy as np
     import torch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=c.get("weight_decay", 0.1))
     inputs, targets = (torch.from_numpy(a) for a in make_batch(c, np))
 
     def train_step():

@@ -173,15 +173,18 @@ def _forward_finish(acc, tmp, m, l, out, row_max, inv_sum, b, h0, group, n_rows,
 
 
 @kernel
-def _row_dots(x, y, out, zero):
-    """out[a, r] = sum_j x[a, r, j] y[a, r, j] (x, y (A, R, d)); ``zero`` in their dtype."""
-    n_a, n_r, n_d = x.shape
-    for a in range(n_a):
-        for r in range(n_r):
+def _row_dots(g, out, b, r0, h0, dd, zero):
+    """D = rowsum(dout * out) of a query block's rows: dd[h, i] = sum_j g[h, i, j]
+    out[b, r0 + i, h0 + h, j], g (H', R, d) dout's rows (the copy the products read), out
+    (B, Tq, H, d) the forward's output read where it is (C-contiguous, so a row's terms load as
+    contiguous vectors, as from a copy); ``zero`` in their dtype."""
+    n_h, n_r, n_d = g.shape
+    for h in range(n_h):
+        for i in range(n_r):
             total = zero
             for j in range(n_d):
-                total += x[a, r, j] * y[a, r, j]
-            out[a, r] = total
+                total += g[h, i, j] * out[b, r0 + i, h0 + h, j]
+            dd[h, i] = total
 
 
 @kernel
@@ -388,7 +391,8 @@ def attention_backward_into(dout, cache, dq, dk, dv):
     dout = dout.astype(dtype, copy=False)
     tiny = np.finfo(dtype).tiny
     neg_inf, low, fast = dt(-np.inf), _low(dtype), dtype == np.float32
-    out, mask4 = saved.out, saved.mask4
+    out = np.ascontiguousarray(saved.out.transpose(0, 2, 1, 3))   # (B, Tq, H, dv): no copy
+    mask4 = saved.mask4
     use_dropout = drop is not None           # the key and threshold regenerate its bits
     key, threshold, drop_scale = drop if use_dropout else (np.uint64(0), np.uint16(0), dt(1.0))
 
@@ -405,7 +409,6 @@ def attention_backward_into(dout, cache, dq, dk, dv):
         dp_flat = empty_aligned(n_a * rows * BLOCK_K, dtype)
         q_flat = empty_aligned(n_a * rows * d_k, dtype)
         g_flat = empty_aligned(n_a * rows * d_v, dtype)
-        o_flat = np.empty(n_a * rows * d_v, dtype)
         dq_flat, tq_flat = np.empty(n_a * rows * d_k, dtype), np.empty(n_a * rows * d_k, dtype)
         tk_flat = np.empty(n_a * BLOCK_K * d_k, dtype)
         tv_flat = np.empty(n_a * BLOCK_K * d_v, dtype)
@@ -420,12 +423,12 @@ def attention_backward_into(dout, cache, dq, dk, dv):
             gr = group * n_r
             _view(q_flat, (h1 - h0, n_r, d_k))[...] = q[b, h0:h1, r0:r1]
             _view(g_flat, (h1 - h0, n_r, d_v))[...] = dout[b, h0:h1, r0:r1]
-            _view(o_flat, (h1 - h0, n_r, d_v))[...] = out[b, h0:h1, r0:r1]
             _view(m_flat, (h1 - h0, n_r))[...] = saved.row_max[b, h0:h1, r0:r1]
             _view(il_flat, (h1 - h0, n_r))[...] = saved.inv_sum[b, h0:h1, r0:r1]
             qg, gg = _view(q_flat, (n_a, gr, d_k)), _view(g_flat, (n_a, gr, d_v))
             m, il, dd = _view(m_flat, (n_a, gr)), _view(il_flat, (n_a, gr)), _view(d_flat, (n_a, gr))
-            _row_dots(gg, _view(o_flat, (n_a, gr, d_v)), dd, dt(0.0))    # D = rowsum(dout out)
+            _row_dots(_view(g_flat, (h1 - h0, n_r, d_v)), out, b, r0, h0,
+                      _view(d_flat, (h1 - h0, n_r)), dt(0.0))             # D = rowsum(dout out)
             dq_acc, tq_ = _view(dq_flat, (n_a, gr, d_k)), _view(tq_flat, (n_a, gr, d_k))
             for idx, (c0, c1) in enumerate(keys):
                 n_c = c1 - c0

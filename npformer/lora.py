@@ -41,6 +41,9 @@ NPFORMER_TARGETS = ("in_proj", "out_proj", "linear1", "linear2", "generator")
 DEFAULT_TARGETS = ("q_proj", "v_proj")  # PEFT's default for the Llama family
 PEFT_PREFIX = "base_model.model."       # PeftModel's key prefix before the model's own names
 LLAMA_TYPES = ("llama", "qwen2", "qwen3")
+SETTINGS = ("rank", "alpha", "dropout", "target_modules")   # what apply's messages name
+PEFT_NAMES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout",
+              "target_modules": "target_modules"}           # their keys in adapter_config.json
 
 
 @dataclass
@@ -85,13 +88,14 @@ def _module_at(model, path):
     return m
 
 
-def _peft_plan(model, name):
+def _peft_plan(model, name, called="target_modules"):
     """[(host path, weight attribute, start, stop)] of PEFT target ``name`` in every layer, through
-    npformer.hf.hf_parameter; ValueError where this model has no such layer."""
+    npformer.hf.hf_parameter; ValueError (naming the targets as ``called``) where this model has
+    no such layer."""
     from .hf import hf_parameter
     config = model.config
     if name in ("gate_proj", "up_proj") and getattr(config, "ffn", None) != "swiglu":
-        raise ValueError(f"target_modules: {name!r}: this model's feed-forward is not gated "
+        raise ValueError(f"{called}: {name!r}: this model's feed-forward is not gated "
                          f"(linear1 and linear2 of an MLP): target linear1, or a Llama-family "
                          f"model's gate_proj")
     plan = []
@@ -142,35 +146,35 @@ def _has_layers(model):
     return getattr(config, "capability", None) == "causal_lm" and hasattr(model, "blocks")
 
 
-def plan_targets(model, target_modules):
+def plan_targets(model, target_modules, called="target_modules"):
     """[(host path, weight attribute, start, stop, label)] of every adapter ``target_modules``
-    asks for; ValueError naming a name that matches nothing (and what exists), or two that name
-    the same rows."""
+    asks for; ValueError (naming the targets as ``called``) for a name that matches nothing
+    (and what exists), or two that name the same rows."""
     if isinstance(target_modules, str):
         target_modules = [target_modules]
     try:
         targets = list(target_modules)
     except TypeError:
-        raise ValueError(f"target_modules: expected a list of names, got "
+        raise ValueError(f"{called}: expected a list of names, got "
                          f"{target_modules!r:.60}") from None
     if not targets or not all(isinstance(t, str) for t in targets):
-        raise ValueError(f"target_modules: expected a non-empty list of names, got "
+        raise ValueError(f"{called}: expected a non-empty list of names, got "
                          f"{target_modules!r:.80}")
     plan, seen = [], {}
     for name in dict.fromkeys(targets):
         if name in PEFT_TARGETS and _has_layers(model):
-            found = _peft_plan(model, name)
+            found = _peft_plan(model, name, called)
         elif name in NPFORMER_TARGETS:
             found = _own_plan(model, name)
         else:
             found = []
         if not found:
-            raise ValueError(f"target_modules: {name!r} matches no module of this "
+            raise ValueError(f"{called}: {name!r} matches no module of this "
                              f"{type(model).__name__}; it has {', '.join(available_targets(model))}")
         for host, attr, start, stop, label in found:
             for (h, a, s0, s1), other in seen.items():
                 if h == host and a == attr and start < s1 and s0 < stop:
-                    raise ValueError(f"target_modules: {other!r} and {name!r} adapt the same "
+                    raise ValueError(f"{called}: {other!r} and {name!r} adapt the same "
                                      f"rows of {host}.{attr}; name one of them")
             seen[(host, attr, start, stop)] = name
             plan.append((host, attr, start, stop, label or name))
@@ -178,12 +182,23 @@ def plan_targets(model, target_modules):
 
 
 # -- apply, merge, unmerge ----------------------------------------------------------------------
-def check_settings(rank, alpha, dropout):
+def setting_names(names=None):
+    """{setting: what a message calls it}: ``names`` (a caller's own names for some of
+    ``SETTINGS``, such as npformer lm's ``--lora-rank``) over the arguments' names."""
+    unknown = sorted(set(names or ()) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"names: expected keys among {', '.join(SETTINGS)}, got "
+                         f"{', '.join(map(repr, unknown))}")
+    return {**{s: s for s in SETTINGS}, **(names or {})}
+
+
+def check_settings(rank, alpha, dropout, names=None):
     """(rank, alpha, dropout) checked: rank a positive int, alpha a finite number > 0, dropout
-    in [0, 1). ValueError naming the argument."""
-    rank = check_int("rank", rank)
-    alpha = check_real("alpha", alpha, minimum=0, min_open=True)
-    dropout = check_real("dropout", dropout, minimum=0, maximum=1, max_open=True)
+    in [0, 1). ValueError naming the setting as ``names`` calls it (:func:`setting_names`)."""
+    called = setting_names(names)
+    rank = check_int(called["rank"], rank)
+    alpha = check_real(called["alpha"], alpha, minimum=0, min_open=True)
+    dropout = check_real(called["dropout"], dropout, minimum=0, maximum=1, max_open=True)
     return rank, alpha, dropout
 
 
@@ -197,20 +212,23 @@ def settings(model):
     return getattr(model, "lora", None)
 
 
-def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS, seed=0):
+def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS, seed=0,
+          names=None):
     """Freeze every weight of ``model`` and give each projection ``target_modules`` names a
     LoRA update of ``rank`` (``alpha`` default: the rank, a scale alpha / r of 1), with
     dropout ``dropout`` on its input (PEFT's ``lora_dropout``), A drawn from ``seed``, B zero.
     In place; returns the model, whose ``flat_params`` now holds the adapters alone (the
     optimizer, the clipping and a data-parallel reduction see nothing else) and ``model.lora``
-    its ``LoRASettings``."""
+    its ``LoRASettings``. ``names``: what a refused setting is called in the ValueError
+    ({"rank": "--lora-rank", ...}, :func:`setting_names`; default the arguments' names)."""
     from .nn.module import Module
     if not isinstance(model, Module):
         raise ValueError(f"model: expected an npformer model, got {type(model).__name__}")
     if settings(model) is not None:
         raise ValueError("model: already has LoRA adapters (apply once; a new model for others)")
-    rank, alpha, dropout = check_settings(rank, rank if alpha is None else alpha, dropout)
-    plan = plan_targets(model, target_modules)
+    called = setting_names(names)
+    rank, alpha, dropout = check_settings(rank, rank if alpha is None else alpha, dropout, called)
+    plan = plan_targets(model, target_modules, called["target_modules"])
     params = dict(model.named_parameters())
     dtypes = {p.data.dtype for p in params.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.float32)
@@ -220,8 +238,9 @@ def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS
     width = min(stop - start, params[f"{host}.{attr}"].data.shape[1])
     if rank > width:
         shape = (stop - start, params[f"{host}.{attr}"].data.shape[1])
-        raise ValueError(f"rank: expected at most {width}, the width of the narrowest targeted "
-                         f"layer ({label} at {host}.{attr}, {shape[0]} x {shape[1]}), got {rank}")
+        raise ValueError(f"{called['rank']}: expected at most {width}, the width of the "
+                         f"narrowest targeted layer ({label} at {host}.{attr}, {shape[0]} x "
+                         f"{shape[1]}), got {rank}")
     model.freeze()                                      # no gradient, no Adam state
     rng = np.random.default_rng(seed)
     dropout_rng = getattr(model, "rng", None) or np.random.default_rng(seed)
@@ -506,7 +525,7 @@ def read_peft_config(folder):
                          f"{targets!r:.60}")
     try:
         rank, alpha, dropout = check_settings(raw.get("r"), raw.get("lora_alpha", 8),
-                                              raw.get("lora_dropout", 0.0))
+                                              raw.get("lora_dropout", 0.0), PEFT_NAMES)
     except ValueError as e:
         raise ValueError(f"{file}: {e}") from None
     return rank, alpha, dropout, targets
@@ -526,7 +545,7 @@ def load_peft(model, folder):
         raise ValueError(f"{folder}: no adapter_model.safetensors")
     stored = read_header(file)
     try:
-        apply(model, rank, alpha, dropout, targets)
+        apply(model, rank, alpha, dropout, targets, names=PEFT_NAMES)
     except ValueError as e:
         raise ValueError(f"{folder / 'adapter_config.json'}: {e}") from None
     names = _hf_modules(model)

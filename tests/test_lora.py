@@ -248,6 +248,34 @@ def test_gated_names_on_an_mlp_and_a_second_apply_are_refused():
         lora.apply(model, rank=2)
 
 
+FLAGS = {"rank": "--r", "alpha": "--a", "dropout": "--p", "target_modules": "--t"}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(rank=0), "--r: expected a positive integer, got 0"),
+    (dict(rank=9), "--r: expected at most 8, the width of the narrowest targeted layer"),
+    (dict(alpha=-1.0), "--a: expected a finite positive number, got -1.0"),
+    (dict(dropout=1.0), r"--p: expected a finite number in \[0, 1\), got 1.0"),
+    (dict(target_modules=["qproj"]), "--t: 'qproj' matches no module"),
+    (dict(target_modules=["q_proj", "in_proj"]), "--t: 'q_proj' and 'in_proj' adapt the same"),
+    (dict(target_modules=[]), "--t: expected a non-empty list of names"),
+])
+def test_refusals_name_the_settings_as_the_caller_calls_them(kwargs, message):
+    """names= (a command's flags): every refusal of apply names the setting so, from the message
+    itself, not by rewriting another; check_settings likewise, and unknown keys are refused."""
+    with pytest.raises(ValueError, match="^" + message):
+        lora.apply(llama_gpt(), **{"rank": 2, "target_modules": ["q_proj", "v_proj"], **kwargs},
+                   names=FLAGS)
+    with pytest.raises(ValueError, match=r"^--lora-alpha: expected a finite positive number"):
+        lora.check_settings(2, 0.0, 0.1, names={"alpha": "--lora-alpha"})
+    with pytest.raises(ValueError, match="^names: expected keys among rank, alpha, dropout, "
+                                         "target_modules, got 'ranks'"):
+        lora.check_settings(2, 2.0, 0.1, names={"ranks": "--r"})
+    gpt2 = nf.GPT(vocab_size=19, d_model=12, n_heads=3, d_ff=20, n_layers=1, max_len=8)
+    with pytest.raises(ValueError, match="^--t: 'gate_proj': this model's feed-forward is not"):
+        lora.apply(gpt2, rank=2, target_modules=["gate_proj"], names=FLAGS)
+
+
 # -- checkpoints ----------------------------------------------------------------------------------
 def lora_model(folder, **kwargs):
     model = load_model_checkpoint(folder).model

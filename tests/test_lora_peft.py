@@ -209,9 +209,10 @@ def test_bad_adapter_tensors_are_refused(folders, tmp_path, edit, message):
 @pytest.mark.parametrize("key, value, message", [
     ("use_dora", True, "use_dora: npformer's LoRA reads False only"),
     ("target_modules", ".*proj", "target_modules: expected a list of module names"),
-    ("r", 0, "rank: expected a positive integer"),
-    ("lora_alpha", -1, "alpha"),
-    ("lora_dropout", 1.5, "dropout"),
+    ("r", 0, "r: expected a positive integer, got 0"),           # the file's own keys
+    ("lora_alpha", -1, "lora_alpha: expected a finite positive number"),
+    ("lora_dropout", 1.5, r"lora_dropout: expected a finite number in \[0, 1\)"),
+    ("r", 99, r"r: expected at most 16, the width of the narrowest targeted layer \(v_proj"),
 ])
 def test_bad_adapter_configs_are_refused(folders, tmp_path, key, value, message):
     path, hf = folders["llama-gqa-llama3"]

@@ -35,6 +35,9 @@ LM_RECORDED = ("data", "init_from", "arch", *LANGUAGE_MODEL.options, "max_steps"
                "eval_every_steps", "time_budget", "sample_tokens", "seed",
                "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 LM_MAY_CHANGE = ("data", "max_steps", "time_budget", "eval_every_steps", "sample_tokens")
+# what the LoRA settings' messages call them (npformer.lora.apply's names=)
+LORA_FLAGS = {"rank": "--lora-rank", "alpha": "--lora-alpha", "dropout": "--lora-dropout",
+              "target_modules": "--lora-targets"}
 # the model options --init-from refuses, its model bringing them: all but --context (how much
 # of the text the task shows it at once) and --dropout (the fine-tuning's)
 _SHAPE = ("arch",) + tuple(option for option in LANGUAGE_MODEL.options
@@ -162,7 +165,8 @@ def _train_kwargs(args):
 
 
 def _lora(args):
-    """The LoRA settings of --lora-*, or None without --lora-rank (the others then refused)."""
+    """The LoRA settings of --lora-*, or None without --lora-rank (the others then refused);
+    refusals of their values name the flags (``names``, which ``npformer.lora.apply`` takes)."""
     if args.lora_rank is None:
         given = [d for d in ("lora_alpha", "lora_dropout", "lora_targets")
                  if getattr(args, d) is not None]
@@ -178,12 +182,9 @@ def _lora(args):
         args.lora_dropout = 0.0
     if args.lora_targets is None:
         args.lora_targets = list(DEFAULT_TARGETS)
-    try:
-        check_settings(args.lora_rank, args.lora_alpha, args.lora_dropout)
-    except ValueError as e:
-        raise ValueError(f"--lora-{str(e)}") from None
+    check_settings(args.lora_rank, args.lora_alpha, args.lora_dropout, names=LORA_FLAGS)
     return {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
-            "targets": list(args.lora_targets)}
+            "targets": list(args.lora_targets), "names": LORA_FLAGS}
 
 
 def _recorded(args):
@@ -236,15 +237,7 @@ def build(args, saved=None):
             raise ValueError(f"--init-from {args.init_from}: is in --out {args.out}, whose run "
                              f"files the new run replaces; give another --out (nothing was "
                              f"written)")
-    try:
-        trainer, data = _lm_trainer(args, saved, lora)
-    except ValueError as e:                      # apply's arguments, named by their options
-        message = str(e)
-        for name, option in (("rank: ", "--lora-rank: "), ("alpha: ", "--lora-alpha: "),
-                             ("target_modules: ", "--lora-targets: ")):
-            if lora is not None and message.startswith(name):
-                raise ValueError(option + message[len(name):]) from None
-        raise
+    trainer, data = _lm_trainer(args, saved, lora)
     args.context = trainer.extra["options"]["context"] = trainer.task.context   # as used
     args.sample_tokens = trainer.extra["options"]["sample_tokens"] = trainer.task.sample_tokens
     return _summary(args, trainer, data)

@@ -339,7 +339,7 @@ def _apply_lora(model, lora, init_from, seed):
     from .. import lora as lora_module
     from ..hf import read_model_config
     lora_module.apply(model, lora["rank"], lora["alpha"], lora["dropout"], lora["targets"],
-                      seed=seed)
+                      seed=seed, names=lora.get("names"))
     folder = os.path.abspath(init_from)
     if os.path.isdir(folder) and os.path.isfile(os.path.join(folder, "config.json")):
         model.lora.base = {"folder": folder, "kind": "hf",
@@ -360,8 +360,9 @@ def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=
     ``dropout``: every dropout rate of the model). ``saved`` (a ``LoadedCheckpoint``) is the
     run a caller resumes: its model and tokenizer are kept, and ``context`` must be given (the
     run's). The context used is the task's (``trainer.task.context``). ``lora`` ({"rank",
-    "alpha", "dropout", "targets"}) freezes the model of ``init_from`` and trains LoRA adapters
-    (``npformer.lora.apply``), the base recorded by folder and by the hash of its weights."""
+    "alpha", "dropout", "targets"}, and optionally "names", what its refusals call them)
+    freezes the model of ``init_from`` and trains LoRA adapters (``npformer.lora.apply``), the
+    base recorded by folder and by the hash of its weights."""
     text = read_text(text_file)
     model_kwargs = dict(model_kwargs or {})
     if saved is not None:

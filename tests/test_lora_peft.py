@@ -173,6 +173,28 @@ def test_commands_fine_tune_sample_export(folders, tmp_path, capsys):
                                    ours.forward(ids), atol=2e-5)
 
 
+def test_a_lora_run_reads_config_json_no_more_than_a_full_fine_tuning(folders, tmp_path,
+                                                                      monkeypatch):
+    """The base's model_type comes from the reading of config.json that loaded the model, not
+    from another; the run records it with the folder."""
+    from npformer import hf
+    from npformer.training.language_model import lm_trainer
+    path, _ = folders["qwen2-mqa"]
+    data = tmp_path / "text.txt"
+    data.write_text("\n".join(TEXT) + "\n", encoding="utf-8")
+    reads, real = [], hf._config_json
+    monkeypatch.setattr(hf, "_config_json", lambda folder: reads.append(folder) or real(folder))
+    counts = []
+    for settings in (None, {"rank": 2, "alpha": 4.0, "dropout": 0.0, "targets": ["q_proj"]}):
+        reads.clear()
+        trainer, _ = lm_trainer(data, {}, {"max_steps": 1}, context=8, init_from=str(path),
+                                sample_tokens=0, lora=settings)
+        counts.append(len(reads))
+    assert counts[1] == counts[0] > 0
+    assert trainer.model.lora.base == {"folder": str(path.resolve()), "kind": "hf",
+                                       "model_type": "qwen2"}
+
+
 # -- bad adapter folders --------------------------------------------------------------------------
 def rewrite(folder, edit):
     """Edit the tensors of adapter_model.safetensors with ``edit({name: array})``."""

@@ -308,18 +308,30 @@ def load_pretrained(path, dtype=np.float32):
     ``npformer.hf.from_pretrained``): the tokenizer is read first and checked against
     config.json's vocab_size (``TextTokenizer.check_fits``) before any weight is read. The
     model's ``eos_id`` is the folder's end-of-text id, or a tuple of them (Llama 3)."""
+    model, tokenizer, _ = _pretrained(path, dtype)
+    return model, tokenizer
+
+
+def _pretrained(path, dtype):
+    """:func:`load_pretrained`'s (model, tokenizer) and the folder's model_type (config.json as
+    read to check the tokenizer, not read again for it)."""
     folder = model_folder(path)
     tokenizer = TextTokenizer(folder)
-    config, _, _ = read_model_config(folder)
+    config, _, model_type = read_model_config(folder)
     tokenizer.check_fits(config.vocab_size, folder / "config.json")
-    return from_pretrained(folder, dtype=dtype), tokenizer
+    return from_pretrained(folder, dtype=dtype), tokenizer, model_type
 
 
 def _initial_model(init_from):
-    """(model, tokenizer) of ``init_from``: a Hugging Face folder (config.json: GPT-2, Llama,
-    Qwen2, Qwen3) or an npformer GPT checkpoint (a path, or a run folder: its best)."""
+    """(model, tokenizer, base) of ``init_from``: a Hugging Face folder (config.json: GPT-2,
+    Llama, Qwen2, Qwen3) or an npformer GPT checkpoint (a path, or a run folder: its best).
+    ``base``: where the weights came from, as a LoRA run records its base: {"folder"
+    (absolute), "kind" ("hf" or "npformer"), "model_type" (config.json's; None for a
+    checkpoint)}."""
+    folder = os.path.abspath(init_from)
     if os.path.isdir(init_from) and os.path.isfile(os.path.join(init_from, "config.json")):
-        return load_pretrained(init_from)
+        model, tokenizer, model_type = _pretrained(init_from, np.float32)
+        return model, tokenizer, {"folder": folder, "kind": "hf", "model_type": model_type}
     path = os.path.join(init_from, "best") if os.path.isdir(init_from) else init_from
     if not os.path.exists(path) and not os.path.exists(str(path) + ".npz"):
         raise ValueError(f"init_from {init_from}: no such checkpoint or folder (expected a "
@@ -330,24 +342,19 @@ def _initial_model(init_from):
         raise ValueError(f"init_from {init_from}: holds a {loaded.model.config.arch} model; "
                          f"a language model starts from a GPT (an npformer lm checkpoint or a "
                          f"Hugging Face folder of GPT-2, Llama, Qwen2 or Qwen3)")
-    return loaded.model, resolve_tokenizer(loaded)
+    path = os.path.join(folder, "best") if os.path.isdir(folder) else folder
+    return loaded.model, resolve_tokenizer(loaded), {
+        "folder": path[:-4] if path.endswith(".npz") else path, "kind": "npformer",
+        "model_type": None}
 
 
-def _apply_lora(model, lora, init_from, seed):
-    """Freeze ``model`` (the weights of ``init_from``) and attach the adapters ``lora`` asks for;
-    the base is recorded by folder (absolute), kind and model_type."""
+def _apply_lora(model, lora, base, seed):
+    """Freeze ``model`` and attach the adapters ``lora`` asks for; its base is recorded as
+    ``base`` (:func:`_initial_model`'s, from the reading of the weights' folder)."""
     from .. import lora as lora_module
-    from ..hf import read_model_config
     lora_module.apply(model, lora["rank"], lora["alpha"], lora["dropout"], lora["targets"],
                       seed=seed, names=lora.get("names"))
-    folder = os.path.abspath(init_from)
-    if os.path.isdir(folder) and os.path.isfile(os.path.join(folder, "config.json")):
-        model.lora.base = {"folder": folder, "kind": "hf",
-                           "model_type": read_model_config(folder)[2]}
-    else:
-        path = os.path.join(folder, "best") if os.path.isdir(folder) else folder
-        model.lora.base = {"folder": path[:-4] if path.endswith(".npz") else path,
-                           "kind": "npformer", "model_type": None}
+    model.lora.base = dict(base)
 
 
 def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=None,
@@ -375,12 +382,12 @@ def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=
         if shape:
             raise ValueError(f"init_from {init_from}: the model's shape comes from it; "
                              f"{', '.join(shape)} cannot be set")
-        model, tokenizer = _initial_model(init_from)
+        model, tokenizer, base = _initial_model(init_from)
         context = context or min(model.max_len, INIT_CONTEXT)
         if "dropout" in model_kwargs:            # the same weights; every rate is the new one
             model = model.reconfigured(dropout=model_kwargs["dropout"], attention_dropout=None)
         if lora is not None:
-            _apply_lora(model, lora, init_from, seed)
+            _apply_lora(model, lora, base, seed)
     else:
         tokenizer = CharTokenizer.from_text(text)
         recipe = lm_model(arch)

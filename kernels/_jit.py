@@ -23,6 +23,15 @@ sums differently in each, so they agree to rounding, not always to the bit
 ``FASTMATH`` lets LLVM reassociate sums and fuse multiply-adds (so reductions vectorise). It
 leaves out the "no NaN / no inf" assumptions: masked attention relies on exact zeros and the
 float64 kernels must agree with the reference to ~1e-12, which reassociation keeps.
+
+The kernels use NumPy's error model: a division by zero gives inf or NaN, as in NumPy, instead
+of Python's ZeroDivisionError. Python's model puts a test and a branch to raise before every
+division, and LLVM vectorises no loop with such a branch in it: a sigmoid's 1 / (1 + e) kept
+GELU's and SwiGLU's loops scalar. A loop that vectorises still computes each element by the
+same operations, so the bits of the element-wise kernels are unchanged. A second thing keeps a
+loop scalar: a libm call (``math.erf``, ``math.tanh``) anywhere in the same function, or a
+per-element select on a mask ahead of the arithmetic; kernels/activation_dropout.py shows both
+kept apart.
 """
 import functools
 import types
@@ -73,7 +82,8 @@ def kernel(fn=None, *, parallel=False, fastmath=True, work=0):
     """``numba.njit`` with this package's defaults: cache=True, nogil, the FASTMATH subset; a
     parallel kernel comes wrapped in :class:`ParallelKernel` (call it from Python only) with its
     serial twin, chosen by ``work`` (an argument's index, or a function of the arguments)."""
-    opts = dict(cache=True, nogil=True, fastmath=FASTMATH if fastmath else False)
+    opts = dict(cache=True, nogil=True, fastmath=FASTMATH if fastmath else False,
+                error_model="numpy")
 
     def build(f):
         if not parallel:

@@ -47,39 +47,76 @@ def _sigmoid32(z):
 
 
 @kernel(parallel=True)
-def _forward(h, code, keep, scale, use_dropout, consts, fast, out):
+def _gelu_tanh32_forward(h, keep, scale, use_dropout, s2pi, c, out):
+    """out = gelu_tanh(h) * keep * scale over flat float32 arrays, by the sigmoid of 2u: a kernel
+    of its own, since LLVM vectorises this loop only where no libm call (the other activations'
+    erf and tanh) shares the function with it."""
+    n = h.shape[0]
+    for blk in prange((n + BLOCK - 1) // BLOCK):
+        lo = blk * BLOCK
+        hb, kb, ob = h[lo:lo + BLOCK], keep[lo:lo + BLOCK], out[lo:lo + BLOCK]
+        for i in range(hb.shape[0]):
+            x = hb[i]
+            y = x * _sigmoid32(np.float32(2.0) * np.float32(s2pi * (x + c * x * x * x)))
+            if use_dropout:
+                y = y * scale if kb[i] else y - y
+            ob[i] = y
+
+
+@kernel(parallel=True)
+def _forward(h, code, keep, scale, use_dropout, consts, out):
     """out = act(h) * keep * scale over flat arrays (without dropout: out = act(h)).
     consts = (1/2, 1/sqrt(2), 1/sqrt(2 pi), sqrt(2/pi), 0.044715, 3 * 0.044715) in h's dtype,
-    so float32 stays float32; ``fast`` (float32): gelu_tanh by the sigmoid of 2u."""
+    so float32 stays float32 (float32's gelu_tanh runs in :func:`_gelu_tanh32_forward`)."""
     one = scale / scale
     half, inv_sqrt2, s2pi, c = consts[0], consts[1], consts[3], consts[4]
     n = h.shape[0]
     for blk in prange((n + BLOCK - 1) // BLOCK):
         lo = blk * BLOCK
         hb, kb, ob = h[lo:lo + BLOCK], keep[lo:lo + BLOCK], out[lo:lo + BLOCK]
-        if code == _GELU_TANH and fast:               # a loop of its own (as in _backward)
-            for i in range(hb.shape[0]):
-                x = hb[i]
-                y = x * _sigmoid32(np.float32(2.0) * np.float32(s2pi * (x + c * x * x * x)))
-                if use_dropout:
-                    y = y * scale if kb[i] else y - y
-                ob[i] = y
-        else:
-            for i in range(hb.shape[0]):              # (block views indexed from 0: LLVM can
-                x = hb[i]                             #  see no index is negative, and vectorises)
-                if code == _GELU:
-                    y = x * (half * (one + math.erf(x * inv_sqrt2)))
-                elif code == _GELU_TANH:
-                    y = half * x * (one + math.tanh(s2pi * (x + c * x * x * x)))
-                else:
-                    y = x if x > 0 else x - x         # (x - x: a zero of x's dtype)
-                if use_dropout:
-                    y = y * scale if kb[i] else y - y
-                ob[i] = y
+        for i in range(hb.shape[0]):                  # (block views indexed from 0: LLVM can
+            x = hb[i]                                 #  see no index is negative, and vectorises)
+            if code == _GELU:
+                y = x * (half * (one + math.erf(x * inv_sqrt2)))
+            elif code == _GELU_TANH:
+                y = half * x * (one + math.tanh(s2pi * (x + c * x * x * x)))
+            else:
+                y = x if x > 0 else x - x             # (x - x: a zero of x's dtype)
+            if use_dropout:
+                y = y * scale if kb[i] else y - y
+            ob[i] = y
+
+
+@njit(inline="always", fastmath=FASTMATH, cache=True)
+def _gelu_tanh32_slope(x, s2pi, c, c3):
+    """gelu_tanh'(x) for a float32 x, by s = sigmoid(2u): s + x * 2 s (1 - s) * du/dx."""
+    one = np.float32(1.0)
+    sg = _sigmoid32(np.float32(2.0) * np.float32(s2pi * (x + c * x * x * x)))
+    du = s2pi * (one + c3 * x * x)
+    return sg + x * (sg + sg) * (one - sg) * du
 
 
 @kernel(parallel=True)
-def _backward(dout, h, code, keep, scale, use_dropout, consts, fast, dh):
+def _gelu_tanh32_backward(dout, h, keep, scale, use_dropout, s2pi, c, c3, dh):
+    """dh = gelu_tanh'(h) * dout * keep * scale over flat float32 arrays. As the forward, a
+    kernel of its own, and the dropout's test outside the loops: LLVM vectorises neither loop
+    with a per-element select on the keep-mask ahead of the slope's arithmetic otherwise."""
+    n = h.shape[0]
+    for blk in prange((n + BLOCK - 1) // BLOCK):
+        lo = blk * BLOCK
+        gb, hb, kb, db = dout[lo:lo + BLOCK], h[lo:lo + BLOCK], keep[lo:lo + BLOCK], dh[lo:lo + BLOCK]
+        if use_dropout:
+            for i in range(hb.shape[0]):
+                g = gb[i]
+                g = g * scale if kb[i] else g - g
+                db[i] = g * _gelu_tanh32_slope(hb[i], s2pi, c, c3)
+        else:
+            for i in range(hb.shape[0]):
+                db[i] = gb[i] * _gelu_tanh32_slope(hb[i], s2pi, c, c3)
+
+
+@kernel(parallel=True)
+def _backward(dout, h, code, keep, scale, use_dropout, consts, dh):
     """dh = act'(h) * dout * keep * scale over flat arrays (consts as in _forward)."""
     one = scale / scale
     half, inv_sqrt2, inv_sqrt2pi, s2pi, c, c3 = (consts[0], consts[1], consts[2], consts[3],
@@ -88,31 +125,21 @@ def _backward(dout, h, code, keep, scale, use_dropout, consts, fast, dh):
     for blk in prange((n + BLOCK - 1) // BLOCK):
         lo = blk * BLOCK
         gb, hb, kb, db = dout[lo:lo + BLOCK], h[lo:lo + BLOCK], keep[lo:lo + BLOCK], dh[lo:lo + BLOCK]
-        if code == _GELU_TANH and fast:               # a loop of its own: LLVM vectorises it
-            for i in range(hb.shape[0]):              # only without the other cases' libm calls
-                g = gb[i]
-                if use_dropout:
-                    g = g * scale if kb[i] else g - g
-                x = hb[i]
-                sg = _sigmoid32(np.float32(2.0) * np.float32(s2pi * (x + c * x * x * x)))
+        for i in range(hb.shape[0]):
+            g = gb[i]
+            if use_dropout:
+                g = g * scale if kb[i] else g - g
+            x = hb[i]
+            if code == _GELU:
+                cdf = half * (one + math.erf(x * inv_sqrt2))
+                g = g * (cdf + x * math.exp(-half * x * x) * inv_sqrt2pi)
+            elif code == _GELU_TANH:
+                t = math.tanh(s2pi * (x + c * x * x * x))
                 du = s2pi * (one + c3 * x * x)
-                db[i] = g * (sg + x * (sg + sg) * (one - sg) * du)
-        else:
-            for i in range(hb.shape[0]):
-                g = gb[i]
-                if use_dropout:
-                    g = g * scale if kb[i] else g - g
-                x = hb[i]
-                if code == _GELU:
-                    cdf = half * (one + math.erf(x * inv_sqrt2))
-                    g = g * (cdf + x * math.exp(-half * x * x) * inv_sqrt2pi)
-                elif code == _GELU_TANH:
-                    t = math.tanh(s2pi * (x + c * x * x * x))
-                    du = s2pi * (one + c3 * x * x)
-                    g = g * (half * (one + t) + half * x * (one - t * t) * du)
-                elif not x > 0:
-                    g = g - g
-                db[i] = g
+                g = g * (half * (one + t) + half * x * (one - t * t) * du)
+            elif not x > 0:
+                g = g - g
+            db[i] = g
 
 
 def _consts(dtype):
@@ -128,9 +155,13 @@ def activation_dropout_forward(h, activation, p, rng, training=True):
     scale = h.dtype.type(1.0 / (1.0 - p)) if use_dropout else h.dtype.type(1.0)
     h = np.ascontiguousarray(h)
     out = empty_aligned(h.shape, h.dtype)          # the next linear's input
-    code = _CODES[activation]
-    _forward(h.reshape(-1), code, _NO_MASK if keep is None else keep.reshape(-1), scale,
-             use_dropout, _consts(h.dtype), h.dtype == np.float32, out.reshape(-1))
+    code, mask = _CODES[activation], _NO_MASK if keep is None else keep.reshape(-1)
+    consts = _consts(h.dtype)
+    if code == _GELU_TANH and h.dtype == np.float32:
+        _gelu_tanh32_forward(h.reshape(-1), mask, scale, use_dropout, consts[3], consts[4],
+                             out.reshape(-1))
+    else:
+        _forward(h.reshape(-1), code, mask, scale, use_dropout, consts, out.reshape(-1))
     return out, (code, h, keep, scale)
 
 
@@ -141,6 +172,11 @@ def activation_dropout_backward(dout, cache):
         raise ValueError(f"dout: expected shape {h.shape}, got {dout.shape}")
     dout = np.ascontiguousarray(dout, dtype=h.dtype)
     dh = empty_aligned(h.shape, h.dtype)            # pooled: no fresh pages to fault in
-    _backward(dout.reshape(-1), h.reshape(-1), code, _NO_MASK if keep is None else keep.reshape(-1),
-              scale, keep is not None, _consts(h.dtype), h.dtype == np.float32, dh.reshape(-1))
+    mask, consts = _NO_MASK if keep is None else keep.reshape(-1), _consts(h.dtype)
+    if code == _GELU_TANH and h.dtype == np.float32:
+        _gelu_tanh32_backward(dout.reshape(-1), h.reshape(-1), mask, scale, keep is not None,
+                              consts[3], consts[4], consts[5], dh.reshape(-1))
+    else:
+        _backward(dout.reshape(-1), h.reshape(-1), code, mask, scale, keep is not None, consts,
+                  dh.reshape(-1))
     return dh

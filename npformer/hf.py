@@ -776,6 +776,16 @@ def _copy_into(tensor, name, dest):
                              f"{flat.dtype}), got {float(part[bad])} at flat index {i + bad}")
 
 
+def read_tensor(tensor, name, dtype):
+    """A stored tensor (:func:`read_header`'s) as a new array of ``dtype`` and its shape, read a
+    chunk at a time as the model's weights are (:func:`_copy_into`: bfloat16 and float16
+    widened exactly); ValueError naming the file and ``name`` for a dtype that is not floating
+    point or a value that is not finite in ``dtype``."""
+    out = np.empty(tensor.shape, dtype)
+    _copy_into(tensor, name, out)
+    return out
+
+
 def _check_llama_files(folder, config, model_type):
     """{Hugging Face name: (StoredTensor, npformer parameter, rows)} of a Llama-family folder,
     every claim checked from the headers before a weight is read: as many blocks as

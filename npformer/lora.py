@@ -535,8 +535,9 @@ def load_peft(model, folder):
     """Apply and load a PEFT adapter folder (``adapter_config.json``,
     ``adapter_model.safetensors``) onto ``model`` (its base, frozen here). Every key of the file
     must be an adapter of the config's targets and every adapter must be there, each of its
-    shape, in the model's dtype and finite. Returns the model."""
-    from .hf import read_header
+    shape, in a floating-point dtype (float32, float64, float16 or bfloat16, read as the model's
+    weights are: ``npformer.hf.read_tensor``) and finite in the model's. Returns the model."""
+    from .hf import FLOAT_DTYPES, read_header, read_tensor
     rank, alpha, dropout, targets = read_peft_config(folder)
     folder = Path(folder)
     _check_llama_base(model, f"{folder}")
@@ -555,21 +556,18 @@ def load_peft(model, folder):
         module = names[(_weight_name(model, lora), lora.start, lora.stop)]
         wanted[f"{PEFT_PREFIX}{module}.lora_A.weight"] = f"{path}.A"
         wanted[f"{PEFT_PREFIX}{module}.lora_B.weight"] = f"{path}.B"
-    dtype = np.dtype(model.config.dtype)
-    code = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}.get(dtype)
     missing = [k for k in wanted if k not in stored]
     extra = [k for k in stored if k not in wanted]
-    wrong = [f"{k}: expected {code}, got {t.dtype}" for k, t in stored.items()
-             if k in wanted and t.dtype != code]
+    wrong = [f"{k}: expected floating-point weights ({', '.join(FLOAT_DTYPES)}), got {t.dtype}"
+             for k, t in stored.items() if k in wanted and t.dtype not in FLOAT_DTYPES]
     if missing or extra or wrong:
         parts = ([f"missing {missing[:4]}"] if missing else []) + \
                 ([f"unexpected {extra[:4]}"] if extra else []) + wrong[:4]
         raise ValueError(f"{file}: does not hold the adapters of its adapter_config.json for "
                          f"this model: " + "; ".join(parts))
+    dtype = np.dtype(model.config.dtype)
     for key, ours in wanted.items():
-        t = stored[key]
-        arrays[ours] = np.fromfile(t.file, dtype=dtype, count=int(np.prod(t.shape)),
-                                   offset=t.start).reshape(t.shape)
+        arrays[ours] = read_tensor(stored[key], key, dtype)
     load_adapter_state(model, arrays, str(file))
     model.lora.base = {"folder": None, "kind": "peft"}
     return model

@@ -215,10 +215,11 @@ def first(tensors, suffix):
      "unexpected"),
     (lambda t: t.__setitem__(first(t, "lora_B.weight"), np.zeros((5, 3))), "expected shape"),
     (lambda t: t.__setitem__(first(t, "lora_A.weight"),
-                             np.full(t[first(t, "lora_A.weight")].shape, np.inf)), "non-finite"),
+                             np.full(t[first(t, "lora_A.weight")].shape, np.inf)),
+     r"lora_A.weight: expected finite weights \(in float64\), got inf"),
     (lambda t: t.__setitem__(first(t, "lora_A.weight"),
-                             t[first(t, "lora_A.weight")].astype(np.float16)),
-     "expected F64, got F16"),
+                             t[first(t, "lora_A.weight")].astype(np.int32)),
+     r"expected floating-point weights \(F64, F32, F16, BF16\), got I32"),
 ])
 def test_bad_adapter_tensors_are_refused(folders, tmp_path, edit, message):
     path, hf = folders["llama-gqa-llama3"]
@@ -226,6 +227,30 @@ def test_bad_adapter_tensors_are_refused(folders, tmp_path, edit, message):
     rewrite(tmp_path / "peft", edit)
     with pytest.raises(ValueError, match=message):
         lora.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_bfloat16_adapter_loads_as_its_values_widened(folders, tmp_path, dtype):
+    """PEFT saves adapters in the dtype of its model, bfloat16 too: they load through the
+    reader of the model's weights, every value its float32 up-cast exactly."""
+    from safetensors.torch import load_file, save_file
+    path, hf = folders["llama-gqa-llama3"]
+    peft_made(hf, tmp_path, targets=["q_proj", "v_proj", "down_proj"])
+    file = tmp_path / "peft" / "adapter_model.safetensors"
+    half = {k: v.to(torch.bfloat16) for k, v in load_file(file).items()}
+    save_file(half, file, metadata={"format": "pt"})
+    assert {t.dtype for t in nf.hf.read_header(file).values()} == {"BF16"}
+    model = lora.load_peft(nf.from_pretrained(path, dtype=dtype), tmp_path / "peft")
+    names = lora._hf_modules(model)
+    checked = 0
+    for _, m in lora.adapters(model):
+        module = names[(lora._weight_name(model, m), m.start, m.stop)]
+        for ours, key in ((m.A, "lora_A"), (m.B, "lora_B")):
+            widened = half[f"{lora.PEFT_PREFIX}{module}.{key}.weight"].float().numpy()
+            assert ours.data.dtype == dtype and np.abs(widened).max() > 0
+            np.testing.assert_array_equal(ours.data, widened.astype(dtype))
+            checked += 1
+    assert checked == len(half) == 2 * 3 * 2
 
 
 @pytest.mark.parametrize("key, value, message", [

@@ -30,6 +30,7 @@ from .kv_cache import move_rows, take_rows
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import (linear_backward, linear_backward_accumulate, linear_forward,
                      linear_input_backward)
+from .lora import adapter_backward, adapter_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .matmul import matmul
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward

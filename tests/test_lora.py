@@ -80,6 +80,37 @@ def test_dropout_touches_the_adapter_path_only():
     np.testing.assert_array_equal(y, x @ w.T)
 
 
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_the_numba_backends_adapter_path_is_the_references_through_the_dispatcher(
+        monkeypatch, dtype, tol):
+    """The Numba backend's adapter pair computes the reference's delta and gradients (dropout on:
+    the same mask for the same seed), each of its six products through the matmul dispatcher
+    (the backend's own, as a linear layer's), none by NumPy's @ outside it."""
+    import importlib
+    from npformer import backend
+    kernels = backend.load("numba")
+    twin = importlib.import_module("npformer.kernels.lora")
+    products = []
+
+    def counted(a, b, *args, **kwargs):
+        products.append((a.shape, b.shape))
+        return kernels.matmul(a, b, *args, **kwargs)
+    monkeypatch.setattr(twin, "matmul", counted)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 12)).astype(dtype)
+    a, b = rng.standard_normal((3, 12)).astype(dtype), rng.standard_normal((7, 3)).astype(dtype)
+    dy = rng.standard_normal((2, 5, 7)).astype(dtype)
+    ours, cache = kernels.adapter_forward(x, a, b, 1.5, 0.3, np.random.default_rng(4))
+    grads = kernels.adapter_backward(dy, cache)
+    theirs, ref_cache = F.adapter_forward(x, a, b, 1.5, 0.3, np.random.default_rng(4))
+    np.testing.assert_allclose(ours, theirs, rtol=tol, atol=tol)
+    for g, r in zip(grads, F.adapter_backward(dy, ref_cache)):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(g, r, rtol=tol, atol=tol)
+    assert products == [((10, 12), (12, 3)), ((10, 3), (3, 7)), ((7, 10), (10, 3)),
+                        ((10, 7), (7, 3)), ((3, 10), (10, 12)), ((10, 3), (3, 12))]
+
+
 # -- modules: fused rows, frozen weights ----------------------------------------------------------
 def test_linear_with_adapter_on_rows_checks_and_skips_dw(monkeypatch):
     """A Linear whose weight is frozen and whose rows 2:5 carry an adapter: its trained

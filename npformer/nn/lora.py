@@ -9,7 +9,6 @@ import math
 
 import numpy as np
 
-from .. import runtime
 from ..backend import ops
 from .init import zeros
 from .module import Module, Parameter
@@ -51,16 +50,14 @@ class LoRA(Module):
         return (self.B.data @ self.A.data) * self.B.data.dtype.type(self.scaling)
 
     def forward(self, x):
-        self._ops = ops()
-        with runtime.blas_scope():       # narrow products: BLAS on npformer's threads, not the
-            delta, self._cache = self._ops.adapter_forward(   # default pool beside Numba's
-                x, self.A.data, self.B.data, self.scaling, self.dropout, self.rng, self.training)
+        self._ops = ops()                # its products run as the backend runs every product
+        delta, self._cache = self._ops.adapter_forward(
+            x, self.A.data, self.B.data, self.scaling, self.dropout, self.rng, self.training)
         return delta
 
     def backward(self, ddelta):
         """Adds dA, dB into .grad (where trained) and returns dx."""
-        with runtime.blas_scope():
-            dx, da, db = self._ops.adapter_backward(ddelta, self._cache)
+        dx, da, db = self._ops.adapter_backward(ddelta, self._cache)
         if self.A.grad is not None:
             self.A.grad += da
         if self.B.grad is not None:

@@ -3,7 +3,7 @@ reference (``train_gpt2.c``), npformer (Numba backend) and PyTorch eager, on the
 in one run.
 
     git clone https://github.com/karpathy/llm.c
-    python benchmarks/bench_llmc.py --llmc llm.c [--cores N] [--steps 10] [--llmc-steps 10]
+    python benchmarks/bench_llmc.py --llmc llm.c [--cores N] [--steps 8] [--llmc-steps 6]
                                     [--repeats 1]
 
 Nothing is downloaded. In a temporary directory the script compiles the checkout's
@@ -19,8 +19,9 @@ token. Random weights and tokens: a timing, not a training run.
 
 llm.c's ``main`` trains 41 steps (0-40) and, outside the timed part of each step, estimates the
 validation loss every 10 steps (5 forward passes) and samples 63 tokens at steps 20 and 40. On a
-small machine that is minutes, so the copy compiled here runs steps 0 to ``--llmc-steps`` (its
-loop bound, ``step <= 40``, is the only line changed; the step itself is llm.c's, untouched).
+small machine that is many minutes (a step takes over 10 s on 2 cores), so the copy compiled
+here runs steps 0 to ``--llmc-steps`` (its loop bound, ``step <= 40``, is the only line changed;
+the step itself is llm.c's, untouched).
 Its time per step is the median of the "took X ms" lines it prints (the forward with loss,
 backward and update, as llm.c times them), step 0 left out (it allocates the gradients and
 Adam's moments).
@@ -37,7 +38,8 @@ this process's affinity (default: all of it); llm.c gets ``OMP_NUM_THREADS`` = t
 PyTorch ``torch.set_num_threads`` of it, npformer's runtime counts it from the affinity.
 ``--repeats R`` runs the three R times, interleaved, and reports the median of each engine's
 R medians. The table shows ms/step, tokens/s, peak resident memory, and the ratios llm.c /
-npformer and PyTorch / npformer (above 1: npformer is the faster).
+npformer and PyTorch / npformer (above 1: npformer is the faster), of the medians and, as a
+check on a busy machine, of the fastest steps. The defaults take about 4 minutes on 2 cores.
 """
 import argparse
 import os
@@ -234,9 +236,9 @@ def main():
     ap.add_argument("--cores", type=int, metavar="N",
                     help="pin every engine to the first N CPUs of this process's affinity "
                          "(default: all of them)")
-    ap.add_argument("--steps", type=int, default=10,
+    ap.add_argument("--steps", type=int, default=8,
                     help="timed steps of npformer and PyTorch, after 2 warm-up steps (>= 5)")
-    ap.add_argument("--llmc-steps", type=int, default=10, metavar="S",
+    ap.add_argument("--llmc-steps", type=int, default=6, metavar="S",
                     help="llm.c runs steps 0 to S (its own 40 takes minutes on a small "
                          "machine); steps 1 to S are timed (>= 5, <= 40)")
     ap.add_argument("--repeats", type=int, default=1, metavar="R",
@@ -321,12 +323,13 @@ def main():
     for name in rounds:
         print(f"{name:16s} {ms[name]:9.1f} {best[name]:8.1f} {tokens / ms[name] * 1e3:9.0f} "
               f"{peak[name]:12.0f}")
-    nf_ms = ms["npformer-numba"]
-    print(f"llm.c / npformer: {ms['llm.c'] / nf_ms:.2f}x")
-    if "torch-eager" in ms:
-        print(f"torch / npformer: {ms['torch-eager'] / nf_ms:.2f}x")
-    else:
-        print("torch / npformer: n/a (torch-eager skipped)")
+    for ref in ("llm.c", "torch-eager"):
+        label = ref.split("-")[0]
+        if ref in ms:
+            print(f"{label} / npformer: {ms[ref] / ms['npformer-numba']:.2f}x (fastest steps: "
+                  f"{best[ref] / best['npformer-numba']:.2f}x)")
+        else:
+            print(f"{label} / npformer: n/a ({ref} skipped)")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 

@@ -5,7 +5,7 @@ sentences, cores and batches, in one run.
                                       [--data-dir ../shared/data/multi30k] [--split test_2016_flickr]
                                       [--methods greedy beam5] [--repeats 3] [--cores N]
                                       [--engines npformer ct2-float32 ct2-int8] [--toy] [--profile]
-                                      [--ct2-batch greedy=500 beam5=128]
+                                      [--sections] [--ct2-batch greedy=500 beam5=128]
 
 The checkpoint is exported to CTranslate2 (``npformer.ct2``) into a temporary folder, once per
 quantization. Each engine then runs in its own subprocess (so one engine's threads never wait
@@ -28,7 +28,12 @@ the cores the process may use.
 ``--toy`` also times npformer translating 1,000 sentences of the toy zh->en corpus greedily (the
 model of ``npformer toy``, trained here with its defaults unless ``--toy-checkpoint`` names one).
 ``--profile`` prints where npformer's greedy pass spends its time (cProfile, 25 functions by own
-time).
+time). ``--sections`` runs one more npformer pass of each method with clocks around its parts
+and prints, for each, the seconds spent in: the encoder (each source length at its own width),
+the cross-attention keys and values (once per source), the decoder layers' steps, the final
+norm and output projection, the top log-softmax (``step_top``'s selection), the reordering of
+the caches, and the rest (the search's own bookkeeping, embedding, batching). Only
+``--engines npformer`` is needed for it.
 """
 import argparse
 import json
@@ -105,6 +110,8 @@ def worker(args):
             start = time.perf_counter()
             results = run()
             seconds.append(time.perf_counter() - start)
+        if args.sections and args.worker == "npformer":
+            print(f"{name}: " + section_times(loaded.model, run), file=sys.stderr)
         if args.profile and args.worker == "npformer" and method == "greedy":
             import cProfile
             import pstats
@@ -132,6 +139,54 @@ def worker(args):
     if args.toy_checkpoint and args.worker == "npformer":
         out["toy"] = toy_seconds(args.toy_checkpoint, args.repeats)
     print(json.dumps(out))
+
+
+SECTIONS = ("encoder", "cross k/v", "decoder layers", "norm+generator", "top log-softmax",
+            "reorder")
+
+
+def section_times(model, run):
+    """One more ``run()`` with a clock around each of ``SECTIONS``: "name s" for each, the rest
+    and the total. The clocks wrap the model's own objects (and the backend's
+    ``top_log_softmax``, the state's ``reorder``) for this pass only."""
+    from npformer.backend import ops
+    from npformer.nn import transformer
+    spent = dict.fromkeys(SECTIONS, 0.0)
+    wrapped = []                  # (owner, attribute, its own value before, or None if inherited)
+
+    def clock(owner, attr, section):
+        inner = getattr(owner, attr)
+
+        def timed(*a, **k):
+            start = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                spent[section] += time.perf_counter() - start
+        wrapped.append((owner, attr, vars(owner).get(attr)))
+        setattr(owner, attr, timed)
+
+    clock(transformer, "_encode_by_length", "encoder")
+    for layer in model.decoder.layers:
+        clock(layer.multihead_attn, "memory_cache", "cross k/v")
+        clock(layer, "step", "decoder layers")
+    clock(model.decoder.norm, "forward", "norm+generator")
+    clock(model.generator, "forward", "norm+generator")
+    clock(ops(), "top_log_softmax", "top log-softmax")
+    clock(transformer.TranslationState, "reorder", "reorder")
+    try:
+        start = time.perf_counter()
+        run()
+        total = time.perf_counter() - start
+    finally:
+        for owner, attr, was in reversed(wrapped):
+            if was is None:
+                delattr(owner, attr)              # an instance: its class's method again
+            else:
+                setattr(owner, attr, was)
+    rest = total - sum(spent.values())
+    return (", ".join(f"{k} {v:.2f}" for k, v in spent.items())
+            + f", rest {rest:.2f} (total {total:.2f} s)")
 
 
 def toy_seconds(checkpoint, repeats):
@@ -170,6 +225,7 @@ def main():
     p.add_argument("--toy", action="store_true")
     p.add_argument("--toy-checkpoint", default=None)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--sections", action="store_true")
     p.add_argument("--ct2-batch", nargs="*", default=["greedy=500", "beam5=128"],
                    metavar="METHOD=N[,N...]")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -216,6 +272,8 @@ def main():
                 cmd += ["--toy-checkpoint", toy]
             if args.profile:
                 cmd += ["--profile"]
+            if args.sections and engine == "npformer":
+                cmd += ["--sections"]
             if engine != "npformer":
                 cmd += ["--ct2-batch", *args.ct2_batch]
             done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)

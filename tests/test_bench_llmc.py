@@ -138,3 +138,7 @@ def test_cli_errors_are_one_line(argv, message):
     lines = out.stderr.strip().splitlines()                   # argparse's usage, then the error
     assert lines[-1].startswith("bench_llmc.py: error: ") and message in lines[-1]
     assert all(line.startswith(("usage:", " ")) for line in lines[:-1])
+
+
+def test_median_of_two_rounds_is_their_mean():
+    assert bench.median([3.0, 1.0]) == 2.0 and bench.median([5.0, 1.0, 2.0]) == 2.0

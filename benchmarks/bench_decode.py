@@ -6,6 +6,7 @@ sentences, cores and batches, in one run.
                                       [--methods greedy beam5] [--repeats 3] [--cores N]
                                       [--engines npformer ct2-float32 ct2-int8] [--toy] [--profile]
                                       [--sections] [--ct2-batch greedy=500 beam5=128]
+                                      [--expect FILE] [--write-expected FILE]
 
 The checkpoint is exported to CTranslate2 (``npformer.ct2``) into a temporary folder, once per
 quantization. Each engine then runs in its own subprocess (so one engine's threads never wait
@@ -34,8 +35,17 @@ the cross-attention keys and values (once per source), the decoder layers' steps
 norm and output projection, the top log-softmax (``step_top``'s selection), the reordering of
 the caches, and the rest (the search's own bookkeeping, embedding, batching). Only
 ``--engines npformer`` is needed for it.
+
+Output unchanged: ``--write-expected FILE`` stores a digest of npformer's tokens for every
+sentence of each method (JSON), and ``--expect FILE`` compares a later run's with them: the
+table then says, for npformer, how many sentences differ, and the command exits with status 1
+if any does. (Outputs depend on the machine's rounding: compare runs on one machine.
+``benchmarks/decode_expected.json`` holds test_2016_flickr's greedy and beam 5 of the shared
+model, Numba backend, on the 2-core AMD EPYC machine with OpenBLAS's Haswell kernels that the
+issue's figures come from.)
 """
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -189,6 +199,25 @@ def section_times(model, run):
             + f", rest {rest:.2f} (total {total:.2f} s)")
 
 
+def digests(outputs):
+    """One short digest of each sentence's output tokens (a list of lists of str)."""
+    return [hashlib.sha256("\x1f".join(tokens).encode("utf-8")).hexdigest()[:16]
+            for tokens in outputs]
+
+
+def read_expected(path):
+    """``--expect``'s file: {"split": ..., "methods": {name: [digest per sentence]}}."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        methods = data["methods"]
+        if not all(isinstance(v, list) for v in methods.values()):
+            raise ValueError("a method's entry is not a list")
+        return data
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SystemExit(f"--expect {path}: expected a file written by --write-expected "
+                         f"({type(e).__name__}: {e})")
+
+
 def toy_seconds(checkpoint, repeats):
     from npformer.data.toy import generate_toy_corpus
     from npformer.training.checkpointing import load_model_checkpoint
@@ -226,6 +255,8 @@ def main():
     p.add_argument("--toy-checkpoint", default=None)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--sections", action="store_true")
+    p.add_argument("--expect", default=None, metavar="FILE")
+    p.add_argument("--write-expected", default=None, metavar="FILE")
     p.add_argument("--ct2-batch", nargs="*", default=["greedy=500", "beam5=128"],
                    metavar="METHOD=N[,N...]")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -236,6 +267,12 @@ def main():
     for name in args.methods:
         _method(name)
     _ct2_batches(args.ct2_batch)
+    expected = read_expected(args.expect) if args.expect else None
+    if expected and expected.get("split") != args.split:
+        raise SystemExit(f"--expect {args.expect}: holds the outputs of split "
+                         f"{expected.get('split')!r}, not of --split {args.split!r}")
+    if (expected or args.write_expected) and "npformer" not in args.engines:
+        raise SystemExit("--expect, --write-expected: expected npformer among --engines")
     if not Path(args.checkpoint + ".npz").exists():
         raise SystemExit(f"--checkpoint {args.checkpoint}: not found (see "
                          f"shared/checkpoints/m30k-de-en/README.md)")
@@ -301,10 +338,33 @@ def main():
                 label = engine + key[len(name):]
                 print(f"{name:8s} {label:18s} {sec:8.2f} {r['tokens'] / sec:9.0f} {ratio:>9s} "
                       f"{to_best:>10s}  {same}")
+    differ = 0
+    if expected:
+        own = results["npformer"]
+        for name in args.methods:
+            want = expected["methods"].get(name)
+            if want is None:
+                print(f"{name}: not in --expect {args.expect}")
+                continue
+            got = digests(own[name]["output"])
+            n = (sum(a != b for a, b in zip(got, want)) if len(got) == len(want)
+                 else max(len(got), len(want)))
+            differ += n
+            print(f"{name}: npformer output as expected ({args.expect}): "
+                  + ("yes" if n == 0 else f"no, {n} of {len(want)} sentences differ"))
+    if args.write_expected:
+        from npformer.data.textfile import write_text_atomic
+        write_text_atomic(args.write_expected, json.dumps(
+            {"split": args.split, "checkpoint": Path(args.checkpoint).name,
+             "methods": {name: digests(results["npformer"][name]["output"])
+                         for name in args.methods}}, indent=0) + "\n")
+        print(f"wrote {args.write_expected}")
     if toy:
         t = results["npformer"]["toy"]
         print(f"\ntoy: {t['sentences']} sentences greedy in {_median(t['seconds']):.3f} s "
               f"(median of {len(t['seconds'])})")
+    if differ:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from .attention import (attention_backward, attention_backward_into, attention_f
                         reads_grouped_kv)
 from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backward,
                       dropout_forward)
-from .embedding import embedding_backward, embedding_forward, sinusoidal_positions
+from .embedding import (embedding_backward, embedding_backward_into, embedding_forward,
+                        sinusoidal_positions)
 from .kv_cache import move_rows, take_rows
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import (linear_backward, linear_backward_accumulate, linear_forward,
@@ -40,9 +41,10 @@ from .swiglu import swiglu_backward, swiglu_forward
 runtime.ensure()
 
 # Kernels with no function of the same name in the functional core: their references are
-# NumPy's ``@`` (``matmul``) and ``npformer.optim.adam`` (``adam_step``); and one question the
-# reference never needs asking (``reads_grouped_kv``: it always takes repeated heads).
-EXTRAS = ("adam_step", "matmul", "reads_grouped_kv")
+# NumPy's ``@`` (``matmul``), ``npformer.optim.adam`` (``adam_step``) and ``grad +=
+# embedding_backward(...)`` (``embedding_backward_into``); and one question the reference never
+# needs asking (``reads_grouped_kv``: it always takes repeated heads).
+EXTRAS = ("adam_step", "embedding_backward_into", "matmul", "reads_grouped_kv")
 
 __all__ = sorted(set(_reference.__all__) | set(EXTRAS))
 

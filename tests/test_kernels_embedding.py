@@ -30,6 +30,36 @@ def test_embedding_matches_reference(b, t, vocab, d, scale, pad, dtype, seed):
         assert np.all(dw[pad] == 0)
 
 
+@settings(deadline=None, max_examples=30)
+@given(b=st.integers(1, 6), t=st.integers(1, 8), vocab=st.integers(1, 40), d=st.integers(1, 20),
+       scale=st.sampled_from([1.0, 4.0]), pad=st.sampled_from([None, 0, 5]),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_embedding_backward_into_adds_the_bits_of_the_whole_table(b, t, vocab, d, scale, pad,
+                                                                  dtype, seed):
+    """``embedding_backward_into`` (the layer's backward on this backend) sums only the rows
+    the ids read and adds them into the gradient in place: the bits of ``grad +=
+    embedding_backward(...)`` with its (V, D) table, repeated ids, the padding row and rows no
+    token read included."""
+    rng = np.random.default_rng(seed)
+    pad = None if pad is not None and pad >= vocab else pad
+    ids = rng.integers(0, vocab, size=(b, t))
+    w = rng.standard_normal((vocab, d)).astype(dtype)
+    out, cache = K.embedding_forward(ids, w, scale)
+    dout = rng.standard_normal(out.shape).astype(dtype)
+    grad = rng.standard_normal((vocab, d)).astype(dtype)      # a gradient already holding terms
+    expected = grad + K.embedding_backward(dout, cache, pad)
+    got = grad.copy()
+    assert K.embedding_backward_into(dout, cache, got, pad) is got
+    np.testing.assert_array_equal(got, expected)
+    read = np.zeros(vocab, bool)
+    read[ids.reshape(-1)] = True
+    if pad is not None:
+        read[pad] = False
+    np.testing.assert_array_equal(got[~read], grad[~read])  # rows no token read: untouched
+    with pytest.raises(ValueError, match="grad: expected an array of shape"):
+        K.embedding_backward_into(dout, cache, grad[:, :0], pad)
+
+
 def test_embedding_rejects_out_of_range_ids():
     with pytest.raises(ValueError, match="ids"):
         K.embedding_forward(np.array([[0, 5]]), np.zeros((5, 2)))

@@ -34,7 +34,12 @@ class Embedding(Module):
         return out
 
     def backward(self, dout):
-        if self.weight.grad is not None:        # None: frozen (npformer.lora), no scatter-add
+        if self.weight.grad is None:            # frozen (npformer.lora): no scatter-add
+            return
+        into = getattr(self._ops, "embedding_backward_into", None)   # the kernels': no (V, D) dw
+        if into is not None:
+            into(dout, self._cache, self.weight.grad, self.padding_idx)
+        else:
             self.weight.grad += self._ops.embedding_backward(dout, self._cache, self.padding_idx)
 
 

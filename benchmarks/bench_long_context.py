@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_train_step import (CONFIGS, affinity, cpu_list, make_batch, step_flops,  # noqa: E402
-                              time_steps)
+from bench_train_step import (CONFIGS, affinity, cpu_list, gpt_train_step, make_batch,  # noqa: E402
+                              step_flops, time_steps)
 
 IMPLEMENTATIONS = ("npformer-numba", "torch-sdpa")
 
@@ -53,25 +53,11 @@ def attention_flops(c):
 
 
 def run_npformer(c, args):
-    import numpy as np
-
     sys.path.insert(0, str(ROOT))
-    import npformer as nf
     from npformer import backend
 
     backend.set_backend("numba")
-    model = nf.GPT(c["vocab_size"], d_model=c["d_model"], n_heads=c["n_heads"], d_ff=c["d_ff"],
-                   n_layers=c["n_layers"], max_len=c["max_len"], dtype=np.float32, seed=0,
-                   dropout=0.1, attention_dropout=args.attention_dropout)
-    opt = nf.AdamW(model, lr=1e-4, weight_decay=0.1)
-    inputs, targets = make_batch(c, np)
-
-    def train_step():
-        model.zero_grad()
-        logits = model.forward(inputs)
-        _, dlogits = nf.cross_entropy(logits, targets)
-        model.backward(dlogits)
-        opt.step()
+    train_step = gpt_train_step(dict(c, attention_dropout=args.attention_dropout))
     times = time_steps(train_step, args.repeats)
     attention = __import__("npformer.kernels.attention", fromlist=["use_blocked"])
     h, t, d = c["n_heads"], c["seq_len"], c["d_model"] // c["n_heads"]

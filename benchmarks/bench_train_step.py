@@ -278,8 +278,6 @@ def print_choices():
 
 
 def run_npformer(c, backend_name, args):
-    import numpy as np
-
     sys.path.insert(0, str(ROOT))
     import npformer as nf
     from npformer import backend
@@ -291,22 +289,7 @@ def run_npformer(c, backend_name, args):
     if args.nondeterministic:
         nf.runtime.set_deterministic(False)
     if c.get("model") in DECODERS:
-        gpt2 = dict(dropout=c.get("dropout", 0.1))
-        llama = dict(norm="rmsnorm", ffn="swiglu", n_kv_heads=c.get("n_kv_heads"),
-                     positions="rotary", qkv_bias=False, proj_bias=False, dropout=0.0,
-                     layer_norm_eps=1e-6) if c["model"] == "llama" else gpt2
-        model = nf.GPT(c["vocab_size"], d_model=c["d_model"], n_heads=c["n_heads"], d_ff=c["d_ff"],
-                       n_layers=c["n_layers"], max_len=c["max_len"], dtype=np.float32, seed=0,
-                       **llama)
-        opt = nf.AdamW(model, lr=1e-4, weight_decay=c.get("weight_decay", 0.1))
-        inputs, targets = make_batch(c, np)
-
-        def train_step():
-            model.zero_grad()
-            logits = model.forward(inputs)
-            _, dlogits = nf.cross_entropy(logits, targets)
-            model.backward(dlogits)
-            opt.step()
+        train_step = gpt_train_step(c)
     else:
         train_step = transformer_train_step(c)
     if args.profile and numba:
@@ -325,6 +308,34 @@ def run_npformer(c, backend_name, args):
     # the runtime in force during the steps (the numba backend applied it on first use; read
     # afterwards so that reading it changes nothing the steps saw)
     return times, (nf.runtime.describe() if numba else None)
+
+
+def gpt_train_step(c):
+    """One step of a decoder config: ``nf.GPT`` with GPT-2's block (the config's ``dropout`` and
+    ``attention_dropout`` where given) or Llama's, AdamW, next-token cross-entropy."""
+    import numpy as np
+
+    import npformer as nf
+    if c["model"] == "llama":
+        block = dict(norm="rmsnorm", ffn="swiglu", n_kv_heads=c.get("n_kv_heads"),
+                     positions="rotary", qkv_bias=False, proj_bias=False, dropout=0.0,
+                     layer_norm_eps=1e-6)
+    else:
+        block = dict(dropout=c.get("dropout", 0.1))
+        if "attention_dropout" in c:
+            block["attention_dropout"] = c["attention_dropout"]
+    model = nf.GPT(c["vocab_size"], d_model=c["d_model"], n_heads=c["n_heads"], d_ff=c["d_ff"],
+                   n_layers=c["n_layers"], max_len=c["max_len"], dtype=np.float32, seed=0, **block)
+    opt = nf.AdamW(model, lr=1e-4, weight_decay=c.get("weight_decay", 0.1))
+    inputs, targets = make_batch(c, np)
+
+    def train_step():
+        model.zero_grad()
+        logits = model.forward(inputs)
+        _, dlogits = nf.cross_entropy(logits, targets)
+        model.backward(dlogits)
+        opt.step()
+    return train_step
 
 
 def torch_gpt(c):

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import npformer as nf
 from npformer import backend, runtime
 from npformer import functional as F
+from thread_bits import assert_same_bits_on_threads
 
 K = backend.load("numba")
 ATTENTION = importlib.import_module("npformer.kernels.attention")
@@ -349,7 +350,6 @@ def test_row_blocks_from_the_mask():
 def test_causal_blocks_give_the_same_bits_every_run_and_on_any_thread_count():
     """Same inputs -> same bits: twice in a row, and on 1 and 2 threads (the parts, fixed by the
     shape and the mask, go to whichever thread is free)."""
-    import numba
     rng = np.random.default_rng(11)
     q, k, v = (rng.standard_normal((4, 2, 128, 32)).astype(np.float32) for _ in range(3))
     dout = rng.standard_normal((4, 2, 128, 32)).astype(np.float32)
@@ -361,16 +361,7 @@ def test_causal_blocks_give_the_same_bits_every_run_and_on_any_thread_count():
         assert ATTENTION._parts(cache[3].shape, 4, cache[7])[1]            # parallel parts
         grads = K.attention_backward(dout, cache)
         return [out.copy(), cache[3], cache[4]] + [g.copy() for g in grads]
-    results = []
-    try:
-        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}) * 2:
-            runtime.configure_runtime(threads=threads)
-            results.append(run())
-    finally:
-        runtime.configure_runtime()
-    for result in results[1:]:
-        for got, first in zip(result, results[0]):
-            np.testing.assert_array_equal(got, first)
+    assert_same_bits_on_threads(run)
 
 
 def test_take_rows_gathers_rows_of_strided_views(backend):

@@ -15,6 +15,7 @@ import pytest
 import npformer as nf
 from npformer import backend, runtime
 from npformer import functional as F
+from thread_bits import assert_same_bits_on_threads
 
 K = backend.load("numba")
 ATTENTION = importlib.import_module("npformer.kernels.attention")
@@ -150,16 +151,7 @@ def test_the_same_bits_on_one_and_two_threads(small_blocks):
     def run():
         out, cache = K.attention_forward(q, k, v, mask, 0.1, np.random.default_rng(5), True)
         return [out.copy()] + [g.copy() for g in K.attention_backward(dout, cache)]
-    results = []
-    try:
-        for threads in (1, 2, 1, 2):
-            runtime.configure_runtime(threads=threads)
-            results.append(run())
-    finally:
-        runtime.configure_runtime()
-    for result in results[1:]:
-        for got, first in zip(result, results[0]):
-            np.testing.assert_array_equal(got, first)
+    assert_same_bits_on_threads(run)
 
 
 def test_memory_is_linear_in_t():

@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npformer import backend, runtime
+from npformer import backend
 from npformer import functional as F
+from thread_bits import assert_same_bits_on_threads
 
 K = backend.load("numba")
 DTYPES = [np.float32, np.float64]
@@ -104,16 +105,8 @@ def test_dropout_backward_rejects_a_wrong_shape():
 
 def test_scatter_add_bits_do_not_depend_on_the_thread_count():
     """Threads split the columns, never the tokens: each entry sums its tokens in token order."""
-    import numba
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50, size=(128, 14))                # many repeated ids
     dout = rng.standard_normal((128, 14, 256)).astype(np.float32)
     cache = K.embedding_forward(ids, np.zeros((50, 256), np.float32), 16.0)[1]
-    results = []
-    try:
-        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
-            runtime.configure_runtime(threads=threads)
-            results.append(K.embedding_backward(dout, cache, padding_idx=0))
-    finally:
-        runtime.configure_runtime()
-    np.testing.assert_array_equal(results[-1], results[0])
+    assert_same_bits_on_threads(lambda: K.embedding_backward(dout, cache, padding_idx=0), (1, 2))

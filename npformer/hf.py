@@ -121,15 +121,23 @@ def model_folder(path):
     return folder
 
 
-def _config_json(path):
-    """(the Path of a folder's config.json, the JSON object it holds)."""
-    file = model_folder(path) / "config.json"
+def read_json_object(folder, name, missing):
+    """(the Path of ``folder / name``, the JSON object it holds). ValueError naming the folder
+    where the file is absent (``missing`` says what the folder was expected to be), or the file
+    where it holds no JSON object."""
+    file = Path(folder) / name
     if not file.is_file():
-        raise ValueError(f"{file.parent}: no config.json (expected a Hugging Face model folder)")
+        raise ValueError(f"{folder}: no {name} ({missing})")
     raw = read_json(file)
     if not isinstance(raw, dict):
         raise ValueError(f"{file}: expected a JSON object, got {type(raw).__name__}")
     return file, raw
+
+
+def _config_json(path):
+    """(the Path of a folder's config.json, the JSON object it holds)."""
+    return read_json_object(model_folder(path), "config.json",
+                            "expected a Hugging Face model folder")
 
 
 def _field_reader(file, raw):

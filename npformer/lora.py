@@ -505,13 +505,8 @@ PEFT_UNSUPPORTED = {"use_dora": False, "use_rslora": False, "bias": "none",
 def read_peft_config(folder):
     """(rank, alpha, dropout, targets) of a PEFT folder's adapter_config.json; ValueError
     naming the file and the key for anything npformer's LoRA is not."""
-    from .hf import read_json
-    file = Path(folder) / "adapter_config.json"
-    if not file.is_file():
-        raise ValueError(f"{folder}: no adapter_config.json (not a PEFT adapter folder)")
-    raw = read_json(file)
-    if not isinstance(raw, dict):
-        raise ValueError(f"{file}: expected a JSON object")
+    from .hf import read_json_object
+    file, raw = read_json_object(folder, "adapter_config.json", "not a PEFT adapter folder")
     if raw.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{file}: peft_type: expected 'LORA', got {raw.get('peft_type')!r}")
     for key, plain in PEFT_UNSUPPORTED.items():

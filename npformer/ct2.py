@@ -193,9 +193,13 @@ def _is_export(folder):
         return False
 
 
-def check_export_target(out, inputs=(), overwrite=False):
+def check_export_target(out, inputs=(), overwrite=False, is_earlier=None, marker=META_FILE,
+                        what="CTranslate2 export"):
     """Refuse an ``out`` that exists (unless ``overwrite`` and it is an earlier export or an
-    empty folder), that is a file, or that holds one of ``inputs`` (paths the export reads)."""
+    empty folder), that is a file, or that holds one of ``inputs`` (paths the export reads).
+    ``is_earlier(folder)``: whether a folder is an earlier export of this format, ``what``,
+    recognised by its ``marker`` file (default: a CTranslate2 export's)."""
+    is_earlier = _is_export if is_earlier is None else is_earlier
     out = Path(out)
     for path in inputs:
         real, target = os.path.realpath(path), os.path.realpath(out)
@@ -208,9 +212,9 @@ def check_export_target(out, inputs=(), overwrite=False):
     if out.exists():
         if not overwrite:
             raise ValueError(f"--out {out}: already exists; pass --overwrite to replace it")
-        if any(out.iterdir()) and not _is_export(out):
-            raise ValueError(f"--out {out}: exists and is not an npformer CTranslate2 export "
-                             f"(no {META_FILE}); --overwrite only replaces an earlier export")
+        if any(out.iterdir()) and not is_earlier(out):
+            raise ValueError(f"--out {out}: exists and is not an npformer {what} (no {marker}); "
+                             f"--overwrite only replaces an earlier export")
 
 
 def _sha256_file(path, sync=False):

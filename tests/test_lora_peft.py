@@ -171,6 +171,16 @@ def test_commands_fine_tune_sample_export(folders, tmp_path, capsys):
     with torch.no_grad():
         np.testing.assert_allclose(merged(torch.tensor(ids)).logits.numpy(),
                                    ours.forward(ids), atol=2e-5)
+    export = ["export", "--checkpoint", str(run / "best"), "--format", "peft", "--out"]
+    assert main(export + [str(tmp_path / "peft")]) == 1               # never replaced by accident
+    assert "already exists" in capsys.readouterr().err
+    assert main(export + [str(tmp_path / "peft"), "--overwrite"]) == 0   # an earlier export
+    assert peft.PeftModel.from_pretrained(hf, tmp_path / "peft") is not None
+    capsys.readouterr()
+    assert main(export + [str(path), "--overwrite"]) == 1           # the base model's own folder
+    assert "not an npformer --format peft export" in capsys.readouterr().err
+    assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temporaries
 
 
 def test_a_lora_run_reads_config_json_no_more_than_a_full_fine_tuning(folders, tmp_path,

@@ -1,10 +1,13 @@
 """``npformer export``: write a checkpoint in another engine's format: CTranslate2 (a translation
 checkpoint), PEFT's adapter files or a merged Hugging Face folder (a LoRA run of npformer lm on
 a Llama, Qwen2 or Qwen3 base)."""
+import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
+from ..checkpoint import write_file_atomic
 from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2
 from ..training.checkpointing import load_model_checkpoint
 from .common import checkpoint_files, resolve_checkpoint
@@ -57,11 +60,12 @@ def _refuse_misplaced(args):
 def run(args):
     _refuse_misplaced(args)
     inputs = [path for _, path in checkpoint_files(args)]
-    earlier = args.format != "ctranslate2" and args.overwrite and _is_lora_export(args.out)
-    check_export_target(args.out, inputs, overwrite=args.overwrite and not earlier)
-    # (before loading anything; an earlier PEFT or merged export may be replaced)
-    if args.format != "ctranslate2":
+    if args.format != "ctranslate2":        # (checked before loading anything)
+        check_export_target(args.out, inputs, overwrite=args.overwrite,
+                            is_earlier=_is_lora_export, marker=LORA_MARKER,
+                            what=f"--format {args.format} export")
         return _run_lora(args)
+    check_export_target(args.out, inputs, overwrite=args.overwrite)
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
     remove_stale_temps(*os.path.split(os.path.abspath(args.out)))   # a killed export's leftovers
     out = export_ctranslate2(loaded, args.out, args.quantization, overwrite=args.overwrite)
@@ -69,12 +73,17 @@ def run(args):
     return 0
 
 
+LORA_MARKER = "npformer-export.json"      # in a --format peft / hf export: what --overwrite may replace
+_LORA_KIND = "npformer LoRA export"
+
+
 def _is_lora_export(out):
-    """Whether ``out`` holds an earlier --format peft or hf export (what --overwrite replaces)."""
-    out = Path(out)
-    return out.is_dir() and ((out / "adapter_config.json").is_file() or
-                             ((out / "config.json").is_file() and
-                              (out / "model.safetensors").is_file()))
+    """Whether ``out`` holds an earlier --format peft or hf export, by its marker file: a folder
+    that merely looks like a Hugging Face model (the base model's own) is never replaced."""
+    try:
+        return json.loads((Path(out) / LORA_MARKER).read_text("utf-8")).get("kind") == _LORA_KIND
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _run_lora(args):
@@ -87,8 +96,9 @@ def _run_lora(args):
         raise ValueError(f"--checkpoint {args.checkpoint}: holds no LoRA adapters (--format "
                          f"{args.format} writes a LoRA run of npformer lm --lora-rank)")
     out = Path(args.out)
-    tmp = out.with_name(out.name + ".npformer-tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    old = None
     try:
         if args.format == "peft":
             lora.save_peft(model, tmp, settings.base.get("folder"))
@@ -96,10 +106,19 @@ def _run_lora(args):
         else:
             lora.save_merged(model, settings.base["folder"], tmp, args.dtype or "float32")
             what = f"merged Hugging Face model ({args.dtype or 'float32'})"
-        if out.exists():                      # --overwrite (check_export_target allowed it)
-            shutil.rmtree(out)
+        marker = json.dumps({"kind": _LORA_KIND, "format": args.format}) + "\n"
+        write_file_atomic(tmp / LORA_MARKER, lambda f: f.write(marker.encode("utf-8")))
+        if out.exists():                      # --overwrite (check_export_target allowed it):
+            old = tmp.with_suffix(".old")     # set aside until the new one is in place
+            os.replace(out, old)
         os.replace(tmp, out)
+    except BaseException:
+        if old is not None and not out.exists():
+            os.replace(old, out)              # the earlier export back
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     print(f"exported {loaded.path} as a {what} -> {out}")
     return 0

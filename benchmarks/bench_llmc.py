@@ -56,6 +56,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_train_step as bts                       # noqa: E402  (its workers, same directory)
+sys.path.insert(1, str(bts.ROOT))                    # npformer from this checkout if not installed
+from npformer.checkpoint import write_file_atomic   # noqa: E402
 
 CONFIG = "gpt2-llmc"
 MODEL_MAGIC, MODEL_VERSION = 20240326, 3             # gpt2_build_from_checkpoint
@@ -89,15 +91,6 @@ def parameter_sizes(max_len, vocab, n_layers, channels, padded=None):
     return list(zip(PARAMETER_NAMES, counts))
 
 
-def write_atomic(path, write):
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it into place."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, path)
-
-
 def write_checkpoint(path, max_len=1024, vocab=50257, n_layers=12, n_heads=12, channels=768,
                      seed=0):
     """A GPT-2 checkpoint in llm.c's format with seeded random weights: matrices and embeddings
@@ -124,7 +117,7 @@ def write_checkpoint(path, max_len=1024, vocab=50257, n_layers=12, n_heads=12, c
                 if name == "wte":
                     values[vocab * channels:] = 0.0                   # padded rows
             f.write(values.astype("<f4", copy=False).tobytes())
-    write_atomic(path, write)
+    write_file_atomic(Path(path), write)
     return sum(count for _, count in sizes)
 
 
@@ -135,7 +128,8 @@ def write_tokens(path, n_tokens, vocab=50257, seed=0):
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (DATA_MAGIC, DATA_VERSION, n_tokens)
     tokens = np.random.default_rng(seed).integers(0, vocab, size=n_tokens).astype("<u2")
-    write_atomic(path, lambda f: (f.write(header.tobytes()), f.write(tokens.tobytes())))
+    write_file_atomic(Path(path),
+                      lambda f: (f.write(header.tobytes()), f.write(tokens.tobytes())))
 
 
 def write_tokenizer(path, vocab=50257, eot=EOT):
@@ -143,7 +137,7 @@ def write_tokenizer(path, vocab=50257, eot=EOT):
     header = np.zeros(HEADER_INTS, dtype="<u4")
     header[:4] = (TOKENIZER_MAGIC, TOKENIZER_VERSION, vocab, eot)
     body = b"".join(bytes([len(t)]) + t for t in (f"<{i}>".encode() for i in range(vocab)))
-    write_atomic(path, lambda f: (f.write(header.tobytes()), f.write(body)))
+    write_file_atomic(Path(path), lambda f: (f.write(header.tobytes()), f.write(body)))
 
 
 def step_times(output):
@@ -222,11 +216,6 @@ def run_llmc(build, pin):
     losses = [float(loss) for step, loss, _ in TOOK.findall(output) if int(step) == 0]
     return {"times": sorted(times), "peak_mb": usage.ru_maxrss / 1024,
             "loss0": losses[0] if losses else None}
-
-
-def median(values):
-    """The median; of an even count, the mean of the middle two (two rounds: their mean)."""
-    return statistics.median(values)
 
 
 def main():
@@ -315,10 +304,11 @@ def main():
                     rounds[name].append(res["times"])
                     peak[name] = max(peak.get(name, 0), res["peak_mb"])
             if args.repeats > 1:
-                print(f"round {r + 1}: " + ", ".join(f"{name} {1e3 * median(t[-1]):.0f}"
+                print(f"round {r + 1}: " + ", ".join(f"{name} {1e3 * statistics.median(t[-1]):.0f}"
                                                      for name, t in rounds.items()) + " ms/step")
 
-    ms = {name: 1e3 * median([median(t) for t in ts]) for name, ts in rounds.items()}
+    ms = {name: 1e3 * statistics.median([statistics.median(t) for t in ts])
+          for name, ts in rounds.items()}
     best = {name: 1e3 * min(min(t) for t in ts) for name, ts in rounds.items()}
     print(f"{'engine':16s} {'ms/step':>9s} {'(min)':>8s} {'tokens/s':>9s} {'peak RSS MB':>12s}")
     for name in rounds:

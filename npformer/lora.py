@@ -645,16 +645,14 @@ def save_merged(model, base_folder, out, dtype="float32"):
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype!r}")
     base_folder, out = Path(base_folder), Path(out)
-    config_file = base_folder / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"{base_folder}: no config.json (the base model's folder is needed for "
-                         f"its configuration and tokenizer)")
+    from .hf import read_json_object
+    _, config = read_json_object(base_folder, "config.json", "the base model's folder is needed "
+                                 "for its configuration and tokenizer")
     out.mkdir(parents=True, exist_ok=True)
     for item in sorted(base_folder.iterdir()):
         if item.is_file() and not item.name.endswith(WEIGHT_FILES) and \
                 not item.name.endswith(".index.json") and item.name != "config.json":
             shutil.copyfile(item, out / item.name)
-    config = json.loads(config_file.read_text())
     config["torch_dtype"] = dtype
     text = json.dumps(config, indent=2) + "\n"
     write_file_atomic(out / "config.json", lambda f: f.write(text.encode()))

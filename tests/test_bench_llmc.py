@@ -140,5 +140,3 @@ def test_cli_errors_are_one_line(argv, message):
     assert all(line.startswith(("usage:", " ")) for line in lines[:-1])
 
 
-def test_median_of_two_rounds_is_their_mean():
-    assert bench.median([3.0, 1.0]) == 2.0 and bench.median([5.0, 1.0, 2.0]) == 2.0

@@ -249,6 +249,7 @@ def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS
         in_features = params[f"{host}.{attr}"].data.shape[1]
         lora = LoRA(in_features, start, stop, rank, alpha, dropout, rng=rng,
                     dropout_rng=dropout_rng, dtype=dtype, target=label)
+        lora.weight_name = f"{host}.{attr}"
         name = "lora" if (attr == "weight" and label in NPFORMER_TARGETS) else f"lora_{label}"
         setattr(m, name, lora)
         m.adapters.append(lora)
@@ -288,21 +289,16 @@ def _adapters_or_refuse(model):
     return found
 
 
-def _host_of(model, lora):
-    for path, m in named_modules(model):
-        if lora in getattr(m, "adapters", ()):
-            return path, m
-    raise ValueError(f"LoRA {lora.target}: not attached to this model")
+def _weight_name(model, lora):
+    """The parameter name of the weight ``lora`` updates (``apply`` records it)."""
+    if lora.weight_name is None:
+        raise ValueError(f"LoRA {lora.target}: not attached to a model (npformer.lora.apply)")
+    return lora.weight_name
 
 
 def _weight_of(model, lora):
-    _, host = _host_of(model, lora)
-    return host.in_proj_weight.data if hasattr(host, "in_proj_weight") else host.weight.data
-
-
-def _weight_name(model, lora):
-    path, host = _host_of(model, lora)
-    return f"{path}.{'in_proj_weight' if hasattr(host, 'in_proj_weight') else 'weight'}"
+    host, attr = _weight_name(model, lora).rsplit(".", 1)
+    return getattr(_module_at(model, host), attr).data
 
 
 # -- the base and the adapters' arrays ---------------------------------------------------------
@@ -658,12 +654,6 @@ def save_merged(model, base_folder, out, dtype="float32"):
     write_file_atomic(out / "config.json", lambda f: f.write(text.encode()))
     write_safetensors(out / "model.safetensors", merged_tensors(model), dtype)
     return out
-
-
-def lora_parameter_count(model):
-    """(trained, total) parameter counts."""
-    trained = sum(p.data.size for n, p in model.named_parameters() if is_adapter_name(n))
-    return trained, model.num_parameters()
 
 
 def load_adapter(model, path):

@@ -33,6 +33,7 @@ class LoRA(Module):
         self.rank, self.alpha, self.dropout = rank, alpha, dropout
         self.scaling = alpha / rank
         self.target = target
+        self.weight_name = None          # the host weight's parameter name (npformer.lora.apply)
         bound = 1.0 / math.sqrt(in_features)
         self.A = Parameter(rng.uniform(-bound, bound, size=(rank, in_features)).astype(dtype))
         self.B = Parameter(zeros((stop - start, rank), dtype))

@@ -444,7 +444,6 @@ def test_resume_with_other_lora_settings_is_refused(tmp_path, capsys, argv, mess
 @pytest.mark.parametrize("argv, message", [
     (["--lora-alpha", "4"], "--lora-alpha: only with --lora-rank R"),
     (["--lora-rank", "2"], "--lora-rank: adapts a trained model; give it with --init-from DIR"),
-    (["--lora-rank", "2", "--lora-dropout", "1"], "--lora-dropout"),
     (["--lora-rank", "2", "--lora-targets", "nope"], "--lora-targets: 'nope' matches no module"),
     (["--lora-rank", "99"], "--lora-rank: expected at most 8, the width of the narrowest"),
 ])
@@ -457,3 +456,15 @@ def test_bad_lora_options_are_one_line_errors(tmp_path, capsys, argv, message):
                  "--quiet", *init, *argv]) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_lora_dropout_outside_0_1_is_refused_by_the_parser(tmp_path, capsys):
+    from npformer.cli.main import main
+    base, data = lm_base(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(["lm", "--data", str(data), "--out", str(tmp_path / "run"), "--init-from",
+              str(base), "--lora-rank", "2", "--lora-dropout", "1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--lora-dropout: expected a finite number in [0, 1), got '1'" in err
+    assert "Traceback" not in err

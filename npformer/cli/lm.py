@@ -21,7 +21,7 @@ from ..training.language_model import (INIT_CONTEXT, LM_ARCH, LM_BLOCKS, LM_TRAI
                                        lm_d_ff, lm_model, lm_trainer)
 from ..training.trainer import SPANNING
 from .common import (NoneDefaultFormatter, add_model_options, non_negative_float, non_negative_int,
-                     positive_float, positive_int, refuse_min_lr_above_lr)
+                     positive_float, positive_int, probability, refuse_min_lr_above_lr)
 from .model_options import LANGUAGE_MODEL
 from .parallel import add_parallel_args, join
 from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_inputs_in_run
@@ -101,7 +101,7 @@ def add_parser(sub, name):
                          "instead of the whole model; checkpoints hold the adapters alone")
     lo.add_argument("--lora-alpha", type=positive_float, default=None, metavar="A",
                     help="the update's scale is A / R (default R: a scale of 1)")
-    lo.add_argument("--lora-dropout", type=non_negative_float, default=None, metavar="P",
+    lo.add_argument("--lora-dropout", type=probability, default=None, metavar="P",
                     help="dropout on the adapters' input, in [0, 1) (PEFT's lora_dropout; "
                          "default 0)")
     lo.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME",
@@ -175,14 +175,13 @@ def _lora(args):
         return None
     if args.init_from is None and not args.resume:
         raise ValueError("--lora-rank: adapts a trained model; give it with --init-from DIR")
-    from ..lora import DEFAULT_TARGETS, check_settings
+    from ..lora import DEFAULT_TARGETS
     if args.lora_alpha is None:
         args.lora_alpha = float(args.lora_rank)
     if args.lora_dropout is None:
         args.lora_dropout = 0.0
     if args.lora_targets is None:
         args.lora_targets = list(DEFAULT_TARGETS)
-    check_settings(args.lora_rank, args.lora_alpha, args.lora_dropout, names=LORA_FLAGS)
     return {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
             "targets": list(args.lora_targets), "names": LORA_FLAGS}
 

@@ -500,6 +500,7 @@ ADAM_HINTS = {
     "efficient_form": "this is the Adam paper's 'efficient' form, with eps at another scale: "
                       "compute denom = sqrt(v) / sqrt(1 - beta2^t) + eps as PyTorch does",
     "nan": "NaN or inf: t starts at 1 (1 - beta^0 = 0 divides by zero)",
+    "zero_division": "t starts at 1 (1 - beta^0 = 0 divides by zero)",
     "decay": "weight decay: Adam adds wd * p to the gradient; AdamW (decoupled) shrinks "
              "p by (1 - lr * wd) first",
 }

@@ -150,8 +150,9 @@ def check_exercise(folder, name, seed=0):
         return ExerciseResult(name, "error", str(e))
 
 
-def _call(path, fname, fn, *args):
-    """fn(*args), the learner's exceptions turned into NotDone / LearnerError."""
+def _call(path, fname, fn, *args, hints=None):
+    """fn(*args), the learner's exceptions turned into NotDone / LearnerError; ``hints``
+    ({exception type: text}) adds a hint to the message of an exception of that type."""
     try:
         return fn(*args)
     except Timeout:
@@ -161,8 +162,10 @@ def _call(path, fname, fn, *args):
     except (NotDone, LearnerError):
         raise
     except (Exception, SystemExit) as e:
+        hint = next((f" ({text})" for kind, text in (hints or {}).items()
+                     if isinstance(e, kind)), "")
         raise LearnerError(f"{path.name}{_where(e, path)}: {fname} raised "
-                           f"{type(e).__name__}: {_first_line(e)}") from None
+                           f"{type(e).__name__}: {_first_line(e)}{hint}") from None
 
 
 def _expect(raw, case, fname, path):
@@ -360,7 +363,8 @@ def _run_adam(update, state, grads, wd, decoupled, path=None):
                    ADAM_ARGS["eps"], wd, decoupled)
         else:
             _call(path, "adam_step", update, p, g_given, m, v, t, ADAM_ARGS["lr"],
-                  ADAM_ARGS["beta1"], ADAM_ARGS["beta2"], ADAM_ARGS["eps"], wd, decoupled)
+                  ADAM_ARGS["beta1"], ADAM_ARGS["beta2"], ADAM_ARGS["eps"], wd, decoupled,
+                  hints={ZeroDivisionError: ADAM_HINTS["zero_division"]})
             if not np.array_equal(g_given, g):
                 raise LearnerError(f"{path.name}: adam_step changed g in place: the gradient is "
                                    f"the model's buffer; put the L2 term into a copy "
@@ -382,12 +386,7 @@ def _check_adam(module, exercise, path):
     reports, hints, worst, status = [], [], 0.0, "done"
     for label, wd, decoupled in ADAM_CONFIGS:
         want = _run_adam(_adam_update, state, grads, wd, decoupled)
-        try:
-            got = _run_adam(module.adam_step, state, grads, wd, decoupled, path)
-        except LearnerError as e:
-            if "ZeroDivisionError" in str(e):
-                raise LearnerError(f"{e} ({ADAM_HINTS['nan'][len('NaN or inf: '):]})") from None
-            raise
+        got = _run_adam(module.adam_step, state, grads, wd, decoupled, path)
         for a in got:
             if not isinstance(a, np.ndarray) or a.shape != (7,):
                 raise LearnerError(f"{path.name}: adam_step must update p, m and v in place")

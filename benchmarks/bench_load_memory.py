@@ -57,9 +57,9 @@ def encoded(values, dtype):
     rounded to nearest even)."""
     if dtype == "F32":
         return values.astype("<f4").tobytes()
-    bits = values.astype(np.float32).view(np.uint32)
-    bits = bits + 0x7FFF + ((bits >> 16) & 1)                  # round to nearest even
-    return (bits >> 16).astype("<u2").tobytes()
+    sys.path.insert(0, os.path.dirname(HERE))
+    from npformer.lora import to_bfloat16
+    return to_bfloat16(values).astype("<u2").tobytes()
 
 
 def write_model(folder, a):

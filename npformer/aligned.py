@@ -75,31 +75,38 @@ def empty_aligned(shape, dtype, aligned_rows=False):
     empty array has no first element, and NumPy may place it anywhere). With ``aligned_rows``,
     every row (last axis) starts a cache line: rows are padded to a multiple of ALIGNMENT bytes
     and the result is a view of the unpadded part (not C-contiguous where padding was needed)."""
-    dtype = np.dtype(dtype)
-    try:
-        shape = (operator.index(shape),)             # an int, a NumPy integer, a 0-d array
-    except TypeError:
-        shape = tuple(map(int, shape))
+    dtype, shape = np.dtype(dtype), _shape(shape)
     per_line = ALIGNMENT // dtype.itemsize
     if aligned_rows and shape and shape[-1] % per_line:
         padded = empty_aligned(shape[:-1] + (shape[-1] + per_line - shape[-1] % per_line,), dtype)
         return padded[..., :shape[-1]]
-    n = math.prod(shape)
-    nbytes = n * dtype.itemsize + ALIGNMENT
+    nbytes = math.prod(shape) * dtype.itemsize + ALIGNMENT
     buf = _pooled_bytes(nbytes) if nbytes >= POOL_MIN_BYTES else np.empty(nbytes, dtype=np.uint8)
-    start = -buf.__array_interface__["data"][0] % ALIGNMENT
-    return buf[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
+    return _aligned_view(buf, shape, dtype)
 
 
 def zeros_aligned(shape, dtype):
     """np.zeros(shape, dtype) whose first element starts a cache line, its pages left untouched
     until written (np.zeros of a fresh block: the operating system's zero pages, not the pool's
     used buffers): a gradient buffer that an evaluating model never writes costs no memory."""
-    dtype = np.dtype(dtype)
-    n = math.prod((operator.index(shape),) if np.ndim(shape) == 0 else tuple(map(int, shape)))
-    buf = np.zeros(n * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
+    dtype, shape = np.dtype(dtype), _shape(shape)
+    buf = np.zeros(math.prod(shape) * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
+    return _aligned_view(buf, shape, dtype)
+
+
+def _shape(shape):
+    """A shape as a tuple of ints (an int, a NumPy integer or a 0-d array: one axis)."""
+    try:
+        return (operator.index(shape),)
+    except TypeError:
+        return tuple(map(int, shape))
+
+
+def _aligned_view(buf, shape, dtype):
+    """The array of ``shape`` and ``dtype`` at the first cache line of the byte buffer ``buf``
+    (ALIGNMENT bytes longer than the array)."""
     start = -buf.__array_interface__["data"][0] % ALIGNMENT
-    return buf[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
+    return buf[start:start + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def rows_aligned(x):

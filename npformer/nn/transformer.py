@@ -248,23 +248,16 @@ class TranslationState(CachedState):
         beams, rows = self.beams, len(logits) * self.beams
         if offset is not None and np.shape(offset) != (rows,):      # as an unshared step
             return ops().top_log_softmax(np.repeat(logits, beams, axis=0), n, offset)
-        columns = (None if offset is None else
-                   np.asarray(offset, dtype=np.float64).reshape(len(logits), beams).T)
-        ids = logp = None
-        ranked = []                                          # (offsets, ids, logp) so far
-        for j in range(beams):
-            column = None if columns is None else columns[j]
-            for seen, seen_ids, seen_logp in ranked:
-                if column is None or np.array_equal(seen, column):
-                    top = seen_ids, seen_logp
-                    break
-            else:
-                top = ops().top_log_softmax(logits, n, column)
-                ranked.append((column, *top))
-            if ids is None:
-                ids = np.empty((rows, top[0].shape[1]), dtype=top[0].dtype)
-                logp = np.empty((rows, top[1].shape[1]), dtype=top[1].dtype)
-            ids[j::beams], logp[j::beams] = top
+        if offset is None:
+            tops, which = [ops().top_log_softmax(logits, n)], np.zeros(beams, dtype=int)
+        else:                                # beam j's offsets: column j of (sources, beams)
+            columns = np.asarray(offset, dtype=np.float64).reshape(len(logits), beams).T
+            distinct, which = np.unique(columns, axis=0, return_inverse=True)
+            tops = [ops().top_log_softmax(logits, n, column) for column in distinct]
+        ids = np.empty((rows, tops[0][0].shape[1]), dtype=tops[0][0].dtype)
+        logp = np.empty((rows, tops[0][1].shape[1]), dtype=tops[0][1].dtype)
+        for j, k in enumerate(which.reshape(-1)):
+            ids[j::beams], logp[j::beams] = tops[k]
         return ids, logp
 
     def _logits(self, tokens, repeat=True):

@@ -342,7 +342,7 @@ def _initial_model(init_from):
         raise ValueError(f"init_from {init_from}: holds a {loaded.model.config.arch} model; "
                          f"a language model starts from a GPT (an npformer lm checkpoint or a "
                          f"Hugging Face folder of GPT-2, Llama, Qwen2 or Qwen3)")
-    path = os.path.join(folder, "best") if os.path.isdir(folder) else folder
+    path = os.path.abspath(path)
     return loaded.model, resolve_tokenizer(loaded), {
         "folder": path[:-4] if path.endswith(".npz") else path, "kind": "npformer",
         "model_type": None}

@@ -1,9 +1,10 @@
-"""mkdocs hooks of the documentation site (mkdocs.yml): README.md becomes the home page and
-BENCHMARKS.md a page beside the docs; links are rewritten to where their target is on the site.
+"""mkdocs hooks of the documentation site (mkdocs.yml): README.md becomes the overview page
+(docs/index.md is the short home page) and BENCHMARKS.md a page beside the docs; links are
+rewritten to where their target is on the site.
 
 The Markdown files are written to be read in the repository, where README links
 ``docs/backprop.md`` and backprop.md links ``../npformer/functional/linear.py``. On the site
-README is ``index.md`` at the root of the docs, so:
+README is ``overview.md`` at the root of the docs, so:
 
 - a link to a file of docs/ (or to README/BENCHMARKS) points to its page;
 - a link to another file of the repository (a source file) points to it on the repository's
@@ -25,7 +26,7 @@ from npformer.exercises.catalogue import REPOSITORY_URL
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 REPOSITORY = REPOSITORY_URL + "/blob/main/"     # the one repository URL, the exercises' links
-PAGES = {"README.md": "index.md", "BENCHMARKS.md": "benchmarks.md"}   # repository -> site
+PAGES = {"README.md": "overview.md", "BENCHMARKS.md": "benchmarks.md"}   # repository -> site
 LINK = re.compile(r"\]\((?P<target>[^)\s#]+)(?P<anchor>#[^)\s]*)?\)")
 HREF = re.compile(r'href="(?P<target>[^"#:]+)\.(?:md|ipynb)(?P<anchor>#[^"]*)?"')
 

@@ -1,45 +1,27 @@
 """The documentation site builds: ``mkdocs build --strict`` (mkdocs.yml) over README, docs/ and
-the tutorials' stored outputs, so that a broken link or a missing page fails the tests."""
-import importlib.util
-import os
+the tutorials' stored outputs, so that a broken link or a missing page fails the tests;
+it has the pages a learner needs (issue 78)."""
+import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS_EXTRA = ("mkdocs", "material", "mkdocs_jupyter")
+from site_build import ROOT, built_site, mkdocs_build
 
 
 @pytest.fixture(scope="module")
 def mkdocs():
-    missing = [m for m in DOCS_EXTRA if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"the docs extra is not installed ({', '.join(missing)} missing): "
-                    f"pip install -e '.[docs]'")
-
-    def build(root, out):
-        # (not --quiet: it silences the warnings that --strict counts, and nothing then fails)
-        return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
-                               "--config-file", str(root / "mkdocs.yml"), "--site-dir", str(out)],
-                              capture_output=True, text=True, cwd=root, timeout=300,
-                              env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    return build
+    return mkdocs_build
 
 
 @pytest.fixture(scope="module")
-def site(mkdocs, tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    r = mkdocs(ROOT, out)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return out
+def site(tmp_path_factory):
+    return built_site(tmp_path_factory)
 
 
 def test_the_site_holds_readme_docs_and_tutorials_with_their_outputs(site):
-    home = (site / "index.html").read_text(encoding="utf-8")
-    assert "Quick start" in home and 'href="backprop.html' in home   # README's docs/ links
+    overview = (site / "overview.html").read_text(encoding="utf-8")
+    assert "Quick start" in overview and 'href="backprop.html' in overview   # README's links
     backprop = (site / "backprop.html").read_text(encoding="utf-8")
     assert 'class="arithmatex"' in backprop                          # the math, for MathJax
     assert "https://github.com/npformer/npformer/blob/main/npformer/functional/linear.py" in backprop
@@ -62,3 +44,19 @@ def test_a_broken_link_fails_the_build(mkdocs, tmp_path):
         f.write("\nSee [the missing page](no_such_page.md).\n")
     r = mkdocs(root, tmp_path / "site")
     assert r.returncode != 0 and "no_such_page.md" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_the_home_page_points_to_the_three_uses_and_the_site_teaches(site):
+    home = (site / "index.html").read_text(encoding="utf-8")
+    for use in ("Learn how backpropagation works", "Test your own layers", "Train a translator"):
+        assert use in home, use
+    for page in ("tutorials/index.html", "exercises.html", "backprop.html", "api.html"):
+        assert f'href="{page}' in home, page
+    assert "Quick start" not in home                                  # not the whole README
+    exercises = re.sub(r"<[^>]+>", "", (site / "exercises.html").read_text(encoding="utf-8"))
+    for step in ("npformer exercises start", "npformer exercises check", "--train"):
+        assert step in exercises, step
+    api = (site / "api.html").read_text(encoding="utf-8")
+    for name in ("linear_backward", "layernorm_forward", "MultiHeadAttention", "gradcheck",
+                 "TransformerConfig", "GPTConfig", "assert_gradients"):
+        assert f'id="npformer.' in api and name in api, name        # generated from docstrings

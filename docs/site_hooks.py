@@ -12,13 +12,16 @@ README is ``overview.md`` at the root of the docs, so:
 - a link to nothing is left as it is, so that ``mkdocs build --strict`` fails on it.
 
 In the tutorials' pages (rendered from notebooks, HTML that mkdocs does not check), links to
-``X.md`` and ``X.ipynb`` become links to the pages ``X.html``.
+``X.md`` and ``X.ipynb`` become links to the pages ``X.html``, and the loaders that nbconvert's
+template writes into each notebook (MathJax 2 and mermaid, from a CDN) are taken out: the site's
+own KaTeX renders the math (docs/javascripts/katex.js), and no page asks the network for anything.
 """
 import os
 import posixpath
 import re
 from pathlib import Path
 
+from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
 from npformer.exercises.catalogue import REPOSITORY_URL
@@ -29,6 +32,11 @@ REPOSITORY = REPOSITORY_URL + "/blob/main/"     # the one repository URL, the ex
 PAGES = {"README.md": "overview.md", "BENCHMARKS.md": "benchmarks.md"}   # repository -> site
 LINK = re.compile(r"\]\((?P<target>[^)\s#]+)(?P<anchor>#[^)\s]*)?\)")
 HREF = re.compile(r'href="(?P<target>[^"#:]+)\.(?:md|ipynb)(?P<anchor>#[^"]*)?"')
+# nbconvert's loaders: <script src=MATHJAX_URL> (empty here), its text/x-mathjax-config, and the
+# module script that imports mermaid from a CDN when the notebook has a diagram
+CDN_LOADERS = re.compile(r'<!-- Load mathjax -->\s*<script src="[^"]*">\s*</script>'
+                         r'|<script type="text/x-mathjax-config">.*?</script>'
+                         r'|<script type="module">(?:(?!</script>).)*?mermaid.*?</script>', re.S)
 
 
 def on_files(files, config):
@@ -78,4 +86,8 @@ def on_page_markdown(markdown, page, config, files):
 def on_page_content(html, page, config, files):
     if not page.file.src_uri.endswith(".ipynb"):
         return html
+    if 'class="jp-Mermaid' in html:
+        raise PluginError(f"{page.file.src_uri}: a mermaid diagram needs mermaid, which the site "
+                          f"does not carry (it would load it from a CDN)")
+    html = CDN_LOADERS.sub("", html)
     return HREF.sub(lambda m: f'href="{m.group("target")}.html{m.group("anchor") or ""}"', html)

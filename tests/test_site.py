@@ -1,8 +1,9 @@
 """The documentation site builds: ``mkdocs build --strict`` (mkdocs.yml) over README, docs/ and
-the tutorials' stored outputs, so that a broken link or a missing page fails the tests;
-it has the pages a learner needs (issue 78)."""
+the tutorials' stored outputs, so that a broken link or a missing page fails the tests; it has
+the pages a learner needs, and none of its pages asks the network for anything (issue 78)."""
 import re
 import shutil
+from html.parser import HTMLParser
 
 import pytest
 
@@ -23,7 +24,7 @@ def test_the_site_holds_readme_docs_and_tutorials_with_their_outputs(site):
     overview = (site / "overview.html").read_text(encoding="utf-8")
     assert "Quick start" in overview and 'href="backprop.html' in overview   # README's links
     backprop = (site / "backprop.html").read_text(encoding="utf-8")
-    assert 'class="arithmatex"' in backprop                          # the math, for MathJax
+    assert 'class="arithmatex"' in backprop                          # the math, for KaTeX
     assert "https://github.com/npformer/npformer/blob/main/npformer/functional/linear.py" in backprop
     chapter = (site / "tutorials" / "02_attention_step_by_step.html").read_text(encoding="utf-8")
     assert "data:image/png;base64" in chapter or "<img" in chapter  # the stored heatmap
@@ -60,3 +61,42 @@ def test_the_home_page_points_to_the_three_uses_and_the_site_teaches(site):
     for name in ("linear_backward", "layernorm_forward", "MultiHeadAttention", "gradcheck",
                  "TransformerConfig", "GPTConfig", "assert_gradients"):
         assert f'id="npformer.' in api and name in api, name        # generated from docstrings
+
+
+class Resources(HTMLParser):
+    """The http(s) URLs that a page would fetch: src/srcset/poster/data of any element, href of
+    any element but a link to follow (<a>), url(...) and @import in styles, import() in scripts."""
+    REMOTE = re.compile(r"""(?:url\(\s*['"]?|@import\s+['"]|import\s*\(\s*['"]|from\s+['"])(https?://[^'")\s]+)""")
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.found, self.tag = [], None
+
+    def handle_starttag(self, tag, attrs):
+        self.tag = tag
+        for name, value in attrs:
+            value = value or ""
+            fetched = name in ("src", "srcset", "poster", "data") or (name == "href" and tag != "a")
+            if fetched and re.search(r"(^|[\s,])(https?:)?//", value):
+                self.found.append(f"<{tag} {name}={value}>")
+            elif name == "style":
+                self.found += self.REMOTE.findall(value)
+
+    def handle_data(self, data):
+        if self.tag in ("script", "style"):
+            self.found += self.REMOTE.findall(data)
+
+
+def test_no_page_asks_the_network_for_a_resource(site):
+    asked = {}
+    for page in sorted(site.rglob("*.html")):
+        parser = Resources()
+        parser.feed(page.read_text(encoding="utf-8"))
+        if parser.found:
+            asked[page.relative_to(site).as_posix()] = parser.found[:3]
+    for sheet in sorted(site.rglob("*.css")):
+        found = Resources.REMOTE.findall(sheet.read_text(encoding="utf-8"))
+        if found:
+            asked[sheet.relative_to(site).as_posix()] = found[:3]
+    assert asked == {}, asked
+    assert (site / "vendor" / "katex" / "LICENSE").exists()          # the renderer's licence

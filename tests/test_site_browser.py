@@ -48,11 +48,14 @@ def chromium():
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
         unavailable("Chromium is not installed (apt-get install -y chromium)")
-    try:
-        subprocess.run(["unshare", "-n", "true"], check=True, capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as e:
-        unavailable(f"cannot start a program without network (unshare -n, as root): {e}")
-    return found
+    # a network namespace of its own: as root, or in a user namespace of its own elsewhere
+    for offline in (["unshare", "-n"], ["unshare", "-r", "-n"]):
+        try:
+            subprocess.run([*offline, "true"], check=True, capture_output=True, timeout=30)
+            return [*offline, found]
+        except (OSError, subprocess.SubprocessError) as e:
+            reason = e
+    unavailable(f"cannot start a program without network (unshare -n, or -r -n): {reason}")
 
 
 class ReadersText(HTMLParser):
@@ -87,10 +90,11 @@ def readers_text(html):
 
 
 def open_offline(chromium, page):
-    """(the DOM after the scripts ran, the http(s) URLs the page asked for)"""
+    """(the DOM after the scripts ran, the http(s) URLs the page asked for); ``chromium`` is the
+    command that starts Chromium without network."""
     with tempfile.TemporaryDirectory() as profile:
         netlog = os.path.join(profile, "netlog.json")
-        r = subprocess.run(["unshare", "-n", chromium, *CHROMIUM_FLAGS,
+        r = subprocess.run([*chromium, *CHROMIUM_FLAGS,
                             f"--user-data-dir={profile}/user", f"--log-net-log={netlog}",
                             "--dump-dom", page.as_uri()],
                            capture_output=True, text=True, timeout=120)

@@ -13,6 +13,7 @@ run again:
 """
 import argparse
 import html
+import importlib.util
 import json
 import os
 import sys
@@ -102,6 +103,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=SUBSET, help="the woff2 file to write")
     args = parser.parse_args(argv)
+    for module, package in (("fontTools", "fonttools"), ("brotli", "brotli")):
+        if importlib.util.find_spec(module) is None:
+            sys.exit(f"build_font_subset: {package} is not installed: pip install -e '.[docs]'")
     characters = used_characters()
     build(characters, args.out)
     print(f"{args.out}: {len(characters)} characters: {''.join(sorted(characters))}")

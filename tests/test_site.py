@@ -34,7 +34,7 @@ def test_the_site_holds_readme_docs_and_tutorials_with_their_outputs(site):
         assert list((site / "tutorials").glob(f"0{n}_*.html")), f"chapter {n} missing"
 
 
-def test_a_broken_link_fails_the_build(mkdocs, tmp_path):
+def test_a_broken_link_or_anchor_fails_the_build(mkdocs, tmp_path):
     root = tmp_path / "repo"
     root.mkdir()
     for name in ("mkdocs.yml", "README.md", "BENCHMARKS.md"):
@@ -42,9 +42,12 @@ def test_a_broken_link_fails_the_build(mkdocs, tmp_path):
     shutil.copytree(ROOT / "docs", root / "docs",
                     ignore=shutil.ignore_patterns("__pycache__", "*.py[co]"))
     with open(root / "docs" / "architecture.md", "a", encoding="utf-8") as f:
-        f.write("\nSee [the missing page](no_such_page.md).\n")
+        f.write("\nSee [the missing page](no_such_page.md) and "
+                "[a missing heading](backprop.md#no-such-heading).\n")
     r = mkdocs(root, tmp_path / "site")
-    assert r.returncode != 0 and "no_such_page.md" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "no_such_page.md" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "#no-such-heading" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_the_home_page_points_to_the_three_uses_and_the_site_teaches(site):

@@ -263,22 +263,25 @@ def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS
 
 def merge(model):
     """W[rows] += (alpha / r) B A for every adapter, in place: the model then computes the same
-    function without the adapters' extra products (eval only; ``unmerge`` takes it back out,
-    to within rounding)."""
+    function without the adapters' extra products (eval only). The rows' base values are kept
+    aside (the adapter's ``kept``) until ``unmerge`` puts them back."""
     for _, lora in _adapters_or_refuse(model):
         if not lora.merged:
-            _weight_of(model, lora)[lora.rows] += lora.delta_weight()
+            weight = _weight_of(model, lora)
+            lora.kept = weight[lora.rows].copy()
+            weight[lora.rows] += lora.delta_weight()
             lora.merged = True
     return model
 
 
 def unmerge(model):
-    """Undo ``merge``: W[rows] -= (alpha / r) B A (the same rounding as adding it, so not
-    always the bits before)."""
+    """Undo ``merge``: the base rows kept aside go back, bit for bit (subtracting the update
+    again would round differently, and the base's sha256 would no longer match its checkpoints'
+    record)."""
     for _, lora in _adapters_or_refuse(model):
         if lora.merged:
-            _weight_of(model, lora)[lora.rows] -= lora.delta_weight()
-            lora.merged = False
+            _weight_of(model, lora)[lora.rows] = lora.kept
+            lora.kept, lora.merged = None, False
     return model
 
 
@@ -333,8 +336,7 @@ def base_identity(model):
 
 def base_sha256(model):
     """sha256 of the base weights (every parameter that is not an adapter's: name, shape, dtype
-    and bytes, in parameter order), with any merged update taken back out first is not done:
-    a merged model is refused."""
+    and bytes, in parameter order); a merged model is refused (unmerge gives the base back)."""
     if any(lora.merged for _, lora in adapters(model)):
         raise ValueError("model: its adapters are merged into the base weights; unmerge first")
     h = hashlib.sha256()

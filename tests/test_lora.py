@@ -210,7 +210,7 @@ def test_frozen_parameters_leave_buffer_optimizer_and_clipping():
 
 def test_merge_and_unmerge():
     """Merged weights give the adapters' logits without them; unmerge gives the base plus the
-    adapters back (to within rounding); a merged model refuses to train."""
+    adapters back (the base's bits); a merged model refuses to train."""
     model = lora.apply(llama_gpt(), rank=3, alpha=6.0,
                        target_modules=["q_proj", "k_proj", "o_proj", "up_proj", "down_proj"])
     randomise_b(model)
@@ -226,9 +226,40 @@ def test_merge_and_unmerge():
         model.forward(ids)
     model.eval()
     lora.unmerge(model)
-    np.testing.assert_allclose(model.blocks[0].self_attn.in_proj_weight.data, base_w, atol=1e-14)
+    np.testing.assert_array_equal(model.blocks[0].self_attn.in_proj_weight.data, base_w)
     np.testing.assert_allclose(model.forward(ids), with_adapters, rtol=1e-10, atol=1e-12)
 
+
+def test_merge_then_unmerge_keeps_the_base_bits_and_its_checkpoints_load(tmp_path):
+    """merge + unmerge gives back the base weights bit for bit (not to within rounding): a run
+    saved afterwards records its base's own sha256, loads over it, and trains on exactly as one
+    that never merged."""
+    folder, vocabs = save_base(tmp_path)
+    runs = {}
+    for name in ("merged", "never"):
+        model = lora_model(folder, target_modules=["q_proj", "v_proj", "down_proj"])
+        del model.lora.base["sha256"]             # computed at the first save, as lm's runs do
+        randomise_b(model, scale=3.0)
+        base = {n: p.data.copy() for n, p in model.named_parameters()}
+        if name == "merged":
+            lora.merge(model)
+            lora.unmerge(model)
+        for n, p in model.named_parameters():
+            np.testing.assert_array_equal(p.data, base[n], err_msg=n)
+        save_model_checkpoint(tmp_path / name, model, vocabs)
+        model = load_model_checkpoint(tmp_path / name).model
+        opt = nf.AdamW(model, lr=1e-2)
+        ids, targets = batch()
+        model.train()
+        for _ in range(2):
+            model.zero_grad()
+            _, dlogits = nf.cross_entropy(model.forward(ids), targets)
+            model.backward(dlogits)
+            opt.step()
+        runs[name] = {n: p.data.copy() for n, p in model.named_parameters()}
+    assert runs["merged"].keys() == runs["never"].keys()
+    for n in runs["never"]:
+        np.testing.assert_array_equal(runs["merged"][n], runs["never"][n], err_msg=n)
 
 def test_adapters_in_decoding_match_the_full_forward():
     """The cached decoding path runs the adapters too: the last position's logits of a cached

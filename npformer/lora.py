@@ -138,7 +138,19 @@ def available_targets(model):
                 names.append(name)
             except ValueError:
                 pass
-    return names + [n for n in NPFORMER_TARGETS if _own_plan(model, n)]
+    return names + [n for n in NPFORMER_TARGETS
+                    if (plan := _own_plan(model, n)) and _tied(model, plan) is None]
+
+
+def _tied(model, plan):
+    """(host weight, the parameter name it is stored under) of the first entry of ``plan`` whose
+    weight is another module's parameter (a tied generator: the embedding's), or None."""
+    own = {id(p): name for name, p in model.named_parameters()}
+    for host, attr, *_ in plan:
+        name = own[id(getattr(_module_at(model, host), attr))]
+        if name != f"{host}.{attr}":
+            return f"{host}.{attr}", name
+    return None
 
 
 def _has_layers(model):
@@ -171,6 +183,11 @@ def plan_targets(model, target_modules, called="target_modules"):
         if not found:
             raise ValueError(f"{called}: {name!r} matches no module of this "
                              f"{type(model).__name__}; it has {', '.join(available_targets(model))}")
+        tied = _tied(model, found)
+        if tied is not None:
+            raise ValueError(f"{called}: {name!r} shares its weight with {tied[1]} "
+                             f"(tie_embeddings): an adapter merged into {tied[0]} would change "
+                             f"the embedding too; adapt other projections")
         for host, attr, start, stop, label in found:
             for (h, a, s0, s1), other in seen.items():
                 if h == host and a == attr and start < s1 and s0 < stop:

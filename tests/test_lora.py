@@ -301,6 +301,22 @@ def test_bad_settings_are_refused_naming_them(kwargs, message):
     assert lora.settings(model) is None and np.array_equal(model.flat_params, before)
 
 
+def test_a_tied_generator_is_refused_naming_the_weight_it_shares():
+    """A tied output projection is the embedding's weight: an adapter on it would merge into
+    the embedding too. It is refused naming the target and the tie (not a KeyError), and the
+    refusals of other names do not offer it."""
+    for model in (nf.GPT(vocab_size=19, d_model=12, n_heads=3, d_ff=20, n_layers=1, max_len=8),
+                  llama_gpt(tie_embeddings=True)):
+        before = model.flat_params.copy()
+        with pytest.raises(ValueError, match=r"^target_modules: 'generator' shares its weight "
+                                             r"with tok_embed.weight \(tie_embeddings\)"):
+            lora.apply(model, rank=2, target_modules=["generator"])
+        assert lora.settings(model) is None and np.array_equal(model.flat_params, before)
+        with pytest.raises(ValueError, match="matches no module") as refused:
+            lora.apply(model, rank=2, target_modules=["nope"])
+        assert "generator" not in str(refused.value)
+    assert "generator" in lora.available_targets(llama_gpt())
+
 def test_gated_names_on_an_mlp_and_a_second_apply_are_refused():
     gpt2 = nf.GPT(vocab_size=19, d_model=12, n_heads=3, d_ff=20, n_layers=1, max_len=8)
     with pytest.raises(ValueError, match="'gate_proj': this model's feed-forward is not gated"):
@@ -488,6 +504,21 @@ def test_bad_lora_options_are_one_line_errors(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
+
+def test_lm_refuses_a_tied_generator_in_one_line(tmp_path, capsys):
+    """lm --lora-targets generator on a base whose output projection is its embedding: one line
+    naming the flag and the tie, exit 1, not an internal error (exit 70)."""
+    from npformer.cli.main import main
+    tokenizer = CharTokenizer.from_text(LM_TEXT)
+    model = llama_gpt("float32", vocab_size=len(tokenizer), max_len=16, tie_embeddings=True)
+    save_model_checkpoint(tmp_path / "base", model, Vocabularies.joint(tokenizer.vocab))
+    (tmp_path / "text.txt").write_text(LM_TEXT)
+    assert main(["lm", "--data", str(tmp_path / "text.txt"), "--out", str(tmp_path / "run"),
+                 "--init-from", str(tmp_path / "base"), "--max-steps", "1", "--quiet",
+                 "--lora-rank", "2", "--lora-targets", "generator"]) == 1
+    err = capsys.readouterr().err
+    assert "--lora-targets: 'generator' shares its weight with tok_embed.weight" in err
+    assert len(err.strip().splitlines()) == 1 and "internal error" not in err
 
 def test_a_lora_dropout_outside_0_1_is_refused_by_the_parser(tmp_path, capsys):
     from npformer.cli.main import main

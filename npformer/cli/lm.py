@@ -107,7 +107,8 @@ def add_parser(sub, name):
     lo.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME",
                     help="the projections to adapt: PEFT's names (q_proj k_proj v_proj o_proj "
                          "gate_proj up_proj down_proj) or npformer's (in_proj out_proj linear1 "
-                         "linear2 generator) (default q_proj v_proj)")
+                         "linear2, and generator where it is not tied to the embedding) (default "
+                         "q_proj v_proj)")
     t = p.add_argument_group("training")
     t.add_argument("--max-steps", type=positive_int, default=None,
                    help=f"updates; the schedule ends there (default {LM_TRAIN['max_steps']})")

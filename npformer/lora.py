@@ -23,6 +23,7 @@ writes a Hugging Face folder of the merged weights.
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -158,10 +159,16 @@ def _has_layers(model):
     return getattr(config, "capability", None) == "causal_lm" and hasattr(model, "blocks")
 
 
-def plan_targets(model, target_modules, called="target_modules"):
-    """[(host path, weight attribute, start, stop, label)] of every adapter ``target_modules``
-    asks for; ValueError (naming the targets as ``called``) for a name that matches nothing
-    (and what exists), or two that name the same rows."""
+def split_names(names):
+    """The names in ``names`` (strings), each also split at commas and spaces, as fine-tuning
+    tools' command lines write them (``q_proj,v_proj``); empty pieces dropped."""
+    return [n for name in names for n in re.split(r"[,\s]+", name) if n]
+
+
+def target_names(target_modules, called="target_modules"):
+    """The target names ``target_modules`` gives (a name, a list of names, or names separated
+    by commas), each once in order; ValueError (naming them as ``called``) for anything else or
+    none."""
     if isinstance(target_modules, str):
         target_modules = [target_modules]
     try:
@@ -169,11 +176,19 @@ def plan_targets(model, target_modules, called="target_modules"):
     except TypeError:
         raise ValueError(f"{called}: expected a list of names, got "
                          f"{target_modules!r:.60}") from None
-    if not targets or not all(isinstance(t, str) for t in targets):
+    names = split_names(targets) if all(isinstance(t, str) for t in targets) else []
+    if not names:
         raise ValueError(f"{called}: expected a non-empty list of names, got "
                          f"{target_modules!r:.80}")
+    return list(dict.fromkeys(names))
+
+
+def plan_targets(model, target_modules, called="target_modules"):
+    """[(host path, weight attribute, start, stop, label)] of every adapter ``target_modules``
+    (:func:`target_names`) asks for; ValueError (naming the targets as ``called``) for a name
+    that matches nothing (and what exists), or two that name the same rows."""
     plan, seen = [], {}
-    for name in dict.fromkeys(targets):
+    for name in target_names(target_modules, called):
         if name in PEFT_TARGETS and _has_layers(model):
             found = _peft_plan(model, name, called)
         elif name in NPFORMER_TARGETS:
@@ -270,8 +285,7 @@ def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS
         name = "lora" if (attr == "weight" and label in NPFORMER_TARGETS) else f"lora_{label}"
         setattr(m, name, lora)
         m.adapters.append(lora)
-    lora_settings = LoRASettings(rank, alpha, dropout, tuple(dict.fromkeys(
-        [target_modules] if isinstance(target_modules, str) else target_modules)), seed)
+    lora_settings = LoRASettings(rank, alpha, dropout, tuple(target_names(target_modules)), seed)
     object.__setattr__(model, "lora", lora_settings)
     model.flatten_parameters()
     model.train(model.training)                         # the adapters take the model's mode

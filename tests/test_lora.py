@@ -317,6 +317,17 @@ def test_a_tied_generator_is_refused_naming_the_weight_it_shares():
         assert "generator" not in str(refused.value)
     assert "generator" in lora.available_targets(llama_gpt())
 
+@pytest.mark.parametrize("targets", ["q_proj,v_proj", ["q_proj,v_proj"], ["q_proj, v_proj"],
+                                     ["q_proj,", "v_proj"], ("q_proj", "v_proj,q_proj")])
+def test_targets_may_be_separated_by_commas(targets):
+    """The comma form of fine-tuning tools' command lines names the same adapters as a list."""
+    model = lora.apply(llama_gpt(), rank=2, target_modules=targets)
+    plain = lora.apply(llama_gpt(), rank=2, target_modules=["q_proj", "v_proj"])
+    assert model.lora.targets == ("q_proj", "v_proj")
+    assert [p for p, _ in lora.adapters(model)] == [p for p, _ in lora.adapters(plain)]
+    with pytest.raises(ValueError, match="target_modules: expected a non-empty list of names"):
+        lora.apply(llama_gpt(), rank=2, target_modules=[" , "])
+
 def test_gated_names_on_an_mlp_and_a_second_apply_are_refused():
     gpt2 = nf.GPT(vocab_size=19, d_model=12, n_heads=3, d_ff=20, n_layers=1, max_len=8)
     with pytest.raises(ValueError, match="'gate_proj': this model's feed-forward is not gated"):
@@ -519,6 +530,23 @@ def test_lm_refuses_a_tied_generator_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--lora-targets: 'generator' shares its weight with tok_embed.weight" in err
     assert len(err.strip().splitlines()) == 1 and "internal error" not in err
+
+def test_lm_takes_comma_separated_targets_and_records_the_names(tmp_path, capsys):
+    """lm --lora-targets q_proj,down_proj (and "q_proj," "down_proj") trains those adapters and
+    records the two names, which a resume giving them space-separated keeps."""
+    from npformer.cli.main import main
+    base, data = lm_base(tmp_path)
+    argv = lm_args(data, base, tmp_path / "run", 1, "--max-steps", "1")
+    at = argv.index("--lora-targets")
+    argv[at + 1:at + 3] = ["q_proj,down_proj"]
+    assert main(argv) == 0
+    assert "on q_proj, down_proj:" in capsys.readouterr().out
+    meta = load_checkpoint(tmp_path / "run" / "last")[1]
+    assert meta["extra"]["options"]["lora_targets"] == ["q_proj", "down_proj"]
+    assert meta["lora"]["targets"] == ["q_proj", "down_proj"]
+    assert main(["lm", "--data", str(data), "--out", str(tmp_path / "run"), "--resume",
+                 str(tmp_path / "run" / "last"), "--max-steps", "2", "--quiet",
+                 "--lora-targets", "q_proj,", "down_proj"]) == 0
 
 def test_a_lora_dropout_outside_0_1_is_refused_by_the_parser(tmp_path, capsys):
     from npformer.cli.main import main

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -526,21 +527,27 @@ def save_peft(model, out, base_name_or_path=None):
     return out
 
 
+# PEFT's settings that npformer's LoRA does not implement, at the value that turns them off (a
+# None one also off when empty or false, as PEFT versions write them); any other is refused
 PEFT_UNSUPPORTED = {"use_dora": False, "use_rslora": False, "bias": "none",
                     "modules_to_save": None, "layers_to_transform": None, "rank_pattern": {},
-                    "alpha_pattern": {}, "fan_in_fan_out": False}
+                    "alpha_pattern": {}, "fan_in_fan_out": False, "exclude_modules": None,
+                    "layer_replication": None, "trainable_token_indices": None,
+                    "use_bdlora": None, "lora_bias": False, "target_parameters": None}
 
 
 def read_peft_config(folder):
-    """(rank, alpha, dropout, targets) of a PEFT folder's adapter_config.json; ValueError
-    naming the file and the key for anything npformer's LoRA is not."""
+    """(rank, alpha, dropout, targets, base_model_name_or_path) of a PEFT folder's
+    adapter_config.json; ValueError naming the file and the key for anything npformer's LoRA
+    is not."""
     from .hf import read_json_object
     file, raw = read_json_object(folder, "adapter_config.json", "not a PEFT adapter folder")
     if raw.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{file}: peft_type: expected 'LORA', got {raw.get('peft_type')!r}")
     for key, plain in PEFT_UNSUPPORTED.items():
         value = raw.get(key)
-        if not (value is None or value == plain or (plain is None and value == [])):
+        if not (value is None or value == plain or
+                (plain is None and (value is False or value in ([], {})))):
             raise ValueError(f"{file}: {key}: npformer's LoRA reads {plain!r} only, got "
                              f"{raw[key]!r:.60}")
     targets = raw.get("target_modules")
@@ -552,7 +559,21 @@ def read_peft_config(folder):
                                               raw.get("lora_dropout", 0.0), PEFT_NAMES)
     except ValueError as e:
         raise ValueError(f"{file}: {e}") from None
-    return rank, alpha, dropout, targets
+    return rank, alpha, dropout, targets, raw.get("base_model_name_or_path")
+
+
+def _warn_of_another_base(model, file, named):
+    """Warn once where the adapter's ``base_model_name_or_path`` (``named``, read from
+    ``file``) names a folder here that is not the one ``model`` was read from
+    (``model.name_or_path``). (A hub name that is no folder here, or a model of unknown
+    origin, is not judged.)"""
+    ours = getattr(model, "name_or_path", None)
+    if not (isinstance(named, str) and named and ours and os.path.isdir(named)):
+        return
+    if not os.path.samefile(named, ours):
+        warnings.warn(f"{file}: base_model_name_or_path names {named}, but the base it is applied "
+                      f"to was read from {ours}: the adapter was trained for another model",
+                      stacklevel=3)
 
 
 def load_peft(model, folder):
@@ -562,7 +583,7 @@ def load_peft(model, folder):
     shape, in a floating-point dtype (float32, float64, float16 or bfloat16, read as the model's
     weights are: ``npformer.hf.read_tensor``) and finite in the model's. Returns the model."""
     from .hf import FLOAT_DTYPES, read_header, read_tensor
-    rank, alpha, dropout, targets = read_peft_config(folder)
+    rank, alpha, dropout, targets, base_name = read_peft_config(folder)
     folder = Path(folder)
     _check_llama_base(model, f"{folder}")
     file = Path(folder) / "adapter_model.safetensors"
@@ -594,6 +615,7 @@ def load_peft(model, folder):
         arrays[ours] = read_tensor(stored[key], key, dtype)
     load_adapter_state(model, arrays, str(file))
     model.lora.base = {"folder": None, "kind": "peft"}
+    _warn_of_another_base(model, folder / "adapter_config.json", base_name)
     return model
 
 

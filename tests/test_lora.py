@@ -5,6 +5,7 @@ parameters out of the gradient buffer, the optimizer and the clipping, merge and
 checkpoints of a LoRA run (adapters only, the base by folder and hash, resume bit for bit) and
 every bad input the issue lists. No PyTorch here: tests/test_lora_peft.py holds the PEFT
 round trips."""
+import os
 import re
 import shutil
 
@@ -558,3 +559,66 @@ def test_a_lora_dropout_outside_0_1_is_refused_by_the_parser(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--lora-dropout: expected a finite number in [0, 1), got '1'" in err
     assert "Traceback" not in err
+
+
+# -- npformer export --format peft ----------------------------------------------------------------
+def lora_run(tmp_path):
+    """A saved LoRA run over an npformer checkpoint with Llama's block (PEFT's names fit it)."""
+    folder, vocabs = save_base(tmp_path)
+    save_model_checkpoint(tmp_path / "run", lora_model(folder), vocabs)
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o755), (0o077, 0o700)])
+def test_a_peft_export_folder_honours_the_umask(tmp_path, umask, mode, capsys):
+    from npformer.cli.main import main
+    run = lora_run(tmp_path)
+    old = os.umask(umask)
+    try:
+        assert main(["export", "--checkpoint", str(run), "--format", "peft", "--out",
+                     str(tmp_path / "peft")]) == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "peft").stat().st_mode & 0o777 == mode
+    assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
+
+
+KILLED_LORA_EXPORT = """
+import os, signal, sys
+from npformer import lora
+from npformer.cli.main import main
+save = lora.save_peft
+def save_then_die(*args, **kwargs):
+    save(*args, **kwargs)                                # the adapter written, then kill -9
+    os.kill(os.getpid(), signal.SIGKILL)
+lora.save_peft = save_then_die
+main(["export", "--checkpoint", sys.argv[1], "--format", "peft", "--out", sys.argv[2]])
+"""
+
+
+def test_a_later_peft_export_removes_what_a_killed_one_left(tmp_path, capsys):
+    """A killed export leaves its temporary folder; the next export to the same --out removes
+    it (and those of older exports: .tmp), and a replaced export's .old once --out is back."""
+    import subprocess
+    import sys
+    from npformer.cli.main import main
+    run = lora_run(tmp_path)
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    out = exports / "peft"
+    child = subprocess.run([sys.executable, "-c", KILLED_LORA_EXPORT, str(run), str(out)],
+                           capture_output=True, text=True)
+    assert child.returncode == -9, child.stderr
+    left = [p.name for p in exports.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".peft.") and left[0].endswith(".partial")
+    (exports / ".peft.k3j_x9ab.tmp").mkdir()               # as older exports (mkdtemp) named it
+    (exports / ".peft.0123abcd.old").mkdir()               # replaced: kept while peft is gone
+    keep = [".other.0123abcd.partial", "notes.txt"]
+    (exports / keep[0]).mkdir()
+    (exports / keep[1]).write_text("not this export's")
+    argv = ["export", "--checkpoint", str(run), "--format", "peft", "--out", str(out)]
+    assert main(argv) == 0
+    assert sorted(p.name for p in exports.iterdir()) == \
+        sorted(keep + [".peft.0123abcd.old", "peft"])
+    assert main(argv + ["--overwrite"]) == 0               # peft exists again: .old goes too
+    assert sorted(p.name for p in exports.iterdir()) == sorted(keep + ["peft"])

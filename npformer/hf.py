@@ -855,6 +855,7 @@ def from_pretrained(path, dtype=np.float32):
             model = config.model_class(config)
     except ValueError as e:                       # a size this machine cannot hold
         raise ValueError(f"{folder / 'config.json'}: {e}") from None
+    model.name_or_path = str(folder)             # (a PEFT adapter's base_model_name_or_path)
     params = dict(model.named_parameters())
     for name, (tensor, ours, rows) in plan.items():
         _copy_into(tensor, name, params[ours].data[rows])

@@ -11,11 +11,13 @@ The recipe is ``npformer.training.language_model``'s (``lm_model(arch)``, ``LM_T
 ``--arch`` picks the block (GPT-2's or Llama's) of a new model; it is recorded like a model
 option, and a run recorded before it existed is the architecture its model's fields say.
 """
+import argparse
 import os
 from pathlib import Path
 
 from ..checkpoint import write_file_atomic
 from ..configs import GPTConfig
+from ..lora import split_names
 from . import common
 from ..training.language_model import (INIT_CONTEXT, LM_ARCH, LM_BLOCKS, LM_TRAIN, arch_of,
                                        lm_d_ff, lm_model, lm_trainer)
@@ -104,10 +106,11 @@ def add_parser(sub, name):
     lo.add_argument("--lora-dropout", type=probability, default=None, metavar="P",
                     help="dropout on the adapters' input, in [0, 1) (PEFT's lora_dropout; "
                          "default 0)")
-    lo.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME",
-                    help="the projections to adapt: PEFT's names (q_proj k_proj v_proj o_proj "
-                         "gate_proj up_proj down_proj) or npformer's (in_proj out_proj linear1 "
-                         "linear2 generator) (default q_proj v_proj)")
+    lo.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME", action=_Names,
+                    help="the projections to adapt, separated by spaces or commas: PEFT's names "
+                         "(q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) or "
+                         "npformer's (in_proj out_proj linear1 linear2, and generator where it is "
+                         "not tied to the embedding) (default q_proj v_proj)")
     t = p.add_argument_group("training")
     t.add_argument("--max-steps", type=positive_int, default=None,
                    help=f"updates; the schedule ends there (default {LM_TRAIN['max_steps']})")
@@ -162,6 +165,14 @@ def _train_kwargs(args):
     if args.time_budget is not None:
         kwargs["time_budget"] = args.time_budget * 60.0
     return dict(kwargs, out_dir=args.out, quiet=args.quiet)
+
+
+class _Names(argparse.Action):
+    """--lora-targets: names separated by spaces or commas (``q_proj,v_proj``), kept as a list
+    of the names (what a run records and a resume compares)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, split_names(values))
 
 
 def _lora(args):

@@ -571,9 +571,11 @@ def _llama_config(file, raw, model_type):
 def _rope(file, raw, max_len):
     """(rope_theta, rope_scaling for GPTConfig) of a config.json: Hugging Face's older keys
     (``rope_theta``, ``rope_scaling``) or transformers 5's ``rope_parameters`` (the theta
-    inside). Rotary positions as they are ("default") or Llama 3's rescaling ("llama3");
-    anything else is refused, naming the key."""
-    name = "rope_scaling" if raw.get("rope_scaling") is not None else "rope_parameters"
+    inside), read as transformers reads them: a ``rope_scaling`` that is null or an empty
+    object counts as absent, and ``rope_parameters`` is read instead; a ``rope_theta`` inside
+    the object read wins over the top-level one. Rotary positions as they are ("default") or
+    Llama 3's rescaling ("llama3"); anything else is refused, naming the key."""
+    name = "rope_scaling" if raw.get("rope_scaling") not in (None, {}) else "rope_parameters"
     rope = raw.get(name)
     if rope is None:
         rope = {}

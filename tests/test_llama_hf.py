@@ -216,6 +216,57 @@ def test_the_config_is_the_preset(folders, case):
     assert eos == tokenizer().token_to_id("<|endoftext|>")
 
 
+# every way a config.json may give its rotary settings: the two objects (absent, null, empty,
+# a default type with or without its theta, Llama 3's rescaling, the older "type" key) and the
+# top-level rope_theta (absent or given)
+ROPE_OBJECTS = [..., None, {}, {"rope_type": "default"}, {"type": "default", "rope_theta": 2e5},
+                LLAMA3, {**LLAMA3, "rope_theta": 4e5}]
+ROPE_THETAS = [..., 3e5]
+
+
+def rotary_module(model_type):
+    module = getattr(transformers.models, model_type)
+    return getattr(getattr(module, f"modeling_{model_type}"),
+                   f"{classes(model_type)[1].__name__[:-len('ForCausalLM')]}RotaryEmbedding")
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_rotary_settings_are_read_as_transformers_reads_them(tmp_path, model_type):
+    """Issue 77: an empty rope_scaling beside rope_parameters took theta 10,000 where
+    transformers reads rope_parameters. For every combination of the keys the frequencies
+    npformer builds are the inv_freq of transformers' own rotary embedding."""
+    import itertools
+    config = dict(model_type=model_type, vocab_size=50, hidden_size=32, intermediate_size=48,
+                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                  max_position_embeddings=96)
+    rotary = rotary_module(model_type)
+    for scaling, parameters, theta in itertools.product(ROPE_OBJECTS, ROPE_OBJECTS[:-1],
+                                                        ROPE_THETAS):
+        given = {key: copy.deepcopy(value) for key, value in (
+            ("rope_scaling", scaling), ("rope_parameters", parameters), ("rope_theta", theta))
+            if value is not ...}
+        (tmp_path / "config.json").write_text(json.dumps({**config, **given}))
+        theirs = rotary(transformers.AutoConfig.from_pretrained(tmp_path)).inv_freq.numpy()
+        ours, _, _ = read_model_config(tmp_path)
+        got = nf.functional.rotary_frequencies(ours.head_size, ours.rope_theta,
+                                               ours.rope_scaling)
+        np.testing.assert_allclose(got, theirs, rtol=1e-6, err_msg=str(given))
+
+
+def test_an_empty_rope_scaling_leaves_rope_parameters_in_force(folders, tmp_path):
+    """The issue's folder: logits equal transformers' at every position."""
+    path = edited(folders["llama-mha"][0], tmp_path, rope_scaling={},
+                  rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    ref = transformers.LlamaForCausalLM.from_pretrained(path).double().eval()
+    assert ref.config.rope_parameters["rope_theta"] == 5e5
+    ids = batch(ref.config.vocab_size, shape=(1, 20))
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    model = nf.from_pretrained(path, dtype=np.float64)
+    assert model.config.rope_theta == 5e5
+    np.testing.assert_allclose(model.forward(ids), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", PARAMS)
 @pytest.mark.parametrize("dtype,reference,tol", [
     (np.float64, "exact", 1e-10), (np.float64, "stock", 1e-5), (np.float32, "stock", 1e-5)])

@@ -317,14 +317,21 @@ def test_hf_given_a_file_says_a_folder_was_expected(folder, capsys, name):
     one_line(capsys, f"{folder / name}: expected a Hugging Face model folder", "got a file")
 
 
-def test_an_eos_token_id_past_the_vocabulary_names_config_json(folder, tmp_path, capsys):
+def test_an_eos_token_id_past_the_vocabulary_is_one_warning_naming_config_json(folder, tmp_path,
+                                                                              capsys):
+    """Issue 77: the folder loads, as in transformers (the end id matters only to
+    generation), with one warning; sampling runs to its length limit."""
     import shutil
     path = tmp_path / "eos"
     shutil.copytree(folder, path)
     edit_config(path, eos_token_id=10**6)
+    assert main(["sample", "--hf", str(path), "--prompt", "x", "--max-new-tokens", "3"]) == 0
+    warning = one_line(capsys, f"{path / 'config.json'}: eos_token_id: 1000000 cannot be "
+                               f"produced by a model of vocab_size=", "length limit")
+    assert warning.startswith("warning: ")
+    edit_config(path, eos_token_id=-1)
     assert main(["sample", "--hf", str(path), "--prompt", "x"]) == 1
-    one_line(capsys, f"{path / 'config.json'}: eos_token_id: expected a token id in [0, "
-                     f"vocab_size=", "got 1000000")
+    one_line(capsys, f"{path / 'config.json'}: eos_token_id: expected", "got -1")
 
 
 @pytest.mark.parametrize("key,value,message", [

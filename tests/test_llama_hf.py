@@ -469,6 +469,33 @@ def test_generation_stops_at_any_of_several_end_tokens(folders, tmp_path, capsys
     assert f"{tokenizer().id_to_token(hyp.ids[stop])!r}" in trace
 
 
+def test_end_ids_past_the_vocabulary_are_left_out_with_one_warning(folders, tmp_path):
+    """Issue 77: an end id the model cannot produce does not stop the folder from loading (as
+    in transformers): it is left out, with one warning naming the file; with none left,
+    generation stops at its length limit."""
+    import warnings
+    path = tmp_path / "copy"
+    shutil.copytree(folders["llama-mha"][0], path)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    generation = json.loads((path / "generation_config.json").read_text())
+    for ends, kept, then in [([3, 10**6, vocab], 3, "generation stops at 3 or at the length "
+                                                     "limit"),
+                             (10**6, None, "generation stops only at the length limit")]:
+        (path / "generation_config.json").write_text(json.dumps({**generation,
+                                                                 "eos_token_id": ends}))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = nf.from_pretrained(path)
+        lost = "1000000" if kept is None else f"1000000, {vocab}"
+        assert [str(w.message) for w in caught] == [
+            f"{path / 'generation_config.json'}: eos_token_id: {lost} cannot be produced by a "
+            f"model of vocab_size={vocab} (ids 0 to {vocab - 1}); {then}"]
+        assert model.eos_id == kept
+    hyp, = nf.decoding.greedy_search(model.decoder_state(np.array([[1, 2]]), eos_id=model.eos_id),
+                                     max_new_tokens=5)
+    assert len(hyp.ids) == 5 and not hyp.finished
+
+
 def test_end_token_from_tokenizer_config(folders, tmp_path):
     path = tmp_path / "copy"
     shutil.copytree(folders["qwen2-mqa"][0], path)
@@ -564,7 +591,8 @@ def edited(folder, tmp_path, **changes):
                                     r"model.safetensors holds tensors of 2"),
     (dict(vocab_size=None), "vocab_size: missing"),
     (dict(tie_word_embeddings="yes"), "tie_word_embeddings: expected True or False"),
-    (dict(eos_token_id=[1, 10**6]), r"eos_token_id: expected a token id in \[0, vocab_size="),
+    (dict(eos_token_id=[1, -1]), r"eos_token_id: expected a token id \(an int from 0\) or a "
+                                 r"list of them, got \[1, -1\]"),
     (dict(use_sliding_window=True), "use_sliding_window: npformer's attention sees every"),
 ])
 def test_a_bad_config_is_one_error_naming_file_and_field(folders, tmp_path, changes, match):

@@ -317,7 +317,7 @@ def _pretrained(path, dtype):
     read to check the tokenizer, not read again for it)."""
     folder = model_folder(path)
     tokenizer = TextTokenizer(folder)
-    config, _, model_type = read_model_config(folder)
+    config, _, model_type = read_model_config(folder, warn=False)   # from_pretrained warns
     tokenizer.check_fits(config.vocab_size, folder / "config.json")
     return from_pretrained(folder, dtype=dtype), tokenizer, model_type
 

@@ -258,8 +258,8 @@ def _tensor_files(folder):
 
 
 def _shard_map(folder, index):
-    """{tensor name: shard file} of an index's ``weight_map``: every shard a relative file name
-    inside the model folder (no absolute path, no ``..``). A shard that is a symbolic link is
+    """{tensor name: shard file} of an index's ``weight_map`` (at least one): every shard a
+    relative file name inside the model folder (no absolute path, no ``..``). A shard that is a symbolic link is
     followed, as the folder's other files are: the Hugging Face cache's snapshot folders link
     every file to its blob outside them."""
     raw = read_json(index)
@@ -270,6 +270,9 @@ def _shard_map(folder, index):
                f"a weight_map of type {type(weight_map).__name__}")
         raise ValueError(f"{index}: expected a JSON object whose weight_map maps tensor names "
                          f"to shard files, got {got}")
+    if not weight_map:
+        raise ValueError(f"{index}: its weight_map maps no tensor to a shard file (it is {{}}); "
+                         f"expected the model's tensor names")
     shards, files = {}, {}
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not shard:

@@ -213,6 +213,7 @@ def edit_index(path, change):
      r"weight_map of type list"),
     (lambda d: [d], r"got a JSON list"),
     (lambda d: {}, r"got no weight_map"),
+    (lambda d: {**d, "weight_map": {}}, r"its weight_map maps no tensor to a shard file"),
     (lambda d: {"weight_map": {**d["weight_map"], "wte.weight": 3}},
      r"weight_map\['wte\.weight'\]: expected a shard file name, got 3"),
     (lambda d: {"weight_map": {**d["weight_map"], "wte.weight": ["a"]}},

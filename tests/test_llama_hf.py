@@ -695,6 +695,10 @@ def test_a_bad_shard_index_is_one_error_naming_it(sharded, tmp_path, kind):
     rewrite(path / other, lambda t: t.update({first: copy_of}))
     with pytest.raises(ValueError, match=rf"holds '{first}', which model\S+ holds too"):
         nf.from_pretrained(path)
+    # an index that maps no tensor (it was read as a safetensors file)
+    index_file.write_text(json.dumps({**index, "weight_map": {}}))
+    with pytest.raises(ValueError, match=rf"^{index_file}: its weight_map maps no tensor"):
+        nf.from_pretrained(path)
 
 
 class Exploit:

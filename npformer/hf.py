@@ -311,13 +311,21 @@ def _read_tensors(folder):
     return found, where
 
 
-def _check_fits(config, folder):
+# GPTConfig's size fields by their names in config.json (for check_memory's message)
+GPT2_SIZE_KEYS = {"d_model": "n_embd", "n_layers": "n_layer", "max_len": "n_positions",
+                  "d_ff": "n_inner"}
+LLAMA_SIZE_KEYS = {"d_model": "hidden_size", "d_ff": "intermediate_size",
+                   "n_layers": "num_hidden_layers", "max_len": "max_position_embeddings"}
+
+
+def _check_fits(config, folder, keys):
     """Refuse a config.json whose sizes this machine cannot hold (``ModelConfig.check_memory``,
-    in closed form) before its parameters' shapes are listed (after its block count is held
-    against the files' headers): a lying ``n_embd`` of 10**9 would otherwise fail inside NumPy
-    ("array is too big") without naming the file."""
+    in closed form: the weights, their gradients and the rotary tables of max_len positions)
+    before its parameters' shapes are listed (after its block count is held against the files'
+    headers): a lying ``n_embd`` of 10**9 would otherwise fail inside NumPy ("array is too
+    big") without naming the file. ``keys``: the size fields by their names in config.json."""
     try:
-        config.check_memory()
+        config.check_memory(names=keys)
     except ValueError as e:
         raise ValueError(f"{folder / 'config.json'}: {e}") from None
 
@@ -346,7 +354,7 @@ def read_gpt2(path, dtype=np.float32):
     # config.json's n_layer decides how many names are listed below: it may claim no more
     # blocks than the headers hold tensors of (a lying n_layer of 10**9 is refused here)
     _check_block_count(config, found, _BLOCK, "n_layer", "h.N.*", folder, where)
-    _check_fits(config, folder)
+    _check_fits(config, folder, GPT2_SIZE_KEYS)
     names = hf_names(config)
     shapes = config.parameter_shapes()
     prefix = "transformer."            # GPT2LMHeadModel's files; the original gpt2 ones have none
@@ -826,7 +834,7 @@ def _check_llama_files(folder, config, model_type):
     stored, where = _stored_tensors(folder)
     _check_block_count(config, stored, _LLAMA_BLOCK, "num_hidden_layers", "model.layers.N.*",
                        folder, where)
-    _check_fits(config, folder)
+    _check_fits(config, folder, LLAMA_SIZE_KEYS)
     names = llama_names(config)
     shapes = config.parameter_shapes()
     missing = [name for name in names if name not in stored]

@@ -958,10 +958,18 @@ class TextTokenizer:
 
 
 def _tokenizer_file(file):
+    """The ``tokenizers.Tokenizer`` of a tokenizer.json, its bytes read here and handed over as
+    text: the library takes a path only as UTF-8, which a folder's name need not be."""
     _require("tokenizers")
     from tokenizers import Tokenizer
     try:
-        return Tokenizer.from_file(str(file))
+        text = Path(file).read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ValueError(f"{file}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{file}: not a tokenizers file (not UTF-8 text: {e})") from None
+    try:
+        return Tokenizer.from_str(text)
     except Exception as e:               # the Rust library's own exception type
         raise ValueError(f"{file}: not a tokenizers file ({str(e).splitlines()[0]})") from None
 

@@ -335,6 +335,28 @@ def test_an_eos_token_id_past_the_vocabulary_is_one_warning_naming_config_json(f
     one_line(capsys, f"{path / 'config.json'}: eos_token_id: expected", "got -1")
 
 
+def test_a_folder_whose_name_is_not_utf8_loads(folder, tmp_path, capsys):
+    """Issue 77: such a folder was refused as "tokenizer.json: not a tokenizers file" (the
+    tokenizers library takes a path only as UTF-8). npformer reads the file itself, so the
+    folder samples; lm refuses it as --init-from before training (a run records its base by
+    name, as text), naming the folder."""
+    import os
+    import shutil
+    path = tmp_path / os.fsdecode(b"caf\xe9")
+    try:
+        shutil.copytree(folder, path)
+    except (OSError, UnicodeError):
+        pytest.skip("this file system refuses names that are not UTF-8")
+    assert len(nf.hf.TextTokenizer(path)) == len(nf.hf.TextTokenizer(folder))
+    assert main(["sample", "--hf", str(path), "--prompt", "hello", "--max-new-tokens", "3",
+                 "--greedy"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("hello") and not err
+    assert main(lm_argv(tmp_path, path)) == 1
+    one_line(capsys, "init_from", "caf\\udce9", "its name is not UTF-8 text")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("key,value,message", [
     ("n_embd", "8", "n_embd: expected a positive integer, got '8'"),
     ("vocab_size", -1, "vocab_size: expected a positive integer, got -1"),

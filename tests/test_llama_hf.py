@@ -821,3 +821,26 @@ def test_a_long_context_is_refused_for_its_rotary_tables_naming_the_key(folders,
             r"and gradients \(0.00 GiB\) and its rotary tables \(30 GiB\), more than this "
             r"machine's 8 GiB")):
         nf.from_pretrained(path)
+
+
+def test_logits_that_overflow_stop_sampling_naming_the_first_layer(folders, tmp_path, capsys):
+    """Issue 77: finite weights that overflow in the forward (a bfloat16 3.3e38) gave NaN
+    logits, sampled as a uniform distribution with exit 0. Sampling stops, naming the layer."""
+    path = edited(folders["llama-mha"][0], tmp_path)
+
+    def overflow(tensors):
+        up = tensors["model.layers.0.mlp.up_proj.weight"].to(torch.bfloat16)
+        up[:4] = 3.3e38
+        tensors["model.layers.0.mlp.up_proj.weight"] = up
+    rewrite(path / "model.safetensors", overflow)
+    model = nf.from_pretrained(path)                         # every weight is finite
+    layer = "blocks.0.ffn.linear1 is the first layer whose output is not finite"
+    with pytest.raises(ValueError, match=f"logits are not finite.*{layer}"):
+        nf.decoding.sample_search(model.decoder_state(np.array([[1, 2, 3]])), max_new_tokens=3,
+                                  rng=np.random.default_rng(0))
+    assert not any("forward" in m.__dict__ for m in model.modules())    # each its own again
+    for method in (["--greedy"], ["--seed", "1"]):
+        assert main(["sample", "--hf", str(path), "--prompt", "hello world",
+                     "--max-new-tokens", "3", *method]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and layer in err and "Traceback" not in err, err

@@ -294,3 +294,53 @@ def test_an_unknown_data_set_lists_the_known_ones(tmp_path, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "'shakespeare'" in err and "multi30k" in err and "tinyshakespeare" in err
+
+
+# -- npformer lm --data tinyshakespeare: the download, by name ------------------------------------
+
+LM_TINY = ["--layers", "1", "--d-model", "16", "--n-heads", "2", "--context", "16",
+           "--batch-size", "4", "--warmup-steps", "1", "--max-steps", "1", "--sample-tokens", "0",
+           "--quiet"]
+TEXT = "".join(f"{w} the quick brown fox.\n" for w in ["ROMEO:", "JULIET:", "Nurse:"] * 20)
+
+
+@pytest.fixture
+def downloaded(tmp_path, monkeypatch):
+    """A data folder ($NPFORMER_DATA) holding a stand-in tinyshakespeare.txt (the table's digest
+    made its own, so that no test trains on the whole text), and an empty working folder."""
+    import dataclasses
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tinyshakespeare.txt").write_text(TEXT, encoding="utf-8")
+    digest = sha256_file(data / "tinyshakespeare.txt")
+    monkeypatch.setitem(DATASETS, "tinyshakespeare", dataclasses.replace(
+        SHAKESPEARE, files={"tinyshakespeare.txt": digest}))
+    monkeypatch.setenv("NPFORMER_DATA", str(data))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    return data / "tinyshakespeare.txt"
+
+
+def test_lm_data_by_name_reads_the_download(downloaded, capsys):
+    assert main(["lm", "--data", "tinyshakespeare", "--out", "run", *LM_TINY]) == 0
+    out = capsys.readouterr().out
+    assert f"--data tinyshakespeare: read the download {downloaded}\n" in out
+    assert f"\n{downloaded}: " in out                                 # the summary line
+
+
+def test_lm_data_by_name_not_downloaded_says_the_command(downloaded, capsys):
+    downloaded.unlink()
+    assert main(["lm", "--data", "tinyshakespeare", "--out", "run", *LM_TINY]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not downloaded yet" in err
+    assert "fetch it with `npformer download tinyshakespeare`" in err
+    assert not (downloaded.parent.parent / "work" / "run").exists()
+
+
+def test_lm_data_a_file_of_that_name_wins_and_is_named(downloaded, capsys):
+    local = downloaded.parent.parent / "work" / "tinyshakespeare"
+    local.write_text(TEXT.upper(), encoding="utf-8")
+    assert main(["lm", "--data", "tinyshakespeare", "--out", "run", *LM_TINY]) == 0
+    out = capsys.readouterr().out
+    assert f"--data tinyshakespeare: read the file {local} in the working folder" in out
+    assert "read the download" not in out

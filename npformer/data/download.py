@@ -32,7 +32,8 @@ from ..checkpoint import write_file_atomic
 from .multi30k import resolve_data_dir
 
 __all__ = ["DATASETS", "DataSet", "MULTI30K_FILES", "DEFAULT_BASE_URL", "DownloadError",
-           "dataset", "download", "download_multi30k", "find_downloaded", "sha256_file"]
+           "dataset", "download", "download_multi30k", "find_downloaded", "sha256_file",
+           "text_file"]
 
 DEFAULT_BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 
@@ -255,3 +256,29 @@ def find_downloaded(name: str, dest_dir: str | os.PathLike | None = None) -> Pat
         raise ValueError(f"{path} has the wrong sha256 (expected {expected}, got {actual}); "
                          f"fetch it again with `npformer download {name}`")
     return path
+
+
+def text_file(data: str | os.PathLike, dest_dir: str | os.PathLike | None = None
+              ) -> tuple[Path, str | None]:
+    """Where the text of ``npformer lm --data DATA`` is: ``(path, note)``.
+
+    A path that exists is read as it is, even where its name is also a data set's (the note
+    then says which was read). Otherwise the name of a one-file data set (``tinyshakespeare``)
+    is its download in ``dest_dir`` (default ``resolve_data_dir()``), and a ``ValueError`` gives
+    the one command that fetches it when it is not there. Anything else is returned as a path
+    for the reader to refuse (``note`` None)."""
+    if not isinstance(data, (str, os.PathLike)) or str(data) == "":
+        raise ValueError(f"--data: expected a text file or a data set name, got {data!r}")
+    known = {key for key, entry in DATASETS.items() if len(entry.files) == 1}
+    if Path(data).exists() or str(data) not in known:
+        note = None
+        if str(data) in known:
+            note = (f"--data {data}: read the file {Path(data).resolve()} in the working folder, "
+                    f"not the downloaded data set {data} (give its path to read that one)")
+        return Path(data), note
+    path = find_downloaded(str(data), dest_dir)
+    if path is None:
+        (file,) = DATASETS[str(data)].files
+        raise ValueError(f"--data {data}: not downloaded yet (no {resolve_data_dir(dest_dir) / file}"
+                         f"); fetch it with `npformer download {data}`")
+    return path, f"--data {data}: read the download {path}"

@@ -287,7 +287,8 @@ def test_a_stalling_server_times_out_with_a_clear_message(tmp_path, capsys):
 
 
 def test_an_unknown_data_set_lists_the_known_ones(tmp_path, capsys):
-    with pytest.raises(ValueError, match="expected one of multi30k, tinyshakespeare, got 'shakespeare'"):
+    with pytest.raises(ValueError,
+                       match="expected one of multi30k, tinyshakespeare, got 'shakespeare'"):
         download("shakespeare", tmp_path, progress=False)
     with pytest.raises(SystemExit) as exit_:
         main(["download", "shakespeare"])

@@ -279,6 +279,7 @@ def text_file(data: str | os.PathLike, dest_dir: str | os.PathLike | None = None
     path = find_downloaded(str(data), dest_dir)
     if path is None:
         (file,) = DATASETS[str(data)].files
-        raise ValueError(f"--data {data}: not downloaded yet (no {resolve_data_dir(dest_dir) / file}"
-                         f"); fetch it with `npformer download {data}`")
+        where = resolve_data_dir(dest_dir) / file
+        raise ValueError(f"--data {data}: not downloaded yet (no {where}); fetch it with "
+                         f"`npformer download {data}`")
     return path, f"--data {data}: read the download {path}"

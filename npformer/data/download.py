@@ -98,8 +98,9 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def _wanted_files(files: Iterable[str] | Mapping[str, str] | None,
-                  known: Mapping[str, str] = MULTI30K_FILES) -> dict[str, str]:
-    """Normalise ``files`` to ``{name: sha256}``; names alone must be in ``known``."""
+                  known: Mapping[str, str]) -> dict[str, str]:
+    """Normalise ``files`` to ``{name: sha256}``; names alone must be in ``known`` (the data
+    set's table)."""
     if files is None:
         return dict(known)
     if isinstance(files, Mapping):

@@ -1,10 +1,11 @@
 """``npformer lm``: train a character-level GPT on a text file, or fine-tune a Hugging Face model
 (GPT-2, Llama, Qwen2, Qwen3) on one.
 
-    npformer lm --data ../shared/data/tinyshakespeare/input.txt --out runs/shakespeare
+    npformer download tinyshakespeare
+    npformer lm --data tinyshakespeare --out runs/shakespeare
     npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --max-new-tokens 300
     npformer lm --data my.txt --init-from path/to/gpt2 --out runs/gpt2-mine --max-steps 200
-    npformer lm --data ../shared/data/tinyshakespeare/input.txt --arch llama --out runs/llama
+    npformer lm --data tinyshakespeare --arch llama --out runs/llama
     npformer lm --data my.txt --init-from path/to/SmolLM2-135M --lora-rank 8 --out runs/lora
 
 The recipe is ``npformer.training.language_model``'s (``lm_model(arch)``, ``LM_TRAIN``).
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ..checkpoint import write_file_atomic
 from ..configs import GPTConfig
+from ..data.download import text_file
 from ..lora import split_names
 from . import common
 from ..training.language_model import (INIT_CONTEXT, LM_ARCH, LM_BLOCKS, LM_TRAIN, arch_of,
@@ -57,7 +59,10 @@ def add_parser(sub, name):
                                    "validation loss. --init-from fine-tunes a Hugging Face "
                                    "folder (GPT-2, Llama, Qwen2, Qwen3) or an npformer GPT "
                                    "checkpoint instead, with its tokenizer.")
-    p.add_argument("--data", required=True, metavar="FILE", help="the UTF-8 text to learn")
+    p.add_argument("--data", required=True, metavar="FILE",
+                   help="the UTF-8 text to learn: a file, or tinyshakespeare (the file of "
+                        "'npformer download tinyshakespeare'; a file of that name in the working "
+                        "folder wins)")
     p.add_argument("--out", required=True,
                    help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
                         "a run is refused unless --resume continues it or --overwrite replaces it")
@@ -239,6 +244,10 @@ def build(args, saved=None):
     lora = _lora(args)
     if args.init_from is None and saved is None:
         check_model_size(args)
+    data_path, note = text_file(args.data)
+    if note:
+        print(note, flush=True)
+    args.data = str(data_path)                   # recorded as read: a resume finds it again
     refuse_inputs_in_run(args.out, [("--data", args.data)])
     if args.init_from is not None and saved is None:
         source = args.init_from if os.path.isdir(args.init_from) else os.path.dirname(

@@ -25,7 +25,9 @@ def test_the_site_holds_readme_docs_and_tutorials_with_their_outputs(site):
     assert "Quick start" in overview and 'href="backprop.html' in overview   # README's links
     backprop = (site / "backprop.html").read_text(encoding="utf-8")
     assert 'class="arithmatex"' in backprop                          # the math, for KaTeX
-    assert "https://github.com/npformer/npformer/blob/main/npformer/functional/linear.py" in backprop
+    assert 'href="source/npformer/functional/linear.py.html' in backprop   # a source file's page
+    source = (site / "source" / "npformer" / "functional" / "linear.py.html").read_text(encoding="utf-8")
+    assert "linear_backward" in source
     chapter = (site / "tutorials" / "02_attention_step_by_step.html").read_text(encoding="utf-8")
     assert "data:image/png;base64" in chapter or "<img" in chapter  # the stored heatmap
     assert "same as npformer&#39;s attention_forward: True" in chapter \

@@ -498,6 +498,32 @@ def test_a_loop_or_a_dead_checker_in_one_exercise_does_not_stop_the_others(folde
     assert "ended the checker (exit status 3)" in results[1].message
 
 
+# -- odd paths ---------------------------------------------------------------------------------------
+
+def test_start_and_check_refuse_odd_paths_in_one_line(folder, tmp_path, capsys):
+    err = one_line_error(capsys, ["exercises", "start", ""])
+    assert err.endswith("DIR: expected the path of a folder, got an empty string")
+    err = one_line_error(capsys, ["exercises", "check", ""])
+    assert err.endswith("DIR: expected the path of a folder, got an empty string")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    err = one_line_error(capsys, ["exercises", "start", str(a_file / "sub")])
+    assert f"{a_file} is a file, not a folder" in err and "Errno" not in err
+    rmsnorm = folder / find("rmsnorm").file
+    rmsnorm.unlink()
+    rmsnorm.mkdir()
+    err = one_line_error(capsys, ["exercises", "start", str(folder), "--overwrite"])
+    assert f"{rmsnorm} is a folder, not the exercise file" in err
+    assert rmsnorm.is_dir() and not any(rmsnorm.iterdir())         # nothing else was done
+    result = check_exercise(folder, "rmsnorm")
+    assert result.status == "error" and "05_rmsnorm.py: is a folder, not a file" in result.message
+    rmsnorm.rmdir()
+    rmsnorm.write_bytes(b"x = 1\n\0\n")
+    result = check_exercise(folder, "rmsnorm")
+    assert result.status == "error" and "None" not in result.message
+    assert result.message.startswith("05_rmsnorm.py: contains NUL bytes"), result.message
+
+
 # -- the backend built from a learner's pairs ------------------------------------------------------
 
 def test_using_a_namespace_restores_the_backend_and_falls_back_to_the_reference():

@@ -70,8 +70,15 @@ class Timeout(BaseException):
 
 # -- the exercise folder ---------------------------------------------------------------------------
 
+def check_path_given(folder):
+    """ValueError for an empty DIR (which Path would take as the current folder)."""
+    if str(folder) == "":
+        raise ValueError("DIR: expected the path of a folder, got an empty string")
+
+
 def check_folder_marker(folder):
     """ValueError unless ``folder`` is a folder ``npformer exercises start`` wrote."""
+    check_path_given(folder)
     path = Path(folder)
     if not path.is_dir():
         raise ValueError(f"DIR: {folder} is not a folder (make one with: npformer exercises "
@@ -85,6 +92,9 @@ def load_learner(path):
     """The learner's file as a module. LearnerError naming the file and line for a syntax
     error, the exception for one raised on import."""
     path = Path(path)
+    if path.is_dir():
+        raise LearnerError(f"{path.name}: is a folder, not a file (move it away, then "
+                           f"npformer exercises start {path.parent} --overwrite writes the file)")
     if not path.is_file():
         raise LearnerError(f"{path.name}: missing (npformer exercises start "
                            f"{path.parent} --overwrite writes the missing files again)")
@@ -93,9 +103,13 @@ def load_learner(path):
     module = importlib.util.module_from_spec(spec)
     try:
         source = path.read_text(encoding="utf-8")
+        if "\0" in source:
+            raise LearnerError(f"{path.name}: contains NUL bytes, so it cannot be parsed as "
+                               f"Python source (was it saved as text?)")
         code = compile(source, str(path), "exec")
     except SyntaxError as e:
-        raise LearnerError(f"{path.name} line {e.lineno}: syntax error: {e.msg}") from None
+        where = f" line {e.lineno}" if e.lineno else ""
+        raise LearnerError(f"{path.name}{where}: syntax error: {e.msg}") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise LearnerError(f"{path.name}: cannot be read as Python source: {e}") from None
     try:

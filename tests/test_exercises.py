@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from npformer import backend
+from npformer.cli.exercises import print_table
 from npformer.cli.main import main
 from npformer.exercises import EXERCISES, check_exercise, check_folder, find
 from npformer.exercises.catalogue import DOCS_URL
+from npformer.exercises.finale import refuse_unfinished
 from npformer.exercises.templates import solution_source, start
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -496,6 +498,76 @@ def test_a_loop_or_a_dead_checker_in_one_exercise_does_not_stop_the_others(folde
     results = check_folder(folder, ["embedding", "dropout", "linear"], timeout=2)
     assert [r.status for r in results] == ["timed out", "error", "done"]
     assert "ended the checker (exit status 3)" in results[1].message
+
+
+# -- a forward that is not the given one -----------------------------------------------------------
+
+FORWARD_CHANGES = {
+    "attention: the scale 1 instead of 1/sqrt(d_k) (the backward reads it from the cache)": (
+        "attention", """
+        def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
+            scale = 1.0
+            scores = (q @ k.swapaxes(-1, -2)) * scale
+            probs, _ = softmax_forward(scores, mask)
+            probs_d, drop_cache = dropout_forward(probs, dropout_p, rng, training)
+            return probs_d @ v, (q, k, v, probs, probs_d, drop_cache, scale)
+        """),
+    "linear: the bias left out of the forward, db = 0": ("linear", """
+        def linear_forward(x, w, b=None):
+            x2 = x.reshape(-1, x.shape[-1])
+            return (x2 @ w.T).reshape(*x.shape[:-1], w.shape[0]), (x2, x.shape, w)
+        def linear_backward(dout, cache):
+            x2, x_shape, w = cache
+            d = dout.reshape(-1, dout.shape[-1])
+            return (d @ w).reshape(x_shape), d.T @ x2, np.zeros(w.shape[0])
+        """),
+    "linear: the forward returns 0 * y, the gradients are zeros": ("linear", """
+        from npformer.exercises.solutions.linear import linear_forward as given
+        def linear_forward(x, w, b=None):
+            y, cache = given(x, w, b)
+            return 0 * y, cache
+        def linear_backward(dout, cache):
+            x2, x_shape, w = cache
+            return np.zeros(x_shape), np.zeros_like(w), np.zeros(w.shape[0])
+        """),
+    "dropout: the cache's scale changed, the output kept": ("dropout", """
+        from npformer.exercises.solutions.dropout import dropout_forward as given
+        def dropout_forward(x, p, rng, training=True):
+            y, cache = given(x, p, rng, training)
+            return y, None if cache is None else (cache[0], 1.0)
+        def dropout_backward(dout, cache):
+            return dout if cache is None else dout * cache[0] * cache[1]
+        """),
+}
+
+
+@pytest.mark.parametrize("change", sorted(FORWARD_CHANGES))
+def test_a_changed_forward_is_reported_before_the_backward_is_judged(folder, change):
+    name, code = FORWARD_CHANGES[change]
+    write(folder, name, code)
+    result = check_exercise(folder, name)
+    assert result.status == "WRONG", (result.status, result.reports)
+    assert any(h.startswith("your forward was changed") for h in result.hints), result.hints
+    assert any(text.startswith("not checked: your forward was changed") for _, text in result.reports)
+
+
+def test_a_changed_forward_shows_in_the_table_and_the_finale_refuses_it(folder, capsys):
+    name, code = FORWARD_CHANGES[sorted(FORWARD_CHANGES)[0]]
+    write(folder, name, code)
+    result = check_exercise(folder, name)
+    print_table([result])
+    assert re.search(r"8\s+attention\s+WRONG\s+forward", capsys.readouterr().out)
+    with pytest.raises(ValueError, match=r"finish attention \(its forward was changed\)"):
+        refuse_unfinished([result])
+
+
+def test_the_table_says_shape_when_no_gradient_had_the_right_shape(folder, capsys):
+    write(folder, "softmax", """
+        def softmax_backward(dout, cache):
+            return dout.sum(axis=-1)
+        """)
+    print_table([check_exercise(folder, "softmax")])
+    assert re.search(r"6\s+softmax\s+WRONG\s+shape\s", capsys.readouterr().out)
 
 
 # -- odd paths ---------------------------------------------------------------------------------------

@@ -103,14 +103,15 @@ def print_table(results):
     for r in results:
         e = find(r.name)
         measured = r.worst is not None and r.status in ("done", "WRONG")
-        worst = f"{r.worst:.1e}" if measured else ""
+        worst = f"{r.worst:.1e}" if measured else r.note      # "shape": a gradient's shape
         print(f"  {e.number:>2d}  {e.name:<22s} {r.status:<10s} {worst:>11s}  "
               f"{'trains' if e.trained else 'checked'}")
     print()
 
 
 def run_train(args, results):
-    from ..exercises.finale import TARGET, run_finale
+    from ..exercises.finale import TARGET, refuse_unfinished, run_finale
+    refuse_unfinished(results)
     wrong = [r.name for r in results if r.status == "WRONG"]
     if wrong:
         print(f"training anyway, although {', '.join(wrong)} "

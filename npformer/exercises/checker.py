@@ -27,6 +27,7 @@ from .catalogue import ADAM_HINTS, EXERCISES, Context, factor, find
 MARKER = ".npformer-exercises"        # written by start: what makes a folder an exercise folder
 TIMEOUT = 20.0                        # seconds per exercise, by default
 ADAM_RTOL = 1e-12
+FORWARD_RTOL = 1e-9                   # a forward this close to the given one is the given one
 STATUSES = ("done", "not done", "WRONG", "error", "timed out")
 
 
@@ -42,16 +43,19 @@ class ExerciseResult:
     reports: list = field(default_factory=list)
     hints: list = field(default_factory=list)
     worst: float = None                 # the largest tensor error over the cases (None: none)
+    note: str = ""                      # what kept a case unmeasured: "forward" (the given
+                                        # forward was changed), "shape" (a gradient's) or ""
 
     def to_json(self):
         return json.dumps({"name": self.name, "status": self.status, "message": self.message,
-                           "reports": self.reports, "hints": self.hints, "worst": self.worst})
+                           "reports": self.reports, "hints": self.hints, "worst": self.worst,
+                           "note": self.note})
 
     @classmethod
     def from_json(cls, text):
         d = json.loads(text)
         return cls(d["name"], d["status"], d["message"], [tuple(r) for r in d["reports"]],
-                   d["hints"], d["worst"])
+                   d["hints"], d["worst"], d.get("note", ""))
 
 
 class LearnerError(Exception):
@@ -203,12 +207,14 @@ def _expect(raw, case, fname, path):
 
 def _case_function(module, case, path, fname, checked=True):
     """gradcheck's fn for ``case`` on ``module`` (the learner's, or the reference solution);
-    ``fn.seen["raw"]``: the values its backward returned last, before ``case.extra["view"]``."""
+    ``fn.seen["forward"]``: what its forward returned last, (out, cache); ``fn.seen["raw"]``:
+    the values its backward returned last, before ``case.extra["view"]``."""
     seen = {}
 
     def fn(*xs):
         out, cache = (_call(path, fname.replace("backward", "forward"), case.forward, module, *xs)
                       if checked else case.forward(module, *xs))
+        seen["forward"] = (out, cache)
 
         def back(dout):
             raw = (_call(path, fname, case.backward, module, dout, cache) if checked
@@ -238,16 +244,70 @@ def _shape_hint(name, got, want):
     return f"the gradient of {name} has shape {got}; expected {want}"
 
 
+def _differs(mine, given, where):
+    """How ``mine`` (what the learner's forward returned: its output, its cache or a part of
+    it) differs from ``given`` (the given forward's on the same inputs): a phrase, or None."""
+    if isinstance(given, (tuple, list)):
+        if not isinstance(mine, (tuple, list)) or len(mine) != len(given):
+            return f"{where} is not the given forward's (a {type(given).__name__} of {len(given)})"
+        return next(filter(None, (_differs(a, b, f"{where}[{i}]")
+                                  for i, (a, b) in enumerate(zip(mine, given)))), None)
+    if isinstance(given, np.random.Generator):
+        return None
+    if given is None or isinstance(given, (str, bool, np.dtype)):
+        if type(mine) is type(given) and mine == given:
+            return None
+        return f"{where} is {mine!r}; the given forward's is {given!r}"
+    try:
+        a, b = np.asarray(mine, dtype=np.float64), np.asarray(given, dtype=np.float64)
+    except (TypeError, ValueError):
+        return f"{where} is a {type(mine).__name__}; the given forward's is a number or an array"
+    if a.shape != b.shape:
+        return f"{where} has shape {a.shape}; the given forward's has {b.shape}"
+    finite = np.isfinite(b)
+    same_rest = np.array_equal(a[~finite], b[~finite], equal_nan=True)   # inf, nan where given
+    if same_rest and _rel(a[finite], b[finite]) <= FORWARD_RTOL:
+        return None
+    if a.ndim == 0:
+        return f"{where} is {a.item():.6g}; the given forward's is {b.item():.6g}"
+    error = _rel(a, b)
+    return f"{where} differs from the given forward's " + (
+        f"(by up to {error:.2g} of its largest entry)" if math.isfinite(error)
+        else "(NaN or inf where the given forward's is finite, or the reverse)")
+
+
+def _forward_changed(case, reference, seen, fname):
+    """None if the learner's forward, as ``seen`` on the case's inputs, returned what the given
+    (reference) forward returns on them, output and cache alike; else the one line saying how
+    it was changed."""
+    forward = fname.replace("backward", "forward")
+    out, cache = seen["forward"]
+    ref_out, ref_cache = case.forward(reference, *[x.copy() for x in case.inputs])
+    found = _differs(out, np.asarray(ref_out, dtype=np.float64), "output") or \
+        _differs(cache, ref_cache, "cache")
+    return None if found is None else f"your forward was changed: {forward}'s {found}"
+
+
 def _check_cases(module, exercise, path, seed):
     reference = solution(exercise)
     fname = exercise.writes[-1] if len(exercise.writes) == 1 else None
-    reports, hints, worst = [], [], 0.0
+    reports, hints, worst, note = [], [], None, ""
     status = "done"
     for k, case in enumerate(exercise.cases(np.random.default_rng(seed))):
         name_here = fname or _case_function_name(case, exercise)
         fn = _case_function(module, case, path, name_here)
         inputs = [x.copy() for x in case.inputs]
         out, back = fn(*inputs)
+        changed = _forward_changed(case, reference, fn.seen, name_here)
+        if changed is not None:
+            status, note = "WRONG", "forward"
+            hint = (f"your forward was changed: {name_here.replace('backward', 'forward')} does "
+                    f"not return what the given one returns; the backward is judged against "
+                    f"the given forward, so put it back as it was")
+            if hint not in hints:
+                hints.append(hint)
+            reports.append((case.label, "not checked: " + changed))
+            continue
         dout = np.asarray(np.random.default_rng([seed, k]).standard_normal(out.shape))
         given = dout.copy()
         mine = back(given)
@@ -271,6 +331,7 @@ def _check_cases(module, exercise, path, seed):
             if problem not in hints:
                 hints.append(problem)
         if shapes:
+            note = note or "shape"
             reports.append((case.label, "not checked: " + shapes[0]))
             continue
         try:
@@ -279,7 +340,8 @@ def _check_cases(module, exercise, path, seed):
             raise LearnerError(f"{path.name}: {name_here}: {e}") from None
         reports.append((case.label, str(result)))
         measured = [e for e in result.errors if e is not None]
-        worst = max([worst, *measured]) if not any(math.isnan(e) for e in measured) else math.nan
+        worst = (max([0.0 if worst is None else worst, *measured])
+                 if not any(math.isnan(e) for e in measured) else math.nan)
         if not result.ok:
             status = "WRONG"
             for hint in _hints(exercise, case, reference, path, name_here, inputs, dout, mine,
@@ -287,7 +349,7 @@ def _check_cases(module, exercise, path, seed):
                 if hint not in hints:
                     hints.append(hint)
     return ExerciseResult(exercise.name, status, "", reports, hints,
-                          None if worst is None else float(worst))
+                          None if worst is None else float(worst), note)
 
 
 def _case_function_name(case, exercise):
@@ -387,8 +449,9 @@ def _run_adam(update, state, grads, wd, decoupled, path=None):
 
 
 def _rel(a, b):
-    scale = max(float(np.abs(b).max()), 1e-300)
-    err = float(np.abs(np.asarray(a, dtype=np.float64) - b).max()) / scale
+    """max |a - b| / max |b| (inf where not finite)."""
+    scale = max(float(np.abs(b).max(initial=0.0)), 1e-300)
+    err = float(np.abs(np.asarray(a, dtype=np.float64) - b).max(initial=0.0)) / scale
     return err if math.isfinite(err) else math.inf
 
 

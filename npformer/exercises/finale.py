@@ -45,13 +45,16 @@ def reference_modules():
 
 
 def refuse_unfinished(checks):
-    """ValueError (one line) unless every exercise the finale trains with can run."""
-    blocked = [r for r in checks if r.status in ("not done", "error", "timed out")
+    """ValueError (one line) unless every exercise the finale trains with can run, with the
+    given forward passes (the finale trains the toy model, not another)."""
+    blocked = [r for r in checks if (r.status in ("not done", "error", "timed out")
+                                     or r.note == "forward")
                and any(e.name == r.name and e.trained for e in EXERCISES)]
     if blocked:
         raise ValueError("the finale trains with your " + ", ".join(e.name for e in trained_exercises())
-                         + ": finish " + ", ".join(f"{r.name} ({r.status})" for r in blocked)
-                         + " first")
+                         + ": finish " + ", ".join(
+                             f"{r.name} ({'its forward was changed' if r.note == 'forward' else r.status})"
+                             for r in blocked) + " first")
 
 
 def preflight(learner, seed, model_kwargs, train_kwargs):

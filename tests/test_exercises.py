@@ -4,6 +4,7 @@ pairs, and the --train finale with the reference solutions against npformer toy.
 import json
 import re
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from npformer.cli.exercises import print_table
 from npformer.cli.main import main
 from npformer.exercises import EXERCISES, check_exercise, check_folder, find
 from npformer.exercises.catalogue import DOCS_URL
-from npformer.exercises.finale import refuse_unfinished
+from npformer.exercises.finale import refuse_unfinished, run_finale
 from npformer.exercises.templates import solution_source, start
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +48,15 @@ def folder(tmp_path):
 def solved(folder):
     solve(folder)
     return folder
+
+
+def alive(pid):
+    """The process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def one_line_error(capsys, argv):
@@ -500,6 +510,90 @@ def test_a_loop_or_a_dead_checker_in_one_exercise_does_not_stop_the_others(folde
     assert "ended the checker (exit status 3)" in results[1].message
 
 
+# -- the limits, held from outside the learner's code ----------------------------------------------
+
+def test_time_limit_and_memory_out_of_range_are_usage_errors(folder, capsys):
+    for flag, value, expected in (("--timeout", "1e18", "(0, 86400]"), ("--timeout", "0", "(0, 86400]"),
+                                  ("--memory", "0", "[1, 1073741824]"),
+                                  ("--memory", str(2 ** 40), "[1, 1073741824]")):
+        with pytest.raises(SystemExit) as e:
+            main(["exercises", "check", str(folder), flag, value])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1, err
+        assert f"argument {flag}: expected" in err and expected in err, err
+    with pytest.raises(ValueError, match="timeout: expected a finite number in"):
+        check_folder(folder, timeout=1e18)
+
+
+def test_a_backward_that_ignores_the_alarm_is_stopped_from_outside(folder):
+    """The limit is the parent's: a backward that switches the child's alarm off is killed a
+    few seconds past it."""
+    write(folder, "linear", """
+        import signal, time
+        def linear_backward(dout, cache):
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)
+            while True:
+                time.sleep(0.05)
+        """)
+    start_time = time.monotonic()
+    result = check_folder(folder, ["linear"], timeout=1)[0]
+    assert result.status == "timed out" and "still running after 1 s" in result.message
+    assert time.monotonic() - start_time < 20
+
+
+def test_a_process_the_learner_forks_is_killed_with_the_check(folder, tmp_path):
+    pid_file = tmp_path / "pid"
+    write(folder, "linear", f"""
+        import os, time
+        from npformer.exercises.solutions.linear import linear_backward as right
+        def linear_backward(dout, cache):
+            if not os.path.exists({str(pid_file)!r}):
+                pid = os.fork()
+                if pid == 0:                       # the forked process: it holds the pipe too
+                    time.sleep(40)
+                    os._exit(0)
+                with open({str(pid_file)!r}, "w") as f:
+                    f.write(str(pid))
+            return right(dout, cache)
+        """)
+    start_time = time.monotonic()
+    result = check_folder(folder, ["linear"], timeout=5)[0]
+    assert result.status == "done"
+    assert time.monotonic() - start_time < 20
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+
+
+def test_memory_past_the_limit_is_one_line(folder):
+    write(folder, "linear", """
+        def linear_backward(dout, cache):
+            return np.ones(2 ** 26), 0, 0                  # 512 MiB
+        """)
+    result = check_folder(folder, ["linear"], memory=100)[0]
+    assert result.status == "error"
+    assert "linear_backward used more than 100 MiB of memory" in result.message, result.message
+
+
+def test_a_learners_keyboard_interrupt_or_memory_error_is_one_line(folder, capfd):
+    write(folder, "linear", """
+        def linear_backward(dout, cache):
+            raise KeyboardInterrupt
+        """)
+    write(folder, "dropout", """
+        def dropout_backward(dout, cache):
+            raise MemoryError("no room")
+        """)
+    results = check_folder(folder, ["linear", "dropout"])
+    assert [r.status for r in results] == ["error", "error"]
+    assert re.match(r"01_linear.py line \d+: linear_backward raised KeyboardInterrupt",
+                    results[0].message), results[0].message
+    assert "dropout_backward used more than" in results[1].message, results[1].message
+    assert "Traceback" not in capfd.readouterr().err
+
+
 # -- a forward that is not the given one -----------------------------------------------------------
 
 FORWARD_CHANGES = {
@@ -661,3 +755,40 @@ def test_finale_with_a_subtle_bug_names_the_layer_to_look_at(solved, capsys):
     out = capsys.readouterr().out
     assert "training anyway, although layernorm fails its checks" in out
     assert re.search(r"look at (en|de)coder\.\S*norm\S*: your layernorm_backward disagrees", out), out
+
+
+FINALE_FAULTS = {
+    "loops": ("while True:\n                    pass", "still running after 2 s"),
+    "os._exit(0)": ("os._exit(0)", "your code ended the training process (exit status 0)"),
+}
+
+
+def linear_that_ends_on_a_training_batch(folder, code):
+    """A linear_backward right on the checks' small batches that runs ``code`` on a training
+    batch (more than 64 rows)."""
+    write(folder, "linear", f"""
+        import os, sys
+        from npformer.exercises.solutions.linear import linear_backward as right
+        def linear_backward(dout, cache):
+            if dout.reshape(-1, dout.shape[-1]).shape[0] > 64:
+                {code}
+            return right(dout, cache)
+        """)
+
+
+@pytest.mark.parametrize("fault", sorted(FINALE_FAULTS))
+def test_finale_runs_the_learners_code_in_a_child_with_a_time_limit(solved, fault):
+    code, expected = FINALE_FAULTS[fault]
+    linear_that_ends_on_a_training_batch(solved, code)
+    start_time = time.monotonic()
+    result = run_finale(solved, epochs=1, train_timeout=2, checks=[])
+    assert result.error.startswith(expected) and result.toy is None, result.error
+    assert time.monotonic() - start_time < 30
+
+
+def test_finale_a_sys_exit_in_the_learners_code_is_a_failure(solved, capsys):
+    linear_that_ends_on_a_training_batch(solved, "sys.exit(0)")
+    assert main(["exercises", "check", str(solved), "--train", "--epochs", "1", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"training stopped: your code raised SystemExit: 0 \(01_linear.py line \d+",
+                     out), out

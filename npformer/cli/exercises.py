@@ -3,8 +3,9 @@ toy translator with them (list, start DIR, check DIR [NAME], check DIR --train).
 import math
 
 from ..exercises.catalogue import DOCS_URL, EXERCISES, find
-from ..exercises.checker import TIMEOUT, check_folder
-from .common import non_negative_int, positive_float, positive_int
+from ..exercises.checker import MAX_MEMORY, MAX_TIMEOUT, TIMEOUT, check_folder
+from ..exercises.child import MEMORY, TRAIN_TIMEOUT
+from .common import int_in, non_negative_int, positive_int, real_in
 
 
 def add_parser(sub, name):
@@ -38,8 +39,16 @@ def add_parser(sub, name):
     check.add_argument("--epochs", type=positive_int, default=None,
                        help="with --train: epochs to train (default: the toy's 14)")
     check.add_argument("--seed", type=non_negative_int, default=0, help="with --train: the toy's seed")
-    check.add_argument("--timeout", type=positive_float, default=TIMEOUT,
-                       help="seconds each exercise's check may take (default %(default)g)")
+    seconds = real_in(0, MAX_TIMEOUT, min_open=True)
+    check.add_argument("--timeout", type=seconds, default=TIMEOUT,
+                       help=f"seconds each exercise's check may take, at most {MAX_TIMEOUT:g} "
+                            f"(default %(default)g)")
+    check.add_argument("--train-timeout", type=seconds, default=TRAIN_TIMEOUT,
+                       help="with --train: seconds the whole training may take (default "
+                            "%(default)g)")
+    check.add_argument("--memory", type=int_in(1, MAX_MEMORY), default=MEMORY, metavar="MIB",
+                       help="MiB of memory your code may use, checks and training alike "
+                            "(default %(default)d)")
     check.add_argument("--quiet", action="store_true", help="with --train: no per-epoch lines")
     check.set_defaults(run=run_check)
 
@@ -69,7 +78,7 @@ def run_check(args):
     if args.epochs is not None and not args.train:
         raise ValueError("--epochs: only with --train")
     names = None if args.name is None else [find(args.name).name]
-    results = check_folder(args.dir, names, timeout=args.timeout)
+    results = check_folder(args.dir, names, timeout=args.timeout, memory=args.memory)
     if names and results[0].status in ("error", "timed out"):
         raise ValueError(results[0].message)              # one line, exit 1
     for r in results:
@@ -123,18 +132,19 @@ def run_train(args, results):
                   f"exact match {rec['exact_match']:.3f}", flush=True)
 
     print("the finale: training the toy translator (npformer toy) with your backward passes")
-    result = run_finale(args.dir, seed=args.seed, epochs=args.epochs, quiet=True,
-                        on_eval=on_eval, checks=results, timeout=args.timeout)
+    result = run_finale(args.dir, seed=args.seed, epochs=args.epochs, on_eval=on_eval,
+                        checks=results, timeout=args.timeout, train_timeout=args.train_timeout,
+                        memory=args.memory)
     if result.error:
-        print(f"training stopped: your code raised {result.error}")
+        print(f"training stopped: {result.error}")
         _print_findings(result.findings)
         return 1
     if result.toy is not None:
         toy = result.toy
-        print(f"train exact match    {toy.train_exact_match:.4f} ({len(toy.data.train)} pairs)")
-        print(f"held-out exact match {toy.heldout_exact_match:.4f} ({len(toy.data.heldout)} pairs)")
-        print(f"training took {toy.train_seconds:.1f} s ({toy.summary['step']} steps, stopped by "
-              f"{toy.summary['stop_reason']})")
+        print(f"train exact match    {toy.train_exact_match:.4f} ({toy.n_train} pairs)")
+        print(f"held-out exact match {toy.heldout_exact_match:.4f} ({toy.n_heldout} pairs)")
+        print(f"training took {toy.train_seconds:.1f} s ({toy.steps} steps, stopped by "
+              f"{toy.stop_reason})")
         for zh, ref, hyp in toy.examples:
             mark = "ok" if hyp.split() == ref.split() else f"expected: {ref}"
             print(f"  {zh}\n    -> {hyp}   [{mark}]")
@@ -148,7 +158,7 @@ def run_train(args, results):
     if result.ok and args.epochs is not None:
         print(f"(fewer epochs than the toy's: exact match below {TARGET} is expected)")
         return 0
-    if result.toy.summary["stop_reason"] == "non_finite":
+    if result.toy.stop_reason == "non_finite":
         print("training failed: the loss or the gradient became NaN or inf")
     else:
         print(f"training failed: train exact match below {TARGET}")

@@ -13,8 +13,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from ..gradcheck import gradcheck
+from ..validation import check_int, check_real
 from .catalogue import ADAM_HINTS, EXERCISES, Context, factor, find
+from .child import MEMORY, memory_message, run
 
 MARKER = ".npformer-exercises"        # written by start: what makes a folder an exercise folder
 TIMEOUT = 20.0                        # seconds per exercise, by default
+MAX_TIMEOUT = 86400.0                 # a day: the longest time limit (the timers need a finite one)
+MAX_MEMORY = 2 ** 30                  # MiB (a PiB): the most that --memory takes
 ADAM_RTOL = 1e-12
 FORWARD_RTOL = 1e-9                   # a forward this close to the given one is the given one
 STATUSES = ("done", "not done", "WRONG", "error", "timed out")
@@ -52,8 +54,7 @@ class ExerciseResult:
                            "note": self.note})
 
     @classmethod
-    def from_json(cls, text):
-        d = json.loads(text)
+    def from_record(cls, d):
         return cls(d["name"], d["status"], d["message"], [tuple(r) for r in d["reports"]],
                    d["hints"], d["worst"], d.get("note", ""))
 
@@ -120,10 +121,18 @@ def load_learner(path):
         exec(code, module.__dict__)
     except Timeout:
         raise
-    except (Exception, SystemExit) as e:
-        raise LearnerError(f"{path.name}{_where(e, path)}: raised {type(e).__name__} on import: "
-                           f"{_first_line(e)}") from None
+    except BaseException as e:
+        raise _learner_error(e, path, "", " on import") from None
     return module
+
+
+def _learner_error(e, path, function, during="", hint=""):
+    """The LearnerError for an exception ``e`` that the learner's ``function`` ('' on import)
+    raised: one line, whatever it was (a KeyboardInterrupt, a MemoryError, a SystemExit too)."""
+    head = f"{path.name}{_where(e, path)}: " + (f"{function} " if function else "")
+    if isinstance(e, MemoryError):
+        return LearnerError(f"{head}{memory_message()}{during}")
+    return LearnerError(f"{head}raised {type(e).__name__}{during}: {_first_line(e)}{hint}")
 
 
 def _first_line(e):
@@ -179,11 +188,10 @@ def _call(path, fname, fn, *args, hints=None):
         raise NotDone(f"{fname} is still to be written (it raises NotImplementedError)") from None
     except (NotDone, LearnerError):
         raise
-    except (Exception, SystemExit) as e:
+    except BaseException as e:
         hint = next((f" ({text})" for kind, text in (hints or {}).items()
                      if isinstance(e, kind)), "")
-        raise LearnerError(f"{path.name}{_where(e, path)}: {fname} raised "
-                           f"{type(e).__name__}: {_first_line(e)}{hint}") from None
+        raise _learner_error(e, path, fname, hint=hint) from None
 
 
 def _expect(raw, case, fname, path):
@@ -494,10 +502,14 @@ def _check_adam(module, exercise, path):
 
 # -- the child and its parent ----------------------------------------------------------------------
 
+GRACE = 3.0           # seconds past an exercise's limit before the parent kills the child
+
+
 def run_child(folder, names, timeout, out):
     """Check ``names`` one after the other, each under ``timeout`` seconds, writing one JSON
     line per exercise to ``out`` (a "started" line before each, so that the parent knows which
-    one a kill interrupted)."""
+    one a kill interrupted). The alarm here lets the next exercise run in the same child; the
+    parent's kill, ``GRACE`` seconds later, is the limit."""
     def expire(signum, frame):
         raise Timeout()
     signal.signal(signal.SIGALRM, expire)
@@ -508,31 +520,47 @@ def run_child(folder, names, timeout, out):
         try:
             result = check_exercise(folder, name)
         except Timeout:
-            result = ExerciseResult(name, "timed out", f"{find(name).file}: still running after "
-                                                       f"{timeout:g} s (an endless loop?)")
+            result = ExerciseResult(name, "timed out", _timed_out(name, timeout))
+        except MemoryError:
+            result = ExerciseResult(name, "error", f"{find(name).file}: {memory_message()}")
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         out.write(result.to_json() + "\n")
         out.flush()
 
 
-def check_folder(folder, names=None, timeout=TIMEOUT):
+def _timed_out(name, timeout):
+    return f"{find(name).file}: still running after {timeout:g} s (an endless loop?)"
+
+
+def check_limits(timeout, memory, name="timeout"):
+    """``timeout`` (seconds) and ``memory`` (MiB), checked: ValueError naming the one out of
+    range (the time limit as ``name``)."""
+    timeout = check_real(name, timeout, minimum=0, min_open=True, maximum=MAX_TIMEOUT)
+    memory = check_int("memory", memory, 1)
+    if memory > MAX_MEMORY:
+        raise ValueError(f"memory: expected at most {MAX_MEMORY} (MiB), got {memory}")
+    return timeout, memory
+
+
+def check_folder(folder, names=None, timeout=TIMEOUT, memory=MEMORY):
     """The :class:`ExerciseResult` of each exercise ``names`` (all by default) of ``folder``,
-    checked in a child process; a child that dies (or runs past every limit) costs the exercise
-    it was checking, and a new one checks the rest. ValueError if ``folder`` is not an exercise
-    folder."""
+    checked in a child process, each exercise under ``timeout`` seconds and ``memory`` MiB; a
+    child that dies (or runs past its limit, then killed with its whole process group) costs
+    the exercise it was checking, and a new one checks the rest. ValueError if ``folder`` is
+    not an exercise folder or a limit is out of range."""
+    timeout, memory = check_limits(timeout, memory)
     check_folder_marker(folder)
     names = [e.name for e in EXERCISES] if names is None else [find(n).name for n in names]
     results = {}
     while len(results) < len(names):
         left = [n for n in names if n not in results]
-        got, started, code = _run_child(folder, left, timeout)
+        got, started, code = _run_child(folder, left, timeout, memory)
         results.update(got)
         if started is not None and started not in results:
-            what = ("still running after the time limit" if code is None else
-                    f"ended the checker (exit status {code})")
-            results[started] = ExerciseResult(started, "timed out" if code is None else "error",
-                                               f"{find(started).file}: {what}")
+            results[started] = (ExerciseResult(started, "timed out", _timed_out(started, timeout))
+                                if code is None else ExerciseResult(
+                started, "error", f"{find(started).file}: ended the checker (exit status {code})"))
         elif not got:                             # the child never got to an exercise
             for n in left:
                 results[n] = ExerciseResult(n, "error", f"the checker could not start (exit "
@@ -540,29 +568,19 @@ def check_folder(folder, names=None, timeout=TIMEOUT):
     return [results[n] for n in names]
 
 
-def _run_child(folder, names, timeout):
+def _run_child(folder, names, timeout, memory):
     """({name: ExerciseResult}, the exercise it was on when it ended or None, exit status or
     None if killed) of one child checking ``names``."""
-    package_root = str(Path(__file__).resolve().parent.parent.parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-    command = [sys.executable, "-m", "npformer.exercises.runner", str(folder),
-               "--timeout", repr(float(timeout)), *names]
-    backstop = timeout * len(names) + 60          # the child's own alarm should come first
-    try:
-        done = subprocess.run(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                              timeout=backstop, env=env)
-        text, code = done.stdout, done.returncode
-    except subprocess.TimeoutExpired as e:
-        text, code = e.stdout or b"", None
-    results, started = {}, None
-    for line in text.decode("utf-8", "replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    results, started = {}, [None]
+
+    def on_record(record):
         if "started" in record:
-            started = record["started"]
-        elif "status" in record:
-            results[record["name"]] = ExerciseResult.from_json(line)
-    return results, started, code
+            started[0] = record["started"]
+            return timeout + GRACE
+        if "status" in record:
+            results[record["name"]] = ExerciseResult.from_record(record)
+            return GRACE
+        return None
+    code = run(["check", "--timeout", repr(float(timeout)), "--memory", str(memory), "--",
+                str(folder), *names], on_record)
+    return results, started[0], code

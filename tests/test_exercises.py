@@ -523,6 +523,8 @@ def test_time_limit_and_memory_out_of_range_are_usage_errors(folder, capsys):
         assert f"argument {flag}: expected" in err and expected in err, err
     with pytest.raises(ValueError, match="timeout: expected a finite number in"):
         check_folder(folder, timeout=1e18)
+    err = one_line_error(capsys, ["exercises", "check", str(folder), "--train-timeout", "5"])
+    assert "--train-timeout: only with --train" in err
 
 
 def test_a_backward_that_ignores_the_alarm_is_stopped_from_outside(folder):

@@ -43,9 +43,9 @@ def add_parser(sub, name):
     check.add_argument("--timeout", type=seconds, default=TIMEOUT,
                        help=f"seconds each exercise's check may take, at most {MAX_TIMEOUT:g} "
                             f"(default %(default)g)")
-    check.add_argument("--train-timeout", type=seconds, default=TRAIN_TIMEOUT,
-                       help="with --train: seconds the whole training may take (default "
-                            "%(default)g)")
+    check.add_argument("--train-timeout", type=seconds, default=None,
+                       help=f"with --train: seconds the whole training may take (default "
+                            f"{TRAIN_TIMEOUT:g})")
     check.add_argument("--memory", type=int_in(1, MAX_MEMORY), default=MEMORY, metavar="MIB",
                        help="MiB of memory your code may use, checks and training alike "
                             "(default %(default)d)")
@@ -77,6 +77,8 @@ def run_check(args):
         raise ValueError("NAME: --train trains with every exercise; leave NAME out")
     if args.epochs is not None and not args.train:
         raise ValueError("--epochs: only with --train")
+    if args.train_timeout is not None and not args.train:
+        raise ValueError("--train-timeout: only with --train")
     names = None if args.name is None else [find(args.name).name]
     results = check_folder(args.dir, names, timeout=args.timeout, memory=args.memory)
     if names and results[0].status in ("error", "timed out"):
@@ -133,7 +135,8 @@ def run_train(args, results):
 
     print("the finale: training the toy translator (npformer toy) with your backward passes")
     result = run_finale(args.dir, seed=args.seed, epochs=args.epochs, on_eval=on_eval,
-                        checks=results, timeout=args.timeout, train_timeout=args.train_timeout,
+                        checks=results, timeout=args.timeout,
+                        train_timeout=args.train_timeout or TRAIN_TIMEOUT,
                         memory=args.memory)
     if result.error:
         print(f"training stopped: {result.error}")

@@ -600,14 +600,7 @@ def test_a_learners_keyboard_interrupt_or_memory_error_is_one_line(folder, capfd
 
 FORWARD_CHANGES = {
     "attention: the scale 1 instead of 1/sqrt(d_k) (the backward reads it from the cache)": (
-        "attention", """
-        def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
-            scale = 1.0
-            scores = (q @ k.swapaxes(-1, -2)) * scale
-            probs, _ = softmax_forward(scores, mask)
-            probs_d, drop_cache = dropout_forward(probs, dropout_p, rng, training)
-            return probs_d @ v, (q, k, v, probs, probs_d, drop_cache, scale)
-        """),
+        "attention", ("scale = 1.0 / math.sqrt(q.shape[-1])", "scale = 1.0")),
     "linear: the bias left out of the forward, db = 0": ("linear", """
         def linear_forward(x, w, b=None):
             x2 = x.reshape(-1, x.shape[-1])
@@ -637,10 +630,22 @@ FORWARD_CHANGES = {
 }
 
 
+def change_forward(folder, change):
+    """Write the learner's file of ``change`` (of FORWARD_CHANGES): code after the reference
+    solution's, or the solution with one line edited (old, new); returns the exercise's name."""
+    name, code = FORWARD_CHANGES[change]
+    if isinstance(code, tuple):
+        text = solution_source(find(name))
+        assert code[0] in text
+        (Path(folder) / find(name).file).write_text(text.replace(code[0], code[1]))
+    else:
+        write(folder, name, code)
+    return name
+
+
 @pytest.mark.parametrize("change", sorted(FORWARD_CHANGES))
 def test_a_changed_forward_is_reported_before_the_backward_is_judged(folder, change):
-    name, code = FORWARD_CHANGES[change]
-    write(folder, name, code)
+    name = change_forward(folder, change)
     result = check_exercise(folder, name)
     assert result.status == "WRONG", (result.status, result.reports)
     assert any(h.startswith("your forward was changed") for h in result.hints), result.hints
@@ -648,9 +653,7 @@ def test_a_changed_forward_is_reported_before_the_backward_is_judged(folder, cha
 
 
 def test_a_changed_forward_shows_in_the_table_and_the_finale_refuses_it(folder, capsys):
-    name, code = FORWARD_CHANGES[sorted(FORWARD_CHANGES)[0]]
-    write(folder, name, code)
-    result = check_exercise(folder, name)
+    result = check_exercise(folder, change_forward(folder, sorted(FORWARD_CHANGES)[0]))
     print_table([result])
     assert re.search(r"8\s+attention\s+WRONG\s+forward", capsys.readouterr().out)
     with pytest.raises(ValueError, match=r"finish attention \(its forward was changed\)"):

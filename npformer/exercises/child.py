@@ -14,11 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-STARTUP = 60.0        # seconds the child may take to import npformer and write its first line
-TRAIN_TIMEOUT = 600.0  # seconds the finale's whole training may take, by default (npformer toy's
-                       # 14 epochs take a small part of it)
-MEMORY = 4096         # MiB the learner's code may use, by default, beyond the checker's own
-_limit = {"mib": None}    # the child's limit, once limit_memory set it
+STARTUP = 60.0          # seconds the child may take to import npformer and write its first line
+TRAIN_TIMEOUT = 600.0   # seconds the finale's whole training may take, by default (npformer
+                        # toy's 14 epochs take a small part of it)
+MEMORY = 4096           # MiB the learner's code may use, by default, beyond the checker's own
+_limit = {"mib": None}  # the child's limit, once limit_memory has set it
 
 
 def _address_space():
@@ -32,13 +32,20 @@ def _address_space():
 
 def limit_memory(mib):
     """In the child: allow ``mib`` MiB of address space beyond what it uses now (the checker's
-    own modules), through ``RLIMIT_AS``. Past it an allocation raises MemoryError."""
+    own modules), through ``RLIMIT_AS``. Past it an allocation raises MemoryError. Where the
+    address space cannot be read (no /proc) or the limit cannot be set, there is none."""
     import resource
-    limit = _address_space() + int(mib) * 2 ** 20
+    used = _address_space()
+    if not used:
+        return
+    limit = used + int(mib) * 2 ** 20
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ValueError, OSError):          # a system that does not take it
+        return
     _limit["mib"] = int(mib)
 
 

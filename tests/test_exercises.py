@@ -4,14 +4,17 @@ pairs, and the --train finale with the reference solutions against npformer toy.
 import json
 import re
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from npformer import backend
+from npformer.cli.exercises import print_table
 from npformer.cli.main import main
 from npformer.exercises import EXERCISES, check_exercise, check_folder, find
+from npformer.exercises.finale import refuse_unfinished, run_finale
 from npformer.exercises.templates import solution_source, start
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +47,15 @@ def folder(tmp_path):
 def solved(folder):
     solve(folder)
     return folder
+
+
+def alive(pid):
+    """The process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def one_line_error(capsys, argv):
@@ -497,6 +509,191 @@ def test_a_loop_or_a_dead_checker_in_one_exercise_does_not_stop_the_others(folde
     assert "ended the checker (exit status 3)" in results[1].message
 
 
+# -- the limits, held from outside the learner's code ----------------------------------------------
+
+def test_time_limit_and_memory_out_of_range_are_usage_errors(folder, capsys):
+    for flag, value, expected in (("--timeout", "1e18", "(0, 86400]"), ("--timeout", "0", "(0, 86400]"),
+                                  ("--memory", "0", "[1, 1073741824]"),
+                                  ("--memory", str(2 ** 40), "[1, 1073741824]")):
+        with pytest.raises(SystemExit) as e:
+            main(["exercises", "check", str(folder), flag, value])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1, err
+        assert f"argument {flag}: expected" in err and expected in err, err
+    with pytest.raises(ValueError, match="timeout: expected a finite number in"):
+        check_folder(folder, timeout=1e18)
+    err = one_line_error(capsys, ["exercises", "check", str(folder), "--train-timeout", "5"])
+    assert "--train-timeout: only with --train" in err
+
+
+def test_a_backward_that_ignores_the_alarm_is_stopped_from_outside(folder):
+    """The limit is the parent's: a backward that switches the child's alarm off is killed a
+    few seconds past it."""
+    write(folder, "linear", """
+        import signal, time
+        def linear_backward(dout, cache):
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)
+            while True:
+                time.sleep(0.05)
+        """)
+    start_time = time.monotonic()
+    result = check_folder(folder, ["linear"], timeout=1)[0]
+    assert result.status == "timed out" and "still running after 1 s" in result.message
+    assert time.monotonic() - start_time < 20
+
+
+def test_a_process_the_learner_forks_is_killed_with_the_check(folder, tmp_path):
+    pid_file = tmp_path / "pid"
+    write(folder, "linear", f"""
+        import os, time
+        from npformer.exercises.solutions.linear import linear_backward as right
+        def linear_backward(dout, cache):
+            if not os.path.exists({str(pid_file)!r}):
+                pid = os.fork()
+                if pid == 0:                       # the forked process: it holds the pipe too
+                    time.sleep(40)
+                    os._exit(0)
+                with open({str(pid_file)!r}, "w") as f:
+                    f.write(str(pid))
+            return right(dout, cache)
+        """)
+    start_time = time.monotonic()
+    result = check_folder(folder, ["linear"], timeout=5)[0]
+    assert result.status == "done"
+    assert time.monotonic() - start_time < 20
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+
+
+def test_memory_past_the_limit_is_one_line(folder):
+    write(folder, "linear", """
+        def linear_backward(dout, cache):
+            return np.ones(2 ** 26), 0, 0                  # 512 MiB
+        """)
+    result = check_folder(folder, ["linear"], memory=100)[0]
+    assert result.status == "error"
+    assert "linear_backward used more than 100 MiB of memory" in result.message, result.message
+
+
+def test_a_learners_keyboard_interrupt_or_memory_error_is_one_line(folder, capfd):
+    write(folder, "linear", """
+        def linear_backward(dout, cache):
+            raise KeyboardInterrupt
+        """)
+    write(folder, "dropout", """
+        def dropout_backward(dout, cache):
+            raise MemoryError("no room")
+        """)
+    results = check_folder(folder, ["linear", "dropout"])
+    assert [r.status for r in results] == ["error", "error"]
+    assert re.match(r"01_linear.py line \d+: linear_backward raised KeyboardInterrupt",
+                    results[0].message), results[0].message
+    assert "dropout_backward used more than" in results[1].message, results[1].message
+    assert "Traceback" not in capfd.readouterr().err
+
+
+# -- a forward that is not the given one -----------------------------------------------------------
+
+FORWARD_CHANGES = {
+    "attention: the scale 1 instead of 1/sqrt(d_k) (the backward reads it from the cache)": (
+        "attention", ("scale = 1.0 / math.sqrt(q.shape[-1])", "scale = 1.0")),
+    "linear: the bias left out of the forward, db = 0": ("linear", """
+        def linear_forward(x, w, b=None):
+            x2 = x.reshape(-1, x.shape[-1])
+            return (x2 @ w.T).reshape(*x.shape[:-1], w.shape[0]), (x2, x.shape, w)
+        def linear_backward(dout, cache):
+            x2, x_shape, w = cache
+            d = dout.reshape(-1, dout.shape[-1])
+            return (d @ w).reshape(x_shape), d.T @ x2, np.zeros(w.shape[0])
+        """),
+    "linear: the forward returns 0 * y, the gradients are zeros": ("linear", """
+        from npformer.exercises.solutions.linear import linear_forward as given
+        def linear_forward(x, w, b=None):
+            y, cache = given(x, w, b)
+            return 0 * y, cache
+        def linear_backward(dout, cache):
+            x2, x_shape, w = cache
+            return np.zeros(x_shape), np.zeros_like(w), np.zeros(w.shape[0])
+        """),
+    "dropout: the cache's scale changed, the output kept": ("dropout", """
+        from npformer.exercises.solutions.dropout import dropout_forward as given
+        def dropout_forward(x, p, rng, training=True):
+            y, cache = given(x, p, rng, training)
+            return y, None if cache is None else (cache[0], 1.0)
+        def dropout_backward(dout, cache):
+            return dout if cache is None else dout * cache[0] * cache[1]
+        """),
+}
+
+
+def change_forward(folder, change):
+    """Write the learner's file of ``change`` (of FORWARD_CHANGES): code after the reference
+    solution's, or the solution with one line edited (old, new); returns the exercise's name."""
+    name, code = FORWARD_CHANGES[change]
+    if isinstance(code, tuple):
+        text = solution_source(find(name))
+        assert code[0] in text
+        (Path(folder) / find(name).file).write_text(text.replace(code[0], code[1]))
+    else:
+        write(folder, name, code)
+    return name
+
+
+@pytest.mark.parametrize("change", sorted(FORWARD_CHANGES))
+def test_a_changed_forward_is_reported_before_the_backward_is_judged(folder, change):
+    name = change_forward(folder, change)
+    result = check_exercise(folder, name)
+    assert result.status == "WRONG", (result.status, result.reports)
+    assert any(h.startswith("your forward was changed") for h in result.hints), result.hints
+    assert any(text.startswith("not checked: your forward was changed") for _, text in result.reports)
+
+
+def test_a_changed_forward_shows_in_the_table_and_the_finale_refuses_it(folder, capsys):
+    result = check_exercise(folder, change_forward(folder, sorted(FORWARD_CHANGES)[0]))
+    print_table([result])
+    assert re.search(r"8\s+attention\s+WRONG\s+forward", capsys.readouterr().out)
+    with pytest.raises(ValueError, match=r"finish attention \(its forward was changed\)"):
+        refuse_unfinished([result])
+
+
+def test_the_table_says_shape_when_no_gradient_had_the_right_shape(folder, capsys):
+    write(folder, "softmax", """
+        def softmax_backward(dout, cache):
+            return dout.sum(axis=-1)
+        """)
+    print_table([check_exercise(folder, "softmax")])
+    assert re.search(r"6\s+softmax\s+WRONG\s+shape\s", capsys.readouterr().out)
+
+
+# -- odd paths ---------------------------------------------------------------------------------------
+
+def test_start_and_check_refuse_odd_paths_in_one_line(folder, tmp_path, capsys):
+    err = one_line_error(capsys, ["exercises", "start", ""])
+    assert err.endswith("DIR: expected the path of a folder, got an empty string")
+    err = one_line_error(capsys, ["exercises", "check", ""])
+    assert err.endswith("DIR: expected the path of a folder, got an empty string")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    err = one_line_error(capsys, ["exercises", "start", str(a_file / "sub")])
+    assert f"{a_file} is a file, not a folder" in err and "Errno" not in err
+    rmsnorm = folder / find("rmsnorm").file
+    rmsnorm.unlink()
+    rmsnorm.mkdir()
+    err = one_line_error(capsys, ["exercises", "start", str(folder), "--overwrite"])
+    assert f"{rmsnorm} is a folder, not the exercise file" in err
+    assert rmsnorm.is_dir() and not any(rmsnorm.iterdir())         # nothing else was done
+    result = check_exercise(folder, "rmsnorm")
+    assert result.status == "error" and "05_rmsnorm.py: is a folder, not a file" in result.message
+    rmsnorm.rmdir()
+    rmsnorm.write_bytes(b"x = 1\n\0\n")
+    result = check_exercise(folder, "rmsnorm")
+    assert result.status == "error" and "None" not in result.message
+    assert result.message.startswith("05_rmsnorm.py: contains NUL bytes"), result.message
+
+
 # -- the backend built from a learner's pairs ------------------------------------------------------
 
 def test_using_a_namespace_restores_the_backend_and_falls_back_to_the_reference():
@@ -562,3 +759,40 @@ def test_finale_with_a_subtle_bug_names_the_layer_to_look_at(solved, capsys):
     out = capsys.readouterr().out
     assert "training anyway, although layernorm fails its checks" in out
     assert re.search(r"look at (en|de)coder\.\S*norm\S*: your layernorm_backward disagrees", out), out
+
+
+FINALE_FAULTS = {
+    "loops": ("while True:\n                    pass", "still running after 2 s"),
+    "os._exit(0)": ("os._exit(0)", "your code ended the training process (exit status 0)"),
+}
+
+
+def linear_that_ends_on_a_training_batch(folder, code):
+    """A linear_backward right on the checks' small batches that runs ``code`` on a training
+    batch (more than 64 rows)."""
+    write(folder, "linear", f"""
+        import os, sys
+        from npformer.exercises.solutions.linear import linear_backward as right
+        def linear_backward(dout, cache):
+            if dout.reshape(-1, dout.shape[-1]).shape[0] > 64:
+                {code}
+            return right(dout, cache)
+        """)
+
+
+@pytest.mark.parametrize("fault", sorted(FINALE_FAULTS))
+def test_finale_runs_the_learners_code_in_a_child_with_a_time_limit(solved, fault):
+    code, expected = FINALE_FAULTS[fault]
+    linear_that_ends_on_a_training_batch(solved, code)
+    start_time = time.monotonic()
+    result = run_finale(solved, epochs=1, train_timeout=2, checks=[])
+    assert result.error.startswith(expected) and result.toy is None, result.error
+    assert time.monotonic() - start_time < 30
+
+
+def test_finale_a_sys_exit_in_the_learners_code_is_a_failure(solved, capsys):
+    linear_that_ends_on_a_training_batch(solved, "sys.exit(0)")
+    assert main(["exercises", "check", str(solved), "--train", "--epochs", "1", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"training stopped: your code raised SystemExit: 0 \(01_linear.py line \d+",
+                     out), out

@@ -75,6 +75,25 @@ def probability(text):
     return _real(text, minimum=0, maximum=1, max_open=True)
 
 
+def real_in(minimum, maximum, min_open=False):
+    """The type= function of a finite number in [minimum, maximum] (``min_open``: > minimum)."""
+    return lambda text: _real(text, minimum=minimum, maximum=maximum, min_open=min_open)
+
+
+def int_in(minimum, maximum):
+    """The type= function of an integer in [minimum, maximum]."""
+    def parse(text):
+        try:
+            value = _integer(text, minimum)
+        except argparse.ArgumentTypeError:
+            value = None
+        if value is None or value > maximum:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{minimum}, {maximum}], "
+                                             f"got {text!r}")
+        return value
+    return parse
+
+
 def resolve_checkpoint(path):
     """A checkpoint path as given ("run/best", "run/best.npz") or a run directory (-> DIR/best)."""
     if os.path.isdir(path):

@@ -3,8 +3,9 @@ toy translator with them (list, start DIR, check DIR [NAME], check DIR --train).
 import math
 
 from ..exercises.catalogue import DERIVATIONS, EXERCISES, find
-from ..exercises.checker import TIMEOUT, check_folder
-from .common import non_negative_int, positive_float, positive_int
+from ..exercises.checker import MAX_MEMORY, MAX_TIMEOUT, TIMEOUT, check_folder
+from ..exercises.child import MEMORY, TRAIN_TIMEOUT
+from .common import int_in, non_negative_int, positive_int, real_in
 
 
 def add_parser(sub, name):
@@ -38,8 +39,16 @@ def add_parser(sub, name):
     check.add_argument("--epochs", type=positive_int, default=None,
                        help="with --train: epochs to train (default: the toy's 14)")
     check.add_argument("--seed", type=non_negative_int, default=0, help="with --train: the toy's seed")
-    check.add_argument("--timeout", type=positive_float, default=TIMEOUT,
-                       help="seconds each exercise's check may take (default %(default)g)")
+    seconds = real_in(0, MAX_TIMEOUT, min_open=True)
+    check.add_argument("--timeout", type=seconds, default=TIMEOUT,
+                       help=f"seconds each exercise's check may take, at most {MAX_TIMEOUT:g} "
+                            f"(default %(default)g)")
+    check.add_argument("--train-timeout", type=seconds, default=None,
+                       help=f"with --train: seconds the whole training may take (default "
+                            f"{TRAIN_TIMEOUT:g})")
+    check.add_argument("--memory", type=int_in(1, MAX_MEMORY), default=MEMORY, metavar="MIB",
+                       help="MiB of memory your code may use, checks and training alike "
+                            "(default %(default)d)")
     check.add_argument("--quiet", action="store_true", help="with --train: no per-epoch lines")
     check.set_defaults(run=run_check)
 
@@ -69,8 +78,10 @@ def run_check(args):
         raise ValueError("NAME: --train trains with every exercise; leave NAME out")
     if args.epochs is not None and not args.train:
         raise ValueError("--epochs: only with --train")
+    if args.train_timeout is not None and not args.train:
+        raise ValueError("--train-timeout: only with --train")
     names = None if args.name is None else [find(args.name).name]
-    results = check_folder(args.dir, names, timeout=args.timeout)
+    results = check_folder(args.dir, names, timeout=args.timeout, memory=args.memory)
     if names and results[0].status in ("error", "timed out"):
         raise ValueError(results[0].message)              # one line, exit 1
     for r in results:
@@ -104,14 +115,15 @@ def print_table(results):
     for r in results:
         e = find(r.name)
         measured = r.worst is not None and r.status in ("done", "WRONG")
-        worst = f"{r.worst:.1e}" if measured else ""
+        worst = f"{r.worst:.1e}" if measured else r.note      # "shape": a gradient's shape
         print(f"  {e.number:>2d}  {e.name:<22s} {r.status:<10s} {worst:>11s}  "
               f"{'trains' if e.trained else 'checked'}")
     print()
 
 
 def run_train(args, results):
-    from ..exercises.finale import TARGET, run_finale
+    from ..exercises.finale import TARGET, refuse_unfinished, run_finale
+    refuse_unfinished(results)
     wrong = [r.name for r in results if r.status == "WRONG"]
     if wrong:
         print(f"training anyway, although {', '.join(wrong)} "
@@ -123,18 +135,20 @@ def run_train(args, results):
                   f"exact match {rec['exact_match']:.3f}", flush=True)
 
     print("the finale: training the toy translator (npformer toy) with your backward passes")
-    result = run_finale(args.dir, seed=args.seed, epochs=args.epochs, quiet=True,
-                        on_eval=on_eval, checks=results, timeout=args.timeout)
+    result = run_finale(args.dir, seed=args.seed, epochs=args.epochs, on_eval=on_eval,
+                        checks=results, timeout=args.timeout,
+                        train_timeout=args.train_timeout or TRAIN_TIMEOUT,
+                        memory=args.memory)
     if result.error:
-        print(f"training stopped: your code raised {result.error}")
+        print(f"training stopped: {result.error}")
         _print_findings(result.findings)
         return 1
     if result.toy is not None:
         toy = result.toy
-        print(f"train exact match    {toy.train_exact_match:.4f} ({len(toy.data.train)} pairs)")
-        print(f"held-out exact match {toy.heldout_exact_match:.4f} ({len(toy.data.heldout)} pairs)")
-        print(f"training took {toy.train_seconds:.1f} s ({toy.summary['step']} steps, stopped by "
-              f"{toy.summary['stop_reason']})")
+        print(f"train exact match    {toy.train_exact_match:.4f} ({toy.n_train} pairs)")
+        print(f"held-out exact match {toy.heldout_exact_match:.4f} ({toy.n_heldout} pairs)")
+        print(f"training took {toy.train_seconds:.1f} s ({toy.steps} steps, stopped by "
+              f"{toy.stop_reason})")
         for zh, ref, hyp in toy.examples:
             mark = "ok" if hyp.split() == ref.split() else f"expected: {ref}"
             print(f"  {zh}\n    -> {hyp}   [{mark}]")
@@ -148,7 +162,7 @@ def run_train(args, results):
     if result.ok and args.epochs is not None:
         print(f"(fewer epochs than the toy's: exact match below {TARGET} is expected)")
         return 0
-    if result.toy.summary["stop_reason"] == "non_finite":
+    if result.toy.stop_reason == "non_finite":
         print("training failed: the loss or the gradient became NaN or inf")
     else:
         print(f"training failed: train exact match below {TARGET}")

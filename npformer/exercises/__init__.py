@@ -4,7 +4,8 @@ translator with your own code (``npformer exercises``; README, "Exercises").
 - :mod:`.catalogue`: the exercises, the inputs each is checked on, the mistakes recognised;
 - :mod:`.solutions`: the reference solutions, from which :mod:`.templates` makes the files;
 - :mod:`.derivations`: the folder's ``derivations.md``, the sections of docs/backprop.md;
-- :mod:`.checker`: the checks, in a child process (:mod:`.runner`) under a time limit;
+- :mod:`.checker`: the checks, in a child process (:mod:`.runner`) under the time and memory
+  limits that :mod:`.child` holds from outside it;
 - :mod:`.namespace` and :mod:`.finale`: the learner's pairs as a backend, and the training.
 """
 from .catalogue import DERIVATIONS, EXERCISES, find

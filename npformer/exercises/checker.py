@@ -13,8 +13,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +20,16 @@ from pathlib import Path
 import numpy as np
 
 from ..gradcheck import gradcheck
+from ..validation import check_int, check_real
 from .catalogue import ADAM_HINTS, EXERCISES, Context, factor, find
+from .child import MEMORY, memory_message, run
 
 MARKER = ".npformer-exercises"        # written by start: what makes a folder an exercise folder
 TIMEOUT = 20.0                        # seconds per exercise, by default
+MAX_TIMEOUT = 86400.0                 # a day: the longest time limit (the timers need a finite one)
+MAX_MEMORY = 2 ** 30                  # MiB (a PiB): the most that --memory takes
 ADAM_RTOL = 1e-12
+FORWARD_RTOL = 1e-9                   # a forward this close to the given one is the given one
 STATUSES = ("done", "not done", "WRONG", "error", "timed out")
 
 
@@ -42,16 +45,18 @@ class ExerciseResult:
     reports: list = field(default_factory=list)
     hints: list = field(default_factory=list)
     worst: float = None                 # the largest tensor error over the cases (None: none)
+    note: str = ""                      # what kept a case unmeasured: "forward" (the given
+                                        # forward was changed), "shape" (a gradient's) or ""
 
     def to_json(self):
         return json.dumps({"name": self.name, "status": self.status, "message": self.message,
-                           "reports": self.reports, "hints": self.hints, "worst": self.worst})
+                           "reports": self.reports, "hints": self.hints, "worst": self.worst,
+                           "note": self.note})
 
     @classmethod
-    def from_json(cls, text):
-        d = json.loads(text)
+    def from_record(cls, d):
         return cls(d["name"], d["status"], d["message"], [tuple(r) for r in d["reports"]],
-                   d["hints"], d["worst"])
+                   d["hints"], d["worst"], d.get("note", ""))
 
 
 class LearnerError(Exception):
@@ -70,8 +75,15 @@ class Timeout(BaseException):
 
 # -- the exercise folder ---------------------------------------------------------------------------
 
+def check_path_given(folder):
+    """ValueError for an empty DIR (which Path would take as the current folder)."""
+    if str(folder) == "":
+        raise ValueError("DIR: expected the path of a folder, got an empty string")
+
+
 def check_folder_marker(folder):
     """ValueError unless ``folder`` is a folder ``npformer exercises start`` wrote."""
+    check_path_given(folder)
     path = Path(folder)
     if not path.is_dir():
         raise ValueError(f"DIR: {folder} is not a folder (make one with: npformer exercises "
@@ -85,6 +97,9 @@ def load_learner(path):
     """The learner's file as a module. LearnerError naming the file and line for a syntax
     error, the exception for one raised on import."""
     path = Path(path)
+    if path.is_dir():
+        raise LearnerError(f"{path.name}: is a folder, not a file (move it away, then "
+                           f"npformer exercises start {path.parent} --overwrite writes the file)")
     if not path.is_file():
         raise LearnerError(f"{path.name}: missing (npformer exercises start "
                            f"{path.parent} --overwrite writes the missing files again)")
@@ -93,19 +108,31 @@ def load_learner(path):
     module = importlib.util.module_from_spec(spec)
     try:
         source = path.read_text(encoding="utf-8")
+        if "\0" in source:
+            raise LearnerError(f"{path.name}: contains NUL bytes, so it cannot be parsed as "
+                               f"Python source (was it saved as text?)")
         code = compile(source, str(path), "exec")
     except SyntaxError as e:
-        raise LearnerError(f"{path.name} line {e.lineno}: syntax error: {e.msg}") from None
+        where = f" line {e.lineno}" if e.lineno else ""
+        raise LearnerError(f"{path.name}{where}: syntax error: {e.msg}") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise LearnerError(f"{path.name}: cannot be read as Python source: {e}") from None
     try:
         exec(code, module.__dict__)
     except Timeout:
         raise
-    except (Exception, SystemExit) as e:
-        raise LearnerError(f"{path.name}{_where(e, path)}: raised {type(e).__name__} on import: "
-                           f"{_first_line(e)}") from None
+    except BaseException as e:
+        raise _learner_error(e, path, "", " on import") from None
     return module
+
+
+def _learner_error(e, path, function, during="", hint=""):
+    """The LearnerError for an exception ``e`` that the learner's ``function`` ('' on import)
+    raised: one line, whatever it was (a KeyboardInterrupt, a MemoryError, a SystemExit too)."""
+    head = f"{path.name}{_where(e, path)}: " + (f"{function} " if function else "")
+    if isinstance(e, MemoryError):
+        return LearnerError(f"{head}{memory_message()}{during}")
+    return LearnerError(f"{head}raised {type(e).__name__}{during}: {_first_line(e)}{hint}")
 
 
 def _first_line(e):
@@ -161,11 +188,10 @@ def _call(path, fname, fn, *args, hints=None):
         raise NotDone(f"{fname} is still to be written (it raises NotImplementedError)") from None
     except (NotDone, LearnerError):
         raise
-    except (Exception, SystemExit) as e:
+    except BaseException as e:
         hint = next((f" ({text})" for kind, text in (hints or {}).items()
                      if isinstance(e, kind)), "")
-        raise LearnerError(f"{path.name}{_where(e, path)}: {fname} raised "
-                           f"{type(e).__name__}: {_first_line(e)}{hint}") from None
+        raise _learner_error(e, path, fname, hint=hint) from None
 
 
 def _expect(raw, case, fname, path):
@@ -189,12 +215,14 @@ def _expect(raw, case, fname, path):
 
 def _case_function(module, case, path, fname, checked=True):
     """gradcheck's fn for ``case`` on ``module`` (the learner's, or the reference solution);
-    ``fn.seen["raw"]``: the values its backward returned last, before ``case.extra["view"]``."""
+    ``fn.seen["forward"]``: what its forward returned last, (out, cache); ``fn.seen["raw"]``:
+    the values its backward returned last, before ``case.extra["view"]``."""
     seen = {}
 
     def fn(*xs):
         out, cache = (_call(path, fname.replace("backward", "forward"), case.forward, module, *xs)
                       if checked else case.forward(module, *xs))
+        seen["forward"] = (out, cache)
 
         def back(dout):
             raw = (_call(path, fname, case.backward, module, dout, cache) if checked
@@ -224,16 +252,70 @@ def _shape_hint(name, got, want):
     return f"the gradient of {name} has shape {got}; expected {want}"
 
 
+def _differs(mine, given, where):
+    """How ``mine`` (what the learner's forward returned: its output, its cache or a part of
+    it) differs from ``given`` (the given forward's on the same inputs): a phrase, or None."""
+    if isinstance(given, (tuple, list)):
+        if not isinstance(mine, (tuple, list)) or len(mine) != len(given):
+            return f"{where} is not the given forward's (a {type(given).__name__} of {len(given)})"
+        return next(filter(None, (_differs(a, b, f"{where}[{i}]")
+                                  for i, (a, b) in enumerate(zip(mine, given)))), None)
+    if isinstance(given, np.random.Generator):
+        return None
+    if given is None or isinstance(given, (str, bool, np.dtype)):
+        if type(mine) is type(given) and mine == given:
+            return None
+        return f"{where} is {mine!r}; the given forward's is {given!r}"
+    try:
+        a, b = np.asarray(mine, dtype=np.float64), np.asarray(given, dtype=np.float64)
+    except (TypeError, ValueError):
+        return f"{where} is a {type(mine).__name__}; the given forward's is a number or an array"
+    if a.shape != b.shape:
+        return f"{where} has shape {a.shape}; the given forward's has {b.shape}"
+    finite = np.isfinite(b)
+    same_rest = np.array_equal(a[~finite], b[~finite], equal_nan=True)   # inf, nan where given
+    if same_rest and _rel(a[finite], b[finite]) <= FORWARD_RTOL:
+        return None
+    if a.ndim == 0:
+        return f"{where} is {a.item():.6g}; the given forward's is {b.item():.6g}"
+    error = _rel(a, b)
+    return f"{where} differs from the given forward's " + (
+        f"(by up to {error:.2g} of its largest entry)" if math.isfinite(error)
+        else "(NaN or inf where the given forward's is finite, or the reverse)")
+
+
+def _forward_changed(case, reference, seen, fname):
+    """None if the learner's forward, as ``seen`` on the case's inputs, returned what the given
+    (reference) forward returns on them, output and cache alike; else the one line saying how
+    it was changed."""
+    forward = fname.replace("backward", "forward")
+    out, cache = seen["forward"]
+    ref_out, ref_cache = case.forward(reference, *[x.copy() for x in case.inputs])
+    found = _differs(out, np.asarray(ref_out, dtype=np.float64), "output") or \
+        _differs(cache, ref_cache, "cache")
+    return None if found is None else f"your forward was changed: {forward}'s {found}"
+
+
 def _check_cases(module, exercise, path, seed):
     reference = solution(exercise)
     fname = exercise.writes[-1] if len(exercise.writes) == 1 else None
-    reports, hints, worst = [], [], 0.0
+    reports, hints, worst, note = [], [], None, ""
     status = "done"
     for k, case in enumerate(exercise.cases(np.random.default_rng(seed))):
         name_here = fname or _case_function_name(case, exercise)
         fn = _case_function(module, case, path, name_here)
         inputs = [x.copy() for x in case.inputs]
         out, back = fn(*inputs)
+        changed = _forward_changed(case, reference, fn.seen, name_here)
+        if changed is not None:
+            status, note = "WRONG", "forward"
+            hint = (f"your forward was changed: {name_here.replace('backward', 'forward')} does "
+                    f"not return what the given one returns; the backward is judged against "
+                    f"the given forward, so put it back as it was")
+            if hint not in hints:
+                hints.append(hint)
+            reports.append((case.label, "not checked: " + changed))
+            continue
         dout = np.asarray(np.random.default_rng([seed, k]).standard_normal(out.shape))
         given = dout.copy()
         mine = back(given)
@@ -257,6 +339,7 @@ def _check_cases(module, exercise, path, seed):
             if problem not in hints:
                 hints.append(problem)
         if shapes:
+            note = note or "shape"
             reports.append((case.label, "not checked: " + shapes[0]))
             continue
         try:
@@ -265,7 +348,8 @@ def _check_cases(module, exercise, path, seed):
             raise LearnerError(f"{path.name}: {name_here}: {e}") from None
         reports.append((case.label, str(result)))
         measured = [e for e in result.errors if e is not None]
-        worst = max([worst, *measured]) if not any(math.isnan(e) for e in measured) else math.nan
+        worst = (max([0.0 if worst is None else worst, *measured])
+                 if not any(math.isnan(e) for e in measured) else math.nan)
         if not result.ok:
             status = "WRONG"
             for hint in _hints(exercise, case, reference, path, name_here, inputs, dout, mine,
@@ -273,7 +357,7 @@ def _check_cases(module, exercise, path, seed):
                 if hint not in hints:
                     hints.append(hint)
     return ExerciseResult(exercise.name, status, "", reports, hints,
-                          None if worst is None else float(worst))
+                          None if worst is None else float(worst), note)
 
 
 def _case_function_name(case, exercise):
@@ -373,8 +457,9 @@ def _run_adam(update, state, grads, wd, decoupled, path=None):
 
 
 def _rel(a, b):
-    scale = max(float(np.abs(b).max()), 1e-300)
-    err = float(np.abs(np.asarray(a, dtype=np.float64) - b).max()) / scale
+    """max |a - b| / max |b| (inf where not finite)."""
+    scale = max(float(np.abs(b).max(initial=0.0)), 1e-300)
+    err = float(np.abs(np.asarray(a, dtype=np.float64) - b).max(initial=0.0)) / scale
     return err if math.isfinite(err) else math.inf
 
 
@@ -417,10 +502,14 @@ def _check_adam(module, exercise, path):
 
 # -- the child and its parent ----------------------------------------------------------------------
 
+GRACE = 3.0           # seconds past an exercise's limit before the parent kills the child
+
+
 def run_child(folder, names, timeout, out):
     """Check ``names`` one after the other, each under ``timeout`` seconds, writing one JSON
     line per exercise to ``out`` (a "started" line before each, so that the parent knows which
-    one a kill interrupted)."""
+    one a kill interrupted). The alarm here lets the next exercise run in the same child; the
+    parent's kill, ``GRACE`` seconds later, is the limit."""
     def expire(signum, frame):
         raise Timeout()
     signal.signal(signal.SIGALRM, expire)
@@ -431,31 +520,47 @@ def run_child(folder, names, timeout, out):
         try:
             result = check_exercise(folder, name)
         except Timeout:
-            result = ExerciseResult(name, "timed out", f"{find(name).file}: still running after "
-                                                       f"{timeout:g} s (an endless loop?)")
+            result = ExerciseResult(name, "timed out", _timed_out(name, timeout))
+        except MemoryError:
+            result = ExerciseResult(name, "error", f"{find(name).file}: {memory_message()}")
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         out.write(result.to_json() + "\n")
         out.flush()
 
 
-def check_folder(folder, names=None, timeout=TIMEOUT):
+def _timed_out(name, timeout):
+    return f"{find(name).file}: still running after {timeout:g} s (an endless loop?)"
+
+
+def check_limits(timeout, memory, name="timeout"):
+    """``timeout`` (seconds) and ``memory`` (MiB), checked: ValueError naming the one out of
+    range (the time limit as ``name``)."""
+    timeout = check_real(name, timeout, minimum=0, min_open=True, maximum=MAX_TIMEOUT)
+    memory = check_int("memory", memory, 1)
+    if memory > MAX_MEMORY:
+        raise ValueError(f"memory: expected at most {MAX_MEMORY} (MiB), got {memory}")
+    return timeout, memory
+
+
+def check_folder(folder, names=None, timeout=TIMEOUT, memory=MEMORY):
     """The :class:`ExerciseResult` of each exercise ``names`` (all by default) of ``folder``,
-    checked in a child process; a child that dies (or runs past every limit) costs the exercise
-    it was checking, and a new one checks the rest. ValueError if ``folder`` is not an exercise
-    folder."""
+    checked in a child process, each exercise under ``timeout`` seconds and ``memory`` MiB; a
+    child that dies (or runs past its limit, then killed with its whole process group) costs
+    the exercise it was checking, and a new one checks the rest. ValueError if ``folder`` is
+    not an exercise folder or a limit is out of range."""
+    timeout, memory = check_limits(timeout, memory)
     check_folder_marker(folder)
     names = [e.name for e in EXERCISES] if names is None else [find(n).name for n in names]
     results = {}
     while len(results) < len(names):
         left = [n for n in names if n not in results]
-        got, started, code = _run_child(folder, left, timeout)
+        got, started, code = _run_child(folder, left, timeout, memory)
         results.update(got)
         if started is not None and started not in results:
-            what = ("still running after the time limit" if code is None else
-                    f"ended the checker (exit status {code})")
-            results[started] = ExerciseResult(started, "timed out" if code is None else "error",
-                                               f"{find(started).file}: {what}")
+            results[started] = (ExerciseResult(started, "timed out", _timed_out(started, timeout))
+                                if code is None else ExerciseResult(
+                started, "error", f"{find(started).file}: ended the checker (exit status {code})"))
         elif not got:                             # the child never got to an exercise
             for n in left:
                 results[n] = ExerciseResult(n, "error", f"the checker could not start (exit "
@@ -463,29 +568,19 @@ def check_folder(folder, names=None, timeout=TIMEOUT):
     return [results[n] for n in names]
 
 
-def _run_child(folder, names, timeout):
+def _run_child(folder, names, timeout, memory):
     """({name: ExerciseResult}, the exercise it was on when it ended or None, exit status or
     None if killed) of one child checking ``names``."""
-    package_root = str(Path(__file__).resolve().parent.parent.parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-    command = [sys.executable, "-m", "npformer.exercises.runner", str(folder),
-               "--timeout", repr(float(timeout)), *names]
-    backstop = timeout * len(names) + 60          # the child's own alarm should come first
-    try:
-        done = subprocess.run(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                              timeout=backstop, env=env)
-        text, code = done.stdout, done.returncode
-    except subprocess.TimeoutExpired as e:
-        text, code = e.stdout or b"", None
-    results, started = {}, None
-    for line in text.decode("utf-8", "replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    results, started = {}, [None]
+
+    def on_record(record):
         if "started" in record:
-            started = record["started"]
-        elif "status" in record:
-            results[record["name"]] = ExerciseResult.from_json(line)
-    return results, started, code
+            started[0] = record["started"]
+            return timeout + GRACE
+        if "status" in record:
+            results[record["name"]] = ExerciseResult.from_record(record)
+            return GRACE
+        return None
+    code = run(["check", "--timeout", repr(float(timeout)), "--memory", str(memory), "--",
+                str(folder), *names], on_record)
+    return results, started[0], code

@@ -1,30 +1,52 @@
 """``npformer exercises check DIR --train``: the toy translator of ``npformer toy`` trained with
-the learner's own backward passes, and, where it fails, the layer to look at."""
+the learner's own backward passes, and, where it fails, the layer to look at.
+
+The training runs in a child process (:mod:`.child`, :func:`train_child`) under a wall-clock
+limit: a slow or looping backward, a crash or an exit of the learner's code ends the finale
+with one line, never npformer itself."""
+import json
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import backend
 from ..training.toy import run_toy, toy_trainer
+from ..validation import check_int
 from .catalogue import EXERCISES, find
-from .checker import check_folder, load_learner, solution, TIMEOUT
-from .namespace import Shadow, build, module_paths, pairs_of, trained_exercises
+from .checker import (GRACE, TIMEOUT, LearnerError, check_folder, check_limits, load_learner,
+                      solution)
+from .child import MEMORY, TRAIN_TIMEOUT, memory_message, run
+from .namespace import Finding, Shadow, build, module_paths, pairs_of, trained_exercises
 
 BACKEND_NAME = "exercises"
 TARGET = 0.99             # the toy reaches 1.000 train exact match in its 14 epochs
 
 
 @dataclass
+class ToySummary:
+    """What the finale reports of the toy's run (training.toy.ToyResult's figures)."""
+
+    train_exact_match: float
+    heldout_exact_match: float
+    n_train: int
+    n_heldout: int
+    train_seconds: float
+    steps: int
+    stop_reason: str
+    examples: list                   # (source, reference, hypothesis)
+
+
+@dataclass
 class FinaleResult:
     checks: list                     # the ExerciseResult of every exercise
     findings: list = field(default_factory=list)    # namespace.Finding, in the backward's order
-    toy: object = None               # training.toy.ToyResult (None if training raised)
-    error: str = ""                  # why training stopped, if the learner's code raised
+    toy: object = None               # ToySummary (None if training stopped)
+    error: str = ""                  # why training stopped (one line), if it did
 
     @property
     def ok(self):
         return (self.toy is not None and not self.findings and not self.error
-                and self.toy.summary["stop_reason"] != "non_finite")
+                and self.toy.stop_reason != "non_finite")
 
 
 def modules_of(folder):
@@ -45,13 +67,16 @@ def reference_modules():
 
 
 def refuse_unfinished(checks):
-    """ValueError (one line) unless every exercise the finale trains with can run."""
-    blocked = [r for r in checks if r.status in ("not done", "error", "timed out")
+    """ValueError (one line) unless every exercise the finale trains with can run, with the
+    given forward passes (the finale trains the toy model, not another)."""
+    blocked = [r for r in checks if (r.status in ("not done", "error", "timed out")
+                                     or r.note == "forward")
                and any(e.name == r.name and e.trained for e in EXERCISES)]
     if blocked:
+        why = [f"{r.name} ({'its forward was changed' if r.note == 'forward' else r.status})"
+               for r in blocked]
         raise ValueError("the finale trains with your " + ", ".join(e.name for e in trained_exercises())
-                         + ": finish " + ", ".join(f"{r.name} ({r.status})" for r in blocked)
-                         + " first")
+                         + ": finish " + ", ".join(why) + " first")
 
 
 def preflight(learner, seed, model_kwargs, train_kwargs):
@@ -78,23 +103,74 @@ def describe(error, folder):
     return f"{type(error).__name__}: {text[0] if text else ''}{where}"
 
 
-def run_finale(folder, seed=0, epochs=None, out_dir=None, quiet=True, on_eval=None,
-               timeout=TIMEOUT, checks=None, n_examples=3):
+def run_finale(folder, seed=0, epochs=None, on_eval=None, timeout=TIMEOUT,
+               train_timeout=TRAIN_TIMEOUT, memory=MEMORY, checks=None):
     """Check every exercise (or take ``checks``), then train the toy translator with the
-    learner's pairs: a :class:`FinaleResult`. ValueError if an exercise it trains with is not
-    done or does not run."""
-    checks = check_folder(folder, timeout=timeout) if checks is None else checks
+    learner's pairs in a child process, under ``train_timeout`` seconds and ``memory`` MiB:
+    a :class:`FinaleResult`. ``on_eval(record)`` gets each evaluation's epoch, step, loss and
+    exact_match as they come. ValueError if an exercise it trains with is not done or does not
+    run, or a limit is out of range."""
+    train_timeout, memory = check_limits(train_timeout, memory, "train_timeout")
+    seed, epochs = check_int("seed", seed, 0), check_int("epochs", epochs, 1, allow_none=True)
+    checks = check_folder(folder, timeout=timeout, memory=memory) if checks is None else checks
     refuse_unfinished(checks)
-    learner = modules_of(folder)
-    train_kwargs = {} if epochs is None else {"epochs": epochs}
+    verdict = {}
+
+    def on_record(record):
+        if "started" in record:
+            return train_timeout
+        if "eval" in record and on_eval is not None:
+            on_eval(record["eval"])
+        if "finale" in record:
+            verdict.update(record["finale"])
+            return GRACE
+        return None
+    code = run(["train", "--memory", str(memory), "--seed", str(seed),
+                *([] if epochs is None else ["--epochs", str(epochs)]), "--", str(folder)],
+               on_record)
     result = FinaleResult(checks)
+    if not verdict:
+        result.error = (f"still running after {train_timeout:g} s (the limit, --train-timeout; "
+                        f"npformer toy takes a small part of it: is a backward pass slow or "
+                        f"looping?)" if code is None else
+                        f"your code ended the training process (exit status {code}) before it "
+                        f"finished")
+        return result
+    result.error = verdict["error"]
+    result.findings = [Finding(**f) for f in verdict["findings"]]
+    result.toy = None if verdict["toy"] is None else ToySummary(**verdict["toy"])
+    return result
+
+
+def train_child(folder, seed, epochs, out):
+    """The finale's training, in the child: a JSON line when it starts, one per evaluation
+    ({"eval": ...}), then the verdict ({"finale": ...}: the error, the findings, the toy's
+    figures)."""
+    def emit(record):
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+
+    def on_eval(rec):
+        emit({"eval": {"epoch": int(rec["epoch"]), "step": int(rec["step"]),
+                       "loss": float(rec["loss"]), "exact_match": float(rec["exact_match"])}})
+    emit({"started": "training"})
+    verdict = {"error": "", "findings": [], "toy": None}
+    train_kwargs = {} if epochs is None else {"epochs": epochs}
     try:
-        result.findings = preflight(learner, seed, None, train_kwargs)
+        learner = modules_of(folder)
+        verdict["findings"] = [asdict(f) for f in preflight(learner, seed, None, train_kwargs)]
         with tempfile.TemporaryDirectory(prefix="npformer-finale-") as tmp, \
                 backend.using(build(pairs_of(learner)), BACKEND_NAME):
-            result.toy = run_toy(seed=seed, train_kwargs=train_kwargs,
-                                 out_dir=out_dir or tmp, quiet=quiet, on_eval=on_eval,
-                                 n_examples=n_examples)
-    except Exception as e:              # the learner's code, inside the model
-        result.error = describe(e, folder)
-    return result
+            toy = run_toy(seed=seed, train_kwargs=train_kwargs, out_dir=tmp, quiet=True,
+                          on_eval=on_eval, n_examples=3)
+        verdict["toy"] = asdict(ToySummary(
+            float(toy.train_exact_match), float(toy.heldout_exact_match), len(toy.data.train),
+            len(toy.data.heldout), float(toy.train_seconds), int(toy.summary["step"]),
+            str(toy.summary["stop_reason"]), [list(e) for e in toy.examples]))
+    except LearnerError as e:             # a file that cannot be loaded
+        verdict["error"] = str(e)
+    except MemoryError:
+        verdict["error"] = f"your code {memory_message()}"
+    except BaseException as e:            # the learner's code, inside the model (an exit too)
+        verdict["error"] = f"your code raised {describe(e, folder)}"
+    emit({"finale": verdict})

@@ -1,6 +1,12 @@
-"""The child process of ``npformer exercises check``: ``python -m npformer.exercises.runner DIR
-[--timeout S] NAME...`` checks each exercise and writes one JSON line per verdict to standard
-output; whatever the learner's code prints goes to standard error instead."""
+"""The child process that runs the learner's code (:mod:`.child` starts it and holds its limits):
+
+- ``python -m npformer.exercises.runner check DIR --timeout S --memory MIB NAME...`` checks
+  each exercise and writes one JSON line per verdict;
+- ``python -m npformer.exercises.runner train DIR --memory MIB [--seed N] [--epochs N]`` runs
+  the finale and writes a line per evaluation, then the verdict.
+
+Its standard output carries only those lines; whatever the learner's code prints goes to
+standard error instead."""
 import argparse
 import os
 import sys
@@ -8,15 +14,28 @@ import sys
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="npformer.exercises.runner")
-    parser.add_argument("folder")
-    parser.add_argument("--timeout", type=float, required=True)
-    parser.add_argument("names", nargs="+")
+    actions = parser.add_subparsers(dest="action", required=True)
+    check, train = actions.add_parser("check"), actions.add_parser("train")
+    for p in (check, train):
+        p.add_argument("folder")
+        p.add_argument("--memory", type=int, required=True)
+    check.add_argument("--timeout", type=float, required=True)
+    check.add_argument("names", nargs="+")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--epochs", type=int, default=None)
     args = parser.parse_args(argv)
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())   # the learner's prints: to stderr
-    from .checker import run_child
-    run_child(args.folder, args.names, args.timeout, out)
+    from .child import limit_memory
+    if args.action == "check":
+        from .checker import run_child
+        limit_memory(args.memory)
+        run_child(args.folder, args.names, args.timeout, out)
+    else:
+        from .finale import train_child
+        limit_memory(args.memory)
+        train_child(args.folder, args.seed, args.epochs, out)
     out.close()
     return 0
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from .catalogue import DERIVATIONS, EXERCISES
-from .checker import MARKER
+from .checker import MARKER, check_path_given
 from .derivations import derivations
 
 BEGIN, END = "# --- your code ---", "# --- end of your code ---"
@@ -88,13 +88,21 @@ def start(folder, overwrite=False):
     """Write the exercise files into ``folder`` (made if absent). A folder that holds anything
     is refused unless ``overwrite``, and even then no file already there is replaced. Returns
     (written, kept): the file names of each kind."""
+    check_path_given(folder)
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise ValueError(f"DIR: {folder} is a file; expected a new or empty folder")
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ValueError(f"DIR: {folder} cannot be made: {above} is a file, not a folder")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ValueError(f"DIR: {folder} is not empty; pass --overwrite to add the exercise "
                          f"files it lacks (files already there are kept, never overwritten)")
     contents = files(folder)                      # all made before the folder is touched
+    for name in contents:
+        if (path / name).exists() and not (path / name).is_file():
+            raise ValueError(f"DIR: {path / name} is a folder, not the exercise file; move it "
+                             f"away, then run start --overwrite again")
     path.mkdir(parents=True, exist_ok=True)
     written, kept = [], []
     for name, text in contents.items():

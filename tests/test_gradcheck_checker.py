@@ -440,3 +440,24 @@ def test_a_backward_that_scales_the_probe_in_place_is_told_so(x):
                                          r"a copy"):
         nf.gradcheck(f, [x])
 
+
+def test_the_table_shows_no_relative_error_within_the_absolute_tolerance(x):
+    """A gradient of exactly 0, answered with 1e-12: exact, and |a - n| / |n| is 1e-12 / 0."""
+    def flat(x):
+        return np.ones(3), lambda d: np.full(x.shape, 1e-12)
+    result = nf.gradcheck(flat, [x], names=["x"])
+    assert result.ok and result.inputs[0].status == "exact"
+    table = format_table([CheckRow("flat", result, 0.0)]).splitlines()[2]
+    assert table.split()[3:5] == ["1.0e-12", "-"], table
+    row = str(result).splitlines()[2]
+    assert row.split()[6:8] == ["1.0e-12", "-"], row
+
+
+def test_assert_gradients_hides_its_own_frame_and_uses_the_given_names(x):
+    from npformer.testing import assert_gradients
+    with pytest.raises(AssertionError) as info:
+        assert_gradients(square(3.0), [x])
+    shown = [entry.name for entry in info.traceback.filter(info)]
+    assert "assert_gradients" not in shown and shown, shown
+    with pytest.raises(ValueError, match=r"weights \(inputs\[0\]\): expected float64"):
+        assert_gradients(square(2.0), [x.astype(np.float32)], names=["weights"])

@@ -99,8 +99,9 @@ class GradcheckResult:
 
     ``ok`` (and ``bool(result)``): every input exact, close or not differentiable. ``names``,
     ``errors`` (each input's ``tensor_error``, None where nothing was measured), ``missing``
-    (indices of MISSING inputs) and ``max_error`` summarise the reports. ``str(result)`` is the
-    report a person reads."""
+    (indices of MISSING inputs) and ``max_error`` summarise the reports. ``eps`` is the step
+    asked for, ``step`` the one taken (wider where the output's round-off needs it).
+    ``str(result)`` is the report a person reads."""
 
     inputs: list
     atol: float
@@ -109,6 +110,7 @@ class GradcheckResult:
     fast: bool = False
     probe: str = "drawn"
     n_directions: int = N_DIRECTIONS
+    step: float = None
 
     @property
     def ok(self):
@@ -149,7 +151,7 @@ class GradcheckResult:
         verdict = "PASS" if self.ok else "FAIL"
         mode = f"fast mode, {self.n_directions} directions per input" if self.fast else "every entry"
         head = (f"gradcheck {verdict} (|a - n| <= atol + rtol |n|, atol {self.atol:.0e}, "
-                f"rtol {self.rtol:.0e}; {mode}; eps {self.eps:.0e})")
+                f"rtol {self.rtol:.0e}; {mode}; eps {self.eps:.0e}{self._widened()})")
         where = "direction" if self.fast else "worst entry"
         width = max([len(r.name) for r in self.inputs] + [5])
         lines = [head, f"  {'input':<{width}s}  {'status':<18s} {where:<14s} {'analytic':>13s} "
@@ -166,6 +168,12 @@ class GradcheckResult:
                 row = "backward returned None for a floating input"
             lines.append(f"  {r.name:<{width}s}  {r.status:<18s} {row}{_notes(r)}".rstrip())
         return "\n".join(lines)
+
+
+    def _widened(self):
+        if self.step is None or self.step == self.eps:
+            return ""
+        return f", widened to {self.step:.0e} above the output's round-off"
 
 
 def relative_text(report, atol):
@@ -331,7 +339,7 @@ def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, max_entries=None, se
     _check_unchanged(inputs, saved, names, "fn")
     _check_same(fn, inputs, out, "fn: a later call with the same inputs gave a different output "
                                  "from the first")
-    result = GradcheckResult(reports, atol, rtol, step, fast, probe, n_directions)
+    result = GradcheckResult(reports, atol, rtol, eps, fast, probe, n_directions, step)
     if raise_on_failure and not result.ok:
         raise AssertionError(str(result))
     return result

@@ -26,6 +26,7 @@ def test_a_large_output_neither_passes_a_wrong_backward_nor_fails_the_right_one(
         x = np.random.default_rng(103).standard_normal((4, 5))
         right = nf.gradcheck(shifted_square(2.0), [x], fast=fast, seed=seed)
         assert right.ok and right.inputs[0].kinks == 0, f"seed {seed}\n{right}"
+        assert right.step > right.eps and "widened to" in str(right)
         wrong = nf.gradcheck(shifted_square(3.0), [x], fast=fast, seed=seed)
         assert wrong.inputs[0].status == "WRONG", f"seed {seed}\n{wrong}"
         assert wrong.inputs[0].kinks == 0

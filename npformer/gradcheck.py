@@ -17,14 +17,18 @@ each input entry in place and restoring it. An entry passes when
     |analytic - numeric| <= atol + rtol * |numeric|
 
 (``numpy.testing.assert_allclose``'s form). ``fast=True`` checks a few random directions per
-input instead of every entry. The tolerance model, the probe, the fast mode and how to read the
-report: docs/backprop.md#gradient-checking.
+input instead of every entry. The step is widened where the output is so large that round-off
+would reach the tolerance; an entry that no step can judge is "ill-conditioned", a kink must be
+shown by the one-sided slopes, and an input whose every entry is left out is "not judged": none
+of these passes. The tolerance model, the probe, the fast mode and how to read the report:
+docs/backprop.md#gradient-checking.
 
 A gradient of None is a failure unless that input is non-differentiable: integer and boolean
 inputs (token ids, masks) are so automatically, floating ones only when listed in ``nondiff``
 (a forgotten gradient must never pass as "no gradient"). A check that could not check anything
-(a list instead of an array, an empty array, overlapping inputs, a NaN, a zero step) is refused
-with a ``ValueError`` naming the argument, never passed.
+(a list or a masked array instead of an array, an empty array, overlapping inputs, a NaN, a zero
+step, an all-zero probe, a function that is not the same from call to call) is refused with a
+``ValueError`` naming the argument, never passed.
 """
 import math
 from dataclasses import dataclass, field
@@ -41,8 +45,16 @@ RTOL = 1e-5     # the relative part: a correct entry agrees to ~1e-9 relative; t
 EXACT = 0.01    # "exact": every entry within 1% of its tolerance
 N_DIRECTIONS = 3  # fast mode: random directions per input
 REFINE = 16     # a value outside the tolerance is looked at again with a step this much smaller
+LEVELS = 3      # ... and again, at most this many steps in all (h, h/16, h/256)
+NOISE = 8       # every difference is taken with a step whose round-off stays below 1/NOISE of
+                # the tolerance (see _roundoff); a smaller step is widened
+FULL_LIMIT = 100_000   # the full check refuses more entries than this (2 forward passes each)
+                       # unless max_entries says how many to check: fast=True is the way
+FALLBACK_ENTRIES = 20  # fast mode: entries checked instead when every direction crosses a kink
 
-STATUSES = ("exact", "close", "WRONG", "MISSING", "not differentiable")
+STATUSES = ("exact", "close", "WRONG", "MISSING", "ill-conditioned", "not judged",
+            "not differentiable")
+JUDGED, KINK, ILL = 0, 1, 2     # what _compare made of one entry or direction
 
 
 @dataclass
@@ -50,15 +62,18 @@ class InputReport:
     """One input's verdict.
 
     ``status``: "exact" (every checked entry within ``EXACT`` of its tolerance), "close" (within
-    it), "WRONG", "MISSING" (a floating input whose backward returned None) or "not
-    differentiable" (an integer or boolean input, one listed in ``nondiff``, or one whose every
-    checked entry sits on a kink). ``index``: the worst entry (a tuple), or in the fast mode
-    the worst direction's number; ``analytic`` and ``numeric`` its two values (the directional
-    derivatives in the fast mode); ``abs_error`` |a - n|; ``rel_error`` |a - n| / |n|;
-    ``tensor_error`` the whole tensor's max|a - n| / max(max|a|, max|n|), a figure of scale (it
-    takes no part in the verdict). ``checked``: entries or directions compared; ``kinks``: those
-    left out because the function has a kink at the point itself (ReLU at exactly 0), where it
-    has no derivative to check (see ``_compare``)."""
+    it), "WRONG", "MISSING" (a floating input whose backward returned None), "ill-conditioned"
+    (some entry could not be judged: no step keeps both round-off and truncation below the
+    tolerance), "not judged" (every checked entry sits on a kink, so nothing was compared) or
+    "not differentiable" (an integer or boolean input, or one listed in ``nondiff``). Only
+    exact, close and not differentiable pass. ``index``: the worst entry (a tuple), or in the
+    fast mode the worst direction's number; ``analytic`` and ``numeric`` its two values (the
+    directional derivatives in the fast mode); ``abs_error`` |a - n|; ``rel_error`` |a - n| /
+    |n|; ``tensor_error`` the whole tensor's max|a - n| / max(max|a|, max|n|), a figure of scale
+    (it takes no part in the verdict). ``checked``: entries or directions compared; ``kinks``:
+    those left out because the function has a kink at the point itself (ReLU at exactly 0),
+    where it has no derivative to check (see ``_compare``); ``ill``: those that could not be
+    judged; ``note``: how the fast mode fell back to entries, if it did."""
 
     name: str
     status: str
@@ -70,6 +85,8 @@ class InputReport:
     tensor_error: float = None
     checked: int = 0
     kinks: int = 0
+    ill: int = 0
+    note: str = ""
 
     @property
     def ok(self):
@@ -82,8 +99,9 @@ class GradcheckResult:
 
     ``ok`` (and ``bool(result)``): every input exact, close or not differentiable. ``names``,
     ``errors`` (each input's ``tensor_error``, None where nothing was measured), ``missing``
-    (indices of MISSING inputs) and ``max_error`` summarise the reports. ``str(result)`` is the
-    report a person reads."""
+    (indices of MISSING inputs) and ``max_error`` summarise the reports. ``eps`` is the step
+    asked for, ``step`` the one taken (wider where the output's round-off needs it).
+    ``str(result)`` is the report a person reads."""
 
     inputs: list
     atol: float
@@ -91,6 +109,8 @@ class GradcheckResult:
     eps: float
     fast: bool = False
     probe: str = "drawn"
+    n_directions: int = N_DIRECTIONS
+    step: float = None
 
     @property
     def ok(self):
@@ -122,15 +142,16 @@ class GradcheckResult:
     @property
     def worst(self):
         """The report of the input furthest from passing (a failing one first), or None."""
-        order = {"MISSING": 0, "WRONG": 1, "close": 2, "exact": 3, "not differentiable": 4}
+        order = {"MISSING": 0, "WRONG": 1, "ill-conditioned": 2, "not judged": 3, "close": 4,
+                 "exact": 5, "not differentiable": 6}
         ranked = sorted(self.inputs, key=lambda r: (order[r.status], -_ratio(r, self)))
         return ranked[0] if ranked else None
 
     def __str__(self):
         verdict = "PASS" if self.ok else "FAIL"
-        mode = f"fast mode, {self._directions()} directions per input" if self.fast else "every entry"
+        mode = f"fast mode, {self.n_directions} directions per input" if self.fast else "every entry"
         head = (f"gradcheck {verdict} (|a - n| <= atol + rtol |n|, atol {self.atol:.0e}, "
-                f"rtol {self.rtol:.0e}; {mode}; eps {self.eps:.0e})")
+                f"rtol {self.rtol:.0e}; {mode}; eps {self.eps:.0e}{self._widened()})")
         where = "direction" if self.fast else "worst entry"
         width = max([len(r.name) for r in self.inputs] + [5])
         lines = [head, f"  {'input':<{width}s}  {'status':<18s} {where:<14s} {'analytic':>13s} "
@@ -139,19 +160,42 @@ class GradcheckResult:
             if r.analytic is None:
                 row = ""
             else:
-                index = str(r.index) if not self.fast else f"#{r.index}"
+                index = f"#{r.index}" if isinstance(r.index, int) else str(r.index)
                 row = (f"{index:<14s} {r.analytic:>13.6e} {r.numeric:>13.6e} {r.abs_error:>8.1e} "
-                       f"{r.rel_error:>8.1e} {r.tensor_error if r.tensor_error is not None else math.nan:>10.1e}")
-            note = ""
+                       f"{relative_text(r, self.atol):>8s} "
+                       f"{r.tensor_error if r.tensor_error is not None else math.nan:>10.1e}")
             if r.status == "MISSING":
                 row = "backward returned None for a floating input"
-            elif r.kinks:
-                note = f"  ({r.kinks} of {r.checked} at a kink, not judged)"
-            lines.append(f"  {r.name:<{width}s}  {r.status:<18s} {row}{note}".rstrip())
+            lines.append(f"  {r.name:<{width}s}  {r.status:<18s} {row}{_notes(r)}".rstrip())
         return "\n".join(lines)
 
-    def _directions(self):
-        return max((r.checked for r in self.inputs if r.checked), default=0)
+
+    def _widened(self):
+        if self.step is None or self.step == self.eps:
+            return ""
+        return f", widened to {self.step:.0e} above the output's round-off"
+
+
+def relative_text(report, atol):
+    """``report.rel_error`` for a table, or "-" where the entry is within the absolute tolerance
+    (a relative error to a numeric value that is round-off says nothing)."""
+    if report.abs_error is None or report.abs_error <= atol:
+        return "-"
+    return f"{report.rel_error:.1e}"
+
+
+def _notes(report):
+    """The report line's remarks: entries left out, and why that is or is not a pass."""
+    notes = [report.note] if report.note else []
+    if report.status == "not judged":
+        notes.append(f"every one of {report.checked} at a kink: nothing judged, not a pass; "
+                     f"check at points away from the kink")
+    elif report.kinks:
+        notes.append(f"{report.kinks} of {report.checked} at a kink, not judged")
+    if report.ill:
+        notes.append(f"{report.ill} of {report.checked} ill-conditioned: no step keeps round-off "
+                     f"(from the output's size) and truncation below the tolerance, not a pass")
+    return "".join(f"  ({n})" for n in notes)
 
 
 def _ratio(report, result):
@@ -192,22 +236,34 @@ def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, max_entries=None, se
     Args:
         fn: ``fn(*inputs) -> (out, backward)``, ``backward(dout) -> gradient or tuple of them``
             (one per input, None for a non-differentiable one). ``fn`` must be deterministic
-            (re-seed any dropout rng inside it) and must not change its inputs.
-        inputs: a list of NumPy arrays, one per argument of ``fn``; floating ones must be
-            float64 (float32 differences are round-off noise) and are perturbed in place.
-        eps: the finite-difference step.
+            (re-seed any dropout rng inside it) and must not change its inputs; ``backward``
+            must change neither the inputs, nor ``dout``, nor anything the forward reads. fn is
+            called at the unperturbed inputs three times (first, after the backward ran, after
+            the last difference), and each output must equal the first bit for bit.
+        inputs: a list of plain NumPy arrays (no ``numpy.ma``), one per argument of ``fn``;
+            floating ones must be float64 (float32 differences are round-off noise) and are
+            perturbed in place.
+        eps: the finite-difference step, the smallest one used: where the output is large, the
+            round-off of a difference, eps_machine * sum|out * dout| / h, would reach the
+            tolerance, so the step is widened until it is below 1/NOISE of ``atol`` (the report's
+            header gives the step taken).
         atol, rtol: an entry passes when |analytic - numeric| <= atol + rtol |numeric|.
-        max_entries: check at most this many randomly chosen entries per input (None: all).
+        max_entries: check at most this many randomly chosen entries per input (None: all;
+            refused above ``FULL_LIMIT`` entries in all, two forward passes each, rather than
+            left to run for hours: pass ``fast=True``, or a ``max_entries``).
         seed: seeds the probe, the sampled entries and the fast mode's directions, each from
             its own stream spawned from ``seed`` (never the stream of ``default_rng(seed)``, so
             a probe cannot equal inputs drawn by the caller from the same seed).
         names: labels for the report (default ``input0``, ``input1``, ...).
         nondiff: indices of floating inputs that are not differentiated (e.g. a float mask);
             integer and boolean inputs need not be listed.
-        dout: the probe (``out``'s shape, finite floats); None draws a standard normal one.
+        dout: the probe (``out``'s shape, finite floats, not all zero); None draws a standard
+            normal one.
         fast: check ``n_directions`` random unit directions u per input instead of every entry:
             ``<analytic, u>`` against ``(f(x + eps u) - f(x - eps u)) / 2 eps``, with the same
-            atol and rtol. Two forward passes per direction, whatever the input's size.
+            atol and rtol. Two forward passes per direction, whatever the input's size. When
+            every direction crosses a kink, ``FALLBACK_ENTRIES`` sampled entries are checked
+            instead.
         raise_on_failure: raise AssertionError (with the report) on failure. Off by default
             because the result is a report (``npformer gradcheck`` prints every check);
             ``assert gradcheck(...)`` fails all the same, since ``bool(result)`` is
@@ -219,7 +275,7 @@ def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, max_entries=None, se
         raise ValueError("tol: gradcheck's single relative tolerance is gone; an entry now passes "
                          "when |analytic - numeric| <= atol + rtol |numeric| (pass atol= and rtol=, "
                          f"defaults {ATOL:g} and {RTOL:g})")
-    inputs = _check_inputs(inputs)
+    inputs, names = _check_inputs(inputs, names)
     eps = _positive_real("eps", eps)
     atol, rtol = _positive_real("atol", atol), _positive_real("rtol", rtol)
     if max_entries is not None:
@@ -230,26 +286,19 @@ def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, max_entries=None, se
     if not isinstance(fast, bool):
         raise ValueError(f"fast: expected True or False, got {fast!r}")
     nondiff = _check_nondiff(nondiff, len(inputs))
-    if names is None:
-        names = [f"input{i}" for i in range(len(inputs))]
-    elif isinstance(names, str) or len(names) != len(inputs) or \
-            not all(isinstance(n, str) for n in names):
-        raise ValueError(f"names: expected one string per input ({len(inputs)}), got {names!r}")
-    names = list(names)
+    differentiable = [x.dtype == np.float64 and i not in nondiff for i, x in enumerate(inputs)]
+    _check_size(inputs, differentiable, fast, max_entries)
     probe_ss, entries_ss, directions_ss = np.random.SeedSequence(int(seed)).spawn(3)
 
     saved = [x.copy() for x in inputs]
     out, backward = fn(*inputs)
     out = _check_output(out)
     _check_unchanged(inputs, saved, names, "fn")
-    again = _check_output(fn(*inputs)[0])
-    if not np.array_equal(again, out):
-        raise ValueError("fn: two calls with the same inputs gave different outputs; a gradient "
-                         "check needs a deterministic function (re-seed any dropout rng inside fn)")
     if dout is None:
         dout, probe = np.random.default_rng(probe_ss).standard_normal(out.shape), "drawn"
     else:
         dout, probe = _check_dout(dout, out.shape), "given"
+    given = dout.copy()
     analytic = backward(dout)
     if not isinstance(analytic, (tuple, list)):
         analytic = (analytic,)
@@ -257,63 +306,183 @@ def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, max_entries=None, se
         raise ValueError(f"backward: returned {len(analytic)} gradients for {len(inputs)} inputs "
                          f"(one per input, None for a non-differentiable one)")
     _check_unchanged(inputs, saved, names, "backward")
+    if not np.array_equal(dout, given):
+        raise ValueError("backward: changed dout (the probe) in place; the checker compares with "
+                         "sum(out * dout) for the dout it passed, and in a model the same dout "
+                         "also reaches other layers: work on a copy (d = d * s, not d *= s)")
     # copied at once: a module's backward may hand out buffers the next forward overwrites
     analytic = [None if a is None else _check_gradient(a, x, name)
                 for a, x, name in zip(analytic, inputs, names)]
+    _check_same(fn, inputs, out, "fn: two calls with the same inputs gave different outputs (the "
+                                 "second after backward ran)")
 
     def scalar():
         return float(np.sum(_check_output(fn(*inputs)[0], perturbed=True) * dout))
 
-    f0 = float(np.sum(out * dout))
+    f0, roundoff = float(np.sum(out * dout)), _roundoff(out, dout)
+    step = max(eps, NOISE * roundoff / atol)        # widened where the output is large
     entries_rng, directions_rng = np.random.default_rng(entries_ss), np.random.default_rng(directions_ss)
     reports = []
     for i, (x, a, name) in enumerate(zip(inputs, analytic, names)):
-        differentiable = x.dtype == np.float64 and i not in nondiff
-        if not differentiable:
+        check = _Check(scalar, f0, x, a, name, step, roundoff, atol, rtol)
+        if not differentiable[i]:
             reports.append(InputReport(name, "not differentiable"))
         elif a is None:
             reports.append(InputReport(name, "MISSING"))
         elif fast:
-            reports.append(_check_directions(scalar, f0, x, a, name, eps, atol, rtol,
-                                             directions_rng, n_directions))
+            reports.append(check.directions(directions_rng, n_directions, entries_rng))
         else:
             indices = None
             if max_entries is not None and x.size > max_entries:
                 indices = np.sort(entries_rng.choice(x.size, size=max_entries, replace=False))
-            reports.append(_check_entries(scalar, f0, x, a, name, eps, atol, rtol, indices))
+            reports.append(check.entries(indices))
     _check_unchanged(inputs, saved, names, "fn")
-    result = GradcheckResult(reports, atol, rtol, eps, fast, probe)
+    _check_same(fn, inputs, out, "fn: a later call with the same inputs gave a different output "
+                                 "from the first")
+    result = GradcheckResult(reports, atol, rtol, eps, fast, probe, n_directions, step)
     if raise_on_failure and not result.ok:
         raise AssertionError(str(result))
     return result
 
 
-def _check_entries(scalar, f0, x, a, name, eps, atol, rtol, indices):
-    """Every entry (or ``indices``) of one input, by central differences."""
-    flat = range(x.size) if indices is None else indices
-    n = len(flat)
-    analytic, numeric, kink = np.empty(n), np.empty(n), np.zeros(n, dtype=bool)
-    where = []
-    for j, i in enumerate(flat):
-        at = np.unravel_index(int(i), x.shape)
-        analytic[j], numeric[j], kink[j] = _compare(_entry_step(scalar, x, at, a), f0, eps,
-                                                    atol, rtol)
-        where.append(at)
-    return _report(name, analytic, numeric, kink, where, atol, rtol)
+def _roundoff(out, dout):
+    """The round-off of one evaluation of f = sum(out * dout): machine epsilon times the size of
+    the summed terms, sum |out * dout| (not |f|, which cancellation can make small). A central
+    difference with step h carries about roundoff / h of it, a one-sided one twice that."""
+    return float(np.finfo(np.float64).eps * np.sum(np.abs(out * dout)))
 
 
-def _check_directions(scalar, f0, x, a, name, eps, atol, rtol, rng, n_directions):
-    """``n_directions`` random unit directions u of one input: <a, u> against the central
-    difference of f along u."""
-    analytic, numeric = np.empty(n_directions), np.empty(n_directions)
-    kink = np.zeros(n_directions, dtype=bool)
-    old = x.copy()
-    for d in range(n_directions):
-        u = rng.standard_normal(x.shape)
-        u /= np.linalg.norm(u)
-        analytic[d], numeric[d], kink[d] = _compare(_direction_step(scalar, x, old, u, a), f0,
-                                                    eps, atol, rtol)
-    return _report(name, analytic, numeric, kink, list(range(n_directions)), atol, rtol)
+@dataclass
+class _Check:
+    """One input's comparison: its entries or random directions, each through ``_compare``."""
+
+    scalar: object
+    f0: float
+    x: np.ndarray
+    a: np.ndarray
+    name: str
+    step: float
+    roundoff: float
+    atol: float
+    rtol: float
+
+    def entries(self, indices=None, note=""):
+        """Every entry (or ``indices``) by central differences."""
+        flat = range(self.x.size) if indices is None else indices
+        n = len(flat)
+        analytic, numeric, verdict = np.empty(n), np.empty(n), np.zeros(n, dtype=int)
+        where = []
+        for j, i in enumerate(flat):
+            at = np.unravel_index(int(i), self.x.shape)
+            analytic[j], numeric[j], verdict[j] = self._compare(
+                _entry_step(self.scalar, self.x, at, self.a), subgradient=True)
+            where.append(at)
+        return self._report(analytic, numeric, verdict, where, note)
+
+    def directions(self, rng, n_directions, entries_rng):
+        """``n_directions`` random unit directions u: <a, u> against the central difference of f
+        along u. A direction crossing a kink (ReLU inputs at exactly 0: every direction crosses
+        all of them) judges nothing, so when every one does, ``FALLBACK_ENTRIES`` sampled
+        entries are checked instead."""
+        analytic, numeric = np.empty(n_directions), np.empty(n_directions)
+        verdict = np.zeros(n_directions, dtype=int)
+        old = self.x.copy()
+        for d in range(n_directions):
+            u = rng.standard_normal(self.x.shape)
+            u /= np.linalg.norm(u)
+            analytic[d], numeric[d], verdict[d] = self._compare(
+                _direction_step(self.scalar, self.x, old, u, self.a), subgradient=False)
+        if (verdict == KINK).all():
+            size = min(self.x.size, FALLBACK_ENTRIES)
+            indices = np.sort(entries_rng.choice(self.x.size, size=size, replace=False))
+            return self.entries(indices, f"every direction crossed a kink: {size} entries "
+                                         f"checked instead")
+        return self._report(analytic, numeric, verdict, list(range(n_directions)))
+
+    def _compare(self, step, subgradient):
+        """(analytic, numeric, verdict) for one entry or direction; verdict JUDGED, KINK or ILL.
+
+        The first difference is taken at ``self.step`` (eps, or wider where the output is so
+        large that round-off would reach the tolerance). A value outside the tolerance is looked
+        at again with steps ``REFINE`` times smaller, as long as their round-off stays below
+        1/NOISE of the tolerance (else once with a step twice as large), and the two finest
+        steps decide:
+        - the finer difference agrees: the first step was too coarse (a kink between the two
+          steps, or a large third derivative) and the finer one is judged;
+        - a kink at the point itself (ReLU at exactly 0): the one-sided slopes (f(x+h)-f(x))/h
+          and (f(x)-f(x-h))/h are each stable from one step to the other (within 1/8 of their
+          jump) and jump by more than twice the tolerance. On a smooth function the jump is
+          h |f''| and each side moves by half of it, so a smooth function never qualifies.
+          For an entry, the analytic value must also lie between the two slopes (a subgradient,
+          as ReLU's 0 or 1 at 0): else it is judged, and WRONG;
+        - the truncation error of the finer difference, estimated from the two steps
+          (Richardson: it shrinks as h^2), is below a quarter of the tolerance: the difference
+          is trustworthy and the entry is judged (WRONG);
+        - else the next finer step, or, with none left, the entry is ILL (ill-conditioned): no
+          step is both above the round-off and below the curvature, which is not a pass."""
+        levels = [_slopes(step, self.f0, self.step)]
+        a, n = levels[0][1], levels[0][2]
+        if not math.isfinite(a) or abs(a - n) <= self.atol + self.rtol * abs(n):
+            return a, n, JUDGED                            # a NaN gradient is WRONG at once
+        while True:
+            finest = levels[-1]
+            tol = self.atol + self.rtol * abs(finest[2]) if finest[0] is not None else self.atol
+            floor = 2 * NOISE * self.roundoff / tol         # one-sided round-off <= tol / NOISE
+            if len(levels) < LEVELS and self.step / REFINE ** len(levels) >= floor:
+                levels.append(_slopes(step, self.f0, self.step / REFINE ** len(levels)))
+            elif len(levels) == 1:
+                levels.insert(0, _slopes(step, self.f0, 2 * self.step))
+            else:
+                return a, n, ILL
+            (hc, _, nc, rc, lc), (hf, a, n, r, l) = levels[-2:]
+            if hc is None or hf is None:
+                return a, n, ILL                           # a step below the input's grid
+            tol = self.atol + self.rtol * abs(n)
+            if abs(a - n) <= tol:
+                return a, n, JUDGED
+            jump = abs(r - l)
+            if jump > 2 * tol and max(abs(rc - r), abs(lc - l)) <= jump / 8:
+                between = min(r, l) - tol <= a <= max(r, l) + tol
+                return a, n, KINK if between or not subgradient else JUDGED
+            if abs(nc - n) * hf ** 2 / (hc ** 2 - hf ** 2) <= tol / 4:
+                return a, n, JUDGED
+
+    def _report(self, analytic, numeric, verdict, where, note=""):
+        diff = np.abs(analytic - numeric)
+        allowed = self.atol + self.rtol * np.abs(numeric)
+        ratio = np.where(np.isnan(diff), np.inf, diff / allowed)
+        judged = verdict == JUDGED
+        tensor = relative_error(analytic, numeric) if not np.isnan(diff).any() else math.nan
+        counts = dict(checked=len(where), kinks=int((verdict == KINK).sum()),
+                      ill=int((verdict == ILL).sum()), note=note)
+        if judged.any() and ratio[judged].max() > 1:
+            status = "WRONG"
+        elif counts["ill"]:
+            status = "ill-conditioned"
+        elif not judged.any():                             # a kink's figures mean nothing
+            return InputReport(self.name, "not judged", **counts)
+        elif ratio[judged].max() <= EXACT:
+            status = "exact"
+        else:
+            status = "close"
+        # the worst entry: among the judged ones, else among the ill-conditioned, else any
+        rank = np.where(judged, ratio, np.where(verdict == ILL, -1.0, -2.0))
+        worst = int(np.argmax(rank))
+        n = numeric[worst]
+        rel = diff[worst] / abs(n) if n != 0 else (0.0 if diff[worst] == 0 else math.inf)
+        index = where[worst]
+        return InputReport(self.name, status, tuple(int(v) for v in index)
+                           if isinstance(index, tuple) else index, float(analytic[worst]),
+                           float(n), float(diff[worst]), float(rel), tensor, **counts)
+
+
+def _slopes(step, f0, h):
+    """(h, analytic, central, right, left) differences at the step h; (None, analytic, NaN, ...)
+    when x +- h rounds back to x (a step below the input's grid)."""
+    a, f_plus, f_minus, up, down = step(h)
+    if up <= 0 or down <= 0:
+        return None, a, math.nan, math.nan, math.nan
+    return h, a, (f_plus - f_minus) / (up + down), (f_plus - f0) / up, (f0 - f_minus) / down
 
 
 def _entry_step(scalar, x, at, a):
@@ -349,57 +518,11 @@ def _direction_step(scalar, x, old, u, a):
     return step
 
 
-def _compare(step, f0, eps, atol, rtol):
-    """(analytic, numeric, at a kink) for one entry or direction.
-
-    A value outside the tolerance is looked at again with a step ``REFINE`` times smaller:
-    - if it agrees there, the first step was too coarse (a kink between the two steps, or a large
-      third derivative) and the finer difference is the one judged;
-    - else, if the one-sided differences still jump by more than the tolerance and the jump did
-      not shrink with the step, the function has a kink at the point itself (ReLU at exactly 0):
-      it has no derivative to check there, so the entry is reported at a kink, not judged. On a
-      smooth function the jump is ~ h |f''| and shrinks with h, so a wrong gradient is never
-      excused as a kink."""
-    a, f_plus, f_minus, up, down = step(eps)
-    n = (f_plus - f_minus) / (up + down)
-    if abs(a - n) <= atol + rtol * abs(n):
-        return a, n, False
-    jump = abs((f_plus - f0) / up - (f0 - f_minus) / down)
-    a_fine, f_plus, f_minus, up, down = step(eps / REFINE)
-    n_fine = (f_plus - f_minus) / (up + down)
-    if abs(a_fine - n_fine) <= atol + rtol * abs(n_fine):
-        return a_fine, n_fine, False
-    jump_fine = abs((f_plus - f0) / up - (f0 - f_minus) / down)
-    return a, n, bool(jump_fine > atol + rtol * abs(n_fine) and jump_fine >= jump / 4)
-
-
-def _report(name, analytic, numeric, kink, where, atol, rtol):
-    diff = np.abs(analytic - numeric)
-    allowed = atol + rtol * np.abs(numeric)
-    ratio = np.where(np.isnan(diff), np.inf, diff / allowed)
-    judged = ~kink
-    tensor = relative_error(analytic, numeric) if not np.isnan(diff).any() else math.nan
-    if not judged.any():
-        return InputReport(name, "not differentiable", tensor_error=tensor, checked=len(where),
-                           kinks=int(kink.sum()))
-    worst = int(np.argmax(np.where(judged, ratio, -1.0)))
-    if ratio[judged].max() > 1:
-        status = "WRONG"
-    elif ratio[judged].max() <= EXACT:
-        status = "exact"
-    else:
-        status = "close"
-    n = numeric[worst]
-    rel = diff[worst] / abs(n) if n != 0 else (0.0 if diff[worst] == 0 else math.inf)
-    return InputReport(name, status, tuple(int(v) for v in where[worst])
-                       if isinstance(where[worst], tuple) else where[worst],
-                       float(analytic[worst]), float(n), float(diff[worst]), float(rel), tensor,
-                       len(where), int(kink.sum()))
-
-
 # -- argument checks: a check that could not check must never pass ---------------------------
 
-def _check_inputs(inputs):
+def _check_inputs(inputs, names):
+    """(inputs as a list, names as a list) or a ValueError naming the input: by the name given in
+    ``names`` and its place (``x (inputs[0])``), or by its place alone."""
     if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple)):
         raise ValueError(f"inputs: expected a list of NumPy arrays, one per argument of fn, got "
                          f"{type(inputs).__name__}" + (" (wrap a single array as [x])"
@@ -407,31 +530,61 @@ def _check_inputs(inputs):
     inputs = list(inputs)
     if not inputs:
         raise ValueError("inputs: expected at least one array, got an empty list")
-    for i, x in enumerate(inputs):
+    if names is not None and (isinstance(names, str) or len(names) != len(inputs) or
+                              not all(isinstance(n, str) for n in names)):
+        raise ValueError(f"names: expected one string per input ({len(inputs)}), got {names!r}")
+    labels = [f"inputs[{i}]" if names is None else f"{names[i]} (inputs[{i}])"
+              for i in range(len(inputs))]
+    for x, label in zip(inputs, labels):
+        if isinstance(x, np.ma.MaskedArray):
+            raise ValueError(f"{label}: expected a plain NumPy array, got a masked array "
+                             f"(numpy.ma), whose mask the differences would ignore; pass its "
+                             f"data (x.filled(...)) and the mask as a boolean input")
         if not isinstance(x, np.ndarray):
-            raise ValueError(f"inputs[{i}]: expected a NumPy array, got {type(x).__name__} "
+            raise ValueError(f"{label}: expected a NumPy array, got {type(x).__name__} "
                              f"(gradcheck perturbs arrays in place: pass np.array(...))")
         if x.size == 0:
-            raise ValueError(f"inputs[{i}]: expected a non-empty array, got shape {x.shape}: "
+            raise ValueError(f"{label}: expected a non-empty array, got shape {x.shape}: "
                              f"nothing to check")
         if x.dtype.kind == "f":
             if x.dtype != np.float64:
-                raise ValueError(f"inputs[{i}]: expected float64 (float32 finite differences are "
+                raise ValueError(f"{label}: expected float64 (float32 finite differences are "
                                  f"round-off noise), got {x.dtype}")
             if not np.isfinite(x).all():
-                raise ValueError(f"inputs[{i}]: expected finite values, got NaN or inf")
+                raise ValueError(f"{label}: expected finite values, got NaN or inf")
             if not x.flags.writeable:
-                raise ValueError(f"inputs[{i}]: expected a writeable array (it is perturbed in "
+                raise ValueError(f"{label}: expected a writeable array (it is perturbed in "
                                  f"place), got a read-only one")
         elif x.dtype.kind not in "biu":
-            raise ValueError(f"inputs[{i}]: expected float64, integer or boolean, got {x.dtype}")
+            raise ValueError(f"{label}: expected float64, integer or boolean, got {x.dtype}")
     for i, x in enumerate(inputs):
         for j in range(i + 1, len(inputs)):
             y = inputs[j]
             if (x.dtype.kind == "f" or y.dtype.kind == "f") and np.shares_memory(x, y):
-                raise ValueError(f"inputs[{i}] and inputs[{j}]: share memory, so perturbing one "
+                raise ValueError(f"{labels[i]} and {labels[j]}: share memory, so perturbing one "
                                  f"moves the other; pass separate arrays (or one of them)")
-    return inputs
+    names = [f"input{i}" for i in range(len(inputs))] if names is None else list(names)
+    return inputs, names
+
+
+def _check_size(inputs, differentiable, fast, max_entries):
+    """The full check of every entry costs two forward passes an entry: above ``FULL_LIMIT``
+    entries, with no ``max_entries`` to say how many, it is refused rather than left to run for
+    hours."""
+    total = sum(x.size for x, d in zip(inputs, differentiable) if d)
+    if not fast and max_entries is None and total > FULL_LIMIT:
+        raise ValueError(f"inputs: the full check would compare all {total:,} entries, two "
+                         f"forward passes each (more than {FULL_LIMIT:,}); pass fast=True (two "
+                         f"passes per random direction, whatever the size), or max_entries=K to "
+                         f"sample K entries per input (max_entries=x.size checks them all)")
+
+
+def _check_same(fn, inputs, out, what):
+    """fn at the unperturbed inputs again: its output must equal the first bit for bit."""
+    if not np.array_equal(_check_output(fn(*inputs)[0], perturbed=True), out):
+        raise ValueError(f"{what}; a gradient check needs a deterministic function (re-seed any "
+                         f"dropout rng inside fn) whose backward leaves alone what the forward "
+                         f"reads (a global, a module's attribute)")
 
 
 def _check_output(out, perturbed=False):
@@ -445,12 +598,19 @@ def _check_output(out, perturbed=False):
 
 
 def _check_dout(dout, shape):
+    if isinstance(dout, np.ma.MaskedArray):
+        raise ValueError("dout: expected a plain NumPy array, got a masked array (numpy.ma), "
+                         "whose mask the check would ignore")
     dout = np.asarray(dout)
     if dout.dtype.kind != "f" or dout.shape != shape:
         raise ValueError(f"dout: expected a float array of the output's shape {shape}, got "
                          f"{dout.dtype} of shape {dout.shape}")
     if not np.isfinite(dout).all():
         raise ValueError("dout: expected finite values, got NaN or inf")
+    if not dout.any():
+        raise ValueError("dout: expected a probe with a non-zero entry, got all zeros: "
+                         "sum(out * dout) is then 0 whatever the inputs, and any backward would "
+                         "pass")
     return dout.astype(np.float64)
 
 

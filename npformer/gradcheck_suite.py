@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import functional as F
-from .gradcheck import ATOL, RTOL, GradcheckResult, gradcheck as _gradcheck
+from .gradcheck import ATOL, RTOL, GradcheckResult, gradcheck as _gradcheck, relative_text
 from .nn import (GPT, DecoderLayer, EncoderLayer, FeedForward, LayerNorm, Linear,
                  MultiHeadAttention, Transformer)
 from .testing import module_function
@@ -228,7 +228,7 @@ def format_table(rows):
         status = "-" if worst is None else worst.status
         if status == "MISSING":
             name = "no gradient: " + name
-        errors = (f"{worst.abs_error:>8.1e} {worst.rel_error:>8.1e}"
+        errors = (f"{worst.abs_error:>8.1e} {relative_text(worst, r.atol):>8s}"
                   if worst is not None and worst.abs_error is not None else f"{'-':>8s} {'-':>8s}")
         lines.append(f"{row.name:<30s} {name[:34]:<34s} {status[:9]:<9s} {errors} "
                      f"{'PASS' if r.ok else 'FAIL':<4s} {row.seconds:5.2f}")

@@ -27,7 +27,9 @@ SMOOTHING = 0.1            # check_model's label-smoothed loss, when the caller'
 
 def assert_gradients(fn, inputs, **kwargs):
     """``gradcheck(fn, inputs, **kwargs)``, raising AssertionError with the whole report when a
-    gradient is wrong or missing. Returns the result when it passes."""
+    gradient is wrong or missing (its own frame hidden from pytest's traceback, so the report is
+    what shows). Returns the result when it passes."""
+    __tracebackhide__ = True
     result = gradcheck(fn, inputs, **kwargs)
     if not result.ok:
         raise AssertionError(f"gradients disagree with central differences:\n{result}")
@@ -107,6 +109,10 @@ def check_model(model, batch, label_smoothing=0.0, fast=True, **kwargs):
     """
     forward, targets, ignore_index = _model_call(model, batch)
     params = [(n, p) for n, p in model.named_parameters() if p.grad is not None]   # trained
+    if not params:
+        raise ValueError(f"model: this {type(model).__name__} has no trainable parameters "
+                         f"(every one is frozen: its .grad is None), so there is no gradient to "
+                         f"check")
     for name, p in params:
         if p.data.dtype != np.float64:
             raise ValueError(f"model: {name} is {p.data.dtype}; a gradient check needs a float64 "

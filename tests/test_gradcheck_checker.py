@@ -231,7 +231,9 @@ def test_fast_mode_costs_two_forwards_a_direction_whatever_the_size():
         return x ** 2, lambda d: 2 * x * d
     big = np.random.default_rng(0).standard_normal((50, 40))
     nf.gradcheck(f, [big], fast=True, n_directions=3)
-    assert len(calls) == 2 + 2 * 3                   # the first call, the determinism check
+    # the first call, two determinism checks (after the backward ran, after the last
+    # difference) and two calls per direction
+    assert len(calls) == 1 + 2 + 2 * 3
 
 
 def test_fast_mode_catches_a_single_wrong_entry_of_a_large_input():
@@ -392,3 +394,70 @@ def test_the_strategies_say_how_to_install_hypothesis(monkeypatch):
     monkeypatch.setitem(sys.modules, "hypothesis.strategies", None)
     with pytest.raises(ImportError, match=r'pip install "npformer\[test\]"'):
         testing.float_arrays((2, 3))
+
+
+# -- issue 77's smaller refusals and issue 79's report polish ---------------------------------
+
+def test_an_all_zero_probe_is_refused(x):
+    """sum(out * 0) is 0 whatever the inputs: both sides would be 0 and any backward would pass."""
+    with pytest.raises(ValueError, match="dout: expected a probe with a non-zero entry, got all "
+                                         "zeros"):
+        nf.gradcheck(square(3.0), [x], dout=np.zeros((3, 4)))
+
+
+def test_a_full_check_of_too_many_entries_is_refused_up_front():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("the full check started on 100,001 entries")
+        return x * 2.0, lambda d: 2.0 * d
+    with pytest.raises(ValueError, match=r"inputs: the full check would compare all 100,001 "
+                                         r"entries.*fast=True.*max_entries=K"):
+        nf.gradcheck(f, [np.ones(100_001)])
+    assert not calls
+    assert nf.gradcheck(identity, [np.ones(100_001)], max_entries=2).ok   # said how many
+    assert nf.gradcheck(identity, [np.ones(100_001)], fast=True).ok
+
+
+def test_a_masked_array_is_refused_by_name(x):
+    masked = np.ma.masked_array(x, mask=x > 0)
+    with pytest.raises(ValueError, match=r"x \(inputs\[0\]\): expected a plain NumPy array, got a "
+                                         r"masked array \(numpy.ma\)"):
+        nf.gradcheck(square(2.0), [masked], names=["x"])
+    with pytest.raises(ValueError, match="dout: expected a plain NumPy array, got a masked array"):
+        nf.gradcheck(square(2.0), [x], dout=np.ma.masked_array(np.ones((3, 4))))
+
+
+def test_a_backward_that_scales_the_probe_in_place_is_told_so(x):
+    def f(x):
+        def backward(d):
+            d *= 2.0
+            return d * x
+        return x ** 2, backward
+    with pytest.raises(ValueError, match=r"backward: changed dout \(the probe\) in place.*work on "
+                                         r"a copy"):
+        nf.gradcheck(f, [x])
+
+
+def test_the_table_shows_no_relative_error_within_the_absolute_tolerance(x):
+    """A gradient of exactly 0, answered with 1e-12: exact, and |a - n| / |n| is 1e-12 / 0."""
+    def flat(x):
+        return np.ones(3), lambda d: np.full(x.shape, 1e-12)
+    result = nf.gradcheck(flat, [x], names=["x"])
+    assert result.ok and result.inputs[0].status == "exact"
+    table = format_table([CheckRow("flat", result, 0.0)]).splitlines()[2]
+    assert table.split()[3:5] == ["1.0e-12", "-"], table
+    row = str(result).splitlines()[2]
+    assert row.split()[6:8] == ["1.0e-12", "-"], row
+
+
+def test_assert_gradients_hides_its_own_frame_and_uses_the_given_names(x):
+    from npformer.testing import assert_gradients
+    with pytest.raises(AssertionError) as info:
+        assert_gradients(square(3.0), [x])
+    shown = [entry.name for entry in info.traceback.filter(info)]
+    assert "assert_gradients" not in shown and shown, shown
+    with pytest.raises(ValueError, match=r"weights \(inputs\[0\]\): expected float64"):
+        assert_gradients(square(2.0), [x.astype(np.float32)], names=["weights"])

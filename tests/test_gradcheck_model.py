@@ -162,6 +162,13 @@ def test_check_model_refuses_what_it_cannot_check():
         check_model(tiny_model(), [np.ones((2, 3))])
 
 
+def test_check_model_on_an_all_frozen_model_says_so_in_its_own_words():
+    from npformer.testing import check_model
+    with pytest.raises(ValueError, match=r"model: this Transformer has no trainable parameters "
+                                         r"\(every one is frozen"):
+        check_model(tiny_model().freeze(), batch())
+
+
 def test_a_whole_model_fast_check_takes_seconds():
     """The fast mode's point: two forward passes per direction, whatever the parameter's size."""
     import time

@@ -1,0 +1,98 @@
+"""What the checker may leave unjudged, and never as a pass: a kink is established (both one-sided
+slopes stable under refinement, jumping by more than the tolerance), round-off is estimated from
+the output's size (a step too small for it widens, else the entry is "ill-conditioned"), an input
+whose every entry is left out is "not judged", and every call at the unperturbed inputs must give
+the first call's output (issue 77, item 1)."""
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer import functional as F
+
+
+def shifted_square(factor):
+    """x^2 + 1e7 with the backward factor * x: the large constant puts round-off of ~1e-2 into a
+    difference at eps = 1e-6, far above the tolerance."""
+    def f(x):
+        return x * x + 1e7, lambda d: d * factor * x
+    return f
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["full", "fast"])
+def test_a_large_output_neither_passes_a_wrong_backward_nor_fails_the_right_one(fast):
+    """The issue's case: the wrong backward (3x) passed as "3 of 3 at a kink" in 5 seeds of 10,
+    and the right one (2x) failed in the full mode in every seed."""
+    for seed in range(10):
+        x = np.random.default_rng(103).standard_normal((4, 5))
+        right = nf.gradcheck(shifted_square(2.0), [x], fast=fast, seed=seed)
+        assert right.ok and right.inputs[0].kinks == 0, f"seed {seed}\n{right}"
+        assert right.step > right.eps and "widened to" in str(right)
+        wrong = nf.gradcheck(shifted_square(3.0), [x], fast=fast, seed=seed)
+        assert wrong.inputs[0].status == "WRONG", f"seed {seed}\n{wrong}"
+        assert wrong.inputs[0].kinks == 0
+
+
+def test_no_step_above_round_off_and_below_curvature_is_ill_conditioned_not_a_pass():
+    """exp(x) + 1e7: a step wide enough for the round-off of 1e7 meets the curvature of exp."""
+    def f(x):
+        return np.exp(x) + 1e7, lambda d: d * np.exp(x)
+    result = nf.gradcheck(f, [np.random.default_rng(0).standard_normal((2, 3))])
+    assert not result.ok and result.inputs[0].status == "ill-conditioned"
+    assert "ill-conditioned: no step keeps round-off" in str(result)
+
+
+def relu(x):
+    out, cache = F.relu_forward(x)
+    return out, lambda d: F.relu_backward(d, cache)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["full", "fast"])
+def test_an_input_whose_every_entry_sits_on_a_kink_is_not_a_pass(fast):
+    result = nf.gradcheck(relu, [np.zeros((1, 3))], fast=fast)
+    assert not result.ok and result.inputs[0].status == "not judged", result
+    assert "nothing judged, not a pass" in str(result)
+
+
+def test_a_gradient_outside_the_one_sided_slopes_is_wrong_even_at_a_kink():
+    """ReLU at 0 may take 0 or 1 (any value between its one-sided slopes); 5 is no derivative."""
+    def bad(x):
+        out, cache = F.relu_forward(x)
+        return out, lambda d: F.relu_backward(d, cache) + 5.0 * d * (x == 0)
+    result = nf.gradcheck(bad, [np.array([[0.5, 0.0, -1.0]])])
+    assert result.inputs[0].status == "WRONG" and result.inputs[0].kinks == 0, result
+
+
+def test_the_fast_mode_checks_entries_when_every_direction_crosses_a_kink():
+    """Every direction crosses all the zeros of a ReLU input, so no direction can judge: the fast
+    mode checks sampled entries instead, and a wrong backward fails there."""
+    x = np.array([[0.0, 0.0, 1.0, 0.0, -2.0]])
+
+    def wrong(x):
+        out, cache = F.relu_forward(x)
+        return out, lambda d: F.relu_backward(d, cache) * 1.5
+    result = nf.gradcheck(wrong, [x], fast=True)
+    assert result.inputs[0].status == "WRONG", result
+    assert "entries checked instead" in str(result)
+
+
+def test_a_function_that_drifts_after_its_second_call_is_refused():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return x * x + (1e-3 * len(calls) if len(calls) > 2 else 0.0), lambda d: 2 * x * d
+    with pytest.raises(ValueError, match="fn: a later call with the same inputs gave a different"):
+        nf.gradcheck(f, [np.random.default_rng(0).standard_normal((2, 2))])
+
+
+def test_a_backward_that_changes_what_the_forward_reads_is_refused():
+    state = {"scale": 1.0}
+
+    def f(x):
+        def backward(d):
+            state["scale"] += 1.0
+            return 2 * x * d * state["scale"]
+        return x * x * state["scale"], backward
+    with pytest.raises(ValueError, match=r"different outputs \(the second after backward ran\).*"
+                                         r"backward leaves alone what the forward reads"):
+        nf.gradcheck(f, [np.random.default_rng(0).standard_normal((2, 2))])

@@ -137,13 +137,6 @@ def test_a_partial_line_is_not_ended_where_errors_go_elsewhere():
     one_line(done.stderr.decode(), "npformer info: error: it failed")
 
 
-def test_a_sample_still_streams_to_a_writable_output(lm_checkpoint):
-    done = npformer(sample_argv(lm_checkpoint))
-    assert done.returncode == 0, done.stderr.decode()
-    text = done.stdout.decode()
-    assert text.startswith("a") and text.endswith("\n") and not done.stderr
-
-
 class FullDisk(io.RawIOBase):
     """A file on a full disk: every write fails with ENOSPC until ``freed``."""
 

@@ -44,17 +44,16 @@ def one_line(text, *names):
 
 @pytest.fixture(scope="module")
 def lm_checkpoint(tmp_path_factory):
-    """A tiny GPT checkpoint whose tokenizer knows three words, each one token."""
+    """A tiny character-level GPT checkpoint, as npformer lm saves one (untrained)."""
     import npformer as nf
+    from npformer.data.vocab import Vocabularies
     from npformer.training.checkpointing import save_model_checkpoint
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    folder = tmp_path_factory.mktemp("lm")
-    model = nf.GPT(3, d_model=8, n_heads=2, d_ff=8, n_layers=1, max_len=8)
-    save_model_checkpoint(folder / "best", model, None)
-    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return folder / "best"
+    from npformer.training.language_model import CharTokenizer
+    tokenizer = CharTokenizer.from_text("ab")
+    path = tmp_path_factory.mktemp("lm") / "best"
+    model = nf.GPT(len(tokenizer), d_model=8, n_heads=2, d_ff=8, n_layers=1, max_len=8)
+    save_model_checkpoint(path, model, Vocabularies.joint(tokenizer.vocab))
+    return path
 
 
 def sample_argv(checkpoint):

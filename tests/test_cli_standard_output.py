@@ -165,3 +165,12 @@ def test_output_still_buffered_when_the_command_ends_is_written_before_the_exit_
         buffered.flush()
     one_line(capsys.readouterr().err,
              "npformer info: error: cannot write to standard output: No space left on device")
+
+
+@pytest.mark.parametrize("redirect,reason", [(">/dev/full", "No space left on device"),
+                                             (">&-", "closed")])
+def test_help_that_standard_output_cannot_take_is_not_lost_silently(redirect, reason):
+    done = npformer(["sample", "--help"], stdout=None, shell_redirect=redirect)
+    assert done.returncode == 1
+    one_line(done.stderr.decode(), "npformer sample: error: cannot write to standard output",
+             reason)

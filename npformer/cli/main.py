@@ -46,6 +46,23 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def print_help(self, file=None):
+        """argparse's, except that help standard output cannot take ends in one line on stderr
+        and exit 1, as a command's output does (argparse drops it, exit 0), and a reader that
+        left ends it quietly, exit 141."""
+        if file is not None:
+            return super().print_help(file)
+        try:
+            out = _open_stdout()
+            out.write(self.format_help())
+            out.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+            self.exit(EXIT_BROKEN_PIPE)
+        except StandardOutputError as e:
+            _silence_stdout()
+            self.exit(1, f"{self.prog}: error: {e}\n")
+
 
 def build_parser():
     parser = Parser(

@@ -12,7 +12,7 @@ and writes JSON lines that ``npformer plot --curve`` draws::
 
     npformer train --dataset multi30k --preset tiny --src en --tgt de --time-budget 57 \\
         --keep-last 40 --average-last 10 --out runs/tiny-en-de
-    python benchmarks/multi30k_curve.py runs/tiny-en-de --data-dir ../shared/data/multi30k \\
+    python benchmarks/multi30k_curve.py runs/tiny-en-de \\
         --split val --split test_2016_flickr --every 3 --out runs/tiny-en-de/curve.jsonl
     npformer plot --curve runs/tiny-en-de/curve.jsonl --out plots
 

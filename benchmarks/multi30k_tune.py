@@ -3,7 +3,7 @@ average and beam search's length penalty.
 
     npformer train --dataset multi30k --preset tiny --src en --tgt de --time-budget 57 \\
         --keep-last 40 --average-last 10 --out runs/tiny-en-de
-    python benchmarks/multi30k_tune.py runs/tiny-en-de --data-dir ../shared/data/multi30k \\
+    python benchmarks/multi30k_tune.py runs/tiny-en-de \\
         --average-last 5 --average-last 10 --average-last 20 \\
         --length-penalty 0.6 --length-penalty 1.0 --out runs/tiny-en-de/tune.jsonl
 

@@ -1,7 +1,7 @@
 """Train a German->English model on Multi30k with the library API (what `npformer train
 --dataset multi30k` does), then score it on test_2016_flickr and show five translations.
 
-    python examples/multi30k.py --data-dir ../shared/data/multi30k --minutes 10
+    python examples/multi30k.py --minutes 10
     python examples/multi30k.py --src en --tgt de --minutes 60 --out runs/example-en-de
 
 The full recipe and its measured figures are in docs/multi30k.md.

@@ -379,8 +379,10 @@ def _run(parts, parallel, fn):
 
 def _flat(x, shape):
     """A reshaped view of x (never a copy: the kernels write into it)."""
-    view = x.view()
-    view.shape = shape
+    view = x.reshape(shape)
+    if not np.may_share_memory(view, x):      # reshape copies where no view exists
+        raise ValueError(f"an array of shape {x.shape} and strides {x.strides} has no "
+                         f"view of shape {shape}")
     return view
 
 

@@ -153,10 +153,15 @@ class ModelConfig:
             return
         names = names or {}                # a field named None is left out of the message
         shown = [f for f in self.SIZE_FIELDS if getattr(self, f) is not None and names.get(f, f)]
-        fields = " ".join(f"{names[f]} {getattr(self, f)}" if f in names else
-                          f"{f}={getattr(self, f)}" for f in shown)
+        # a command's flag and its value ("--layers 6"), a file's key or a field ("n_layers=6")
+        fields = " ".join(f"{names.get(f, f)}{' ' if names.get(f, f).startswith('-') else '='}"
+                          f"{getattr(self, f)}" for f in shown)
         what = ("its weights, gradients and Adam's two moments" if training else
                 "its weights and gradients")
+        derived = {name: size for name, (size, _) in self.derived_arrays().items() if size}
+        if derived:                        # each part its size: the tables may be most of it
+            parts = [f"its {name} ({_gib(size)} GiB)" for name, size in derived.items()]
+            what = " and ".join([f"{what} ({_gib(need - sum(derived.values()))} GiB)"] + parts)
         dtype = getattr(self, "dtype", "float32")
         raise ValueError(f"{fields}: a model this size ({self.parameter_count():,} {dtype} "
                          f"parameters) needs at least {_gib(need)} GiB of memory for {what}, "

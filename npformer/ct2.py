@@ -274,11 +274,8 @@ def export_ctranslate2(loaded, out, quantization=None, overwrite=False):
     meta = {"kind": KIND, "npformer_version": VERSION, "quantization": quantization or "float32",
             "checkpoint": str(loaded.path), "config": loaded.model.config.to_dict(),
             "vocabularies": loaded.vocabs.to_dict(), "extra": loaded.meta.get("extra") or {}}
-    parent = out.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_folder(parent / out.name)
-    old = None
-    try:
+
+    def write(tmp):
         try:
             spec.save(str(tmp))
             meta["files"] = {name: _sha256_file(tmp / name, sync=True)
@@ -290,6 +287,23 @@ def export_ctranslate2(loaded, out, quantization=None, overwrite=False):
                 raise OSError(e.errno, e.strerror, str(out)) from e
             raise
         check_export_target(out, inputs, overwrite=overwrite)    # again: the export took time
+    return write_folder(out, write)
+
+
+def write_folder(out, write):
+    """Make the folder ``out`` by ``write(tmp)`` into a new folder beside it
+    (:func:`temporary_folder`), then renamed into place; an existing ``out`` (which the caller
+    allowed to be replaced) is set aside as ``.old`` until then, and comes back where the
+    rename fails. Whatever goes wrong, no half folder is left under ``out``'s name, and what a
+    kill leaves a later export removes (``npformer.cli.runs.remove_stale_temps``). Returns
+    ``out`` (a Path)."""
+    out = Path(out)
+    parent = out.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_folder(parent / out.name)
+    old = None
+    try:
+        write(tmp)
         if out.exists():                             # --overwrite: swap, then remove the old one
             old = temporary_folder(parent / out.name, ".old")
             os.replace(out, old / "model")

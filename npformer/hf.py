@@ -154,19 +154,38 @@ def _field_reader(file, raw):
     return field
 
 
-def read_config(path):
+def read_config(path, warn=True):
     """The ``GPTConfig`` of a Hugging Face GPT-2 folder's ``config.json`` and its
-    ``eos_token_id`` (None where it names none). ValueError naming the file and the field, by
-    its name in config.json, for anything npformer's GPT cannot be. (Any supported type:
-    :func:`read_model_config`.)"""
+    ``eos_token_id`` (None where it names none, or one the model cannot produce: see
+    :func:`producible_ends`, which warns with ``warn``). ValueError naming the file and the
+    field, by its name in config.json, for anything npformer's GPT cannot be. (Any supported
+    type: :func:`read_model_config`.)"""
     file, raw = _config_json(path)
     if raw.get("model_type") != "gpt2":
         raise ValueError(f"{file}: model_type: expected 'gpt2', got "
                          f"{_short(raw.get('model_type'))}")
-    return _gpt2_config(file, raw)
+    return _gpt2_config(file, raw, warn)
 
 
-def _gpt2_config(file, raw):
+def producible_ends(file, key, ids, vocab_size, warn=True):
+    """The end-of-text ids among ``ids`` (``file``'s ``key``: non-negative ints) that a model of
+    ``vocab_size`` tokens can produce: one int, a tuple of them (generation stops at any), or
+    None. An id of ``vocab_size`` or more is dropped with one warning naming the file (with
+    ``warn``), as transformers loads such a folder (GPT2Config(vocab_size=101) keeps GPT-2's
+    end id 50256): the end id matters only to generation, which then stops at the other ids or
+    only at its length limit."""
+    ids = tuple(dict.fromkeys(ids))
+    kept = tuple(i for i in ids if i < vocab_size)
+    if warn and len(kept) < len(ids):
+        lost = ", ".join(str(i) for i in ids if i >= vocab_size)
+        then = (f"generation stops at {', '.join(map(str, kept))} or at the length limit"
+                if kept else "generation stops only at the length limit")
+        warnings.warn(f"{file}: {key}: {lost} cannot be produced by a model of vocab_size="
+                      f"{vocab_size} (ids 0 to {vocab_size - 1}); {then}", stacklevel=2)
+    return None if not kept else kept[0] if len(kept) == 1 else kept
+
+
+def _gpt2_config(file, raw, warn=True):
     field = _field_reader(file, raw)
 
     def rate(name):
@@ -198,10 +217,8 @@ def _gpt2_config(file, raw):
                    tie_embeddings=field("tie_word_embeddings", check_flag, True))
     eos = raw.get("eos_token_id")
     if eos is not None:
-        eos = field("eos_token_id", check_int, minimum=0)
-        if eos >= sizes["vocab_size"]:
-            raise ValueError(f"{file}: eos_token_id: expected a token id in [0, vocab_size="
-                             f"{sizes['vocab_size']}), got {eos}")
+        eos = producible_ends(file, "eos_token_id", [field("eos_token_id", check_int, minimum=0)],
+                              sizes["vocab_size"], warn)
     try:
         config = GPTConfig(**sizes, **options, activation_dropout=0.0, norm_first=True,
                            activation=ACTIVATIONS[activation], positions="learned")
@@ -241,8 +258,8 @@ def _tensor_files(folder):
 
 
 def _shard_map(folder, index):
-    """{tensor name: shard file} of an index's ``weight_map``: every shard a relative file name
-    inside the model folder (no absolute path, no ``..``). A shard that is a symbolic link is
+    """{tensor name: shard file} of an index's ``weight_map`` (at least one): every shard a
+    relative file name inside the model folder (no absolute path, no ``..``). A shard that is a symbolic link is
     followed, as the folder's other files are: the Hugging Face cache's snapshot folders link
     every file to its blob outside them."""
     raw = read_json(index)
@@ -253,6 +270,9 @@ def _shard_map(folder, index):
                f"a weight_map of type {type(weight_map).__name__}")
         raise ValueError(f"{index}: expected a JSON object whose weight_map maps tensor names "
                          f"to shard files, got {got}")
+    if not weight_map:
+        raise ValueError(f"{index}: its weight_map maps no tensor to a shard file (it is {{}}); "
+                         f"expected the model's tensor names")
     shards, files = {}, {}
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not shard:
@@ -291,13 +311,21 @@ def _read_tensors(folder):
     return found, where
 
 
-def _check_fits(config, folder):
+# GPTConfig's size fields by their names in config.json (for check_memory's message)
+GPT2_SIZE_KEYS = {"d_model": "n_embd", "n_layers": "n_layer", "max_len": "n_positions",
+                  "d_ff": "n_inner"}
+LLAMA_SIZE_KEYS = {"d_model": "hidden_size", "d_ff": "intermediate_size",
+                   "n_layers": "num_hidden_layers", "max_len": "max_position_embeddings"}
+
+
+def _check_fits(config, folder, keys):
     """Refuse a config.json whose sizes this machine cannot hold (``ModelConfig.check_memory``,
-    in closed form) before its parameters' shapes are listed (after its block count is held
-    against the files' headers): a lying ``n_embd`` of 10**9 would otherwise fail inside NumPy
-    ("array is too big") without naming the file."""
+    in closed form: the weights, their gradients and the rotary tables of max_len positions)
+    before its parameters' shapes are listed (after its block count is held against the files'
+    headers): a lying ``n_embd`` of 10**9 would otherwise fail inside NumPy ("array is too
+    big") without naming the file. ``keys``: the size fields by their names in config.json."""
     try:
-        config.check_memory()
+        config.check_memory(names=keys)
     except ValueError as e:
         raise ValueError(f"{folder / 'config.json'}: {e}") from None
 
@@ -320,13 +348,13 @@ def read_gpt2(path, dtype=np.float32):
     the file for a missing config, another model type, a pickle, missing, unexpected or
     mis-shaped tensors. ``nf.GPT.from_pretrained`` builds the model from it."""
     folder = model_folder(path)
-    config, eos = read_config(folder)
+    config, eos = read_config(folder)        # (its one warning of an end id out of reach)
     config = config.replace(dtype=dtype)
     found, where = _read_tensors(folder)
     # config.json's n_layer decides how many names are listed below: it may claim no more
     # blocks than the headers hold tensors of (a lying n_layer of 10**9 is refused here)
     _check_block_count(config, found, _BLOCK, "n_layer", "h.N.*", folder, where)
-    _check_fits(config, folder)
+    _check_fits(config, folder, GPT2_SIZE_KEYS)
     names = hf_names(config)
     shapes = config.parameter_shapes()
     prefix = "transformer."            # GPT2LMHeadModel's files; the original gpt2 ones have none
@@ -477,23 +505,25 @@ def hf_parameter(config, name):
     return ours, rows
 
 
-def read_model_config(path):
+def read_model_config(path, warn=True):
     """``(GPTConfig, eos ids, model_type)`` of a folder's ``config.json``, for every supported
     ``model_type`` (gpt2, llama, qwen2, qwen3; any other is refused, naming it). The eos ids
     are an int, a tuple of ints (Llama 3 ends with any of several) or None: for the Llama
     family, ``generation_config.json``'s ``eos_token_id``, else config.json's, else
-    ``tokenizer_config.json``'s ``eos_token`` looked up in ``tokenizer.json``. ValueError naming
-    the file and the field for anything npformer's GPT cannot be."""
+    ``tokenizer_config.json``'s ``eos_token`` looked up in ``tokenizer.json``; an id the model
+    cannot produce is left out (:func:`producible_ends`, which warns with ``warn``: False
+    where the caller loads the folder next, which warns). ValueError naming the file and the
+    field for anything npformer's GPT cannot be."""
     folder = model_folder(path)
     file, raw = _config_json(folder)
     model_type = raw.get("model_type")
     if model_type == "gpt2":
-        return (*_gpt2_config(file, raw), model_type)
+        return (*_gpt2_config(file, raw, warn), model_type)
     if model_type not in LLAMA_FAMILY:
         raise ValueError(f"{file}: model_type: expected one of {', '.join(MODEL_TYPES)}, got "
                          f"{_short(model_type)}")
     config = _llama_config(file, raw, model_type)
-    return config, _eos_ids(folder, raw, config.vocab_size), model_type
+    return config, _eos_ids(folder, raw, config.vocab_size, warn), model_type
 
 
 def _llama_config(file, raw, model_type):
@@ -571,9 +601,11 @@ def _llama_config(file, raw, model_type):
 def _rope(file, raw, max_len):
     """(rope_theta, rope_scaling for GPTConfig) of a config.json: Hugging Face's older keys
     (``rope_theta``, ``rope_scaling``) or transformers 5's ``rope_parameters`` (the theta
-    inside). Rotary positions as they are ("default") or Llama 3's rescaling ("llama3");
-    anything else is refused, naming the key."""
-    name = "rope_scaling" if raw.get("rope_scaling") is not None else "rope_parameters"
+    inside), read as transformers reads them: a ``rope_scaling`` that is null or an empty
+    object counts as absent, and ``rope_parameters`` is read instead; a ``rope_theta`` inside
+    the object read wins over the top-level one. Rotary positions as they are ("default") or
+    Llama 3's rescaling ("llama3"); anything else is refused, naming the key."""
+    name = "rope_scaling" if raw.get("rope_scaling") not in (None, {}) else "rope_parameters"
     rope = raw.get(name)
     if rope is None:
         rope = {}
@@ -603,7 +635,7 @@ def _rope(file, raw, max_len):
         raise ValueError(f"{file}: {e}") from None
 
 
-def _eos_ids(folder, raw, vocab_size):
+def _eos_ids(folder, raw, vocab_size, warn):
     """The end-of-text ids of a Llama-family folder (``read_model_config``): an int, a tuple of
     ints, or None."""
     sources = []
@@ -622,17 +654,17 @@ def _eos_ids(folder, raw, vocab_size):
         if not ids:
             continue
         for i in ids:
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab_size:
-                raise ValueError(f"{file}: eos_token_id: expected a token id in [0, "
-                                 f"vocab_size={vocab_size}) or a list of them, got {_short(value)}")
-        ids = tuple(dict.fromkeys(ids))
-        return ids[0] if len(ids) == 1 else ids
-    return _tokenizer_config_eos(folder, vocab_size)
+            if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+                raise ValueError(f"{file}: eos_token_id: expected a token id (an int from 0) "
+                                 f"or a list of them, got {_short(value)}")
+        return producible_ends(file, "eos_token_id", ids, vocab_size, warn)
+    return _tokenizer_config_eos(folder, vocab_size, warn)
 
 
-def _tokenizer_config_eos(folder, vocab_size):
+def _tokenizer_config_eos(folder, vocab_size, warn):
     """tokenizer_config.json's ``eos_token`` (a string, or {"content": string}) as its id in
-    tokenizer.json; None where either file or the entry is missing."""
+    tokenizer.json (:func:`producible_ends`); None where either file or the entry is
+    missing."""
     file = folder / "tokenizer_config.json"
     if not file.is_file() or not (folder / "tokenizer.json").is_file():
         return None
@@ -645,10 +677,10 @@ def _tokenizer_config_eos(folder, vocab_size):
     if not isinstance(token, str):
         raise ValueError(f"{file}: eos_token: expected a token (a string), got {_short(token)}")
     i = load_tokenizer(folder).token_to_id(token)
-    if i is None or i >= vocab_size:
+    if i is None:
         raise ValueError(f"{file}: eos_token: {_short(token)} is not a token of "
-                         f"{folder / 'tokenizer.json'} below vocab_size={vocab_size}")
-    return i
+                         f"{folder / 'tokenizer.json'}")
+    return producible_ends(file, f"eos_token {_short(token)}", [i], vocab_size, warn)
 
 
 # -- safetensors, read through the header ----------------------------------------------------------
@@ -802,7 +834,7 @@ def _check_llama_files(folder, config, model_type):
     stored, where = _stored_tensors(folder)
     _check_block_count(config, stored, _LLAMA_BLOCK, "num_hidden_layers", "model.layers.N.*",
                        folder, where)
-    _check_fits(config, folder)
+    _check_fits(config, folder, LLAMA_SIZE_KEYS)
     names = llama_names(config)
     shapes = config.parameter_shapes()
     missing = [name for name in names if name not in stored]
@@ -841,12 +873,13 @@ def from_pretrained(path, dtype=np.float32):
     The model is built without initial weights (``nn.init.uninitialised``), so the peak memory
     is about the float32 weights once, plus one tensor of the files; its dropout generator
     starts from ``config.seed`` (nothing was drawn from it).
-    ``model.eos_id``: the folder's end-of-text id, or a tuple of them (generation stops at any).
+    ``model.eos_id``: the folder's end-of-text id, or a tuple of them (generation stops at any);
+    an id the model cannot produce is left out with one warning (:func:`producible_ends`).
     ``dtype``: float32, or float64 for checks. ValueError naming the file for anything else."""
     folder = model_folder(path)
-    config, eos, model_type = read_model_config(folder)
-    if model_type == "gpt2":
+    if _config_json(folder)[1].get("model_type") == "gpt2":      # read (and warned about) once
         return GPTConfig.model_class.from_pretrained(folder, dtype)
+    config, eos, model_type = read_model_config(folder)
     config = config.replace(dtype=dtype)
     plan, stored = _check_llama_files(folder, config, model_type)
     from .nn.init import uninitialised           # (npformer.nn reads GPT-2 through this file)
@@ -855,6 +888,7 @@ def from_pretrained(path, dtype=np.float32):
             model = config.model_class(config)
     except ValueError as e:                       # a size this machine cannot hold
         raise ValueError(f"{folder / 'config.json'}: {e}") from None
+    model.name_or_path = str(folder)             # (a PEFT adapter's base_model_name_or_path)
     params = dict(model.named_parameters())
     for name, (tensor, ours, rows) in plan.items():
         _copy_into(tensor, name, params[ours].data[rows])
@@ -925,10 +959,18 @@ class TextTokenizer:
 
 
 def _tokenizer_file(file):
+    """The ``tokenizers.Tokenizer`` of a tokenizer.json, its bytes read here and handed over as
+    text: the library takes a path only as UTF-8, which a folder's name need not be."""
     _require("tokenizers")
     from tokenizers import Tokenizer
     try:
-        return Tokenizer.from_file(str(file))
+        text = Path(file).read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ValueError(f"{file}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{file}: not a tokenizers file (not UTF-8 text: {e})") from None
+    try:
+        return Tokenizer.from_str(text)
     except Exception as e:               # the Rust library's own exception type
         raise ValueError(f"{file}: not a tokenizers file ({str(e).splitlines()[0]})") from None
 
@@ -936,4 +978,5 @@ def _tokenizer_file(file):
 __all__ = ["ACTIVATIONS", "BUFFERS", "CONV1D_TRANSPOSED", "LLAMA_BLOCK_RENAMES", "LLAMA_FAMILY",
            "LLAMA_RENAMES", "MODEL_TYPES", "StoredTensor", "TextTokenizer", "from_pretrained",
            "hf_names", "hf_parameter", "llama_names", "load_tokenizer", "model_folder",
-           "read_config", "read_gpt2", "read_header", "read_json", "read_model_config"]
+           "producible_ends", "read_config", "read_gpt2", "read_header", "read_json",
+           "read_model_config"]

@@ -23,7 +23,9 @@ writes a Hugging Face folder of the merged weights.
 import hashlib
 import json
 import os
+import re
 import shutil
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -138,7 +140,19 @@ def available_targets(model):
                 names.append(name)
             except ValueError:
                 pass
-    return names + [n for n in NPFORMER_TARGETS if _own_plan(model, n)]
+    return names + [n for n in NPFORMER_TARGETS
+                    if (plan := _own_plan(model, n)) and _tied(model, plan) is None]
+
+
+def _tied(model, plan):
+    """(host weight, the parameter name it is stored under) of the first entry of ``plan`` whose
+    weight is another module's parameter (a tied generator: the embedding's), or None."""
+    own = {id(p): name for name, p in model.named_parameters()}
+    for host, attr, *_ in plan:
+        name = own[id(getattr(_module_at(model, host), attr))]
+        if name != f"{host}.{attr}":
+            return f"{host}.{attr}", name
+    return None
 
 
 def _has_layers(model):
@@ -146,10 +160,16 @@ def _has_layers(model):
     return getattr(config, "capability", None) == "causal_lm" and hasattr(model, "blocks")
 
 
-def plan_targets(model, target_modules, called="target_modules"):
-    """[(host path, weight attribute, start, stop, label)] of every adapter ``target_modules``
-    asks for; ValueError (naming the targets as ``called``) for a name that matches nothing
-    (and what exists), or two that name the same rows."""
+def split_names(names):
+    """The names in ``names`` (strings), each also split at commas and spaces, as fine-tuning
+    tools' command lines write them (``q_proj,v_proj``); empty pieces dropped."""
+    return [n for name in names for n in re.split(r"[,\s]+", name) if n]
+
+
+def target_names(target_modules, called="target_modules"):
+    """The target names ``target_modules`` gives (a name, a list of names, or names separated
+    by commas), each once in order; ValueError (naming them as ``called``) for anything else or
+    none."""
     if isinstance(target_modules, str):
         target_modules = [target_modules]
     try:
@@ -157,11 +177,19 @@ def plan_targets(model, target_modules, called="target_modules"):
     except TypeError:
         raise ValueError(f"{called}: expected a list of names, got "
                          f"{target_modules!r:.60}") from None
-    if not targets or not all(isinstance(t, str) for t in targets):
+    names = split_names(targets) if all(isinstance(t, str) for t in targets) else []
+    if not names:
         raise ValueError(f"{called}: expected a non-empty list of names, got "
                          f"{target_modules!r:.80}")
+    return list(dict.fromkeys(names))
+
+
+def plan_targets(model, target_modules, called="target_modules"):
+    """[(host path, weight attribute, start, stop, label)] of every adapter ``target_modules``
+    (:func:`target_names`) asks for; ValueError (naming the targets as ``called``) for a name
+    that matches nothing (and what exists), or two that name the same rows."""
     plan, seen = [], {}
-    for name in dict.fromkeys(targets):
+    for name in target_names(target_modules, called):
         if name in PEFT_TARGETS and _has_layers(model):
             found = _peft_plan(model, name, called)
         elif name in NPFORMER_TARGETS:
@@ -171,6 +199,11 @@ def plan_targets(model, target_modules, called="target_modules"):
         if not found:
             raise ValueError(f"{called}: {name!r} matches no module of this "
                              f"{type(model).__name__}; it has {', '.join(available_targets(model))}")
+        tied = _tied(model, found)
+        if tied is not None:
+            raise ValueError(f"{called}: {name!r} shares its weight with {tied[1]} "
+                             f"(tie_embeddings): an adapter merged into {tied[0]} would change "
+                             f"the embedding too; adapt other projections")
         for host, attr, start, stop, label in found:
             for (h, a, s0, s1), other in seen.items():
                 if h == host and a == attr and start < s1 and s0 < stop:
@@ -253,8 +286,7 @@ def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS
         name = "lora" if (attr == "weight" and label in NPFORMER_TARGETS) else f"lora_{label}"
         setattr(m, name, lora)
         m.adapters.append(lora)
-    lora_settings = LoRASettings(rank, alpha, dropout, tuple(dict.fromkeys(
-        [target_modules] if isinstance(target_modules, str) else target_modules)), seed)
+    lora_settings = LoRASettings(rank, alpha, dropout, tuple(target_names(target_modules)), seed)
     object.__setattr__(model, "lora", lora_settings)
     model.flatten_parameters()
     model.train(model.training)                         # the adapters take the model's mode
@@ -263,22 +295,25 @@ def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS
 
 def merge(model):
     """W[rows] += (alpha / r) B A for every adapter, in place: the model then computes the same
-    function without the adapters' extra products (eval only; ``unmerge`` takes it back out,
-    to within rounding)."""
+    function without the adapters' extra products (eval only). The rows' base values are kept
+    aside (the adapter's ``kept``) until ``unmerge`` puts them back."""
     for _, lora in _adapters_or_refuse(model):
         if not lora.merged:
-            _weight_of(model, lora)[lora.rows] += lora.delta_weight()
+            weight = _weight_of(model, lora)
+            lora.kept = weight[lora.rows].copy()
+            weight[lora.rows] += lora.delta_weight()
             lora.merged = True
     return model
 
 
 def unmerge(model):
-    """Undo ``merge``: W[rows] -= (alpha / r) B A (the same rounding as adding it, so not
-    always the bits before)."""
+    """Undo ``merge``: the base rows kept aside go back, bit for bit (subtracting the update
+    again would round differently, and the base's sha256 would no longer match its checkpoints'
+    record)."""
     for _, lora in _adapters_or_refuse(model):
         if lora.merged:
-            _weight_of(model, lora)[lora.rows] -= lora.delta_weight()
-            lora.merged = False
+            _weight_of(model, lora)[lora.rows] = lora.kept
+            lora.kept, lora.merged = None, False
     return model
 
 
@@ -333,8 +368,7 @@ def base_identity(model):
 
 def base_sha256(model):
     """sha256 of the base weights (every parameter that is not an adapter's: name, shape, dtype
-    and bytes, in parameter order), with any merged update taken back out first is not done:
-    a merged model is refused."""
+    and bytes, in parameter order); a merged model is refused (unmerge gives the base back)."""
     if any(lora.merged for _, lora in adapters(model)):
         raise ValueError("model: its adapters are merged into the base weights; unmerge first")
     h = hashlib.sha256()
@@ -493,21 +527,27 @@ def save_peft(model, out, base_name_or_path=None):
     return out
 
 
+# PEFT's settings that npformer's LoRA does not implement, at the value that turns them off (a
+# None one also off when empty or false, as PEFT versions write them); any other is refused
 PEFT_UNSUPPORTED = {"use_dora": False, "use_rslora": False, "bias": "none",
                     "modules_to_save": None, "layers_to_transform": None, "rank_pattern": {},
-                    "alpha_pattern": {}, "fan_in_fan_out": False}
+                    "alpha_pattern": {}, "fan_in_fan_out": False, "exclude_modules": None,
+                    "layer_replication": None, "trainable_token_indices": None,
+                    "use_bdlora": None, "lora_bias": False, "target_parameters": None}
 
 
 def read_peft_config(folder):
-    """(rank, alpha, dropout, targets) of a PEFT folder's adapter_config.json; ValueError
-    naming the file and the key for anything npformer's LoRA is not."""
+    """(rank, alpha, dropout, targets, base_model_name_or_path) of a PEFT folder's
+    adapter_config.json; ValueError naming the file and the key for anything npformer's LoRA
+    is not."""
     from .hf import read_json_object
     file, raw = read_json_object(folder, "adapter_config.json", "not a PEFT adapter folder")
     if raw.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{file}: peft_type: expected 'LORA', got {raw.get('peft_type')!r}")
     for key, plain in PEFT_UNSUPPORTED.items():
         value = raw.get(key)
-        if not (value is None or value == plain or (plain is None and value == [])):
+        if not (value is None or value == plain or
+                (plain is None and (value is False or value in ([], {})))):
             raise ValueError(f"{file}: {key}: npformer's LoRA reads {plain!r} only, got "
                              f"{raw[key]!r:.60}")
     targets = raw.get("target_modules")
@@ -519,7 +559,21 @@ def read_peft_config(folder):
                                               raw.get("lora_dropout", 0.0), PEFT_NAMES)
     except ValueError as e:
         raise ValueError(f"{file}: {e}") from None
-    return rank, alpha, dropout, targets
+    return rank, alpha, dropout, targets, raw.get("base_model_name_or_path")
+
+
+def _warn_of_another_base(model, file, named):
+    """Warn once where the adapter's ``base_model_name_or_path`` (``named``, read from
+    ``file``) names a folder here that is not the one ``model`` was read from
+    (``model.name_or_path``). (A hub name that is no folder here, or a model of unknown
+    origin, is not judged.)"""
+    ours = getattr(model, "name_or_path", None)
+    if not (isinstance(named, str) and named and ours and os.path.isdir(named)):
+        return
+    if not os.path.samefile(named, ours):
+        warnings.warn(f"{file}: base_model_name_or_path names {named}, but the base it is applied "
+                      f"to was read from {ours}: the adapter was trained for another model",
+                      stacklevel=3)
 
 
 def load_peft(model, folder):
@@ -529,7 +583,7 @@ def load_peft(model, folder):
     shape, in a floating-point dtype (float32, float64, float16 or bfloat16, read as the model's
     weights are: ``npformer.hf.read_tensor``) and finite in the model's. Returns the model."""
     from .hf import FLOAT_DTYPES, read_header, read_tensor
-    rank, alpha, dropout, targets = read_peft_config(folder)
+    rank, alpha, dropout, targets, base_name = read_peft_config(folder)
     folder = Path(folder)
     _check_llama_base(model, f"{folder}")
     file = Path(folder) / "adapter_model.safetensors"
@@ -561,6 +615,7 @@ def load_peft(model, folder):
         arrays[ours] = read_tensor(stored[key], key, dtype)
     load_adapter_state(model, arrays, str(file))
     model.lora.base = {"folder": None, "kind": "peft"}
+    _warn_of_another_base(model, folder / "adapter_config.json", base_name)
     return model
 
 

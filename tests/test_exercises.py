@@ -12,7 +12,6 @@ import pytest
 from npformer import backend
 from npformer.cli.main import main
 from npformer.exercises import EXERCISES, check_exercise, check_folder, find
-from npformer.exercises.catalogue import DOCS_URL
 from npformer.exercises.templates import solution_source, start
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +71,7 @@ def test_start_writes_each_exercise_with_its_backward_to_write(folder):
     headings = {line[3:].strip() for line in backprop.splitlines() if line.startswith("## ")}
     for e in EXERCISES:
         text = (folder / e.file).read_text()
-        assert f"{DOCS_URL}#{e.anchor}" in text and e.section in headings
+        assert e.derivation in text and e.section in headings
         assert "Shapes" in text or "shape" in text
         assert text.count("raise NotImplementedError") == len(e.writes)
         assert "# --- your code ---" not in text

@@ -228,6 +228,39 @@ def test_config_and_eos_are_read_with_hugging_faces_names(folder):
     assert nf.GPT.from_pretrained(folder[0]).eos_id == eos
 
 
+def test_an_end_id_past_the_vocabulary_loads_with_one_warning(tmp_path, capsys):
+    """Issue 77: GPT2Config(vocab_size=101) keeps GPT-2's eos_token_id 50256. transformers
+    loads such a folder; so does npformer, warning once that the end id cannot be produced,
+    and generation stops at its length limit (library and command)."""
+    import warnings
+    torch.manual_seed(0)
+    ref = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=101, n_positions=24, n_embd=16, n_layer=1, n_head=2)).eval()
+    assert ref.config.eos_token_id == 50256
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    for load in (nf.from_pretrained, nf.GPT.from_pretrained):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = load(tmp_path, dtype=np.float64)
+        assert [str(w.message) for w in caught] == [
+            f"{tmp_path / 'config.json'}: eos_token_id: 50256 cannot be produced by a model of "
+            f"vocab_size=101 (ids 0 to 100); generation stops only at the length limit"]
+        assert model.eos_id is None
+    ids = batch(101)
+    with torch.no_grad():
+        expected = ref.double()(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(model.forward(ids), expected, rtol=1e-10, atol=1e-10)
+    hyp, = nf.decoding.greedy_search(model.decoder_state(ids[:1], eos_id=model.eos_id),
+                                     max_new_tokens=5)
+    assert len(hyp.ids) == 5 and not hyp.finished
+    from test_hf_bad_input import word_tokenizer
+    word_tokenizer([f"w{i}" for i in range(101)]).save(str(tmp_path / "tokenizer.json"))
+    assert main(["sample", "--hf", str(tmp_path), "--prompt", "w1 w2", "--max-new-tokens", "4",
+                 "--greedy"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("w1") and err.count("warning:") == 1 and "50256" in err, err
+
+
 def test_older_files_mask_buffers_are_ignored(folder, tmp_path):
     """The original gpt2 files store each block's causal mask (h.N.attn.bias) and no
     'transformer.' prefix: they load all the same."""

@@ -213,6 +213,7 @@ def edit_index(path, change):
      r"weight_map of type list"),
     (lambda d: [d], r"got a JSON list"),
     (lambda d: {}, r"got no weight_map"),
+    (lambda d: {**d, "weight_map": {}}, r"its weight_map maps no tensor to a shard file"),
     (lambda d: {"weight_map": {**d["weight_map"], "wte.weight": 3}},
      r"weight_map\['wte\.weight'\]: expected a shard file name, got 3"),
     (lambda d: {"weight_map": {**d["weight_map"], "wte.weight": ["a"]}},
@@ -317,14 +318,43 @@ def test_hf_given_a_file_says_a_folder_was_expected(folder, capsys, name):
     one_line(capsys, f"{folder / name}: expected a Hugging Face model folder", "got a file")
 
 
-def test_an_eos_token_id_past_the_vocabulary_names_config_json(folder, tmp_path, capsys):
+def test_an_eos_token_id_past_the_vocabulary_is_one_warning_naming_config_json(folder, tmp_path,
+                                                                              capsys):
+    """Issue 77: the folder loads, as in transformers (the end id matters only to
+    generation), with one warning; sampling runs to its length limit."""
     import shutil
     path = tmp_path / "eos"
     shutil.copytree(folder, path)
     edit_config(path, eos_token_id=10**6)
+    assert main(["sample", "--hf", str(path), "--prompt", "x", "--max-new-tokens", "3"]) == 0
+    warning = one_line(capsys, f"{path / 'config.json'}: eos_token_id: 1000000 cannot be "
+                               f"produced by a model of vocab_size=", "length limit")
+    assert warning.startswith("warning: ")
+    edit_config(path, eos_token_id=-1)
     assert main(["sample", "--hf", str(path), "--prompt", "x"]) == 1
-    one_line(capsys, f"{path / 'config.json'}: eos_token_id: expected a token id in [0, "
-                     f"vocab_size=", "got 1000000")
+    one_line(capsys, f"{path / 'config.json'}: eos_token_id: expected", "got -1")
+
+
+def test_a_folder_whose_name_is_not_utf8_loads(folder, tmp_path, capsys):
+    """Issue 77: such a folder was refused as "tokenizer.json: not a tokenizers file" (the
+    tokenizers library takes a path only as UTF-8). npformer reads the file itself, so the
+    folder samples; lm refuses it as --init-from before training (a run records its base by
+    name, as text), naming the folder."""
+    import os
+    import shutil
+    path = tmp_path / os.fsdecode(b"caf\xe9")
+    try:
+        shutil.copytree(folder, path)
+    except (OSError, UnicodeError):
+        pytest.skip("this file system refuses names that are not UTF-8")
+    assert len(nf.hf.TextTokenizer(path)) == len(nf.hf.TextTokenizer(folder))
+    assert main(["sample", "--hf", str(path), "--prompt", "hello", "--max-new-tokens", "3",
+                 "--greedy"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("hello") and not err
+    assert main(lm_argv(tmp_path, path)) == 1
+    one_line(capsys, "init_from", "caf\\udce9", "its name is not UTF-8 text")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("key,value,message", [

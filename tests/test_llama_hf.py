@@ -216,6 +216,57 @@ def test_the_config_is_the_preset(folders, case):
     assert eos == tokenizer().token_to_id("<|endoftext|>")
 
 
+# every way a config.json may give its rotary settings: the two objects (absent, null, empty,
+# a default type with or without its theta, Llama 3's rescaling, the older "type" key) and the
+# top-level rope_theta (absent or given)
+ROPE_OBJECTS = [..., None, {}, {"rope_type": "default"}, {"type": "default", "rope_theta": 2e5},
+                LLAMA3, {**LLAMA3, "rope_theta": 4e5}]
+ROPE_THETAS = [..., 3e5]
+
+
+def rotary_module(model_type):
+    module = getattr(transformers.models, model_type)
+    return getattr(getattr(module, f"modeling_{model_type}"),
+                   f"{classes(model_type)[1].__name__[:-len('ForCausalLM')]}RotaryEmbedding")
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_rotary_settings_are_read_as_transformers_reads_them(tmp_path, model_type):
+    """Issue 77: an empty rope_scaling beside rope_parameters took theta 10,000 where
+    transformers reads rope_parameters. For every combination of the keys the frequencies
+    npformer builds are the inv_freq of transformers' own rotary embedding."""
+    import itertools
+    config = dict(model_type=model_type, vocab_size=50, hidden_size=32, intermediate_size=48,
+                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                  max_position_embeddings=96)
+    rotary = rotary_module(model_type)
+    for scaling, parameters, theta in itertools.product(ROPE_OBJECTS, ROPE_OBJECTS[:-1],
+                                                        ROPE_THETAS):
+        given = {key: copy.deepcopy(value) for key, value in (
+            ("rope_scaling", scaling), ("rope_parameters", parameters), ("rope_theta", theta))
+            if value is not ...}
+        (tmp_path / "config.json").write_text(json.dumps({**config, **given}))
+        theirs = rotary(transformers.AutoConfig.from_pretrained(tmp_path)).inv_freq.numpy()
+        ours, _, _ = read_model_config(tmp_path)
+        got = nf.functional.rotary_frequencies(ours.head_size, ours.rope_theta,
+                                               ours.rope_scaling)
+        np.testing.assert_allclose(got, theirs, rtol=1e-6, err_msg=str(given))
+
+
+def test_an_empty_rope_scaling_leaves_rope_parameters_in_force(folders, tmp_path):
+    """The issue's folder: logits equal transformers' at every position."""
+    path = edited(folders["llama-mha"][0], tmp_path, rope_scaling={},
+                  rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    ref = transformers.LlamaForCausalLM.from_pretrained(path).double().eval()
+    assert ref.config.rope_parameters["rope_theta"] == 5e5
+    ids = batch(ref.config.vocab_size, shape=(1, 20))
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    model = nf.from_pretrained(path, dtype=np.float64)
+    assert model.config.rope_theta == 5e5
+    np.testing.assert_allclose(model.forward(ids), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", PARAMS)
 @pytest.mark.parametrize("dtype,reference,tol", [
     (np.float64, "exact", 1e-10), (np.float64, "stock", 1e-5), (np.float32, "stock", 1e-5)])
@@ -418,6 +469,33 @@ def test_generation_stops_at_any_of_several_end_tokens(folders, tmp_path, capsys
     assert f"{tokenizer().id_to_token(hyp.ids[stop])!r}" in trace
 
 
+def test_end_ids_past_the_vocabulary_are_left_out_with_one_warning(folders, tmp_path):
+    """Issue 77: an end id the model cannot produce does not stop the folder from loading (as
+    in transformers): it is left out, with one warning naming the file; with none left,
+    generation stops at its length limit."""
+    import warnings
+    path = tmp_path / "copy"
+    shutil.copytree(folders["llama-mha"][0], path)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    generation = json.loads((path / "generation_config.json").read_text())
+    for ends, kept, then in [([3, 10**6, vocab], 3, "generation stops at 3 or at the length "
+                                                     "limit"),
+                             (10**6, None, "generation stops only at the length limit")]:
+        (path / "generation_config.json").write_text(json.dumps({**generation,
+                                                                 "eos_token_id": ends}))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = nf.from_pretrained(path)
+        lost = "1000000" if kept is None else f"1000000, {vocab}"
+        assert [str(w.message) for w in caught] == [
+            f"{path / 'generation_config.json'}: eos_token_id: {lost} cannot be produced by a "
+            f"model of vocab_size={vocab} (ids 0 to {vocab - 1}); {then}"]
+        assert model.eos_id == kept
+    hyp, = nf.decoding.greedy_search(model.decoder_state(np.array([[1, 2]]), eos_id=model.eos_id),
+                                     max_new_tokens=5)
+    assert len(hyp.ids) == 5 and not hyp.finished
+
+
 def test_end_token_from_tokenizer_config(folders, tmp_path):
     path = tmp_path / "copy"
     shutil.copytree(folders["qwen2-mqa"][0], path)
@@ -513,7 +591,8 @@ def edited(folder, tmp_path, **changes):
                                     r"model.safetensors holds tensors of 2"),
     (dict(vocab_size=None), "vocab_size: missing"),
     (dict(tie_word_embeddings="yes"), "tie_word_embeddings: expected True or False"),
-    (dict(eos_token_id=[1, 10**6]), r"eos_token_id: expected a token id in \[0, vocab_size="),
+    (dict(eos_token_id=[1, -1]), r"eos_token_id: expected a token id \(an int from 0\) or a "
+                                 r"list of them, got \[1, -1\]"),
     (dict(use_sliding_window=True), "use_sliding_window: npformer's attention sees every"),
 ])
 def test_a_bad_config_is_one_error_naming_file_and_field(folders, tmp_path, changes, match):
@@ -615,6 +694,10 @@ def test_a_bad_shard_index_is_one_error_naming_it(sharded, tmp_path, kind):
     copy_of = load_file(str(path / shard))[first]
     rewrite(path / other, lambda t: t.update({first: copy_of}))
     with pytest.raises(ValueError, match=rf"holds '{first}', which model\S+ holds too"):
+        nf.from_pretrained(path)
+    # an index that maps no tensor (it was read as a safetensors file)
+    index_file.write_text(json.dumps({**index, "weight_map": {}}))
+    with pytest.raises(ValueError, match=rf"^{index_file}: its weight_map maps no tensor"):
         nf.from_pretrained(path)
 
 
@@ -722,3 +805,42 @@ def test_a_long_context_is_refused_or_built_within_the_memory_check(folders, tmp
     path = edited(folders["llama-mha"][0], tmp_path, max_position_embeddings=2**24)
     outcome, message = run_bounded(lambda: nf.from_pretrained(path).max_len, seconds=30)
     assert outcome in ("ok", "ValueError"), (outcome, message)
+
+
+def test_a_long_context_is_refused_for_its_rotary_tables_naming_the_key(folders, tmp_path,
+                                                                         monkeypatch):
+    """Issue 77: max_position_embeddings 10**9 was refused for needing 30 GiB "for its weights
+    and gradients"; the 30 GiB are the rotary tables (10**9 positions x head size 8 x 4 bytes),
+    and the message says so, naming config.json's keys."""
+    monkeypatch.setattr(nf.configs, "available_memory", lambda: 8 << 30)
+    path = edited(folders["llama-mha"][0], tmp_path, max_position_embeddings=10**9)
+    with pytest.raises(ValueError, match=(
+            rf"^{path / 'config.json'}: vocab_size=\d+ hidden_size=32 intermediate_size=48 "
+            r"num_hidden_layers=2 max_position_embeddings=1000000000( head_dim=8)?: a model this "
+            r"size \([\d,]+ float32 parameters\) needs at least 30 GiB of memory for its weights "
+            r"and gradients \(0.00 GiB\) and its rotary tables \(30 GiB\), more than this "
+            r"machine's 8 GiB")):
+        nf.from_pretrained(path)
+
+
+def test_logits_that_overflow_stop_sampling_naming_the_first_layer(folders, tmp_path, capsys):
+    """Issue 77: finite weights that overflow in the forward (a bfloat16 3.3e38) gave NaN
+    logits, sampled as a uniform distribution with exit 0. Sampling stops, naming the layer."""
+    path = edited(folders["llama-mha"][0], tmp_path)
+
+    def overflow(tensors):
+        up = tensors["model.layers.0.mlp.up_proj.weight"].to(torch.bfloat16)
+        up[:4] = 3.3e38
+        tensors["model.layers.0.mlp.up_proj.weight"] = up
+    rewrite(path / "model.safetensors", overflow)
+    model = nf.from_pretrained(path)                         # every weight is finite
+    layer = "blocks.0.ffn.linear1 is the first layer whose output is not finite"
+    with pytest.raises(ValueError, match=f"logits are not finite.*{layer}"):
+        nf.decoding.sample_search(model.decoder_state(np.array([[1, 2, 3]])), max_new_tokens=3,
+                                  rng=np.random.default_rng(0))
+    assert not any("forward" in m.__dict__ for m in model.modules())    # each its own again
+    for method in (["--greedy"], ["--seed", "1"]):
+        assert main(["sample", "--hf", str(path), "--prompt", "hello world",
+                     "--max-new-tokens", "3", *method]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and layer in err and "Traceback" not in err, err

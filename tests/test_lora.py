@@ -5,6 +5,7 @@ parameters out of the gradient buffer, the optimizer and the clipping, merge and
 checkpoints of a LoRA run (adapters only, the base by folder and hash, resume bit for bit) and
 every bad input the issue lists. No PyTorch here: tests/test_lora_peft.py holds the PEFT
 round trips."""
+import os
 import re
 import shutil
 
@@ -210,7 +211,7 @@ def test_frozen_parameters_leave_buffer_optimizer_and_clipping():
 
 def test_merge_and_unmerge():
     """Merged weights give the adapters' logits without them; unmerge gives the base plus the
-    adapters back (to within rounding); a merged model refuses to train."""
+    adapters back (the base's bits); a merged model refuses to train."""
     model = lora.apply(llama_gpt(), rank=3, alpha=6.0,
                        target_modules=["q_proj", "k_proj", "o_proj", "up_proj", "down_proj"])
     randomise_b(model)
@@ -226,9 +227,40 @@ def test_merge_and_unmerge():
         model.forward(ids)
     model.eval()
     lora.unmerge(model)
-    np.testing.assert_allclose(model.blocks[0].self_attn.in_proj_weight.data, base_w, atol=1e-14)
+    np.testing.assert_array_equal(model.blocks[0].self_attn.in_proj_weight.data, base_w)
     np.testing.assert_allclose(model.forward(ids), with_adapters, rtol=1e-10, atol=1e-12)
 
+
+def test_merge_then_unmerge_keeps_the_base_bits_and_its_checkpoints_load(tmp_path):
+    """merge + unmerge gives back the base weights bit for bit (not to within rounding): a run
+    saved afterwards records its base's own sha256, loads over it, and trains on exactly as one
+    that never merged."""
+    folder, vocabs = save_base(tmp_path)
+    runs = {}
+    for name in ("merged", "never"):
+        model = lora_model(folder, target_modules=["q_proj", "v_proj", "down_proj"])
+        del model.lora.base["sha256"]             # computed at the first save, as lm's runs do
+        randomise_b(model, scale=3.0)
+        base = {n: p.data.copy() for n, p in model.named_parameters()}
+        if name == "merged":
+            lora.merge(model)
+            lora.unmerge(model)
+        for n, p in model.named_parameters():
+            np.testing.assert_array_equal(p.data, base[n], err_msg=n)
+        save_model_checkpoint(tmp_path / name, model, vocabs)
+        model = load_model_checkpoint(tmp_path / name).model
+        opt = nf.AdamW(model, lr=1e-2)
+        ids, targets = batch()
+        model.train()
+        for _ in range(2):
+            model.zero_grad()
+            _, dlogits = nf.cross_entropy(model.forward(ids), targets)
+            model.backward(dlogits)
+            opt.step()
+        runs[name] = {n: p.data.copy() for n, p in model.named_parameters()}
+    assert runs["merged"].keys() == runs["never"].keys()
+    for n in runs["never"]:
+        np.testing.assert_array_equal(runs["merged"][n], runs["never"][n], err_msg=n)
 
 def test_adapters_in_decoding_match_the_full_forward():
     """The cached decoding path runs the adapters too: the last position's logits of a cached
@@ -269,6 +301,33 @@ def test_bad_settings_are_refused_naming_them(kwargs, message):
         lora.apply(model, **{"rank": 2, "target_modules": ["q_proj", "v_proj"], **kwargs})
     assert lora.settings(model) is None and np.array_equal(model.flat_params, before)
 
+
+def test_a_tied_generator_is_refused_naming_the_weight_it_shares():
+    """A tied output projection is the embedding's weight: an adapter on it would merge into
+    the embedding too. It is refused naming the target and the tie (not a KeyError), and the
+    refusals of other names do not offer it."""
+    for model in (nf.GPT(vocab_size=19, d_model=12, n_heads=3, d_ff=20, n_layers=1, max_len=8),
+                  llama_gpt(tie_embeddings=True)):
+        before = model.flat_params.copy()
+        with pytest.raises(ValueError, match=r"^target_modules: 'generator' shares its weight "
+                                             r"with tok_embed.weight \(tie_embeddings\)"):
+            lora.apply(model, rank=2, target_modules=["generator"])
+        assert lora.settings(model) is None and np.array_equal(model.flat_params, before)
+        with pytest.raises(ValueError, match="matches no module") as refused:
+            lora.apply(model, rank=2, target_modules=["nope"])
+        assert "generator" not in str(refused.value)
+    assert "generator" in lora.available_targets(llama_gpt())
+
+@pytest.mark.parametrize("targets", ["q_proj,v_proj", ["q_proj,v_proj"], ["q_proj, v_proj"],
+                                     ["q_proj,", "v_proj"], ("q_proj", "v_proj,q_proj")])
+def test_targets_may_be_separated_by_commas(targets):
+    """The comma form of fine-tuning tools' command lines names the same adapters as a list."""
+    model = lora.apply(llama_gpt(), rank=2, target_modules=targets)
+    plain = lora.apply(llama_gpt(), rank=2, target_modules=["q_proj", "v_proj"])
+    assert model.lora.targets == ("q_proj", "v_proj")
+    assert [p for p, _ in lora.adapters(model)] == [p for p, _ in lora.adapters(plain)]
+    with pytest.raises(ValueError, match="target_modules: expected a non-empty list of names"):
+        lora.apply(llama_gpt(), rank=2, target_modules=[" , "])
 
 def test_gated_names_on_an_mlp_and_a_second_apply_are_refused():
     gpt2 = nf.GPT(vocab_size=19, d_model=12, n_heads=3, d_ff=20, n_layers=1, max_len=8)
@@ -458,6 +517,38 @@ def test_bad_lora_options_are_one_line_errors(tmp_path, capsys, argv, message):
     assert message in err and "Traceback" not in err
 
 
+def test_lm_refuses_a_tied_generator_in_one_line(tmp_path, capsys):
+    """lm --lora-targets generator on a base whose output projection is its embedding: one line
+    naming the flag and the tie, exit 1, not an internal error (exit 70)."""
+    from npformer.cli.main import main
+    tokenizer = CharTokenizer.from_text(LM_TEXT)
+    model = llama_gpt("float32", vocab_size=len(tokenizer), max_len=16, tie_embeddings=True)
+    save_model_checkpoint(tmp_path / "base", model, Vocabularies.joint(tokenizer.vocab))
+    (tmp_path / "text.txt").write_text(LM_TEXT)
+    assert main(["lm", "--data", str(tmp_path / "text.txt"), "--out", str(tmp_path / "run"),
+                 "--init-from", str(tmp_path / "base"), "--max-steps", "1", "--quiet",
+                 "--lora-rank", "2", "--lora-targets", "generator"]) == 1
+    err = capsys.readouterr().err
+    assert "--lora-targets: 'generator' shares its weight with tok_embed.weight" in err
+    assert len(err.strip().splitlines()) == 1 and "internal error" not in err
+
+def test_lm_takes_comma_separated_targets_and_records_the_names(tmp_path, capsys):
+    """lm --lora-targets q_proj,down_proj (and "q_proj," "down_proj") trains those adapters and
+    records the two names, which a resume giving them space-separated keeps."""
+    from npformer.cli.main import main
+    base, data = lm_base(tmp_path)
+    argv = lm_args(data, base, tmp_path / "run", 1, "--max-steps", "1")
+    at = argv.index("--lora-targets")
+    argv[at + 1:at + 3] = ["q_proj,down_proj"]
+    assert main(argv) == 0
+    assert "on q_proj, down_proj:" in capsys.readouterr().out
+    meta = load_checkpoint(tmp_path / "run" / "last")[1]
+    assert meta["extra"]["options"]["lora_targets"] == ["q_proj", "down_proj"]
+    assert meta["lora"]["targets"] == ["q_proj", "down_proj"]
+    assert main(["lm", "--data", str(data), "--out", str(tmp_path / "run"), "--resume",
+                 str(tmp_path / "run" / "last"), "--max-steps", "2", "--quiet",
+                 "--lora-targets", "q_proj,", "down_proj"]) == 0
+
 def test_a_lora_dropout_outside_0_1_is_refused_by_the_parser(tmp_path, capsys):
     from npformer.cli.main import main
     base, data = lm_base(tmp_path)
@@ -468,3 +559,66 @@ def test_a_lora_dropout_outside_0_1_is_refused_by_the_parser(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--lora-dropout: expected a finite number in [0, 1), got '1'" in err
     assert "Traceback" not in err
+
+
+# -- npformer export --format peft ----------------------------------------------------------------
+def lora_run(tmp_path):
+    """A saved LoRA run over an npformer checkpoint with Llama's block (PEFT's names fit it)."""
+    folder, vocabs = save_base(tmp_path)
+    save_model_checkpoint(tmp_path / "run", lora_model(folder), vocabs)
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o755), (0o077, 0o700)])
+def test_a_peft_export_folder_honours_the_umask(tmp_path, umask, mode, capsys):
+    from npformer.cli.main import main
+    run = lora_run(tmp_path)
+    old = os.umask(umask)
+    try:
+        assert main(["export", "--checkpoint", str(run), "--format", "peft", "--out",
+                     str(tmp_path / "peft")]) == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "peft").stat().st_mode & 0o777 == mode
+    assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
+
+
+KILLED_LORA_EXPORT = """
+import os, signal, sys
+from npformer import lora
+from npformer.cli.main import main
+save = lora.save_peft
+def save_then_die(*args, **kwargs):
+    save(*args, **kwargs)                                # the adapter written, then kill -9
+    os.kill(os.getpid(), signal.SIGKILL)
+lora.save_peft = save_then_die
+main(["export", "--checkpoint", sys.argv[1], "--format", "peft", "--out", sys.argv[2]])
+"""
+
+
+def test_a_later_peft_export_removes_what_a_killed_one_left(tmp_path, capsys):
+    """A killed export leaves its temporary folder; the next export to the same --out removes
+    it (and those of older exports: .tmp), and a replaced export's .old once --out is back."""
+    import subprocess
+    import sys
+    from npformer.cli.main import main
+    run = lora_run(tmp_path)
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    out = exports / "peft"
+    child = subprocess.run([sys.executable, "-c", KILLED_LORA_EXPORT, str(run), str(out)],
+                           capture_output=True, text=True)
+    assert child.returncode == -9, child.stderr
+    left = [p.name for p in exports.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".peft.") and left[0].endswith(".partial")
+    (exports / ".peft.k3j_x9ab.tmp").mkdir()               # as older exports (mkdtemp) named it
+    (exports / ".peft.0123abcd.old").mkdir()               # replaced: kept while peft is gone
+    keep = [".other.0123abcd.partial", "notes.txt"]
+    (exports / keep[0]).mkdir()
+    (exports / keep[1]).write_text("not this export's")
+    argv = ["export", "--checkpoint", str(run), "--format", "peft", "--out", str(out)]
+    assert main(argv) == 0
+    assert sorted(p.name for p in exports.iterdir()) == \
+        sorted(keep + [".peft.0123abcd.old", "peft"])
+    assert main(argv + ["--overwrite"]) == 0               # peft exists again: .old goes too
+    assert sorted(p.name for p in exports.iterdir()) == sorted(keep + ["peft"])

@@ -270,6 +270,11 @@ def test_a_bfloat16_adapter_loads_as_its_values_widened(folders, tmp_path, dtype
     ("lora_alpha", -1, "lora_alpha: expected a finite positive number"),
     ("lora_dropout", 1.5, r"lora_dropout: expected a finite number in \[0, 1\)"),
     ("r", 99, r"r: expected at most 16, the width of the narrowest targeted layer \(v_proj"),
+    ("exclude_modules", ["q_proj"], r"exclude_modules: npformer's LoRA reads None only, got "
+                                    r"\['q_proj'\]"),
+    ("layer_replication", [[0, 2]], "layer_replication: npformer's LoRA reads None only"),
+    ("trainable_token_indices", [0, 1], "trainable_token_indices: npformer's LoRA reads None"),
+    ("use_bdlora", True, "use_bdlora: npformer's LoRA reads None only, got True"),
 ])
 def test_bad_adapter_configs_are_refused(folders, tmp_path, key, value, message):
     path, hf = folders["llama-gqa-llama3"]
@@ -281,6 +286,46 @@ def test_bad_adapter_configs_are_refused(folders, tmp_path, key, value, message)
     with pytest.raises(ValueError, match=f"adapter_config.json: {message}"):
         lora.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
 
+
+@pytest.mark.parametrize("key, value", [("exclude_modules", None), ("layer_replication", None),
+                                        ("trainable_token_indices", None), ("use_bdlora", False),
+                                        ("use_bdlora", None), ("exclude_modules", [])])
+def test_unimplemented_peft_settings_at_their_defaults_load(folders, tmp_path, key, value):
+    """PEFT writes the settings npformer does not implement as null, false or absent: those
+    load (only a value that changes the adapter is refused)."""
+    path, hf = folders["llama-gqa-llama3"]
+    peft_made(hf, tmp_path, targets=["q_proj", "v_proj"])
+    file = tmp_path / "peft" / "adapter_config.json"
+    config = json.loads(file.read_text())
+    config[key] = value
+    file.write_text(json.dumps(config))
+    assert lora.settings(lora.load_peft(nf.from_pretrained(path), tmp_path / "peft")).rank == 3
+
+
+def test_an_adapter_naming_another_base_folder_warns_once(folders, tmp_path, capsys):
+    """base_model_name_or_path naming another folder than the base it is applied to: one
+    warning naming both (the shapes fit, so it loads); the same folder, or a hub name that is
+    no folder here, loads quietly."""
+    import warnings
+    path, hf = folders["llama-gqa-llama3"]
+    other = folders["qwen2-mqa"][0]
+    peft_made(hf, tmp_path, targets=["q_proj", "v_proj"])
+    file = tmp_path / "peft" / "adapter_config.json"
+    config = json.loads(file.read_text())
+    for named, warns in ((str(other), True), (f"{path}/.", False), ("org/some-model", False)):
+        file.write_text(json.dumps({**config, "base_model_name_or_path": named}))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lora.load_peft(nf.from_pretrained(path), tmp_path / "peft")
+        said = [str(w.message) for w in caught if "base_model_name_or_path" in str(w.message)]
+        assert len(said) == warns, (named, said)
+        if warns:
+            assert str(other) in said[0] and str(path) in said[0]
+    file.write_text(json.dumps({**config, "base_model_name_or_path": str(other)}))
+    assert main(["sample", "--hf", str(path), "--adapter", str(tmp_path / "peft"),
+                 "--prompt", "hello", "--max-new-tokens", "2", "--greedy"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("base_model_name_or_path") == 1 and str(other) in err
 
 def test_adapter_for_another_base_is_refused(folders, tmp_path, capsys):
     """A PEFT adapter of the Llama onto the Qwen2 (other shapes), and an npformer run's adapter

@@ -18,22 +18,27 @@
 # two cores, and a sample after each validation shows it learn: first random characters, then
 # spaces and line breaks, then words and speaker names.
 #
-# The text is tiny Shakespeare (1.1 MB). The tests find it in `../shared/data/tinyshakespeare`
-# beside the repository; elsewhere set `TINYSHAKESPEARE` to your copy of `input.txt`.
+# The text is tiny Shakespeare (1.1 MB), found as `npformer lm --data tinyshakespeare` finds it:
+# the file `npformer download tinyshakespeare` keeps in the data folder (`$NPFORMER_DATA`, else
+# `~/.cache/npformer/multi30k`). Where it is not there yet, this cell fetches it, checking its
+# sha256; where that fails too (no network), the chapter stops with a one-line message.
 
 # %%
-import os
 import tempfile
 from pathlib import Path
 
+from npformer.data.download import download, text_file
 from npformer.training.language_model import LM_MODEL, LM_TRAIN, lm_trainer
 
-candidates = [os.environ.get("TINYSHAKESPEARE", ""), "input.txt",
-              "../../../shared/data/tinyshakespeare/input.txt"]
-found = [Path(c) for c in candidates if c and Path(c).is_file()]
-if not found:
-    raise FileNotFoundError("tiny Shakespeare's input.txt: set TINYSHAKESPEARE to its path")
-text = found[0].read_text(encoding="utf-8")
+try:
+    path, _ = text_file("tinyshakespeare")
+except ValueError:                                  # not downloaded yet: fetch it
+    try:
+        path = download("tinyshakespeare", progress=False)[0]
+    except OSError as error:
+        raise SystemExit(f"tiny Shakespeare is not downloaded and could not be fetched ({error}); "
+                         f"run `npformer download tinyshakespeare`, then this chapter") from None
+text = path.read_text(encoding="utf-8")
 print(f"{len(text):,} characters, {len(set(text))} distinct; it begins:\n")
 print(text[:200])
 
@@ -78,12 +83,12 @@ print("stopped by", summary["stop_reason"], "after", summary["step"], "updates")
 # %% [markdown]
 # ## Longer runs
 #
-# The full recipe, `npformer lm --data input.txt --out runs/shakespeare`, trains this model for
-# 15 minutes: on a slow two-core VM it reached a validation loss of 1.55 (1,371 updates; GPT-2's
-# block, `--arch gpt`, reached 1.59 there), and on a machine fast enough for all 2,200 updates
-# the GPT block reached 1.50. A sample of the 15-minute run, recorded in BENCHMARKS.md (not
-# re-run here; `npformer sample --checkpoint RUN/best --prompt "ROMEO:" --max-new-tokens 300
-# --temperature 0.8 --seed 0`):
+# The full recipe, `npformer lm --data tinyshakespeare --out runs/shakespeare`, trains this
+# model for 15 minutes: on a slow two-core VM it reached a validation loss of 1.55 (1,371
+# updates; GPT-2's block, `--arch gpt`, reached 1.59 there), and on a machine fast enough for
+# all 2,200 updates the GPT block reached 1.50. A sample of the 15-minute run, recorded in
+# BENCHMARKS.md (not re-run here; `npformer sample --checkpoint RUN/best --prompt "ROMEO:"
+# --max-new-tokens 300 --temperature 0.8 --seed 0`):
 #
 # ```text
 # ROMEO:

@@ -2,7 +2,7 @@
 toy translator with them (list, start DIR, check DIR [NAME], check DIR --train)."""
 import math
 
-from ..exercises.catalogue import DOCS_URL, EXERCISES, find
+from ..exercises.catalogue import DERIVATIONS, EXERCISES, find
 from ..exercises.checker import TIMEOUT, check_folder
 from .common import non_negative_int, positive_float, positive_int
 
@@ -45,11 +45,12 @@ def add_parser(sub, name):
 
 
 def run_list(args):
-    print(f"{'#':>2s}  {'NAME':<22s} {'FILE':<28s} {'FINALE':<8s} TITLE")
+    print(f"{'#':>2s}  {'NAME':<22s} {'FILE':<28s} {'FINALE':<8s} {'TITLE':<46s} DERIVATION")
     for e in EXERCISES:
         print(f"{e.number:>2d}  {e.name:<22s} {e.file:<28s} {'trains' if e.trained else 'checked':<8s} "
-              f"{e.title}")
-    print(f"\nderivations: {DOCS_URL}\nstart with: npformer exercises start DIR")
+              f"{e.title:<46s} {e.derivation}")
+    print(f"\nderivations: {DERIVATIONS} in the folder that start writes, one section an "
+          f"exercise\nstart with: npformer exercises start DIR")
     return 0
 
 
@@ -92,7 +93,7 @@ def print_result(r):
     for hint in r.hints:
         print(f"  likely mistake: {hint}")
     if r.status == "WRONG":
-        print(f"  derivation: {e.url}")
+        print(f"  derivation: {e.derivation}")
     print()
 
 
@@ -171,7 +172,7 @@ def _print_findings(findings):
     if where:
         print("  also: " + "; ".join(f"{fn} at {len(ls)} more layer{'s' if len(ls) > 1 else ''}"
                                      for fn, ls in where.items()))
-    print(f"  derivation: {find(_exercise_of(first.function)).url}")
+    print(f"  derivation: {find(_exercise_of(first.function)).derivation}")
 
 
 def _size(error):

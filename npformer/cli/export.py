@@ -3,12 +3,10 @@ checkpoint), PEFT's adapter files or a merged Hugging Face folder (a LoRA run of
 a Llama, Qwen2 or Qwen3 base)."""
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from ..checkpoint import write_file_atomic
-from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2
+from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2, write_folder
 from ..training.checkpointing import load_model_checkpoint
 from .common import checkpoint_files, path_argument, resolve_checkpoint
 from .runs import remove_stale_temps
@@ -68,10 +66,15 @@ def run(args):
         return _run_lora(args)
     check_export_target(args.out, inputs, overwrite=args.overwrite)
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
-    remove_stale_temps(*os.path.split(os.path.abspath(args.out)))   # a killed export's leftovers
+    _remove_leftovers(args.out)
     out = export_ctranslate2(loaded, args.out, args.quantization, overwrite=args.overwrite)
     print(f"exported {loaded.path} ({args.quantization or 'float32'}) -> {out}")
     return 0
+
+
+def _remove_leftovers(out):
+    """What a killed export to ``out`` left beside it (npformer.cli.runs.remove_stale_temps)."""
+    remove_stale_temps(*os.path.split(os.path.abspath(out)))
 
 
 LORA_MARKER = "npformer-export.json"      # in a --format peft / hf export: what --overwrite may replace
@@ -89,37 +92,25 @@ def _is_lora_export(out):
 
 def _run_lora(args):
     """--format peft / hf --merge: the adapters of a LoRA run, written into a temporary folder
-    beside --out and renamed into place."""
+    beside --out and renamed into place (``npformer.ct2.write_folder``, as a CTranslate2
+    export is)."""
     from .. import lora
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
     model, settings = loaded.model, lora.settings(loaded.model)
     if settings is None:
         raise ValueError(f"--checkpoint {args.checkpoint}: holds no LoRA adapters (--format "
                          f"{args.format} writes a LoRA run of npformer lm --lora-rank)")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    old = None
-    try:
+    what = "PEFT adapter" if args.format == "peft" else \
+        f"merged Hugging Face model ({args.dtype or 'float32'})"
+
+    def write(tmp):
         if args.format == "peft":
             lora.save_peft(model, tmp, settings.base.get("folder"))
-            what = "PEFT adapter"
         else:
             lora.save_merged(model, settings.base["folder"], tmp, args.dtype or "float32")
-            what = f"merged Hugging Face model ({args.dtype or 'float32'})"
         marker = json.dumps({"kind": _LORA_KIND, "format": args.format}) + "\n"
         write_file_atomic(tmp / LORA_MARKER, lambda f: f.write(marker.encode("utf-8")))
-        if out.exists():                      # --overwrite (check_export_target allowed it):
-            old = tmp.with_suffix(".old")     # set aside until the new one is in place
-            os.replace(out, old)
-        os.replace(tmp, out)
-    except BaseException:
-        if old is not None and not out.exists():
-            os.replace(old, out)              # the earlier export back
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    _remove_leftovers(args.out)
+    out = write_folder(args.out, write)
     print(f"exported {loaded.path} as a {what} -> {out}")
     return 0

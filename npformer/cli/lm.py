@@ -1,21 +1,25 @@
 """``npformer lm``: train a character-level GPT on a text file, or fine-tune a Hugging Face model
 (GPT-2, Llama, Qwen2, Qwen3) on one.
 
-    npformer lm --data ../shared/data/tinyshakespeare/input.txt --out runs/shakespeare
+    npformer download tinyshakespeare
+    npformer lm --data tinyshakespeare --out runs/shakespeare
     npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --max-new-tokens 300
     npformer lm --data my.txt --init-from path/to/gpt2 --out runs/gpt2-mine --max-steps 200
-    npformer lm --data ../shared/data/tinyshakespeare/input.txt --arch llama --out runs/llama
+    npformer lm --data tinyshakespeare --arch llama --out runs/llama
     npformer lm --data my.txt --init-from path/to/SmolLM2-135M --lora-rank 8 --out runs/lora
 
 The recipe is ``npformer.training.language_model``'s (``lm_model(arch)``, ``LM_TRAIN``).
 ``--arch`` picks the block (GPT-2's or Llama's) of a new model; it is recorded like a model
 option, and a run recorded before it existed is the architecture its model's fields say.
 """
+import argparse
 import os
 from pathlib import Path
 
 from ..checkpoint import write_file_atomic
 from ..configs import GPTConfig
+from ..data.download import text_file
+from ..lora import split_names
 from . import common
 from ..training.language_model import (INIT_CONTEXT, LM_ARCH, LM_BLOCKS, LM_TRAIN, arch_of,
                                        lm_d_ff, lm_model, lm_trainer)
@@ -57,7 +61,9 @@ def add_parser(sub, name):
                                    "folder (GPT-2, Llama, Qwen2, Qwen3) or an npformer GPT "
                                    "checkpoint instead, with its tokenizer.")
     p.add_argument("--data", type=path_argument, required=True, metavar="FILE",
-                   help="the UTF-8 text to learn")
+                   help="the UTF-8 text to learn: a file, or tinyshakespeare (the file of "
+                        "'npformer download tinyshakespeare'; a file of that name in the working "
+                        "folder wins)")
     p.add_argument("--out", type=path_argument, required=True,
                    help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
                         "a run is refused unless --resume continues it or --overwrite replaces it")
@@ -106,10 +112,11 @@ def add_parser(sub, name):
     lo.add_argument("--lora-dropout", type=probability, default=None, metavar="P",
                     help="dropout on the adapters' input, in [0, 1) (PEFT's lora_dropout; "
                          "default 0)")
-    lo.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME",
-                    help="the projections to adapt: PEFT's names (q_proj k_proj v_proj o_proj "
-                         "gate_proj up_proj down_proj) or npformer's (in_proj out_proj linear1 "
-                         "linear2 generator) (default q_proj v_proj)")
+    lo.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME", action=_Names,
+                    help="the projections to adapt, separated by spaces or commas: PEFT's names "
+                         "(q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) or "
+                         "npformer's (in_proj out_proj linear1 linear2, and generator where it is "
+                         "not tied to the embedding) (default q_proj v_proj)")
     t = p.add_argument_group("training")
     t.add_argument("--max-steps", type=positive_int, default=None,
                    help=f"updates; the schedule ends there (default {LM_TRAIN['max_steps']})")
@@ -164,6 +171,14 @@ def _train_kwargs(args):
     if args.time_budget is not None:
         kwargs["time_budget"] = args.time_budget * 60.0
     return dict(kwargs, out_dir=args.out, quiet=args.quiet)
+
+
+class _Names(argparse.Action):
+    """--lora-targets: names separated by spaces or commas (``q_proj,v_proj``), kept as a list
+    of the names (what a run records and a resume compares)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, split_names(values))
 
 
 def _lora(args):
@@ -230,6 +245,10 @@ def build(args, saved=None):
     lora = _lora(args)
     if args.init_from is None and saved is None:
         check_model_size(args)
+    data_path, note = text_file(args.data)
+    if note:
+        print(note, flush=True)
+    args.data = str(data_path)                   # recorded as read: a resume finds it again
     refuse_inputs_in_run(args.out, [("--data", args.data)])
     if args.init_from is not None and saved is None:
         source = args.init_from if os.path.isdir(args.init_from) else os.path.dirname(

@@ -2,7 +2,8 @@
 
     npformer toy                                  # train the toy zh->en model, print examples
     npformer translate --checkpoint runs/toy "我 有 一个 苹果"
-    npformer lm --data ../shared/data/tinyshakespeare/input.txt --out runs/shakespeare
+    npformer download tinyshakespeare             # the character model's text
+    npformer lm --data tinyshakespeare --out runs/shakespeare
     npformer sample --checkpoint runs/shakespeare/best --prompt "ROMEO:" --max-new-tokens 300
     npformer sample --hf path/to/gpt2 --prompt "Hello" --max-new-tokens 20
     npformer <command> --help

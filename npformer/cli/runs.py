@@ -110,7 +110,8 @@ def remove_stale_temps(folder, name=None):
     (a run folder, which has one writer): the temporary files of checkpoint saves,
     ``.<name>.npz.<hex>.tmp`` / ``.<name>.json.<hex>.tmp``. With ``name`` (the one output of
     ``npformer average`` or ``export``): only that output's, its checkpoint's temporary files
-    and the folders of a killed export, ``.<name>.<hex>.partial`` (an export being written) and
+    and the folders of a killed export, ``.<name>.<hex>.partial`` (an export being written;
+    ``.tmp`` where a LoRA export made it before npformer.ct2.write_folder) and
     ``.<name>.<hex>.old`` (an earlier export being replaced; removed only once ``name`` exists,
     else it may hold the only copy of that export)."""
     if not os.path.isdir(folder):
@@ -119,7 +120,7 @@ def remove_stale_temps(folder, name=None):
         files, folders = _STALE_TEMP, None
     else:
         files = re.compile(rf"\.{re.escape(name)}\.(?:npz|json)\.[0-9a-f]+\.tmp")
-        kept = "partial|old" if os.path.exists(os.path.join(folder, name)) else "partial"
+        kept = "partial|tmp|old" if os.path.exists(os.path.join(folder, name)) else "partial|tmp"
         folders = re.compile(rf"\.{re.escape(name)}\.[0-9a-z_]+\.(?:{kept})")
     removed = []
     for entry in sorted(os.listdir(folder)):

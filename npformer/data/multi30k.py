@@ -10,7 +10,7 @@ The folder holds one file per split and language, one sentence a line, line i of
 Files may also be uncompressed (``NAME.de``). Get the data with ``npformer download multi30k``
 (see ``npformer.data.download``), or point ``$NPFORMER_DATA`` at a folder that has it.
 
-    >>> pairs = load_split("../shared/data/multi30k", "val")      # doctest: +SKIP
+    >>> pairs = load_split(None, "val")       # the download's folder     # doctest: +SKIP
     >>> pairs[0]                                                  # doctest: +SKIP
     ('Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen',
      'A group of men are loading cotton onto a truck')

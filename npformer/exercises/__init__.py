@@ -3,11 +3,11 @@ translator with your own code (``npformer exercises``; README, "Exercises").
 
 - :mod:`.catalogue`: the exercises, the inputs each is checked on, the mistakes recognised;
 - :mod:`.solutions`: the reference solutions, from which :mod:`.templates` makes the files;
+- :mod:`.derivations`: the folder's ``derivations.md``, the sections of docs/backprop.md;
 - :mod:`.checker`: the checks, in a child process (:mod:`.runner`) under a time limit;
 - :mod:`.namespace` and :mod:`.finale`: the learner's pairs as a backend, and the training.
 """
-from .catalogue import DOCS_URL, EXERCISES, REPOSITORY_URL, find
+from .catalogue import DERIVATIONS, EXERCISES, find
 from .checker import ExerciseResult, check_exercise, check_folder
 
-__all__ = ["DOCS_URL", "EXERCISES", "ExerciseResult", "REPOSITORY_URL", "check_exercise",
-           "check_folder", "find"]
+__all__ = ["DERIVATIONS", "EXERCISES", "ExerciseResult", "check_exercise", "check_folder", "find"]

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# The project's repository: exercise files link their section of the derivations here, since an
-# installed npformer has no docs/ folder. The one place to change if the repository moves.
-REPOSITORY_URL = "https://github.com/npformer/npformer"
-DOCS_URL = f"{REPOSITORY_URL}/blob/main/docs/backprop.md"
+# The exercise folder's own derivations (docs/backprop.md's sections, written there by
+# ``npformer exercises start``): each exercise names its section of this file, so a learner
+# offline has every derivation and no link leads to a web page.
+DERIVATIONS = "derivations.md"
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Exercise:
     name: str              # the CLI's name: npformer exercises check DIR NAME
     number: int
     title: str
-    section: str           # the heading of docs/backprop.md
+    section: str           # the heading of docs/backprop.md (and of the folder's derivations.md)
     writes: tuple          # the functions the learner writes
     provides: tuple = ()   # the names the finale's namespace takes from the learner's file (the
                            # toy translator has no RMSNorm or SwiGLU: those are checked only)
@@ -62,8 +62,9 @@ class Exercise:
         return self.section.lower().replace(" ", "-")
 
     @property
-    def url(self):
-        return f"{DOCS_URL}#{self.anchor}"
+    def derivation(self):
+        """Where its derivation is, relative to the exercise folder."""
+        return f'{DERIVATIONS}, section "{self.section}"'
 
     @property
     def trained(self):

@@ -6,8 +6,9 @@ import os
 import re
 from pathlib import Path
 
-from .catalogue import DOCS_URL, EXERCISES
+from .catalogue import DERIVATIONS, EXERCISES
 from .checker import MARKER
+from .derivations import derivations
 
 BEGIN, END = "# --- your code ---", "# --- end of your code ---"
 HERE = Path(__file__).resolve().parent
@@ -23,7 +24,7 @@ def template(exercise, folder="DIR"):
     head = (f"# npformer exercise {exercise.number} of {len(EXERCISES)}: {exercise.title}.\n"
             f"# Write {', '.join(exercise.writes)} below, then check it with\n"
             f"#     npformer exercises check {folder} {exercise.name}\n")
-    for line in solution_source(exercise).replace("docs/backprop.md#", f"{DOCS_URL}#").splitlines():
+    for line in _local_links(solution_source(exercise)).splitlines():
         match = re.match(r"def (\w+)\(", line)
         if match:
             function = match.group(1)
@@ -40,15 +41,23 @@ def template(exercise, folder="DIR"):
     return head + "\n".join(out) + "\n"
 
 
+def _local_links(source):
+    """A solution's ``docs/backprop.md#linear (section "Linear")`` as the learner's file says it:
+    the section of the folder's own derivations."""
+    return re.sub(r'docs/backprop\.md#[\w-]+ \(section "([^"]+)"\)',
+                  lambda m: f'{DERIVATIONS}, section "{m.group(1)}"', source)
+
+
 def readme(folder):
     text = (HERE / "templates" / "README.md").read_text(encoding="utf-8")
-    return text.replace("{docs}", DOCS_URL).replace("{folder}", str(folder))
+    return text.replace("{docs}", DERIVATIONS).replace("{folder}", str(folder))
 
 
 def files(folder):
     """{file name: text} of a new exercise folder."""
     out = {e.file: template(e, folder) for e in EXERCISES}
     out["README.md"] = readme(folder)
+    out[DERIVATIONS] = derivations()
     out[MARKER] = json.dumps({"npformer_exercises": 1,
                               "files": [e.file for e in EXERCISES]}, indent=1) + "\n"
     return out
@@ -85,8 +94,9 @@ def start(folder, overwrite=False):
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ValueError(f"DIR: {folder} is not empty; pass --overwrite to add the exercise "
                          f"files it lacks (files already there are kept, never overwritten)")
+    contents = files(folder)                      # all made before the folder is touched
     path.mkdir(parents=True, exist_ok=True)
     written, kept = [], []
-    for name, text in files(folder).items():
+    for name, text in contents.items():
         (written if write_new(path / name, text) else kept).append(name)
     return written, kept

@@ -30,6 +30,7 @@ from ..validation import check_array, check_int, check_token_ids
 from .block import NORMS, Block
 from .dropout import Dropout
 from .embedding import Embedding, PositionEmbedding
+from .finite import check_logits
 from .init import building_shapes, drawing_nothing, placeholder, table
 from .linear import Linear
 from .module import Module, ModuleList, config_of
@@ -268,13 +269,15 @@ class LanguageModelState(CachedState):
 
     def step(self, tokens):
         """The previous token of every row (R,) -> log-probabilities of the next one (R, V),
-        float64."""
+        float64. ValueError naming the first layer whose output is not finite where the logits
+        are not (``nn.finite.check_logits``): NaN logits are no distribution to draw from."""
         if self.slide and self.length >= self.capacity:      # the last capacity - 1 tokens
             n = self._history.shape[1]
             self._fill(self._history[:, n - (self.capacity - 1):], self.capacity)
         tokens = self.check_step(tokens, self.model.config.vocab_size)[:, None]   # (R, 1)
         self._history = np.concatenate([self._history, tokens], axis=1)
-        return F.log_softmax(self._run(tokens).astype(np.float64))
+        logits = check_logits(self._run(tokens), self.model, self._history)  # never sample NaN
+        return F.log_softmax(logits.astype(np.float64))
 
     def reorder(self, index):
         """Keep the rows ``index`` (R',) in that order; a row may repeat."""

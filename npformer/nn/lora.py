@@ -23,7 +23,8 @@ class LoRA(Module):
     a = sqrt(5)); B (stop - start, r), zero, so the model starts as its base. ``rng`` draws A;
     ``dropout_rng`` (the model's) the dropout masks. ``target``: the name it was asked for
     (PEFT's ``q_proj``, or npformer's ``in_proj``), for messages and exports. ``merged``:
-    its update is in the host's weight (``npformer.lora.merge``); it then adds nothing.
+    its update is in the host's weight (``npformer.lora.merge``); it then adds nothing, and
+    ``kept`` holds the host's rows as they were, which ``npformer.lora.unmerge`` puts back.
     """
 
     def __init__(self, in_features, start, stop, rank, alpha, dropout=0.0, *, rng, dropout_rng,
@@ -39,6 +40,7 @@ class LoRA(Module):
         self.B = Parameter(zeros((stop - start, rank), dtype))
         self.rng = dropout_rng
         self.merged = False
+        self.kept = None                 # the host's rows before merge, while merged
         self._cache = None
         self._ops = None
 

@@ -317,7 +317,7 @@ def _pretrained(path, dtype):
     read to check the tokenizer, not read again for it)."""
     folder = model_folder(path)
     tokenizer = TextTokenizer(folder)
-    config, _, model_type = read_model_config(folder)
+    config, _, model_type = read_model_config(folder, warn=False)   # from_pretrained warns
     tokenizer.check_fits(config.vocab_size, folder / "config.json")
     return from_pretrained(folder, dtype=dtype), tokenizer, model_type
 
@@ -327,8 +327,15 @@ def _initial_model(init_from):
     Llama, Qwen2, Qwen3) or an npformer GPT checkpoint (a path, or a run folder: its best).
     ``base``: where the weights came from, as a LoRA run records its base: {"folder"
     (absolute), "kind" ("hf" or "npformer"), "model_type" (config.json's; None for a
-    checkpoint)}."""
+    checkpoint)}. A path whose name is not UTF-8 text is refused first: the run's checkpoints
+    record it as their base, as text."""
     folder = os.path.abspath(init_from)
+    try:
+        folder.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"init_from {init_from!r}: its name is not UTF-8 text, which the "
+                         f"run's checkpoints must record as their base; rename it (or link "
+                         f"it under a UTF-8 name)") from None
     if os.path.isdir(init_from) and os.path.isfile(os.path.join(init_from, "config.json")):
         model, tokenizer, model_type = _pretrained(init_from, np.float32)
         return model, tokenizer, {"folder": folder, "kind": "hf", "model_type": model_type}

@@ -1,12 +1,12 @@
 """The Multi30k German<->English recipe behind ``npformer train --dataset multi30k`` and
 ``npformer eval --dataset multi30k``: data, tokenisation, vocabularies, model, trainer, scoring.
 
-    data = load_multi30k("../shared/data/multi30k", src="de", tgt="en")
+    data = load_multi30k(None, src="de", tgt="en")      # npformer download multi30k's folder
     trainer = build_trainer(data, train_kwargs={"time_budget": 60 * 60, "out_dir": "runs/de-en"})
     trainer.fit()
     # or both steps from the command line's options (and a checkpoint to resume), in one call:
-    trainer, data = multi30k_trainer("../shared/data/multi30k", "de", "en", subword=8000)
-    scores = evaluate_checkpoint(load_model_checkpoint("runs/de-en/best"), data_dir, "test_2016_flickr")
+    trainer, data = multi30k_trainer(None, "de", "en", subword=8000)
+    scores = evaluate_checkpoint(load_model_checkpoint("runs/de-en/best"), None, "test_2016_flickr")
 
 Tokenisation is the project's word tokenizer (``npformer.data.tokenize``), lowercased by default;
 the model translates lowercased, tokenised text, and its output is detokenised before sacrebleu

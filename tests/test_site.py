@@ -1,48 +1,33 @@
 """The documentation site builds: ``mkdocs build --strict`` (mkdocs.yml) over README, docs/ and
-the tutorials' stored outputs, so that a broken link or a missing page fails the tests."""
-import importlib.util
-import os
+the tutorials' stored outputs, so that a broken link or a missing page fails the tests; it has
+the pages a learner needs, and none of its pages asks the network for anything (issue 78)."""
+import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
+from html.parser import HTMLParser
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS_EXTRA = ("mkdocs", "material", "mkdocs_jupyter")
+from site_build import ROOT, built_site, mkdocs_build
 
 
 @pytest.fixture(scope="module")
 def mkdocs():
-    missing = [m for m in DOCS_EXTRA if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"the docs extra is not installed ({', '.join(missing)} missing): "
-                    f"pip install -e '.[docs]'")
-
-    def build(root, out):
-        # (not --quiet: it silences the warnings that --strict counts, and nothing then fails)
-        return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
-                               "--config-file", str(root / "mkdocs.yml"), "--site-dir", str(out)],
-                              capture_output=True, text=True, cwd=root, timeout=300,
-                              env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    return build
+    return mkdocs_build
 
 
 @pytest.fixture(scope="module")
-def site(mkdocs, tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    r = mkdocs(ROOT, out)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return out
+def site(tmp_path_factory):
+    return built_site(tmp_path_factory)
 
 
 def test_the_site_holds_readme_docs_and_tutorials_with_their_outputs(site):
-    home = (site / "index.html").read_text(encoding="utf-8")
-    assert "Quick start" in home and 'href="backprop.html' in home   # README's docs/ links
+    overview = (site / "overview.html").read_text(encoding="utf-8")
+    assert "Quick start" in overview and 'href="backprop.html' in overview   # README's links
     backprop = (site / "backprop.html").read_text(encoding="utf-8")
-    assert 'class="arithmatex"' in backprop                          # the math, for MathJax
-    assert "https://github.com/npformer/npformer/blob/main/npformer/functional/linear.py" in backprop
+    assert 'class="arithmatex"' in backprop                          # the math, for KaTeX
+    assert 'href="source/npformer/functional/linear.py.html' in backprop   # a source file's page
+    source = (site / "source" / "npformer" / "functional" / "linear.py.html").read_text(encoding="utf-8")
+    assert "linear_backward" in source
     chapter = (site / "tutorials" / "02_attention_step_by_step.html").read_text(encoding="utf-8")
     assert "data:image/png;base64" in chapter or "<img" in chapter  # the stored heatmap
     assert "same as npformer&#39;s attention_forward: True" in chapter \
@@ -51,7 +36,7 @@ def test_the_site_holds_readme_docs_and_tutorials_with_their_outputs(site):
         assert list((site / "tutorials").glob(f"0{n}_*.html")), f"chapter {n} missing"
 
 
-def test_a_broken_link_fails_the_build(mkdocs, tmp_path):
+def test_a_broken_link_or_anchor_fails_the_build(mkdocs, tmp_path):
     root = tmp_path / "repo"
     root.mkdir()
     for name in ("mkdocs.yml", "README.md", "BENCHMARKS.md"):
@@ -59,6 +44,64 @@ def test_a_broken_link_fails_the_build(mkdocs, tmp_path):
     shutil.copytree(ROOT / "docs", root / "docs",
                     ignore=shutil.ignore_patterns("__pycache__", "*.py[co]"))
     with open(root / "docs" / "architecture.md", "a", encoding="utf-8") as f:
-        f.write("\nSee [the missing page](no_such_page.md).\n")
+        f.write("\nSee [the missing page](no_such_page.md) and "
+                "[a missing heading](backprop.md#no-such-heading).\n")
     r = mkdocs(root, tmp_path / "site")
-    assert r.returncode != 0 and "no_such_page.md" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "no_such_page.md" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "#no-such-heading" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_the_home_page_points_to_the_three_uses_and_the_site_teaches(site):
+    home = (site / "index.html").read_text(encoding="utf-8")
+    for use in ("Learn how backpropagation works", "Test your own layers", "Train a translator"):
+        assert use in home, use
+    for page in ("tutorials/index.html", "exercises.html", "backprop.html", "api.html"):
+        assert f'href="{page}' in home, page
+    assert "Quick start" not in home                                  # not the whole README
+    exercises = re.sub(r"<[^>]+>", "", (site / "exercises.html").read_text(encoding="utf-8"))
+    for step in ("npformer exercises start", "npformer exercises check", "--train"):
+        assert step in exercises, step
+    api = (site / "api.html").read_text(encoding="utf-8")
+    for name in ("linear_backward", "layernorm_forward", "MultiHeadAttention", "gradcheck",
+                 "TransformerConfig", "GPTConfig", "assert_gradients"):
+        assert f'id="npformer.' in api and name in api, name        # generated from docstrings
+
+
+class Resources(HTMLParser):
+    """The http(s) URLs that a page would fetch: src/srcset/poster/data of any element, href of
+    any element but a link to follow (<a>), url(...) and @import in styles, import() in scripts."""
+    REMOTE = re.compile(r"""(?:url\(\s*['"]?|@import\s+['"]|import\s*\(\s*['"]|from\s+['"])(https?://[^'")\s]+)""")
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.found, self.tag = [], None
+
+    def handle_starttag(self, tag, attrs):
+        self.tag = tag
+        for name, value in attrs:
+            value = value or ""
+            fetched = name in ("src", "srcset", "poster", "data") or (name == "href" and tag != "a")
+            if fetched and re.search(r"(^|[\s,])(https?:)?//", value):
+                self.found.append(f"<{tag} {name}={value}>")
+            elif name == "style":
+                self.found += self.REMOTE.findall(value)
+
+    def handle_data(self, data):
+        if self.tag in ("script", "style"):
+            self.found += self.REMOTE.findall(data)
+
+
+def test_no_page_asks_the_network_for_a_resource(site):
+    asked = {}
+    for page in sorted(site.rglob("*.html")):
+        parser = Resources()
+        parser.feed(page.read_text(encoding="utf-8"))
+        if parser.found:
+            asked[page.relative_to(site).as_posix()] = parser.found[:3]
+    for sheet in sorted(site.rglob("*.css")):
+        found = Resources.REMOTE.findall(sheet.read_text(encoding="utf-8"))
+        if found:
+            asked[sheet.relative_to(site).as_posix()] = found[:3]
+    assert asked == {}, asked
+    assert (site / "vendor" / "katex" / "LICENSE").exists()          # the renderer's licence

@@ -80,11 +80,19 @@ def set_backend(name):
     return name
 
 
+def environment_choice():
+    """The backend the environment variable ``NPFORMER_BACKEND`` names ("numba" where unset),
+    checked without loading it: a ValueError names the variable, its value and the choices (the
+    command line calls this before a command starts, so that the message comes before any
+    output, not when the first layer runs)."""
+    return _check(os.environ.get("NPFORMER_BACKEND", "numba"),
+                  "environment variable NPFORMER_BACKEND")
+
+
 def get_backend():
     """The name of the active backend."""
     if _state["name"] is None:
-        set_backend(_check(os.environ.get("NPFORMER_BACKEND", "numba"),
-                           "environment variable NPFORMER_BACKEND"))
+        set_backend(environment_choice())
     return _state["name"]
 
 

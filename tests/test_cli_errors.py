@@ -67,6 +67,32 @@ def test_bad_numbers_are_refused_naming_the_option(capsys, argv, option, expecte
     usage_error(capsys, argv, option, expected)
 
 
+# every option that names a file or folder refuses an empty path (an unset shell variable)
+EMPTY_PATHS = [("sample", "--checkpoint"), ("sample", "--hf"), ("sample", "--adapter"),
+               ("translate", "--checkpoint"), ("translate", "--input"),
+               ("eval", "--checkpoint"), ("eval", "--data-dir"), ("eval", "--src"),
+               ("eval", "--ref"), ("eval", "--out"), ("eval", "--metrics-json"),
+               ("lm", "--data"), ("lm", "--out"), ("lm", "--resume"), ("lm", "--init-from"),
+               ("train", "--src-file"), ("train", "--tgt-file"), ("train", "--valid-src"),
+               ("train", "--valid-tgt"), ("train", "--out"), ("train", "--data-dir"),
+               ("train", "--resume"), ("toy", "--out"), ("toy", "--metrics-json"),
+               ("export", "--checkpoint"), ("export", "--out"), ("average", "--out"),
+               ("average", "--run"), ("calibrate", "--out"), ("download", "--dest"),
+               ("plot", "--metrics"), ("plot", "--curve"), ("plot", "--grad-norms"),
+               ("plot", "--checkpoint"), ("plot", "--out")]
+
+
+@pytest.mark.parametrize("command,option", EMPTY_PATHS)
+def test_an_empty_path_is_refused_naming_its_option(capsys, command, option):
+    usage_error(capsys, [command, option, ""], f"argument {option}: expected a path, got an "
+                                               f"empty one ('')")
+
+
+def test_an_empty_checkpoint_to_average_is_refused(capsys, tmp_path):
+    usage_error(capsys, ["average", "--out", str(tmp_path / "avg"), str(tmp_path / "a"), ""],
+                "argument CKPT: expected a path, got an empty one ('')")
+
+
 def test_clip_norm_zero_means_no_clipping(monkeypatch):
     seen = {}
     monkeypatch.setattr(toy, "run", lambda args: seen.update(toy.train_kwargs(args)) or 0)

@@ -4,7 +4,7 @@ import os
 from ..checkpoint import checkpoint_paths
 from ..training.averaging import average_checkpoints
 from ..training.trainer import step_checkpoints
-from .common import positive_int, refuse_output_over_inputs, resolve_checkpoint
+from .common import path_argument, positive_int, refuse_output_over_inputs, resolve_checkpoint
 from .runs import remove_stale_temps
 
 
@@ -14,9 +14,11 @@ def add_parser(sub, name):
                                    "config and vocabularies) to --out, an inference checkpoint. "
                                    "With --run DIR --last N, average DIR's last N step_<N> "
                                    "checkpoints (kept by npformer train --keep-last).")
-    p.add_argument("checkpoints", nargs="*", metavar="CKPT")
-    p.add_argument("--out", required=True, metavar="AVG", help="where to write the average")
-    p.add_argument("--run", dest="run_dir", metavar="DIR", help="a run directory (use with --last)")
+    p.add_argument("checkpoints", nargs="*", type=path_argument, metavar="CKPT")
+    p.add_argument("--out", type=path_argument, required=True, metavar="AVG",
+                   help="where to write the average")
+    p.add_argument("--run", type=path_argument, dest="run_dir", metavar="DIR",
+                   help="a run directory (use with --last)")
     p.add_argument("--last", type=positive_int, metavar="N", help="average the last N step_<N> checkpoints of --run")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a checkpoint that already exists at --out (never one of the "

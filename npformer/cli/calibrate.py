@@ -15,7 +15,7 @@ from ..loss import cross_entropy
 from ..configs import TransformerConfig
 from ..registry import build_model
 from ..training.multi30k import MULTI30K_MODEL
-from .common import add_model_args, model_kwargs, positive_int
+from .common import add_model_args, model_kwargs, path_argument, positive_int
 
 
 def add_parser(sub, name):
@@ -32,7 +32,7 @@ def add_parser(sub, name):
     g.add_argument("--max-len-timed", type=positive_int, default=32, metavar="N",
                    help="longest batch length timed (default %(default)s): each length from "
                         "--min-len to N takes one training step")
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", type=path_argument, default=None,
                    help=f"where to write the table (default {runtime.default_table_path()}, "
                         f"or ${runtime.ENV_TABLE})")
     p.set_defaults(run=run)

@@ -94,6 +94,14 @@ def int_in(minimum, maximum):
     return parse
 
 
+def path_argument(text):
+    """A file or folder path, not empty: ``--adapter ''`` (an unset shell variable) would
+    otherwise stand for the current folder, or fail later with an error that names no option."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty one ('')")
+    return text
+
+
 def resolve_checkpoint(path):
     """A checkpoint path as given ("run/best", "run/best.npz") or a run directory (-> DIR/best)."""
     if os.path.isdir(path):

@@ -1,7 +1,7 @@
 """``npformer download NAME``: fetch a data set (``multi30k``, ``tinyshakespeare``) into the data
 folder and check every file's sha256."""
 from ..data.download import DATASETS, download
-from .common import positive_float
+from .common import path_argument, positive_float
 
 
 def add_parser(sub, name):
@@ -11,7 +11,7 @@ def add_parser(sub, name):
                                    f"Known data sets: {known}.")
     p.add_argument("dataset", choices=list(DATASETS), metavar="NAME",
                    help=f"one of {', '.join(DATASETS)}")
-    p.add_argument("--dest", default=None,
+    p.add_argument("--dest", type=path_argument, default=None,
                    help="folder (default: $NPFORMER_DATA or ~/.cache/npformer/multi30k, the "
                         "same for every data set)")
     p.add_argument("--base-url", default=None,

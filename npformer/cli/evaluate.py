@@ -9,9 +9,9 @@ from ..decoding.translator import whitespace_tokenize
 from ..training.metrics import corpus_bleu, exact_match
 from ..training.multi30k import evaluate_checkpoint, make_translator
 from .common import (add_engine_arg, add_text_args, beam_length_penalty, check_writable,
-                     checkpoint_files, load_translation_model, non_negative_float, positive_int,
-                     refuse_output_over_inputs, refuse_text_args, resolve_text_settings,
-                     write_json, write_lines)
+                     checkpoint_files, load_translation_model, non_negative_float, path_argument,
+                     positive_int, refuse_output_over_inputs, refuse_text_args,
+                     resolve_text_settings, write_json, write_lines)
 from .runs import refuse_output_named_like_a_run_file
 
 
@@ -22,20 +22,23 @@ def add_parser(sub, name):
                                    "languages), detokenize, and score with sacrebleu against the "
                                    "raw references (lowercased BLEU first, cased next to it). "
                                    "Otherwise translate --src and compare with --ref.")
-    p.add_argument("--checkpoint", required=True, metavar="CKPT")
+    p.add_argument("--checkpoint", type=path_argument, required=True, metavar="CKPT")
     p.add_argument("--dataset", choices=["multi30k"], default=None)
-    p.add_argument("--data-dir", default=None,
+    p.add_argument("--data-dir", type=path_argument, default=None,
                    help="Multi30k folder (default $NPFORMER_DATA, else ~/.cache/npformer/multi30k)")
     p.add_argument("--split", default="test_2016_flickr",
                    help="reads SPLIT.<lang>.gz or SPLIT.<lang> (default %(default)s)")
-    p.add_argument("--src", help="source sentences, one per line (without --dataset)")
-    p.add_argument("--ref", help="reference translations, one per line (without --dataset)")
+    p.add_argument("--src", type=path_argument,
+                   help="source sentences, one per line (without --dataset)")
+    p.add_argument("--ref", type=path_argument,
+                   help="reference translations, one per line (without --dataset)")
     p.add_argument("--beam", type=positive_int, default=None, metavar="N",
                    help="beam search of width N (default: greedy)")
     p.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",
                    help=f"beam search alpha, >= 0 (with --beam; default {LENGTH_PENALTY})")
-    p.add_argument("--out", metavar="PATH", help="write the translations here, one per line")
-    p.add_argument("--metrics-json", metavar="PATH",
+    p.add_argument("--out", type=path_argument, metavar="PATH",
+                   help="write the translations here, one per line")
+    p.add_argument("--metrics-json", type=path_argument, metavar="PATH",
                    help="write bleu, signature, bleu_cased, seconds, sentences, ... as JSON")
     p.add_argument("--truncate", action="store_true")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")

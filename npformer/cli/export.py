@@ -8,7 +8,7 @@ from pathlib import Path
 from ..checkpoint import write_file_atomic
 from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2, write_folder
 from ..training.checkpointing import load_model_checkpoint
-from .common import checkpoint_files, resolve_checkpoint
+from .common import checkpoint_files, path_argument, resolve_checkpoint
 from .runs import remove_stale_temps
 
 FORMATS = ("ctranslate2", "peft", "hf")
@@ -27,10 +27,11 @@ def add_parser(sub, name):
                                    "adapter_config.json and adapter_model.safetensors "
                                    "(--format peft), or as a Hugging Face folder of its merged "
                                    "weights that transformers loads (--format hf --merge).")
-    p.add_argument("--checkpoint", required=True, metavar="CKPT",
+    p.add_argument("--checkpoint", type=path_argument, required=True, metavar="CKPT",
                    help="checkpoint path (run/best) or a run directory")
     p.add_argument("--format", choices=FORMATS, required=True)
-    p.add_argument("--out", required=True, metavar="DIR", help="the folder to create")
+    p.add_argument("--out", type=path_argument, required=True, metavar="DIR",
+                   help="the folder to create")
     p.add_argument("--quantization", choices=list(QUANTIZATIONS), default=None,
                    help="ctranslate2: store the weights quantized (default: float32, the "
                         "weights unchanged)")

@@ -25,7 +25,8 @@ from ..training.language_model import (INIT_CONTEXT, LM_ARCH, LM_BLOCKS, LM_TRAI
                                        lm_d_ff, lm_model, lm_trainer)
 from ..training.trainer import SPANNING
 from .common import (NoneDefaultFormatter, add_model_options, non_negative_float, non_negative_int,
-                     positive_float, positive_int, probability, refuse_min_lr_above_lr)
+                     path_argument, positive_float, positive_int, probability,
+                     refuse_min_lr_above_lr)
 from .model_options import LANGUAGE_MODEL
 from .parallel import add_parallel_args, join
 from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_inputs_in_run
@@ -59,21 +60,21 @@ def add_parser(sub, name):
                                    "validation loss. --init-from fine-tunes a Hugging Face "
                                    "folder (GPT-2, Llama, Qwen2, Qwen3) or an npformer GPT "
                                    "checkpoint instead, with its tokenizer.")
-    p.add_argument("--data", required=True, metavar="FILE",
+    p.add_argument("--data", type=path_argument, required=True, metavar="FILE",
                    help="the UTF-8 text to learn: a file, or tinyshakespeare (the file of "
                         "'npformer download tinyshakespeare'; a file of that name in the working "
                         "folder wins)")
-    p.add_argument("--out", required=True,
+    p.add_argument("--out", type=path_argument, required=True,
                    help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
                         "a run is refused unless --resume continues it or --overwrite replaces it")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run in --out (its checkpoints, metrics.jsonl and "
                         "tokenizer.json are removed, no other file)")
-    p.add_argument("--resume", metavar="CKPT",
+    p.add_argument("--resume", type=path_argument, metavar="CKPT",
                    help="continue the run of this checkpoint, bit for bit (options left out keep "
                         "the checkpoint's values; only %s may change)"
                         % ", ".join(flag(d) for d in LM_MAY_CHANGE))
-    p.add_argument("--init-from", metavar="DIR",
+    p.add_argument("--init-from", type=path_argument, metavar="DIR",
                    help="start from these weights: a Hugging Face folder of GPT-2, Llama, Qwen2 "
                         "or Qwen3 (config.json, model.safetensors or its shards, tokenizer.json; "
                         "extra hf) or an npformer GPT checkpoint; the text is cut by its "

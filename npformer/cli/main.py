@@ -10,9 +10,11 @@
 
 Every mistake a user can make ends in one line on stderr and a non-zero exit: bad option values
 in argparse's (exit 2), bad input files, checkpoints and settings as ``ValueError``/``OSError``
-(exit 1), a model too big for memory as ``MemoryError`` (exit 1). Anything else is a bug: one
-line names it and the file that holds its traceback (exit 70); ``--debug`` or
-``NPFORMER_DEBUG=1`` lets every exception through with its traceback instead.
+(exit 1), a model too big for memory as ``MemoryError`` (exit 1), a standard output that cannot
+be written (closed, full, open for reading only) as "cannot write to standard output: why"
+(exit 1). Anything else is a bug: one line names it and the file that holds its traceback
+(exit 70); ``--debug`` or ``NPFORMER_DEBUG=1`` lets every exception through with its traceback
+instead. An error's line never continues a line of output left unfinished on the same terminal.
 """
 import argparse
 import errno
@@ -23,7 +25,7 @@ import time
 import traceback
 import warnings
 
-from .. import distributed, runtime
+from .. import backend, distributed, runtime
 from . import parallel
 from . import (average, calibrate, download, evaluate, exercises, export, gradcheck, info, lm,
                plot, sample, toy, train, translate)
@@ -44,6 +46,23 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def print_help(self, file=None):
+        """argparse's, except that help standard output cannot take ends in one line on stderr
+        and exit 1, as a command's output does (argparse drops it, exit 0), and a reader that
+        left ends it quietly, exit 141."""
+        if file is not None:
+            return super().print_help(file)
+        try:
+            out = _open_stdout()
+            out.write(self.format_help())
+            out.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+            self.exit(EXIT_BROKEN_PIPE)
+        except StandardOutputError as e:
+            _silence_stdout()
+            self.exit(1, f"{self.prog}: error: {e}\n")
 
 
 def build_parser():
@@ -169,36 +188,121 @@ def _ended(code):
     return code
 
 
+class StandardOutputError(OSError):
+    """Standard output cannot be written: closed (``>&-``), on a full device (``> /dev/full``),
+    or open for reading only. Not a file of npformer's, so not "no space left ... nothing saved
+    was lost": the message names standard output and the reason."""
+
+    def __str__(self):
+        return f"cannot write to standard output: {self.strerror}"
+
+
+class GuardedOutput:
+    """``sys.stdout`` while a command runs: a write or flush that fails raises
+    :class:`StandardOutputError` (a reader that left, ``BrokenPipeError``, stays itself), and
+    ``mid_line`` says whether the last text written left a line unfinished. Everything else is
+    the stream's own."""
+
+    def __init__(self, stream):
+        self.stream, self.mid_line = stream, False
+
+    def write(self, text):
+        written = self._guarded(self.stream.write, text)
+        if text:
+            self.mid_line = not text.endswith("\n")
+        return written
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        self._guarded(self.stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    @staticmethod
+    def _guarded(call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StandardOutputError(e.errno, e.strerror) from e
+
+
+def _shares_a_destination(stream, other):
+    """Whether two streams write to the same file, pipe or terminal (``2>&1``, a terminal)."""
+    try:
+        return os.path.sameopenfile(stream.fileno(), other.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file behind one of them (a test's)
+        return False
+
+
+def _say(line):
+    """Print ``line`` on stderr, on a line of its own: where standard output goes to the same
+    place and its last write left a line unfinished (a sampled prompt), that line is ended
+    first."""
+    if getattr(sys.stdout, "mid_line", False) and _shares_a_destination(sys.stdout, sys.stderr):
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except OSError:
+            pass
+    print(line, file=sys.stderr)
+
+
+def _open_stdout():
+    """Standard output, guarded (:class:`GuardedOutput`); StandardOutputError where it was closed
+    when npformer started (Python's ``sys.stdout`` is then None and ``print`` loses every line)."""
+    if sys.stdout is None:
+        raise StandardOutputError(errno.EBADF, "it is closed (>&-); redirect it to /dev/null "
+                                               "to discard the output")
+    return GuardedOutput(sys.stdout)
+
+
 def _run(args):
     prefix = f"npformer {args.command}"
+    stdout = sys.stdout
     try:
+        sys.stdout = _open_stdout()
         parallel.refuse_launcher(args.command)   # on every rank: they agreed on the command
+        backend.environment_choice()             # a bad NPFORMER_BACKEND, before any output
         if isinstance(getattr(args, "out", None), str):  # every command's output file or folder
             refuse_output_under_a_file("--out", args.out)
         if args.threads or args.blas_threads:        # else the runtime applies itself
             runtime.configure_runtime(threads=args.threads, blas_threads=args.blas_threads)
-        return args.run(args) or 0
+        code = args.run(args) or 0
+        sys.stdout.flush()                       # what is still buffered: its failure is this run's
+        return code
     except KeyboardInterrupt:
-        print(f"{_who(prefix)}: interrupted", file=sys.stderr)
+        _say(f"{_who(prefix)}: interrupted")
         return 130
     except BrokenPipeError:                      # the reader left (`... | head -1`): stop quietly,
         _silence_stdout()                        # as a tool killed by SIGPIPE would
         return EXIT_BROKEN_PIPE
+    except StandardOutputError as e:             # before OSError: not a file of npformer's
+        if _debug(args):
+            raise
+        _silence_stdout()                        # what is still buffered cannot fail again at exit
+        _say(f"{_who(prefix)}: error: {e}")
+        return 1
     except ValueError as e:                      # bad input: a message, not a traceback
         if _debug(args):
             raise
-        print(f"{_who(prefix)}: error: {e}", file=sys.stderr)
+        _say(f"{_who(prefix)}: error: {e}")
         return 1
     except OSError as e:
         if _debug(args):
             raise
-        print(f"{_who(prefix)}: error: {describe_os_error(e)}", file=sys.stderr)
+        _say(f"{_who(prefix)}: error: {describe_os_error(e)}")
         return 1
     except MemoryError as e:
         if _debug(args):
             raise
         hint = getattr(COMMANDS[args.command], "MEMORY_HINT", MEMORY_HINT)
-        print(f"{_who(prefix)}: error: {describe_memory_error(e, hint)}", file=sys.stderr)
+        _say(f"{_who(prefix)}: error: {describe_memory_error(e, hint)}")
         return 1
     except Exception as e:                       # a bug: say so, keep the traceback in a file
         if _debug(args):
@@ -207,8 +311,10 @@ def _run(args):
         where = (f"traceback in {path}" if path else
                  "the traceback could not be saved; run again with --debug to see it")
         first = str(e).splitlines()[0] if str(e) else ""
-        print(f"{_who(prefix)}: internal error: {type(e).__name__}: {first} ({where})", file=sys.stderr)
+        _say(f"{_who(prefix)}: internal error: {type(e).__name__}: {first} ({where})")
         return EXIT_INTERNAL
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

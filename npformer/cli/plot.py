@@ -10,7 +10,7 @@ import numpy as np
 from ..training.metrics_log import json_lines, read_metrics_log
 from ..checkpoint import checkpoint_paths
 from ..fonts import readable_text
-from .common import check_writable, refuse_output_over_inputs, resolve_checkpoint
+from .common import check_writable, path_argument, refuse_output_over_inputs, resolve_checkpoint
 
 
 def add_parser(sub, name):
@@ -21,17 +21,20 @@ def add_parser(sub, name):
                                    "with --grad-norms each layer's gradient norm against depth, "
                                    "and, with --checkpoint and --sentence, the attention weights "
                                    "of every head of every layer for one translation.")
-    p.add_argument("--metrics", metavar="JSONL", help="a metrics log (e.g. runs/toy/metrics.jsonl)")
-    p.add_argument("--curve", metavar="JSONL", nargs="+",
+    p.add_argument("--metrics", type=path_argument, metavar="JSONL",
+                   help="a metrics log (e.g. runs/toy/metrics.jsonl)")
+    p.add_argument("--curve", type=path_argument, metavar="JSONL", nargs="+",
                    help="BLEU against wall-clock minutes, both metrics, from the JSON lines of "
                         "benchmarks/multi30k_curve.py (one file per run)")
-    p.add_argument("--grad-norms", metavar="JSONL", nargs="+",
+    p.add_argument("--grad-norms", type=path_argument, metavar="JSONL", nargs="+",
                    help="per-layer gradient norms (before clipping) against depth at several "
                         "steps, one panel per run's metrics log: post-norm's pile up in the "
                         "layers near the output, pre-norm's stay even")
-    p.add_argument("--checkpoint", metavar="CKPT", help="checkpoint for the attention heatmaps")
+    p.add_argument("--checkpoint", type=path_argument, metavar="CKPT",
+                   help="checkpoint for the attention heatmaps")
     p.add_argument("--sentence", help="source sentence to translate and show attention for")
-    p.add_argument("--out", default="plots", help="output folder (default %(default)s)")
+    p.add_argument("--out", type=path_argument, default="plots",
+                   help="output folder (default %(default)s)")
     p.set_defaults(run=run)
 
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..decoding.search import greedy_search, sample_search
 from ..decoding.translator import format_token_trace
-from .common import _real, non_negative_int, positive_float, positive_int, resolve_checkpoint
+from .common import (_real, non_negative_int, path_argument, positive_float, positive_int,
+                     resolve_checkpoint)
 
 TEMPERATURE = 1.0
 # what an out-of-memory error suggests (npformer.cli.main)
@@ -33,12 +34,12 @@ def add_parser(sub, name):
                                    "of GPT-2, Llama, Qwen2 or Qwen3. Samples by default; "
                                    "--greedy takes the most likely token every time.")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="CKPT",
+    source.add_argument("--checkpoint", type=path_argument, metavar="CKPT",
                         help="a checkpoint of npformer lm (RUN/best), or its run folder")
-    source.add_argument("--hf", metavar="DIR",
+    source.add_argument("--hf", type=path_argument, metavar="DIR",
                         help="a Hugging Face model folder of GPT-2, Llama, Qwen2 or Qwen3 (e.g. "
                              "the files of the hub's gpt2 or SmolLM2-135M)")
-    p.add_argument("--adapter", metavar="PATH",
+    p.add_argument("--adapter", type=path_argument, metavar="PATH",
                    help="with --hf: the LoRA adapter of a run of npformer lm --lora-rank "
                         "(RUN/best), or a PEFT folder (adapter_config.json), applied to the "
                         "model of --hf, which must be its base")

@@ -4,7 +4,7 @@ import time
 
 from ..training.toy import TOY_MODEL, TOY_TRAIN, run_toy
 from .common import (NoneDefaultFormatter, add_model_args, add_train_args, check_writable,
-                     model_kwargs, non_negative_int, train_kwargs, write_json)
+                     model_kwargs, non_negative_int, path_argument, train_kwargs, write_json)
 from .runs import TOY_MADE_BY, plan_run_folder, refuse_output_named_like_a_run_file
 
 
@@ -14,13 +14,14 @@ def add_parser(sub, name):
                        description="Generate the toy corpus, build vocabularies, train a small "
                                    "Transformer, report exact match on the training and held-out "
                                    "pairs and print example translations.")
-    p.add_argument("--out", default="runs/toy", help="run directory: best/last checkpoints and "
-                   "metrics.jsonl (default %(default)s); a previous toy run there is replaced, "
-                   "any other run refused")
+    p.add_argument("--out", type=path_argument, default="runs/toy",
+                   help="run directory: best/last checkpoints and metrics.jsonl (default "
+                        "%(default)s); a previous toy run there is replaced, any other run "
+                        "refused")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run in --out even if npformer toy did not write it (only "
                         "its best/last/step_*/averaged checkpoints and metrics.jsonl are removed)")
-    p.add_argument("--metrics-json", metavar="PATH",
+    p.add_argument("--metrics-json", type=path_argument, metavar="PATH",
                    help="write train_exact_match, heldout_exact_match, train_seconds, ... as JSON")
     p.add_argument("--examples", type=non_negative_int, default=6, help="example translations to print")
     add_model_args(p, TOY_MODEL)

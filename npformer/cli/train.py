@@ -10,8 +10,8 @@ from ..training.multi30k import MULTI30K_TRAIN, PREPROCESS, PRESETS, multi30k_tr
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_trainer
 from ..training.trainer import TrainConfig, step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, bucket_size,
-                     model_kwargs, positive_float, positive_int, refuse_output_over_inputs,
-                     train_kwargs)
+                     model_kwargs, path_argument, positive_float, positive_int,
+                     refuse_output_over_inputs, train_kwargs)
 from .model_options import TRANSLATION_MODEL
 from .parallel import add_parallel_args, join
 from .runs import (RECORDED_OPTIONS, TOY_MADE_BY, TRAIN_MADE_BY, apply_resume_policy, flag,
@@ -43,13 +43,13 @@ def add_parser(sub, name):
                                    "with the recipe of docs/multi30k.md.")
     p.add_argument("--dataset", choices=DATASETS, default=None,
                    help="toy, files (implied by --src-file) or multi30k")
-    p.add_argument("--src-file")
-    p.add_argument("--tgt-file")
-    p.add_argument("--valid-src")
-    p.add_argument("--valid-tgt")
+    p.add_argument("--src-file", type=path_argument)
+    p.add_argument("--tgt-file", type=path_argument)
+    p.add_argument("--valid-src", type=path_argument)
+    p.add_argument("--valid-tgt", type=path_argument)
     p.add_argument("--min-freq", type=positive_int, default=None,
                    help="vocabulary: keep words seen this often (default 2 for multi30k, else 1)")
-    p.add_argument("--out", required=True,
+    p.add_argument("--out", type=path_argument, required=True,
                    help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
                         "a run is refused unless --resume continues it or --overwrite replaces it")
     p.add_argument("--overwrite", action="store_true",
@@ -61,7 +61,7 @@ def add_parser(sub, name):
                         "layers of d_model 256, words; the default) or tiny (Transformer-Tiny: "
                         "4+4 layers of d_model 128, all embeddings shared over a joint BPE of "
                         "10,000 pieces, 8,000 updates, the average of the last 10 epochs)")
-    m.add_argument("--data-dir", default=None,
+    m.add_argument("--data-dir", type=path_argument, default=None,
                    help="folder with train/val .de.gz/.en.gz (default $NPFORMER_DATA, else "
                         "~/.cache/npformer/multi30k)")
     m.add_argument("--src", default=None, choices=["de", "en"], help="source language (default de)")
@@ -105,7 +105,7 @@ def add_parser(sub, name):
                         "(implies --keep-last N if that is not given)")
     add_model_args(p)                            # (the dataset's recipe fills them)
     add_train_args(p, {k: None for k in _TRAIN_KEYS})
-    p.add_argument("--resume", metavar="CKPT",
+    p.add_argument("--resume", type=path_argument, metavar="CKPT",
                    help="continue the run of this checkpoint, bit for bit: options left out keep "
                         "the checkpoint's values; only --max-steps, --epochs, --time-budget, "
                         "--patience, --target, --eval-every, --keep-last, --average-last, --quiet "

@@ -9,8 +9,8 @@ from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's h
 from ..decoding.translator import MAX_TOKENS, format_trace
 from ..training.multi30k import translator_for
 from .common import (add_engine_arg, add_text_args, beam_length_penalty, load_translation_model,
-                     non_negative_float, non_negative_int, positive_float, positive_int,
-                     resolve_text_settings)
+                     non_negative_float, non_negative_int, path_argument, positive_float,
+                     positive_int, resolve_text_settings)
 
 TEMPERATURE = 1.0                                # --sample's unless --temperature
 
@@ -28,10 +28,11 @@ def add_parser(sub, name):
                                    "same seed gives the same output for the same --batch-size.")
     p.add_argument("sentences", nargs="*", help="source sentences (whitespace-tokenised for toy/files "
                    "models, raw text for Multi30k models)")
-    p.add_argument("--checkpoint", required=True, metavar="CKPT",
+    p.add_argument("--checkpoint", type=path_argument, required=True, metavar="CKPT",
                    help="checkpoint path (run/best) or a run directory (with --engine "
                         "ctranslate2: an exported folder)")
-    p.add_argument("--input", metavar="FILE", help="read sentences from FILE instead of stdin")
+    p.add_argument("--input", type=path_argument, metavar="FILE",
+                   help="read sentences from FILE instead of stdin")
     p.add_argument("--beam", type=positive_int, default=None, metavar="N",
                    help="beam search with N beams")
     p.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",

@@ -182,6 +182,17 @@ MISTAKES = {
             d = xhat.shape[-1]
             return dx, (dout * xhat).reshape(-1, d).sum(0), dout.reshape(-1, d).sum(0)
         """, "sigma was treated as a constant"),
+    "layernorm: mu and sigma both treated as constants": ("layernorm", """
+        def layernorm_backward(dout, cache):
+            xhat, rstd, gamma = cache
+            d = xhat.shape[-1]
+            return rstd * dout * gamma, (dout * xhat).reshape(-1, d).sum(0), dout.reshape(-1, d).sum(0)
+        """, "mu and sigma were both treated as constants"),
+    "softmax: the Jacobian's diagonal only": ("softmax", """
+        def softmax_backward(dout, cache):
+            p = cache
+            return p * dout - p * p * dout
+        """, "the Jacobian's diagonal alone"),
     "layernorm: dgamma and dbeta swapped": ("layernorm", """
         def layernorm_backward(dout, cache):
             from npformer.exercises.solutions.layernorm import layernorm_backward as right
@@ -394,7 +405,72 @@ def test_each_documented_mistake_fails_with_its_hint(folder, mistake):
     write(folder, name, code)
     result = check_exercise(folder, name)
     assert result.status == "WRONG", (result.status, result.message)
-    assert any(hint in h for h in result.hints), result.hints
+    levels = [[h, *result.more.get(h, [])] for h in result.hints]     # symptom, idea, formula
+    assert any(hint in text for level in levels for text in level), levels
+
+
+@pytest.mark.parametrize("mistake, named, not_named", [
+    ("layernorm: mu and sigma both treated as constants", "both treated as constants",
+     "mu was treated as a constant"),
+    ("softmax: the Jacobian's diagonal only", "diagonal alone", "- p p^T part")])
+def test_the_mistakes_once_missed_are_named_alone(folder, mistake, named, not_named):
+    """Both LayerNorm constants (once named as mu alone) and softmax's diagonal-only Jacobian
+    (once no hint at all) are named, and no neighbouring mistake with them."""
+    name, code, _ = MISTAKES[mistake]
+    write(folder, name, code)
+    result = check_exercise(folder, name)
+    ideas = " ".join(" ".join(result.more.get(h, [])) for h in result.hints)
+    assert named in " ".join(result.hints) + ideas and not_named not in ideas, result.hints
+    assert len(result.hints) == 1, result.hints
+
+
+def test_every_named_mistake_has_three_levels_each_a_step_further():
+    """The symptom and where to look, the idea, the formula: three different texts, and the
+    formula not given away before the last."""
+    from npformer.exercises.catalogue import ADAM_HINTS, as_mistake
+    mistakes = [as_mistake(h) for e in EXERCISES for h in e.hints] + list(ADAM_HINTS.values())
+    assert len(mistakes) >= 30
+    for m in mistakes:
+        assert all(m.levels) and len(set(m.levels)) == 3, m
+        assert "look at" in m.symptom and m.formula not in m.symptom + m.idea, m
+
+
+EMBEDDING_OVERWRITES = """
+    def embedding_backward(dout, cache, padding_idx=None):
+        ids, w_shape, scale = cache
+        dw = np.zeros(w_shape)
+        dw[ids] += dout * scale
+        if padding_idx is not None:
+            dw[padding_idx] = 0
+        return dw
+    """
+
+
+def test_check_gives_the_symptom_hint_the_idea_and_hint_2_the_formula(folder, capsys):
+    write(folder, "embedding", EMBEDDING_OVERWRITES)
+    seen = []
+    for extra in ([], ["--hint"], ["--hint", "2"]):
+        assert main(["exercises", "check", str(folder), "embedding", *extra]) == 1
+        seen.append(capsys.readouterr().out)
+    symptom, idea, formula = seen
+    assert "likely mistake: only the rows of ids that occur more than once are wrong" in symptom
+    assert "idea:" not in symptom and "np.add.at" not in symptom and "more: --hint 1" in symptom
+    assert "idea: dw[ids] += dout is dw[ids] = dw[ids] + dout" in idea
+    assert "np.add.at" not in idea and "more: --hint 2 gives the formula" in idea
+    assert "formula: np.add.at(dw, " in formula and "more: --hint" not in formula
+
+
+def test_hint_out_of_range_is_a_usage_error_and_a_done_exercise_needs_none(solved, capsys):
+    for value in ("7", "0", "x"):
+        with pytest.raises(SystemExit) as e:
+            main(["exercises", "check", str(solved), "linear", "--hint", value])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1, err
+        assert "argument --hint: expected 1 (the idea) or 2 (the formula)" in err, err
+    assert main(["exercises", "check", str(solved), "linear", "--hint"]) == 0
+    assert capsys.readouterr().out == "linear is done: no hint needed\n"
+    err = one_line_error(capsys, ["exercises", "check", str(solved), "--hint"])
+    assert "--hint: only for one exercise" in err and "NAME --hint" in err
 
 
 def test_dk_without_the_transpose_fails_by_shape(folder):

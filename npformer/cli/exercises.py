@@ -1,11 +1,14 @@
 """``npformer exercises``: write the backward passes yourself, have them checked, then train the
 toy translator with them (list, start DIR, check DIR [NAME], check DIR --train)."""
+import argparse
 import math
 
 from ..exercises.catalogue import DERIVATIONS, EXERCISES, find
 from ..exercises.checker import MAX_MEMORY, MAX_TIMEOUT, TIMEOUT, check_folder
 from ..exercises.child import MEMORY, TRAIN_TIMEOUT
 from .common import int_in, non_negative_int, positive_int, real_in
+
+HINT_LEVELS = {1: "the idea", 2: "the formula"}     # --hint LEVEL; check alone: the symptom
 
 
 def add_parser(sub, name):
@@ -50,7 +53,19 @@ def add_parser(sub, name):
                        help="MiB of memory your code may use, checks and training alike "
                             "(default %(default)d)")
     check.add_argument("--quiet", action="store_true", help="with --train: no per-epoch lines")
+    check.add_argument("--hint", type=hint_level, nargs="?", const=1, default=0, metavar="LEVEL",
+                       help="with NAME: say more about the mistake the check names: --hint "
+                            "gives the idea, --hint 2 the formula (the check alone gives the "
+                            "symptom and where to look)")
     check.set_defaults(run=run_check)
+
+
+def hint_level(text):
+    """--hint's level: 1 or 2."""
+    if text.strip() not in {str(k) for k in HINT_LEVELS}:
+        levels = " or ".join(f"{k} ({what})" for k, what in HINT_LEVELS.items())
+        raise argparse.ArgumentTypeError(f"expected {levels}, got {text!r}")
+    return int(text)
 
 
 def run_list(args):
@@ -80,21 +95,29 @@ def run_check(args):
         raise ValueError("--epochs: only with --train")
     if args.train_timeout is not None and not args.train:
         raise ValueError("--train-timeout: only with --train")
+    if args.hint and (args.train or args.name is None):
+        raise ValueError(f"--hint: only for one exercise: npformer exercises check {args.dir} "
+                         f"NAME --hint")
     names = None if args.name is None else [find(args.name).name]
     results = check_folder(args.dir, names, timeout=args.timeout, memory=args.memory)
     if names and results[0].status in ("error", "timed out"):
         raise ValueError(results[0].message)              # one line, exit 1
+    if args.hint and results[0].status == "done":
+        print(f"{args.name} is done: no hint needed")
+        return 0
     for r in results:
-        print_result(r)
+        print_result(r, args.hint)
     print_table(results)
     if not args.train:
         return 0 if all(r.status == "done" for r in results) else 1
     return run_train(args, results)
 
 
-def print_result(r):
+def print_result(r, level=0):
+    """One exercise's report; ``level`` 1 or 2 adds the idea, then the formula, to each named
+    mistake."""
     e = find(r.name)
-    head = f"== {e.number}. {e.name} ({e.file}): {r.status}"
+    head = f"== {e.number}. {e.name} ({r.read or e.file}): {r.status}"
     if r.status != "done" and r.message:
         head += f": {r.message}"
     print(head)
@@ -103,6 +126,18 @@ def print_result(r):
         print("\n".join("    " + line for line in text.splitlines()))
     for hint in r.hints:
         print(f"  likely mistake: {hint}")
+        more = r.more.get(hint)
+        if level and more:
+            for word, text in list(zip(("idea", "formula"), more))[:level]:
+                print(f"    {word}: {text}")
+        elif level:
+            print(f"    (no further hint for this one: follow {e.derivation} step by step)")
+    if level < len(HINT_LEVELS) and any(h in r.more for h in r.hints):
+        print(f"  more: --hint {level + 1} gives {HINT_LEVELS[level + 1]}")
+    if level and not r.hints:
+        print("  hint: " + ("none yet: the check names a mistake once your code runs" if
+                            r.status == "not done" else "the check names no mistake here: "
+                            "follow the derivation step by step"))
     if r.status == "WRONG":
         print(f"  derivation: {e.derivation}")
     print()

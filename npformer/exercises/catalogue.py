@@ -47,7 +47,7 @@ class Exercise:
     provides: tuple = ()   # the names the finale's namespace takes from the learner's file (the
                            # toy translator has no RMSNorm or SwiGLU: those are checked only)
     cases: object = None   # rng -> [Case]; None for the update (adam)
-    hints: tuple = ()      # (text, detector(ctx) -> bool)
+    hints: tuple = ()      # Mistake(symptom, idea, formula, detector(ctx) -> bool)
 
     @property
     def module(self):
@@ -69,6 +69,27 @@ class Exercise:
     @property
     def trained(self):
         return bool(self.provides)
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A mistake the checker recognises, as three hints, each a step further: the ``symptom``
+    and where to look (what ``check`` prints), the ``idea`` (``check --hint``) and the
+    ``formula`` (``check --hint 2``). ``detector(ctx)`` says whether a wrong gradient shows it."""
+
+    symptom: str
+    idea: str
+    formula: str
+    detector: object = None
+
+    @property
+    def levels(self):
+        return (self.symptom, self.idea, self.formula)
+
+
+def as_mistake(hint):
+    """A :class:`Mistake`; a ``(text, detector)`` pair is one whose three levels are ``text``."""
+    return hint if isinstance(hint, Mistake) else Mistake(hint[0], "", "", hint[1])
 
 
 # -- helpers for the detectors -------------------------------------------------------------------
@@ -144,8 +165,11 @@ def linear_cases(rng):
 
 
 LINEAR_HINTS = (
-    ("dw is dY^T X, the transpose of X^T dY (that is the x @ W layout's gradient; PyTorch's "
-     "weight is (D_out, D_in))", lambda c: "w" in c.wrong and close(c.mine["w"], c.ref["w"].T)),
+    Mistake("dw is the right one transposed (look at the order of the two factors of dw)",
+            "X^T dY is the gradient of the x @ W layout; here, as in PyTorch, the weight is "
+            "(D_out, D_in), so the factors go the other way round",
+            "dw = dY^T X: dout.reshape(-1, D_out).T @ x.reshape(-1, D_in)",
+            lambda c: "w" in c.wrong and close(c.mine["w"], c.ref["w"].T)),
 )
 
 
@@ -189,12 +213,19 @@ def _repeated_ids():
 
 
 EMBEDDING_HINTS = (
-    ("rows of repeated ids are wrong: dw[ids] += dout keeps only one occurrence of each id; "
-     "use np.add.at(dw, ids, dout), which adds them all",
+    Mistake("only the rows of ids that occur more than once are wrong (look at how dw "
+            "collects the rows of dout)",
+            "dw[ids] += dout is dw[ids] = dw[ids] + dout: for an id that occurs twice the "
+            "second write replaces the first, so one occurrence is kept; every occurrence "
+            "must add (fan-out sums)",
+            "np.add.at(dw, ids.reshape(-1), dout.reshape(-1, D)), which adds them all",
      lambda c: "view" not in c.case.extra and "w" in c.wrong and bool(_wrong_rows(c, "w"))
      and _wrong_rows(c, "w") <= _repeated_ids()),
-    ("dw is 1/scale of the right one: multiply by the forward's scale in the backward too",
-     lambda c: c.scaled("w", 1 / c.case.extra["scale"])),
+    Mistake("dw is 1/scale of the right one (look at the forward's scale)",
+            "the forward multiplies each row it reads by scale, so multiply by the forward's "
+            "scale in the backward too",
+            "dw *= scale, after the scatter-add",
+            lambda c: c.scaled("w", 1 / c.case.extra["scale"])),
 )
 
 
@@ -212,8 +243,10 @@ def dropout_cases(rng):
 
 
 DROPOUT_HINTS = (
-    ("dx is (1 - p) times the right one: the survivors were scaled by 1/(1-p) in the forward, "
-     "so their gradients are too (dout * keep * scale)",
+    Mistake("dx is (1 - p) times the right one (look at what the forward does to the "
+            "survivors)",
+            "the survivors were scaled by 1/(1-p) in the forward, so their gradients are too",
+            "dx = dout * keep * scale, scale = 1 / (1 - p)",
      lambda c: c.scaled("x", 1 - c.case.extra["p"])),
 )
 
@@ -237,16 +270,41 @@ def _rows_sum_to_zero(a):
     return np.abs(a.sum(-1)).max() <= 1e-8 * max(np.abs(a).max(), 1e-300)
 
 
+def _through_xhat_only(c):
+    """dx = rstd * dout * gamma: the gradient of xhat = (x - mu) * rstd with mu and rstd held
+    fixed."""
+    x, gamma = c.case.inputs[0], c.case.inputs[1]
+    xc = x - x.mean(-1, keepdims=True)
+    rstd = 1.0 / np.sqrt((xc * xc).mean(-1, keepdims=True) + 1e-5)
+    return "x" in c.wrong and close(c.mine.get("x"), rstd * c.dout * gamma)
+
+
+LAYERNORM_DX = ("dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, "
+                "keepdims=True)), g = dout * gamma")
+
 LAYERNORM_HINTS = (
-    ("dx's rows do not sum to zero: mu was treated as a constant (the - mean(g) term is "
-     "missing; a common shift of a row changes nothing, so its gradient has no such component)",
-     lambda c: "x" in c.wrong and c.mine["x"] is not None and np.isfinite(c.mine["x"]).all()
-     and not _rows_sum_to_zero(c.mine["x"])),
-    ("dx - (the right dx) is a multiple of xhat in every row: sigma was treated as a constant "
-     "(the - xhat * mean(g * xhat) term is missing)",
-     lambda c: "x" in c.wrong and _rows_sum_to_zero(c.mine["x"])
-     and rows_parallel(c.diff("x"), _xhat(c))),
-    ("dgamma and dbeta are swapped: dgamma = sum of dout * xhat, dbeta = sum of dout",
+    Mistake("dx is rstd * dout * gamma, the gradient through xhat alone (look at how each x_i "
+            "reaches every xhat_j: through mu and through sigma)",
+            "mu and sigma were both treated as constants: they depend on every x_i of the row, "
+            "so each adds a term (the two mean terms), and a common shift or scaling of a row, "
+            "which the norm removes, must leave no trace in dx",
+            LAYERNORM_DX, _through_xhat_only),
+    Mistake("dx's rows do not sum to zero (look at the path from x to xhat through mu)",
+            "mu was treated as a constant: the - mean(g) term is missing; a common shift of a "
+            "row changes nothing, so its gradient has no such component",
+            LAYERNORM_DX,
+            lambda c: "x" in c.wrong and c.mine["x"] is not None and np.isfinite(c.mine["x"]).all()
+            and not _rows_sum_to_zero(c.mine["x"]) and not _through_xhat_only(c)),
+    Mistake("dx - (the right dx) is a multiple of xhat in every row (look at the path from x "
+            "through sigma)",
+            "sigma was treated as a constant: the - xhat * mean(g * xhat) term is missing",
+            LAYERNORM_DX,
+            lambda c: "x" in c.wrong and _rows_sum_to_zero(c.mine["x"])
+            and rows_parallel(c.diff("x"), _xhat(c))),
+    Mistake("dgamma and dbeta are swapped (look at which one is multiplied by xhat)",
+            "gamma multiplies xhat and beta is added: dgamma is the sum of dout * xhat, dbeta "
+            "the sum of dout",
+            "dgamma = (dout * xhat).reshape(-1, D).sum(0), dbeta = dout.reshape(-1, D).sum(0)",
      lambda c: close(c.mine.get("gamma"), c.ref["beta"]) and close(c.mine.get("beta"), c.ref["gamma"])),
 )
 
@@ -264,12 +322,19 @@ def _rms_xhat(c):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
 
 
+RMSNORM_DX = ("dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True)), "
+              "g = dout * gamma")
+
 RMSNORM_HINTS = (
-    ("dx - (the right dx) is a multiple of xhat in every row: r was treated as a constant (the "
-     "- xhat * mean(g * xhat) term is missing)",
-     lambda c: "x" in c.wrong and rows_parallel(c.diff("x"), _rms_xhat(c))),
-    ("dx is off by the same number across each row: that is LayerNorm's - mean(g) term, but "
-     "RMSNorm subtracts no mean, so its backward has none",
+    Mistake("dx - (the right dx) is a multiple of xhat in every row (look at the path from x "
+            "through r)",
+            "r was treated as a constant: r depends on every x_i of the row, which adds the "
+            "- xhat * mean(g * xhat) term",
+            RMSNORM_DX, lambda c: "x" in c.wrong and rows_parallel(c.diff("x"), _rms_xhat(c))),
+    Mistake("dx is off by the same number across each row (look at the terms you subtract)",
+            "that is LayerNorm's - mean(g) term, but RMSNorm subtracts no mean, so its "
+            "backward has none",
+            RMSNORM_DX,
      lambda c: "x" in c.wrong and rows_parallel(c.diff("x"), np.ones_like(c.ref["x"]))),
 )
 
@@ -298,14 +363,35 @@ def _probs(c):
     return softmax_forward(c.case.inputs[0], mask)[0]
 
 
+SOFTMAX_DS = "ds = p * (dp - (dp * p).sum(-1, keepdims=True))"
+
+
+def _diagonal_only(c):
+    """ds = p (1 - p) dp: the Jacobian's diagonal alone (p*dout - p*p*dout)."""
+    p = _probs(c)
+    return "scores" in c.wrong and close(c.mine.get("scores"), p * (1 - p) * c.dout)
+
+
 SOFTMAX_HINTS = (
-    ("masked entries (and all-masked rows) must get zero gradient: p is 0 there and "
-     "ds = p * (...) keeps it 0; no NaN either",
+    Mistake("masked entries (or all-masked rows) get a gradient or NaN (look at what "
+            "multiplies your result)",
+            "masked entries must get zero gradient: p is 0 there and does not depend on the "
+            "scores, and ds = p * (...) keeps it 0; no NaN either",
+            SOFTMAX_DS,
      lambda c: c.mine.get("scores") is not None and c.case.inputs[0].shape[-2:] == SOFTMAX_MASK.shape
      and not (np.nan_to_num(c.mine["scores"], nan=1.0)[..., ~SOFTMAX_MASK] == 0).all()),
-    ("ds - (the right ds) is a multiple of p in every row: the - p p^T part of the Jacobian is "
-     "missing; ds = p * (dp - sum(dp * p))",
-     lambda c: "scores" in c.wrong and rows_parallel(c.diff("scores"), _probs(c))),
+    Mistake("ds - (the right ds) is a multiple of p in every row (look at the sum over the "
+            "row)",
+            "the - p p^T part of the Jacobian is missing: every p_i depends on every score of "
+            "its row through the normalising sum",
+            SOFTMAX_DS,
+            lambda c: "scores" in c.wrong and rows_parallel(c.diff("scores"), _probs(c))),
+    Mistake("ds is p * (1 - p) * dout, the Jacobian's diagonal alone (look at what a change "
+            "of one score does to the other entries of its row)",
+            "dp_i/ds_j = p_i (delta_ij - p_j) is a full K x K matrix: its off-diagonal part "
+            "- p_i p_j sends every dp_i to every score of the row, so ds_j needs the sum "
+            "over i, not the i = j term only",
+            SOFTMAX_DS, _diagonal_only),
 )
 
 
@@ -325,12 +411,16 @@ def _sigmoid(x):
 
 
 SWIGLU_HINTS = (
-    ("silu's derivative is not sigmoid(x) alone: the product rule gives "
-     "s + x s (1 - s), s = sigmoid(x)",
+    Mistake("silu's gradient is dout * sigmoid(x) (look at silu's derivative)",
+            "silu(x) = x * sigmoid(x) is a product: the product rule gives two terms, not "
+            "sigmoid(x) alone",
+            "silu'(x) = s + x * s * (1 - s), s = sigmoid(x)",
      lambda c: c.case.extra["fn"] == "silu"
      and close(c.mine.get("x"), c.dout * _sigmoid(c.case.inputs[0]))),
-    ("the two halves are exchanged: d gate = silu'(gate) * dout * up goes first, d up = dout * "
-     "silu(gate) second (each is the *other* factor times dout)",
+    Mistake("the two halves of dh are exchanged (look at which factor multiplies dout in "
+            "each half)",
+            "each half's gradient is the *other* factor times dout, and the gate's comes first",
+            "dh = [silu'(gate) * dout * up | dout * silu(gate)]",
      lambda c: c.case.extra["fn"] == "swiglu" and c.mine.get("h") is not None
      and c.mine["h"].shape == c.ref["h"].shape
      and close(np.concatenate(np.split(c.mine["h"], 2, axis=-1)[::-1], axis=-1), c.ref["h"])),
@@ -376,18 +466,29 @@ def _softmax_of_dropped(c):
     return ds @ k
 
 
+ATTENTION_DQ = "ds = softmax_backward(dP, P) * scale; dq = ds @ k; dk = ds^T @ q"
+
 ATTENTION_HINTS = (
-    ("dq and dk are sqrt(d_k) times too large: the scores were scaled by 1/sqrt(d_k) in the "
-     "forward, so dS is scaled by it in the backward (the scale was forgotten)",
+    Mistake("dq and dk are sqrt(d_k) times too large (look at the forward's scale)",
+            "the scores were scaled by 1/sqrt(d_k) in the forward, so dS is scaled by it in "
+            "the backward (the scale was forgotten)",
+            ATTENTION_DQ,
      lambda c: any(c.scaled(n, math.sqrt(c.case.inputs[0].shape[-1])) for n in ("q", "k"))),
-    ("dq and dk are scaled by 1/sqrt(d_k) once too often: apply the scale to dS or to dq and "
-     "dk, not to both",
+    Mistake("dq and dk are 1/sqrt(d_k) times the right ones (look at where you apply the "
+            "scale)",
+            "the scale was applied once too often: apply it to dS or to dq and dk, not to both",
+            ATTENTION_DQ,
      lambda c: any(c.scaled(n, 1 / math.sqrt(c.case.inputs[0].shape[-1])) for n in ("q", "k"))),
-    ("dv uses P, the weights before dropout: the values were multiplied by P' = dropout(P), "
-     "so dv = P'^T dout",
+    Mistake("dv is wrong only with dropout (look at which weights multiplied v)",
+            "dv uses P, the weights before dropout: the values were multiplied by "
+            "P' = dropout(P)",
+            "dv = P'^T dout: probs_d.swapaxes(-1, -2) @ dout",
      lambda c: c.case.extra["p"] > 0 and "v" in c.wrong and close(c.mine.get("v"), _dv_from_p(c))),
-    ("the softmax backward got P' (after dropout): the softmax produced P, so pass P to it and "
-     "dP = dropout_backward(dout v^T) as its dout",
+    Mistake("dq and dk are wrong only with dropout (look at what you pass to the softmax "
+            "backward)",
+            "the softmax backward got P' (after dropout): the softmax produced P, so it needs "
+            "P, and the gradient of P (through the dropout) as its dout",
+            "ds = softmax_backward(dropout_backward(dout @ v^T, drop), P) * scale",
      lambda c: c.case.extra["p"] > 0 and "q" in c.wrong
      and close(c.mine.get("q"), _softmax_of_dropped(c))),
 )
@@ -408,9 +509,12 @@ def mha_cases(rng):
 
 
 MHA_HINTS = (
-    ("the output projection is right but the input projection is not: d[Q | K | V] is dq, dk "
-     "and dv each merged back to (B, T, D) (transpose, then reshape) and concatenated in that "
-     "order along the last axis",
+    Mistake("the output projection is right but the input projection is not (look at how dq, "
+            "dk and dv go back into d[Q | K | V])",
+            "the backward of a split is a merge: each of dq, dk and dv is merged back to "
+            "(B, T, D) (transpose, then reshape) and they are concatenated in that order",
+            "d[Q | K | V] = concatenate([merge(dq), merge(dk), merge(dv)], axis=-1), "
+            "merge(a) = a.transpose(0, 2, 1, 3).reshape(B, T, D)",
      lambda c: not ({"w_out", "b_out"} & c.wrong) and bool({"x", "w_in", "b_in"} & c.wrong)),
 )
 
@@ -440,12 +544,18 @@ def _dz(c):
 
 
 RESIDUAL_HINTS = (
-    ("dx lacks the identity path: x + f(...) hands its gradient to x directly too, so add it "
-     "(pre-norm: + dout; post-norm: + dz, the gradient below the LayerNorm)",
+    Mistake("dx lacks a term (look at the sum x + f(...))",
+            "the identity path: x + f(...) hands its gradient to x directly too (fan-out "
+            "sums: x is used twice)",
+            "pre-norm: dx = dout + (the branch's dx); post-norm: dx = dz + (the branch's dx), "
+            "dz the gradient below the LayerNorm",
      lambda c: "x" in c.wrong and close(c.mine.get("x"), c.ref["x"] - (
          c.dout if c.case.extra["norm_first"] else _dz(c)))),
-    ("post-norm: the identity path must carry dz = LN'(dout), the gradient below the LayerNorm, "
-     "not dout itself",
+    Mistake("post-norm's dx is wrong, pre-norm's right (look at what the identity path "
+            "carries)",
+            "post-norm: the identity path must carry the gradient below the LayerNorm, not "
+            "dout itself",
+            "dz = layernorm_backward(dout, ...)[0]; dx = dz + (the linear's dx of dz)",
      lambda c: not c.case.extra["norm_first"] and "x" in c.wrong
      and close(c.mine.get("x"), c.ref["x"] - _dz(c) + c.dout)),
 )
@@ -473,18 +583,27 @@ def _valid(c):
     return c.case.extra["targets"] != -100
 
 
+CE_DZ = ("grad = exp(logp) - eps / V; grad[n, t] -= 1 - eps; "
+         "dlogits = grad * (valid * dout / count)[:, None]")
+
 CE_HINTS = (
-    ("dlogits is count times too large: the loss is a mean over the real (not ignored) targets, "
-     "so divide by their count",
+    Mistake("dlogits is count times too large (look at the loss's mean)",
+            "the loss is a mean over the real (not ignored) targets, so divide by their count",
+            CE_DZ,
      lambda c: _valid(c).any() and c.scaled("logits", float(_valid(c).sum()))),
-    ("divided by every row (N, ignored ones included) instead of the number of real targets",
+    Mistake("dlogits is count / N of the right one (look at what you divide by)",
+            "divided by every row (N, ignored ones included) instead of the number of real "
+            "targets", CE_DZ,
      lambda c: _valid(c).any() and c.scaled("logits", _valid(c).sum() / len(_valid(c)))),
-    ("ignored rows must get zero gradient (their target is not a class: multiply by the valid "
-     "mask)",
+    Mistake("ignored rows get a gradient (look at the rows whose target is ignore_index)",
+            "ignored rows must get zero gradient: they are not in the loss, and their target "
+            "is not a class", CE_DZ,
      lambda c: c.mine.get("logits") is not None
      and not (np.nan_to_num(c.mine["logits"], nan=1.0)[~_valid(c)] == 0).all()),
-    ("smoothing puts eps / V on every class: subtract eps / V from the softmax as well as "
-     "1 - eps at the target",
+    Mistake("with label smoothing, dlogits is off by the same number across each row (look "
+            "at the smoothed target q)",
+            "smoothing puts eps / V on every class, the target included, and 1 - eps more at "
+            "the target", CE_DZ,
      lambda c: c.case.extra["smoothing"] > 0 and "logits" in c.wrong and rows_parallel(
          c.diff("logits"), np.ones_like(c.ref["logits"]))),
 )
@@ -492,18 +611,32 @@ CE_HINTS = (
 
 # -- 12. Adam (an update, not a backward: checked by checker.check_adam) ------------------------
 
+ADAM_STEP = ("step = lr / (1 - beta1^t); denom = sqrt(v) / sqrt(1 - beta2^t) + eps; "
+             "p -= step * m / denom")
+ADAM_ZERO_DIVISION = "t starts at 1 (1 - beta^0 = 0 divides by zero)"
 ADAM_HINTS = {
-    "no_bias_correction": "the first steps are the wrong size: divide m by 1 - beta1^t and "
-                          "sqrt(v) by sqrt(1 - beta2^t) (bias correction; m and v start at 0)",
-    "corrected_state": "m (or v) was stored bias-corrected: keep the running averages "
-                       "uncorrected and correct a copy",
-    "eps_inside": "eps belongs outside the square root: sqrt(v) / sqrt(1 - beta2^t) + eps",
-    "efficient_form": "this is the Adam paper's 'efficient' form, with eps at another scale: "
-                      "compute denom = sqrt(v) / sqrt(1 - beta2^t) + eps as PyTorch does",
-    "nan": "NaN or inf: t starts at 1 (1 - beta^0 = 0 divides by zero)",
-    "zero_division": "t starts at 1 (1 - beta^0 = 0 divides by zero)",
-    "decay": "weight decay: Adam adds wd * p to the gradient; AdamW (decoupled) shrinks "
-             "p by (1 - lr * wd) first",
+    "no_bias_correction": Mistake(
+        "the first steps are the wrong size (look at m and v in the first steps: both start "
+        "at 0)", "bias correction: m and v start at 0, so their weights sum to 1 - beta^t, "
+        "not 1; divide by it", ADAM_STEP),
+    "corrected_state": Mistake(
+        "m (or v) drifts from the right one after the first step (look at what you store "
+        "back into m and v)", "m (or v) was stored bias-corrected: keep the running averages "
+        "uncorrected and correct a copy", ADAM_STEP),
+    "eps_inside": Mistake(
+        "the steps are off where v is small (look at where eps goes)",
+        "eps belongs outside the square root", "denom = sqrt(v) / sqrt(1 - beta2^t) + eps"),
+    "efficient_form": Mistake(
+        "the steps are off where v is small (look at the scale eps is added at)",
+        "this is the Adam paper's 'efficient' form, with eps at another scale",
+        "denom = sqrt(v) / sqrt(1 - beta2^t) + eps, as PyTorch computes it"),
+    "nan": Mistake("NaN or inf in p, m or v (look at t in the first step)",
+                   ADAM_ZERO_DIVISION, "1 - beta1 ** t with t = 1, 2, ... as it is passed"),
+    "decay": Mistake(
+        "right without weight decay, wrong with it (look at how weight decay enters)",
+        "Adam adds wd * p to the gradient; AdamW (decoupled) shrinks p by (1 - lr * wd) first",
+        "Adam: g = g + wd * p (a copy, before m and v); AdamW: p *= 1 - lr * wd, before the "
+        "update"),
 }
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..gradcheck import gradcheck
 from ..validation import check_int, check_real
-from .catalogue import ADAM_HINTS, EXERCISES, Context, factor, find
+from .catalogue import ADAM_HINTS, ADAM_ZERO_DIVISION, EXERCISES, Context, as_mistake, factor, find
 from .child import MEMORY, memory_message, run
 
 MARKER = ".npformer-exercises"        # written by start: what makes a folder an exercise folder
@@ -37,7 +37,8 @@ STATUSES = ("done", "not done", "WRONG", "error", "timed out")
 class ExerciseResult:
     """The verdict on one exercise: ``status`` (one of ``STATUSES``), a one-line ``message``
     (for "error", "timed out" and "not done"), the per-case ``reports`` [(label, text)] and the
-    ``hints``."""
+    ``hints``: each the symptom and where to look, with ``more[hint]`` = [idea, formula], the
+    next two levels, for a mistake the catalogue names."""
 
     name: str
     status: str
@@ -47,16 +48,25 @@ class ExerciseResult:
     worst: float = None                 # the largest tensor error over the cases (None: none)
     note: str = ""                      # what kept a case unmeasured: "forward" (the given
                                         # forward was changed), "shape" (a gradient's) or ""
+    more: dict = field(default_factory=dict)    # hint -> [idea, formula]
+    read: str = ""                      # the file checked, where it is not the exercise's .py
 
     def to_json(self):
         return json.dumps({"name": self.name, "status": self.status, "message": self.message,
                            "reports": self.reports, "hints": self.hints, "worst": self.worst,
-                           "note": self.note})
+                           "note": self.note, "more": self.more, "read": self.read})
 
     @classmethod
     def from_record(cls, d):
         return cls(d["name"], d["status"], d["message"], [tuple(r) for r in d["reports"]],
-                   d["hints"], d["worst"], d.get("note", ""))
+                   d["hints"], d["worst"], d.get("note", ""), d.get("more", {}), d.get("read", ""))
+
+    def add_mistake(self, mistake):
+        """Name ``mistake`` (a catalogue :class:`Mistake`) once among the hints."""
+        if mistake.symptom not in self.hints:
+            self.hints.append(mistake.symptom)
+        if mistake.idea or mistake.formula:
+            self.more[mistake.symptom] = [mistake.idea, mistake.formula]
 
 
 class LearnerError(Exception):
@@ -300,6 +310,7 @@ def _check_cases(module, exercise, path, seed):
     reference = solution(exercise)
     fname = exercise.writes[-1] if len(exercise.writes) == 1 else None
     reports, hints, worst, note = [], [], None, ""
+    named = ExerciseResult(exercise.name, "done")       # the catalogue's mistakes, by level
     status = "done"
     for k, case in enumerate(exercise.cases(np.random.default_rng(seed))):
         name_here = fname or _case_function_name(case, exercise)
@@ -354,12 +365,13 @@ def _check_cases(module, exercise, path, seed):
                  if not any(math.isnan(e) for e in measured) else math.nan)
         if not result.ok:
             status = "WRONG"
-            for hint in _hints(exercise, case, reference, path, name_here, inputs, dout, mine,
-                               result):
-                if hint not in hints:
-                    hints.append(hint)
+            for mistake in _hints(exercise, case, reference, path, name_here, inputs, dout, mine,
+                                  result):
+                named.add_mistake(mistake)
+                if mistake.symptom not in hints:
+                    hints.append(mistake.symptom)
     return ExerciseResult(exercise.name, status, "", reports, hints,
-                          None if worst is None else float(worst), note)
+                          None if worst is None else float(worst), note, named.more)
 
 
 def _case_function_name(case, exercise):
@@ -371,21 +383,28 @@ def _case_function_name(case, exercise):
 
 
 def _hints(exercise, case, reference, path, fname, inputs, dout, mine, result):
-    """The likely mistakes: the exercise's detectors, else the general patterns."""
+    """The likely mistakes (:class:`Mistake`): the exercise's detectors, else the general
+    patterns (one level each)."""
     fn = _case_function(reference, case, path, fname, checked=False)
     ref = fn(*[x.copy() for x in inputs])[1](dout.copy())
     names = list(case.names)
     ctx = Context(case, dict(zip(names, mine)), dict(zip(names, ref)),
                   {r.name for r in result.inputs if not r.ok}, dout)
     found = []
-    for text, detector in exercise.hints:
+    for mistake in map(as_mistake, exercise.hints):
         try:
-            if detector(ctx):
-                found.append(text)
+            if mistake.detector(ctx):
+                found.append(mistake)
         except Exception:                 # a detector that cannot read this pattern says nothing
             continue
     if found:
         return found
+    return [as_mistake((text, None)) for text in _general_patterns(names, ctx)]
+
+
+def _general_patterns(names, ctx):
+    """What any wrong gradient may show: NaN, zeros, the wrong sign, a constant factor."""
+    found = []
     for name in names:                    # the general patterns
         if name not in ctx.wrong or ctx.mine.get(name) is None:
             continue
@@ -450,7 +469,7 @@ def _run_adam(update, state, grads, wd, decoupled, path=None):
         else:
             _call(path, "adam_step", update, p, g_given, m, v, t, ADAM_ARGS["lr"],
                   ADAM_ARGS["beta1"], ADAM_ARGS["beta2"], ADAM_ARGS["eps"], wd, decoupled,
-                  hints={ZeroDivisionError: ADAM_HINTS["zero_division"]})
+                  hints={ZeroDivisionError: ADAM_ZERO_DIVISION})
             if not np.array_equal(g_given, g):
                 raise LearnerError(f"{path.name}: adam_step changed g in place: the gradient is "
                                    f"the model's buffer; put the L2 term into a copy "
@@ -470,7 +489,7 @@ def _check_adam(module, exercise, path):
     rng = np.random.default_rng(0)
     state = (rng.standard_normal(7), np.zeros(7), np.zeros(7))
     grads = [rng.standard_normal(7) * 10.0 ** rng.uniform(-2, 1, size=7) for _ in range(ADAM_STEPS)]
-    reports, hints, worst, status = [], [], 0.0, "done"
+    result = ExerciseResult(exercise.name, "done", worst=0.0)
     for label, wd, decoupled in ADAM_CONFIGS:
         want = _run_adam(_adam_update, state, grads, wd, decoupled)
         got = _run_adam(module.adam_step, state, grads, wd, decoupled, path)
@@ -479,13 +498,13 @@ def _check_adam(module, exercise, path):
                 raise LearnerError(f"{path.name}: adam_step must update p, m and v in place")
         errors = [_rel(a, b) for a, b in zip(got, want)]
         ok = all(e <= ADAM_RTOL for e in errors)
-        worst = max(worst, *errors)
-        reports.append((label, f"adam {'PASS' if ok else 'FAIL'} after {ADAM_STEPS} steps "
+        result.worst = max(result.worst, *errors)
+        result.reports.append((label, f"adam {'PASS' if ok else 'FAIL'} after {ADAM_STEPS} steps "
                                f"(max |mine - npformer's| / max |npformer's| <= {ADAM_RTOL:.0e}): "
                         + ", ".join(f"{n} {e:.1e}" for n, e in zip("pmv", errors))))
         if ok:
             continue
-        status = "WRONG"
+        result.status = "WRONG"
         found = [key for key, update in _adam_variants()
                  if all(_rel(a, b) <= 1e-9 for a, b in
                         zip(got, _run_adam(update, state, grads, wd, decoupled)))]
@@ -497,9 +516,8 @@ def _check_adam(module, exercise, path):
             if all(_rel(a, b) <= ADAM_RTOL for a, b in zip(mine, plain)):
                 found = ["decay"]
         for key in found:
-            if ADAM_HINTS[key] not in hints:
-                hints.append(ADAM_HINTS[key])
-    return ExerciseResult(exercise.name, status, "", reports, hints, worst)
+            result.add_mistake(ADAM_HINTS[key])
+    return result
 
 
 # -- the child and its parent ----------------------------------------------------------------------

@@ -50,6 +50,43 @@ def test_the_derivations_are_backprop_md_s_sections_with_links_that_resolve(fold
             f"[{label}]({target}) leads nowhere from the exercise folder"
 
 
+# each exercise's result, as formula or code: only a collapsed block (<details>) may hold it
+ANSWERS = {
+    "Linear": [r"dW = dY^\top X", "what `linear_backward` returns"],
+    "Embedding": ["np.add.at(", r"dW_{v,:} = s \sum"],
+    "Dropout": ["`dout * keep * scale`"],
+    "LayerNorm": ["`dx = rstd * (g - g.mean(-1)", r"d\gamma = \sum_n dy_n"],
+    "RMSNorm": ["`dx = rstd * (g - xhat * (g * xhat).mean(-1))`", r"d\gamma = \sum_n dy_n"],
+    "SwiGLU": [r"s\,\big(1 + a(1 - s)\big)", r"d\,\text{up} = d\text{out} \odot g"],
+    "Softmax": ["`p * (dp - (dp * p).sum(-1, keepdims=True))`"],
+    "Attention": [r"dQ = c\; dS\,K", r"dV = P'^\top dO"],
+    "Multi-head attention": [r"dW_{in} = [dQ\;dK\;dV]^\top x"],
+    "Residual and layer order": [r"dx = dz + f'\big(\delta'(dz)\big)"],
+    "Cross-entropy": ["= p_j - q_j", "`cross_entropy_backward` builds exactly this"],
+}
+
+
+def collapsed_removed(text):
+    return re.sub(r"<details markdown=\"1\">\n<summary>.*?</details>", "", text, flags=re.S)
+
+
+def test_derive_first_the_answers_sit_in_collapsed_blocks(folder):
+    """The forward, the rules and the steps are open; each exercise's result and code line,
+    and its mistakes, sit in a <details> block (which GitHub, Jupyter and the site fold)."""
+    text = (folder / DERIVATIONS).read_text(encoding="utf-8")
+    assert text.count("<details markdown") == text.count("</details>") >= 2 * len(ANSWERS)
+    for section, answers in ANSWERS.items():
+        part = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+        assert "<summary>Answer (derive it first, then open)</summary>" in part, section
+        assert "<summary>What goes wrong (read it after your first try)</summary>" in part, section
+        for answer in answers:
+            assert answer in part and answer not in collapsed_removed(part), (section, answer)
+    open_text = collapsed_removed(text)
+    assert "**Derive first, then read.**" in open_text
+    for rule in ("Fan-out sums", "Shape check", "chain rule", "$$\\mu = \\tfrac1D"):
+        assert rule in open_text, rule
+
+
 def test_the_derivations_are_read_from_backprop_md_when_start_runs(tmp_path, monkeypatch):
     """Made from the file as it is (so a change to backprop.md reaches new folders), its links
     to sections left out and to source files kept as text."""

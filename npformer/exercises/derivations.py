@@ -17,6 +17,16 @@ SOURCES = (HERE / "backprop.md", HERE.parents[1] / "docs" / "backprop.md")
 # the sections every learner needs besides their exercises' own
 ALWAYS = ("Notation", "Gradient checking")
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+DERIVE_FIRST = (
+    "**Derive first, then read.** Each section gives the forward, its shapes and the steps\n"
+    "back through it; the rules are in [Notation](#notation): the chain rule (a backward is a\n"
+    "vector-Jacobian product), fan-out sums and the shape check. Write the forward as a chain of\n"
+    "named intermediates (LayerNorm: mu, xc, var, rstd, xhat, y) and go back through it one\n"
+    "step at a time, each step's gradient from the ones after it. The result and its line of\n"
+    "code sit in a collapsed **Answer** block, the usual mistakes in a collapsed **What goes\n"
+    "wrong** block (in a text editor: the `<details>` lines): open them once you have an\n"
+    "answer of your own. `npformer exercises check DIR NAME --hint` and `--hint 2` say more\n"
+    "about a mistake the check names.\n\n")
 
 
 def backprop_source():
@@ -75,6 +85,6 @@ def derivations():
     head = ("# Derivations for the npformer exercises\n\n"
             "The sections of npformer's docs/backprop.md that the exercises need, as the npformer\n"
             "that wrote this folder has them. Each exercise file names its section here\n"
-            f"(`{DERIVATIONS}`, section \"Linear\", ...).\n\n"
+            f"(`{DERIVATIONS}`, section \"Linear\", ...).\n\n" + DERIVE_FIRST
             + "".join(f"- [{h}](#{anchor(h)})\n" for h, _ in chosen) + "\n")
     return head + "".join(_relink(t, kept) for _, t in chosen).rstrip("\n") + "\n"

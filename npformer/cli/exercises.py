@@ -27,6 +27,10 @@ def add_parser(sub, name):
     start.add_argument("--overwrite", action="store_true",
                        help="write into a folder that is not empty: the exercise files it lacks "
                             "are added, the files already there are kept (never overwritten)")
+    start.add_argument("--notebook", action="store_true",
+                       help="each exercise as a notebook too: NN_name.ipynb beside NN_name.py, "
+                            "a jupytext pair (needs jupytext); check reads whichever of the "
+                            "two was saved last")
     start.set_defaults(run=run_start)
     check = actions.add_parser("check", help="gradient-check your exercises (or train with them)",
                                description="Check every exercise of DIR (or NAME only): the "
@@ -80,10 +84,11 @@ def run_list(args):
 
 def run_start(args):
     from ..exercises.templates import start
-    written, kept = start(args.dir, overwrite=args.overwrite)
+    written, kept = start(args.dir, overwrite=args.overwrite, notebook=args.notebook)
     print(f"wrote {len(written)} files into {args.dir}" + (
         f"; kept {len(kept)} already there: {', '.join(kept)}" if kept else ""))
-    print(f"next: open {args.dir}/{EXERCISES[0].file}, write {EXERCISES[0].writes[0]}, then run\n"
+    first = EXERCISES[0].notebook if args.notebook else EXERCISES[0].file
+    print(f"next: open {args.dir}/{first}, write {EXERCISES[0].writes[0]}, then run\n"
           f"    npformer exercises check {args.dir} {EXERCISES[0].name}")
     return 0
 

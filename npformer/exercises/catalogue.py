@@ -58,6 +58,11 @@ class Exercise:
         return f"{self.number:02d}_{self.name}.py"
 
     @property
+    def notebook(self):
+        """The name of its notebook (``start --notebook``), paired with :attr:`file`."""
+        return self.file[:-len(".py")] + ".ipynb"
+
+    @property
     def anchor(self):
         return self.section.lower().replace(" ", "-")
 

@@ -103,10 +103,42 @@ def check_folder_marker(folder):
                          f"one with: npformer exercises start DIR)")
 
 
-def load_learner(path):
-    """The learner's file as a module. LearnerError naming the file and line for a syntax
-    error, the exception for one raised on import."""
+def learner_file(path):
+    """The file to read for the exercise file ``path`` (``NN_name.py``): the notebook beside it
+    (``NN_name.ipynb``, from ``start --notebook``) where that was saved after it, as Jupyter
+    without jupytext's pairing saves the notebook alone; else ``path`` itself."""
     path = Path(path)
+    notebook = path.with_suffix(".ipynb")
+    if path.suffix != ".py" or not notebook.is_file() or path.is_dir():
+        return path
+    if path.is_file() and notebook.stat().st_mtime_ns <= path.stat().st_mtime_ns:
+        return path
+    return notebook
+
+
+def notebook_code(path):
+    """The Python code of the notebook ``path``: through jupytext where it is installed (its
+    Markdown cells as comments, its magics commented out), else its code cells as they are."""
+    try:
+        import jupytext
+    except ImportError:
+        jupytext = None
+    try:
+        if jupytext is not None:
+            return jupytext.writes(jupytext.read(str(path)), fmt="py:light")
+        with open(path, encoding="utf-8") as f:
+            cells = json.load(f)["cells"]
+        return "\n\n".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+                            for c in cells if c.get("cell_type") == "code")
+    except Exception as e:           # not JSON, not a notebook: whatever the reader says
+        raise LearnerError(f"{path.name}: cannot be read as a notebook: {_first_line(e)}") from None
+
+
+def load_learner(path):
+    """The learner's file as a module (or the notebook beside it, where :func:`learner_file`
+    picks it). LearnerError naming the file and line for a syntax error, the exception for
+    one raised on import."""
+    path = learner_file(path)
     if path.is_dir():
         raise LearnerError(f"{path.name}: is a folder, not a file (move it away, then "
                            f"npformer exercises start {path.parent} --overwrite writes the file)")
@@ -114,10 +146,11 @@ def load_learner(path):
         raise LearnerError(f"{path.name}: missing (npformer exercises start "
                            f"{path.parent} --overwrite writes the missing files again)")
     name = f"npformer_exercise_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_loader(name, loader=None, origin=str(path))
     module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(path)
     try:
-        source = path.read_text(encoding="utf-8")
+        source = notebook_code(path) if path.suffix == ".ipynb" else path.read_text(encoding="utf-8")
         if "\0" in source:
             raise LearnerError(f"{path.name}: contains NUL bytes, so it cannot be parsed as "
                                f"Python source (was it saved as text?)")
@@ -169,7 +202,15 @@ def solution(exercise):
 def check_exercise(folder, name, seed=0):
     """The :class:`ExerciseResult` of exercise ``name`` in ``folder`` (run in the child)."""
     exercise = find(name)
-    path = Path(folder) / exercise.file
+    path = learner_file(Path(folder) / exercise.file)
+    read = "" if path.name == exercise.file else f"{path.name}, saved after {exercise.file}"
+    result = _check_file(exercise, path, seed)
+    result.read = read
+    return result
+
+
+def _check_file(exercise, path, seed):
+    name = exercise.name
     try:
         module = load_learner(path)
         needed = [*exercise.writes, *(f.replace("_backward", "_forward") for f in exercise.writes

@@ -53,9 +53,37 @@ def readme(folder):
     return text.replace("{docs}", DERIVATIONS).replace("{folder}", str(folder))
 
 
-def files(folder):
-    """{file name: text} of a new exercise folder."""
-    out = {e.file: template(e, folder) for e in EXERCISES}
+NOTEBOOK_FORMATS = "ipynb,py:light"      # jupytext's pairing: the notebook and the .py beside it
+
+
+def jupytext_module():
+    """jupytext, or a ValueError with the one command that installs it."""
+    try:
+        import jupytext
+    except ImportError:
+        raise ValueError("--notebook: jupytext is not installed (it writes the notebooks and "
+                         "keeps each paired with its .py): pip install jupytext") from None
+    return jupytext
+
+
+def notebook_pair(text):
+    """(the .py text, the .ipynb text) of a jupytext pair holding the exercise file ``text``:
+    opened in Jupyter (with jupytext) either one is saved into the other."""
+    jupytext = jupytext_module()
+    notebook = jupytext.reads(text, fmt="py:light")
+    notebook.metadata["jupytext"] = {"formats": NOTEBOOK_FORMATS}
+    return jupytext.writes(notebook, fmt="py:light"), jupytext.writes(notebook, fmt="ipynb")
+
+
+def files(folder, notebook=False):
+    """{file name: text} of a new exercise folder; with ``notebook``, each exercise as a
+    jupytext pair (its ``.ipynb`` first, so that the ``.py`` is not older)."""
+    out = {}
+    for e in EXERCISES:
+        text = template(e, folder)
+        if notebook:
+            text, out[e.notebook] = notebook_pair(text)
+        out[e.file] = text
     out["README.md"] = readme(folder)
     out[DERIVATIONS] = derivations()
     out[MARKER] = json.dumps({"npformer_exercises": 1,
@@ -84,10 +112,11 @@ def write_new(path, text):
         tmp.unlink(missing_ok=True)
 
 
-def start(folder, overwrite=False):
-    """Write the exercise files into ``folder`` (made if absent). A folder that holds anything
-    is refused unless ``overwrite``, and even then no file already there is replaced. Returns
-    (written, kept): the file names of each kind."""
+def start(folder, overwrite=False, notebook=False):
+    """Write the exercise files into ``folder`` (made if absent), with ``notebook`` each as a
+    notebook too (a jupytext pair). A folder that holds anything is refused unless
+    ``overwrite``, and even then no file already there is replaced. Returns (written, kept):
+    the file names of each kind."""
     check_path_given(folder)
     path = Path(folder)
     if path.exists() and not path.is_dir():
@@ -98,7 +127,7 @@ def start(folder, overwrite=False):
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ValueError(f"DIR: {folder} is not empty; pass --overwrite to add the exercise "
                          f"files it lacks (files already there are kept, never overwritten)")
-    contents = files(folder)                      # all made before the folder is touched
+    contents = files(folder, notebook)            # all made before the folder is touched
     for name in contents:
         if (path / name).exists() and not (path / name).is_file():
             raise ValueError(f"DIR: {path / name} is a folder, not the exercise file; move it "

@@ -181,6 +181,9 @@ LINEAR_HINTS = (
 # -- 2. embedding ------------------------------------------------------------------------------
 
 EMB_IDS = np.array([[1, 2, 1], [0, 1, 3]])               # id 1 three times, 0 the padding id
+PADDING_ROW = Mistake("the padding row gets a gradient (look at row padding_idx of dw)",
+                      "the padding row must get no gradient: it is frozen, so that the <pad> "
+                      "vector never moves", "dw[padding_idx] = 0, after the scatter-add")
 
 
 def embedding_cases(rng):
@@ -192,7 +195,7 @@ def embedding_cases(rng):
 
     def no_padding_gradient(values):
         if np.asarray(values[0])[0].any():
-            return "the padding row must get no gradient: dw[padding_idx] = 0"
+            return PADDING_ROW
         return None
     return [Case("ids (2, 3) with a repeated id, w (5, 3), scale sqrt(3)",
                  [EMB_IDS.copy(), rnd(rng, 5, 3)], ["ids", "w"],

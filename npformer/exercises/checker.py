@@ -373,8 +373,11 @@ def _check_cases(module, exercise, path, seed):
         mine = back(given)
         problems, shapes = [], []
         require = case.extra.get("require")
-        if require is not None and require(fn.seen["raw"]):
-            problems.append(require(fn.seen["raw"]))
+        missing = require(fn.seen["raw"]) if require is not None else None
+        if missing:                                      # a Mistake, or a text of one level
+            missing = as_mistake((missing, None)) if isinstance(missing, str) else missing
+            named.add_mistake(missing)
+            problems.append(missing.symptom)
         dout_changed = not np.array_equal(given, dout)   # gradcheck would refuse it
         if dout_changed:
             problems.append(f"{name_here} changed dout in place: in the model the same dout also "

@@ -94,29 +94,41 @@ def test_a_mistake_planted_in_one_step_is_named_at_that_step(folder, name, step)
 
 CLASSIC = {
     "layernorm: dxc without the path through var": (
-        "layernorm_staged", "xc", lambda _: 'dxhat * c["rstd"]', "xc"),
-    "layernorm: mu treated as a constant": ("layernorm_staged", "x", lambda _: "dxc", "x"),
+        "layernorm_staged", "xc", lambda _: 'dxhat * c["rstd"]', "xc",
+        "dxc holds the gradient through xhat only: xc is used by var too"),
+    "layernorm: mu treated as a constant": (
+        "layernorm_staged", "x", lambda _: "dxc", "x",
+        "dx holds the gradient through xc only: x is used by mu too"),
     "rmsnorm: dx without the path through sq": (
-        "rmsnorm_staged", "x", lambda _: 'dxhat * c["rstd"]', "x"),
+        "rmsnorm_staged", "x", lambda _: 'dxhat * c["rstd"]', "x",
+        "dx holds the gradient through xhat only: x is used by sq too"),
+    "attention: only the path through z": (
+        "attention_staged", "e", lambda _: 'dz + 0 * dp', "e",
+        "de holds the gradient through z only: e is used by p too"),
     "attention: the softmax's -p p^T part missing (dz left out)": (
-        "attention_staged", "e", lambda _: 'dp / c["z"]', "e"),
+        "attention_staged", "e", lambda _: 'dp / c["z"]', "e",
+        "de holds the gradient through p only: e is used by z too"),
     "attention: the scale forgotten": (
-        "attention_staged", "q", lambda _: 'dscores @ c["k"]', "q"),
+        "attention_staged", "q", lambda _: 'dscores @ c["k"]', "q", "dq is 2 times the right"),
     "cross-entropy: divided by every row, not the real targets": (
         "cross_entropy_staged", "per_token", lambda _: 'dout * c["valid"] / len(c["valid"])',
-        "per_token"),
+        "per_token", "dper_token is 0.666667 times the right one"),
     "cross-entropy: smoothing's share left out": (
         "cross_entropy_staged", "logp", lambda _: '-dnll[:, None] * np.eye(vocab)[c["targets"]]',
-        "logp"),
+        "logp", "dlogp holds the gradient through nll only: logp is used by smooth too"),
+    "cross-entropy: dlogits without the path through e": (
+        "cross_entropy_staged", "logits", lambda _: "dlogp", "logits",
+        "dlogits holds the gradient through logp only: logits is used by e too"),
 }
 
 
 @pytest.mark.parametrize("mistake", CLASSIC, ids=list(CLASSIC))
 def test_a_classic_mistake_is_named_at_its_step(folder, mistake):
-    name, step, line, named = CLASSIC[mistake]
+    name, step, line, named, hint = CLASSIC[mistake]
     plant(folder, name, step, line)
     r = check_exercise(folder, name)
     assert r.status == "WRONG" and r.hints[0].startswith(f"the first wrong step is d{named}: ")
+    assert any(h.startswith(hint) for h in r.hints[1:]), r.hints
 
 
 def test_a_step_of_the_wrong_shape_names_the_step_and_both_shapes(folder, capsys):

@@ -17,11 +17,14 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Step:
-    """``name = fn(*args)``, ``args`` the names of values computed (or given) before it."""
+    """``name = fn(*args)``, ``args`` the names of values computed (or given) before it.
+    ``constant``: computed once, then held (a row's max, subtracted only to keep exp finite: it
+    cancels, so no gradient flows through it and the learner writes none for it)."""
 
     name: str
     args: tuple
     fn: object
+    constant: bool = False
 
 
 @dataclass
@@ -52,7 +55,7 @@ class Chain:
         """The steps that read ``name``, directly or through others (its value's descendants)."""
         found = {name}
         for step in self.steps:
-            if found.intersection(step.args):
+            if not step.constant and found.intersection(step.args):
                 found.add(step.name)
         found.discard(name)
         return found
@@ -75,14 +78,14 @@ class Chain:
         directly or through others (its value's ancestors), in the backward's order."""
         ancestors = {name}
         for step in reversed(self.steps):
-            if step.name in ancestors:
+            if step.name in ancestors and not step.constant:
                 ancestors.update(step.args)
         return [n for n in self.order if n in ancestors and n != name]
 
     def check(self):
         """ValueError unless ``order`` lists every value but the output once, each after the
         values computed from it (a consumer's gradient is judged before its inputs')."""
-        names = [*self.inputs, *(s.name for s in self.steps[:-1])]
+        names = [*self.inputs, *(s.name for s in self.steps[:-1] if not s.constant)]
         if sorted(self.order) != sorted(names):
             raise ValueError(f"order: expected {sorted(names)}, got {sorted(self.order)}")
         for i, name in enumerate(self.order):
@@ -156,18 +159,18 @@ def rmsnorm_staged_cases(rng):
 
 # -- masked softmax and attention: scores, e, z, p, out -------------------------------------------
 
-def _masked_exp(scores, mask):
-    """exp(scores - the row's largest allowed score) where mask, 0 elsewhere; the shift leaves p
-    unchanged, so in total no gradient flows through it."""
-    top = np.where(mask, scores, -np.inf).max(axis=-1, keepdims=True)
-    return np.where(mask, np.exp(scores - top), 0.0)
+def _row_max(a, mask=True):
+    """The largest entry of each row where ``mask``: a shift held constant (see Step)."""
+    return np.where(mask, a, -np.inf).max(axis=-1, keepdims=True)
 
 
 ATTENTION = Chain(
     inputs=("q", "k", "v"),
     steps=(Step("scores", ("q", "k"),
                 lambda q, k: (q @ k.swapaxes(-1, -2)) / math.sqrt(q.shape[-1])),
-           Step("e", ("scores", "mask"), _masked_exp),
+           Step("m", ("scores", "mask"), _row_max, constant=True),
+           Step("e", ("scores", "mask", "m"),
+                lambda scores, mask, m: np.where(mask, np.exp(scores - m), 0.0)),
            Step("z", ("e",), lambda e: e.sum(axis=-1, keepdims=True)),
            Step("p", ("e", "z"), lambda e, z: e / z),
            Step("out", ("p", "v"), lambda p, v: p @ v)),
@@ -187,20 +190,19 @@ def attention_staged_cases(rng):
 
 # -- cross-entropy with label smoothing: e, z, logp, nll, smooth, per_token, loss -----------------
 
-def _shifted(logits):
-    return logits - logits.max(axis=-1, keepdims=True)
+CE_IGNORE, CE_SMOOTHING = -100, 0.1
 
 
 def _nll(logp, targets):
     return -logp[np.arange(len(targets)), np.where(targets == CE_IGNORE, 0, targets)]
 
 
-CE_IGNORE, CE_SMOOTHING = -100, 0.1
 CROSS_ENTROPY = Chain(
     inputs=("logits",),
-    steps=(Step("e", ("logits",), lambda logits: np.exp(_shifted(logits))),
+    steps=(Step("m", ("logits",), _row_max, constant=True),
+           Step("e", ("logits", "m"), lambda logits, m: np.exp(logits - m)),
            Step("z", ("e",), lambda e: e.sum(axis=-1, keepdims=True)),
-           Step("logp", ("logits", "z"), lambda logits, z: _shifted(logits) - np.log(z)),
+           Step("logp", ("logits", "m", "z"), lambda logits, m, z: logits - m - np.log(z)),
            Step("nll", ("logp", "targets"), _nll),
            Step("smooth", ("logp",), lambda logp: -logp.mean(axis=-1)),
            Step("per_token", ("nll", "smooth"),

@@ -13,8 +13,10 @@ import math
 
 import numpy as np
 
-from ..gradcheck import GradcheckResult, gradcheck
-from .catalogue import factor
+from itertools import combinations
+
+from ..gradcheck import GradcheckResult, gradcheck, numerical_gradient
+from .catalogue import close, factor
 from .checker import ExerciseResult, LearnerError, NotDone, _call, _forward_changed, solution
 
 
@@ -72,7 +74,8 @@ def check_staged(module, exercise, path, seed):
             if first in results:
                 ref = case.backward(reference, dout.copy(), case.forward(
                     reference, *[x.copy() for x in case.inputs])[1])
-                pattern = _pattern(grads[first], ref[first])
+                pattern = (_pattern(grads[first], ref[first])
+                           or _some_uses_only(chain, first, values, grads[first], ref, dout))
                 if pattern:
                     _add(hints, f"d{first} {pattern}")
     if wrong:
@@ -160,7 +163,7 @@ def _report(chain, results, shapes, first, grads):
 def _first_wrong(chain, name, results, shapes):
     """The hint for the first wrong step: its own line is wrong, and what follows from that."""
     sources = [("dout" if s.name == chain.output else f"d{s.name}")
-               for s in chain.steps if name in s.args]
+               for s in chain.steps if name in s.args and not s.constant]
     after = chain.needs(name)
     text = (f"the first wrong step is d{name}: {', '.join(sources)}, which it is computed from, "
             f"{'is' if len(sources) == 1 else 'are'} right, so the mistake is in the line of "
@@ -172,6 +175,33 @@ def _first_wrong(chain, name, results, shapes):
             f" ({', '.join(wrong_after)} wrong too, maybe only because of it)" if wrong_after
             else "") + ": fix it first")
     return text
+
+
+def _some_uses_only(chain, name, values, mine, ref, dout):
+    """For a value used by several steps: the phrase saying which uses the learner's gradient
+    holds when it is the sum over some of them only (the fan-out rule forgotten), else None."""
+    users = [s for s in chain.steps if name in s.args and not s.constant]
+    if len(users) < 2:
+        return None
+    paths = {s.name: _through(s, name, values, dout if s.name == chain.output else ref[s.name])
+             for s in users}
+    for size in range(1, len(paths)):
+        for some in combinations(paths, size):
+            if close(mine, sum(paths[n] for n in some), rtol=1e-5):
+                rest = [n for n in paths if n not in some]
+                return (f"holds the gradient through {', '.join(some)} only: {name} is used by "
+                        f"{', '.join(rest)} too, and a value used by several steps gets the sum "
+                        f"of the gradients from each")
+    return None
+
+
+def _through(step, name, values, upstream):
+    """dL/d(name) through ``step`` alone: central differences of sum(upstream * step), the
+    other arguments held."""
+    args = [values[a] for a in step.args]
+    at = step.args.index(name)
+    args[at] = np.array(args[at], dtype=np.float64)
+    return numerical_gradient(lambda: float(np.sum(upstream * step.fn(*args))), args[at])
 
 
 def _pattern(mine, right):

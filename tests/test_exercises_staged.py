@@ -197,3 +197,9 @@ def test_a_chain_whose_order_is_not_the_backwards_is_refused():
         Chain(("x",), steps, ("x", "h")).check()
     with pytest.raises(ValueError, match="order: expected"):
         Chain(("x",), steps, ("x",)).check()
+
+
+def test_the_fused_exercises_ask_to_simplify_their_staged_chain(folder):
+    for e, fused in zip(STAGED, ("layernorm", "rmsnorm", "softmax", "cross_entropy")):
+        assert f"Simplify (after {e.key}, {e.name}" in (folder / find(fused).file).read_text()
+    assert "Simplify (after 6a, attention_staged" in (folder / find("attention").file).read_text()

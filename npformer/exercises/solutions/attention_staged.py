@@ -1,7 +1,8 @@
 """Exercise, staged: masked softmax and attention, one named intermediate at a time, before the
 fused softmax and attention exercises.
 
-Derivation: docs/backprop.md#attention (section "Attention"); the softmax's in section "Softmax".
+Derivation: docs/backprop.md#attention (section "Attention"). The softmax's own is the section
+"Softmax" of the same file.
 
 The forward is a chain, each line one value (the cache holds them all, by name); mask is
 boolean, broadcastable to (B, H, Tq, Tk), True = may attend, here with no row all masked:

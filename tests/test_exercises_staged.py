@@ -3,7 +3,6 @@ forward as a chain of named intermediates, the gradient of every one checked aga
 differences, the first wrong step named with the steps that use it."""
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,6 +170,11 @@ def test_a_changed_forward_or_a_wrong_return_is_said_in_one_line(folder, capsys)
     path.write_text(solution_source(e).replace("return dict(beta=dbeta,", "return [dbeta], dict("))
     r = check_exercise(folder, "layernorm_staged")
     assert r.status == "error" and "expected a dict of the gradients by name" in r.message
+    for given, said in (('"text"', "returned a str for dbeta; expected an array"),
+                        ("dbeta.astype(int)", "step beta: backward: the gradient of dbeta is int")):
+        path.write_text(solution_source(e).replace("dict(beta=dbeta,", f"dict(beta={given},"))
+        r = check_exercise(folder, "layernorm_staged")
+        assert r.status == "error" and said in r.message, r.message
 
 
 def test_a_folder_made_before_the_staged_exercises_keeps_working(folder, capsys):

@@ -10,10 +10,10 @@ is computed from were judged right before it. The values it feeds (``Chain.needs
 as depending on it.
 """
 import math
+import numbers
+from itertools import combinations
 
 import numpy as np
-
-from itertools import combinations
 
 from ..gradcheck import GradcheckResult, gradcheck, numerical_gradient
 from .catalogue import close, factor
@@ -55,7 +55,7 @@ def check_staged(module, exercise, path, seed):
         shapes = {name: text for name, text in shapes.items() if text}
         if shapes:
             note = note or "shape"
-        results = {name: _judge(chain, name, values, grads[name], dout, seed)
+        results = {name: _judge(chain, name, values, grads[name], dout, seed, path, fname)
                    for name in chain.order if grads[name] is not None and name not in shapes}
         unwritten |= {name for name in chain.order if grads[name] is None}
         measured = [r.inputs[0].tensor_error for r in results.values()
@@ -116,7 +116,7 @@ def _gradients(raw, chain, fname, path):
 
 def _shape_problem(name, g, value, path, fname):
     """None, or the line naming the step whose gradient is not shaped as its value."""
-    if not isinstance(g, np.ndarray) and not np.isscalar(g):
+    if not isinstance(g, (np.ndarray, numbers.Real)):
         raise LearnerError(f"{path.name}: {fname} returned a {type(g).__name__} for d{name}; "
                            f"expected an array (or None, for a step not written yet)")
     got, want = np.shape(g), np.shape(value)
@@ -127,15 +127,18 @@ def _shape_problem(name, g, value, path, fname):
                                              if len(got) > len(want) else "") + ")")
 
 
-def _judge(chain, name, values, g, dout, seed):
+def _judge(chain, name, values, g, dout, seed, path, fname):
     """gradcheck's verdict on the learner's dL/d(name) ``g``: the output as a function of the
     value of ``name`` alone, everything computed from it recomputed."""
     suffix = chain.suffix(name, values)
 
     def fn(v):
         return suffix(v), lambda d: (g,)
-    return gradcheck(fn, [np.array(values[name], dtype=np.float64)], names=[f"d{name}"],
-                     dout=dout, seed=seed)
+    try:
+        return gradcheck(fn, [np.array(values[name], dtype=np.float64)], names=[f"d{name}"],
+                         dout=dout, seed=seed)
+    except ValueError as e:                      # a gradient gradcheck cannot take (integers)
+        raise LearnerError(f"{path.name}: {fname}: step {name}: {e}") from None
 
 
 def _report(chain, results, shapes, first, grads):

@@ -523,7 +523,8 @@ ADAM_HINTS = {
 def _staged(name, number, title, section, cases, chain):
     """The staged exercise listed before exercise ``number``: its file is numbered ``04a_``, so
     that no file of a folder made before the staged exercises existed changes its name."""
-    return Exercise(name, number, title, section, (f"{name}_backward",), (), cases, (), chain, "a")
+    return Exercise(name, number, title, section, writes=(f"{name}_backward",), cases=cases,
+                    chain=chain, part="a")
 
 
 EXERCISES = (

@@ -118,7 +118,7 @@ def test_nothing_written_or_listed_points_at_a_web_page(folder, capsys):
     out = capsys.readouterr().out
     assert not URL.search(out)
     for e in EXERCISES:
-        assert re.search(rf"^\s*{e.number}\s+{e.name}\s.*{re.escape(e.derivation)}$", out, re.M)
+        assert re.search(rf"^\s*{e.key}\s+{e.name}\s.*{re.escape(e.derivation)}$", out, re.M)
 
 
 def test_a_built_package_ships_backprop_md_for_the_derivations(tmp_path):

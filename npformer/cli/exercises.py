@@ -73,12 +73,13 @@ def hint_level(text):
 
 
 def run_list(args):
-    print(f"{'#':>2s}  {'NAME':<22s} {'FILE':<28s} {'FINALE':<8s} {'TITLE':<46s} DERIVATION")
+    print(f"{'#':>3s}  {'NAME':<22s} {'FILE':<28s} {'FINALE':<8s} {'TITLE':<50s} DERIVATION")
     for e in EXERCISES:
-        print(f"{e.number:>2d}  {e.name:<22s} {e.file:<28s} {'trains' if e.trained else 'checked':<8s} "
-              f"{e.title:<46s} {e.derivation}")
+        print(f"{e.key:>3s}  {e.name:<22s} {e.file:<28s} {'trains' if e.trained else 'checked':<8s} "
+              f"{e.title:<50s} {e.derivation}")
     print(f"\nderivations: {DERIVATIONS} in the folder that start writes, one section an "
-          f"exercise\nstart with: npformer exercises start DIR")
+          f"exercise\nstaged (4a, ...): the gradient of every named intermediate of the "
+          f"layer, before the fused formula\nstart with: npformer exercises start DIR")
     return 0
 
 
@@ -122,7 +123,7 @@ def print_result(r, level=0):
     """One exercise's report; ``level`` 1 or 2 adds the idea, then the formula, to each named
     mistake."""
     e = find(r.name)
-    head = f"== {e.number}. {e.name} ({r.read or e.file}): {r.status}"
+    head = f"== {e.key}. {e.name} ({r.read or e.file}): {r.status}"
     if r.status != "done" and r.message:
         head += f": {r.message}"
     print(head)
@@ -151,12 +152,12 @@ def print_result(r, level=0):
 def print_table(results):
     done = sum(r.status == "done" for r in results)
     print(f"progress: {done} of {len(results)} done")
-    print(f"  {'#':>2s}  {'exercise':<22s} {'status':<10s} {'worst error':>11s}  finale")
+    print(f"  {'#':>3s}  {'exercise':<22s} {'status':<10s} {'worst error':>11s}  finale")
     for r in results:
         e = find(r.name)
         measured = r.worst is not None and r.status in ("done", "WRONG")
         worst = f"{r.worst:.1e}" if measured else r.note      # "shape": a gradient's shape
-        print(f"  {e.number:>2d}  {e.name:<22s} {r.status:<10s} {worst:>11s}  "
+        print(f"  {e.key:>3s}  {e.name:<22s} {r.status:<10s} {worst:>11s}  "
               f"{'trains' if e.trained else 'checked'}")
     print()
 

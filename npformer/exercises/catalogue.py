@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import staged
+
 # The exercise folder's own derivations (docs/backprop.md's sections, written there by
 # ``npformer exercises start``): each exercise names its section of this file, so a learner
 # offline has every derivation and no link leads to a web page.
@@ -48,14 +50,25 @@ class Exercise:
                            # toy translator has no RMSNorm or SwiGLU: those are checked only)
     cases: object = None   # rng -> [Case]; None for the update (adam)
     hints: tuple = ()      # Mistake(symptom, idea, formula, detector(ctx) -> bool)
+    chain: object = None   # a staged exercise's chain of named intermediates (staged.py)
+    part: str = ""         # "a": the staged steps before exercise ``number`` (its file 04a_...)
 
     @property
     def module(self):
         return self.name
 
     @property
+    def key(self):
+        """Its number as the list shows it: 4a (the staged steps), then 4 (the fused one)."""
+        return f"{self.number}{self.part}"
+
+    @property
     def file(self):
-        return f"{self.number:02d}_{self.name}.py"
+        return f"{self.number:02d}{self.part}_{self.name}.py"
+
+    @property
+    def staged(self):
+        return self.chain is not None
 
     @property
     def notebook(self):
@@ -648,6 +661,13 @@ ADAM_HINTS = {
 }
 
 
+def _staged(name, number, title, section, cases, chain):
+    """The staged exercise listed before exercise ``number``: its file is numbered ``04a_``, so
+    that no file of a folder made before the staged exercises existed changes its name."""
+    return Exercise(name, number, title, section, writes=(f"{name}_backward",), cases=cases,
+                    chain=chain, part="a")
+
+
 EXERCISES = (
     Exercise("linear", 1, "Linear layer", "Linear", ("linear_backward",),
              ("linear_forward", "linear_backward"), linear_cases, LINEAR_HINTS),
@@ -655,10 +675,16 @@ EXERCISES = (
              ("embedding_forward", "embedding_backward"), embedding_cases, EMBEDDING_HINTS),
     Exercise("dropout", 3, "Dropout", "Dropout", ("dropout_backward",),
              ("dropout_forward", "dropout_backward"), dropout_cases, DROPOUT_HINTS),
+    _staged("layernorm_staged", 4, "LayerNorm, step by step", "LayerNorm",
+            staged.layernorm_staged_cases, staged.LAYERNORM),
     Exercise("layernorm", 4, "LayerNorm", "LayerNorm", ("layernorm_backward",),
              ("layernorm_forward", "layernorm_backward"), layernorm_cases, LAYERNORM_HINTS),
+    _staged("rmsnorm_staged", 5, "RMSNorm, step by step", "RMSNorm",
+            staged.rmsnorm_staged_cases, staged.RMSNORM),
     Exercise("rmsnorm", 5, "RMSNorm", "RMSNorm", ("rmsnorm_backward",), (), rmsnorm_cases,
              RMSNORM_HINTS),
+    _staged("attention_staged", 6, "Masked softmax and attention, step by step", "Attention",
+            staged.attention_staged_cases, staged.ATTENTION),
     Exercise("softmax", 6, "Masked softmax", "Softmax", ("softmax_backward",),
              ("softmax_forward", "softmax_backward"), softmax_cases, SOFTMAX_HINTS),
     Exercise("swiglu", 7, "SiLU and SwiGLU", "SwiGLU", ("silu_backward", "swiglu_backward"), (),
@@ -669,6 +695,8 @@ EXERCISES = (
              "Multi-head attention", ("mha_backward",), (), mha_cases, MHA_HINTS),
     Exercise("residual", 10, "Residual block, both orders", "Residual and layer order",
              ("residual_backward",), (), residual_cases, RESIDUAL_HINTS),
+    _staged("cross_entropy_staged", 11, "Cross-entropy with label smoothing, step by step",
+            "Cross-entropy", staged.cross_entropy_staged_cases, staged.CROSS_ENTROPY),
     Exercise("cross_entropy", 11, "Cross-entropy, ignore_index, label smoothing", "Cross-entropy",
              ("cross_entropy_backward",), ("cross_entropy_forward", "cross_entropy_backward"),
              cross_entropy_cases, CE_HINTS),

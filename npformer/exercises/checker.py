@@ -212,6 +212,10 @@ def check_exercise(folder, name, seed=0):
 def _check_file(exercise, path, seed):
     name = exercise.name
     try:
+        if exercise.staged and not path.exists():
+            raise NotDone(f"{exercise.file}: missing (a folder made before the staged exercises "
+                          f"has none; npformer exercises start {path.parent} --overwrite adds it and "
+                          f"keeps your files)")
         module = load_learner(path)
         needed = [*exercise.writes, *(f.replace("_backward", "_forward") for f in exercise.writes
                                       if f.endswith("_backward"))]
@@ -221,6 +225,9 @@ def _check_file(exercise, path, seed):
                                f"calls it by that name)")
         if exercise.cases is None:
             return _check_adam(module, exercise, path)
+        if exercise.staged:
+            from .stepcheck import check_staged
+            return check_staged(module, exercise, path, seed)
         return _check_cases(module, exercise, path, seed)
     except NotDone as e:
         return ExerciseResult(name, "not done", str(e))
@@ -306,6 +313,11 @@ def _shape_hint(name, got, want):
 def _differs(mine, given, where):
     """How ``mine`` (what the learner's forward returned: its output, its cache or a part of
     it) differs from ``given`` (the given forward's on the same inputs): a phrase, or None."""
+    if isinstance(given, dict):                  # a staged exercise's cache: values by name
+        if not isinstance(mine, dict) or list(mine) != list(given):
+            return f"{where} is not the given forward's (a dict of {', '.join(map(str, given))})"
+        return next(filter(None, (_differs(mine[k], given[k], f"{where}[{k!r}]")
+                                  for k in given)), None)
     if isinstance(given, (tuple, list)):
         if not isinstance(mine, (tuple, list)) or len(mine) != len(given):
             return f"{where} is not the given forward's (a {type(given).__name__} of {len(given)})"

@@ -21,7 +21,8 @@ def solution_source(exercise):
 def template(exercise, folder="DIR"):
     """The text of ``exercise``'s file as the learner gets it."""
     out, function, inside = [], None, False
-    head = (f"# npformer exercise {exercise.number} of {len(EXERCISES)}: {exercise.title}.\n"
+    head = (f"# npformer exercise {exercise.key} of {len({e.number for e in EXERCISES})}: "
+            f"{exercise.title}.\n"
             f"# Write {', '.join(exercise.writes)} below, then check it with\n"
             f"#     npformer exercises check {folder} {exercise.name}\n")
     for line in _local_links(solution_source(exercise)).splitlines():
@@ -29,7 +30,13 @@ def template(exercise, folder="DIR"):
         if match:
             function = match.group(1)
         stripped = line.strip()
-        if stripped == BEGIN:
+        if stripped == BEGIN and exercise.staged:
+            out.append(line.replace(BEGIN, "# your code: one line a step, in this order (None: "
+                                           "not written yet)"))
+            inside = True
+        elif inside and exercise.staged and stripped != END:
+            out.append(_step_left_to_write(line))
+        elif stripped == BEGIN:
             indent = line[:len(line) - len(line.lstrip())]
             out.append(f"{indent}# your code here")
             out.append(f"{indent}raise NotImplementedError(\"{function}: not written yet\")")
@@ -39,6 +46,16 @@ def template(exercise, folder="DIR"):
         elif not inside:
             out.append(line)
     return head + "\n".join(out) + "\n"
+
+
+def _step_left_to_write(line):
+    """A staged solution's ``dxc = ...  # (..., D)`` as the learner gets it: ``dxc = None``,
+    the comment (the shape, the values it is computed from) kept."""
+    match = re.match(r"(\s*)(d\w+) = .*?(#.*)?$", line)
+    if match is None:
+        raise ValueError(f"a staged solution's step is not one line 'dNAME = ...': {line!r}")
+    indent, name, comment = match.groups()
+    return f"{indent}{name} = None" + (f"  {comment}" if comment else "")
 
 
 def _local_links(source):

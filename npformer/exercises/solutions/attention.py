@@ -9,6 +9,9 @@ Write ``attention_backward``: given dout (B, H, Tq, dv), return dq, dk, dv with 
 k and v. ``softmax_backward`` and ``dropout_backward`` are imported for you (npformer's; use
 your own if you like). ``flush_subnormal`` (optional) sets entries below the dtype's smallest
 normal number to 0, which keeps float32 training fast; the reference calls it on dS, dq, dk, dv.
+
+Simplify (after 6a, attention_staged, the same chain without dropout, one intermediate at a
+time): the softmax's steps become one call, and dropout adds one step between P and P'.
 """
 import math
 

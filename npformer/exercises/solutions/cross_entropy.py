@@ -9,6 +9,10 @@ Shapes: logits (N, V), targets (N,) integers -> a float loss. If every target is
 loss is 0.
 Write ``cross_entropy_backward``: given dout (the gradient reaching the loss, a number: 1.0 to
 minimise the loss itself), return dlogits (N, V). Ignored rows get zero.
+
+Simplify (after 11a, cross_entropy_staged, which takes the same backward one intermediate at a
+time): substitute its lines into one another until dlogits is one expression in the softmax,
+the targets, eps, valid and count, with no dlogp, dz or de left.
 """
 import numpy as np
 

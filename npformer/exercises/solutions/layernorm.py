@@ -7,6 +7,10 @@ Shapes: x (..., D), gamma (D,), beta (D,) -> y (..., D); the cache holds xhat (.
 rstd = 1 / sqrt(var + eps) (..., 1) and gamma.
 Write ``layernorm_backward``: given dout (..., D), return dx (..., D), dgamma (D,), dbeta (D,).
 Remember that mu and var depend on every x of the row.
+
+Simplify (after 4a, layernorm_staged, which takes the same backward one intermediate at a time):
+substitute its lines into one another until dx is one expression in xhat, rstd and
+g = dout * gamma, with no dvar, dxc or dmu left, as CS231n's second batch-norm derivation does.
 """
 import numpy as np
 

@@ -7,6 +7,9 @@ a row whose entries are all masked gives all zeros. Shapes: scores (..., K), mas
 (or None) -> p (..., K); the cache is p itself.
 Write ``softmax_backward``: given dout = dL/dp (..., K), return dscores (..., K), without building
 the (K, K) Jacobian.
+
+Simplify (after 6a, attention_staged, which goes through e, z and p one at a time): substitute
+de and dz into dscores = de * e until it is one expression in p and dout.
 """
 import numpy as np
 

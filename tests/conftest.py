@@ -1,10 +1,22 @@
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 # tests import their helpers (torch_reference) as top-level modules
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# The tests never read the user's calibrated dispatch table (``npformer calibrate`` writes one to
+# ~/.cache/npformer by default): with it, this process and the children it starts (mpiexec ranks,
+# CLI runs) could pick other product variants than the rules the tests hold them to. A test that
+# wants a table sets NPFORMER_DISPATCH_TABLE itself; children inherit this one.
+_NO_TABLE = tempfile.mkdtemp(prefix="npformer-tests-")
+atexit.register(shutil.rmtree, _NO_TABLE, ignore_errors=True)
+os.environ["NPFORMER_DISPATCH_TABLE"] = os.path.join(_NO_TABLE, "no-dispatch-table.json")
 
 MULTI30K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 

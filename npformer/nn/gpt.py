@@ -27,7 +27,7 @@ from .. import runtime
 from ..configs import GPTConfig
 from ..hf import read_gpt2
 from ..validation import check_array, check_int, check_token_ids
-from .block import NORMS, Block
+from .block import Block, build_norm, starting_values
 from .dropout import Dropout
 from .embedding import Embedding, PositionEmbedding
 from .finite import check_logits
@@ -82,7 +82,7 @@ class GPT(Module):
         self.embed_dropout = Dropout(cfg.dropout, rng=self.rng)
         self.blocks = ModuleList([Block(cfg, rotary, rng=init_rng, dtype=dtype)
                                   for _ in range(cfg.n_layers)])
-        self.norm = NORMS[cfg.norm](cfg, dtype)                  # the final norm, as the blocks''
+        self.norm = build_norm(cfg, dtype)                       # the final norm, as the blocks'
         self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False, rng=init_rng, dtype=dtype)
         if cfg.tie_embeddings:
             self.generator.weight = self.tok_embed.weight       # one Parameter, two users
@@ -94,17 +94,18 @@ class GPT(Module):
         self._backward_done = False
 
     def _init_weights(self, rng):
-        """GPT-2's initialisation (see the class docstring), drawn in parameter order. Which
-        parameter is a norm's gain or ends a residual branch, the blocks say."""
+        """GPT-2's initialisation (see the class docstring), drawn in parameter order. A norm's
+        parameters start at the values its part declares (``npformer.parts``); which matrices
+        end a residual branch, the blocks say."""
         residual_std = INIT_STD / math.sqrt(2 * self.config.n_layers)
-        gains = {id(p) for block in self.blocks for p in block.norm_gains()}
-        gains.add(id(self.norm.weight))
+        fixed = starting_values([norm for block in self.blocks for norm in block.norms()]
+                                + [self.norm])
         residual = {id(p) for block in self.blocks for p in block.residual_projections()}
         for _, p in self.named_parameters():
-            if id(p) in gains:
-                p.data[...] = 1
+            if id(p) in fixed:
+                p.data[...] = fixed[id(p)]
             elif p.data.ndim == 1:
-                p.data[...] = 0                                  # biases, norm shifts
+                p.data[...] = 0                                  # biases
             else:
                 std = residual_std if id(p) in residual else INIT_STD
                 p.data[...] = rng.standard_normal(p.data.shape) * std

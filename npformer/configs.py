@@ -21,7 +21,7 @@ import numpy as np
 
 from .functional.activation_dropout import check_activation
 from .dropout_rates import inner_dropout_rates
-from .parts import FFNS, NORMS, RECORDED_FFNS, choice
+from .parts import FFNS, NORMS, POSITIONS as POSITION_KINDS, RECORDED_FFNS, choice
 from .validation import check_flag, check_int, check_real
 
 try:
@@ -374,8 +374,9 @@ def check_rope_scaling(scaling, name="rope_scaling"):
     return out
 
 
-POSITIONS = ("learned", "sinusoidal", "rotary")     # GPTConfig.positions
-# GPTConfig.norm and GPTConfig.ffn name parts of npformer.parts (NORMS, FFNS)
+# GPTConfig.norm, GPTConfig.ffn and GPTConfig.positions name parts of npformer.parts (NORMS,
+# FFNS, POSITIONS); the names of positions, as a command's choices
+POSITIONS = tuple(POSITION_KINDS)
 
 
 @dataclass(frozen=True)
@@ -455,7 +456,7 @@ class GPTConfig(ModelConfig):
                                     "qk_norm"),
                              (ffn.activations, f"for ffn={self.ffn!r}"))
         choice("norm", NORMS, self.norm)
-        choice("positions", dict.fromkeys(POSITIONS), self.positions)
+        positions = choice("positions", POSITION_KINDS, self.positions)
         if self.n_kv_heads is not None:
             _put(self, "n_kv_heads", check_int("n_kv_heads", self.n_kv_heads))
             if self.n_heads % self.n_kv_heads:
@@ -465,13 +466,13 @@ class GPTConfig(ModelConfig):
         _put(self, "rope_theta", check_real("rope_theta", self.rope_theta, minimum=0,
                                             min_open=True))
         if self.rope_scaling is not None:
-            if self.positions != "rotary":
+            if not positions.rotates:
                 raise ValueError(f"rope_scaling: rescales rotary positions, but positions is "
                                  f"{self.positions!r}")
             _put(self, "rope_scaling", check_rope_scaling(self.rope_scaling))
-        if self.positions == "rotary" and self.head_size % 2:
-            raise ValueError(f"positions: 'rotary' turns pairs of dimensions, so expected an even "
-                             f"head size, got {self.head_size}")
+        if positions.rotates and self.head_size % 2:
+            raise ValueError(f"positions: {self.positions!r} turns pairs of dimensions, so "
+                             f"expected an even head size, got {self.head_size}")
 
     @property
     def head_size(self):
@@ -515,9 +516,10 @@ class GPTConfig(ModelConfig):
         return {}
 
     def derived_arrays(self):
-        if self.positions == "sinusoidal":
+        positions = POSITION_KINDS[self.positions]
+        if positions.table:
             return _position_table(self.max_len, self.d_model, self.dtype)
-        if self.positions == "rotary":        # cos and sin, (max_len, head size / 2) each
+        if positions.rotates:                 # cos and sin, (max_len, head size / 2) each
             size = self.max_len * self.head_size * np.dtype(self.dtype).itemsize
             return {"rotary tables": (size, f"max_len={self.max_len} needs {size} bytes of rotary "
                                             f"tables (max_len x head size x "

@@ -26,7 +26,7 @@ sizes = st.integers(1, 3)
 @settings(max_examples=60, deadline=None)
 @given(vocab=st.integers(1, 40), heads=sizes, head_size=st.integers(1, 3).map(lambda h: 2 * h),
        ff=st.integers(1, 20), layers=st.integers(1, 4), max_len=st.integers(1, 30),
-       positions=st.sampled_from(configs.POSITIONS), tie=st.booleans(),
+       positions=st.sampled_from(list(parts.POSITIONS)), tie=st.booleans(),
        norm=st.sampled_from(list(parts.NORMS)), own_head=st.one_of(st.none(), sizes),
        qkv_bias=st.booleans(), proj_bias=st.booleans(), ffn=st.sampled_from(list(parts.FFNS)),
        kv_divisor=st.sampled_from([1, 2, 3]), qk_norm=st.booleans())

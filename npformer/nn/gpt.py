@@ -27,9 +27,10 @@ from .. import runtime
 from ..configs import GPTConfig
 from ..hf import read_gpt2
 from ..validation import check_array, check_int, check_token_ids
-from .block import Block, build_norm, starting_values
+from ..parts import POSITIONS
+from .block import Block, build_norm, part_module, starting_values
 from .dropout import Dropout
-from .embedding import Embedding, PositionEmbedding
+from .embedding import Embedding
 from .finite import check_logits
 from .init import building_shapes, drawing_nothing, placeholder, table
 from .linear import Linear
@@ -64,17 +65,18 @@ class GPT(Module):
         self.dtype, self.max_len, self.d_model = dtype, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask
         self.rng = init_rng = np.random.default_rng(cfg.seed)
-        scale = math.sqrt(cfg.d_model) if cfg.positions == "sinusoidal" else 1.0
+        positions = POSITIONS[cfg.positions]                     # what they do: npformer.parts
+        scale = math.sqrt(cfg.d_model) if positions.scales_embedding else 1.0
         self.tok_embed = Embedding(cfg.vocab_size, cfg.d_model, None, scale, rng=init_rng,
                                    dtype=dtype)
         self.pos_embed = self.positions = rotary = None
-        if cfg.positions == "learned":
-            self.pos_embed = PositionEmbedding(cfg.max_len, cfg.d_model, INIT_STD, rng=init_rng,
-                                               dtype=dtype)
-        elif cfg.positions == "sinusoidal":
+        if positions.module:                # learned: a trained table added
+            self.pos_embed = part_module(positions)(cfg.max_len, cfg.d_model, INIT_STD,
+                                                    rng=init_rng, dtype=dtype)
+        if positions.table:                 # a fixed table added
             self.positions = table(lambda: F.sinusoidal_positions(cfg.max_len, cfg.d_model, dtype),
                                    (cfg.max_len, cfg.d_model), dtype)
-        else:                               # rotary: the attention turns queries and keys
+        if positions.rotates:               # the attention turns queries and keys
             half = (cfg.max_len, cfg.head_size // 2)                 # cos and sin
             rotary = (placeholder(half, dtype),) * 2 if building_shapes() else \
                 F.rotary_tables(cfg.max_len, cfg.head_size, dtype, cfg.rope_theta,

@@ -24,29 +24,26 @@ from .dropout import Dropout
 from .encoder import SelfAttentionBlock
 
 
-def part_module(part):
-    """The module class a part names (``npformer.parts``: "file.Class" inside ``npformer.nn``)."""
+def build(part, *args, **kwargs):
+    """The module ``part`` names (``npformer.parts``: "file.Class" inside ``npformer.nn``),
+    built with ``args``, ``kwargs`` and the part's ``options``; it keeps its part as ``part``
+    (its parameters' starting values)."""
     file, name = part.module.rsplit(".", 1)
-    return getattr(importlib.import_module(f"{__package__}.{file}"), name)
+    module = getattr(importlib.import_module(f"{__package__}.{file}"), name)(
+        *args, **kwargs, **part.options)
+    module.part = part
+    return module
 
 
-def build_norm(config, dtype, size=None):
-    """The norm ``config.norm`` names, over ``size`` features (default d_model); the module
-    keeps its part as ``part`` (its parameters' starting values)."""
-    part = NORMS[config.norm]
-    norm = part_module(part)(size or config.d_model, config.layer_norm_eps, dtype=dtype,
-                             **part.options)
-    norm.part = part
-    return norm
+def build_norm(config, dtype):
+    """The norm ``config.norm`` names, over d_model features."""
+    return build(NORMS[config.norm], config.d_model, config.layer_norm_eps, dtype=dtype)
 
 
 def build_ffn(config, dropout, rng, dtype):
     """The feed-forward ``config.ffn`` names, applying ``config.activation``."""
-    part = FFNS[config.ffn]
-    ffn = part_module(part)(config.d_model, config.d_ff, dropout, config.activation,
-                            bias=config.proj_bias, rng=rng, dtype=dtype, **part.options)
-    ffn.part = part
-    return ffn
+    return build(FFNS[config.ffn], config.d_model, config.d_ff, dropout, config.activation,
+                 bias=config.proj_bias, rng=rng, dtype=dtype)
 
 
 def starting_values(norms):

@@ -28,7 +28,7 @@ from ..configs import GPTConfig
 from ..hf import read_gpt2
 from ..validation import check_array, check_int, check_token_ids
 from ..parts import POSITIONS
-from .block import Block, build_norm, part_module, starting_values
+from .block import Block, build, build_norm, starting_values
 from .dropout import Dropout
 from .embedding import Embedding
 from .finite import check_logits
@@ -71,8 +71,8 @@ class GPT(Module):
                                    dtype=dtype)
         self.pos_embed = self.positions = rotary = None
         if positions.module:                # learned: a trained table added
-            self.pos_embed = part_module(positions)(cfg.max_len, cfg.d_model, INIT_STD,
-                                                    rng=init_rng, dtype=dtype)
+            self.pos_embed = build(positions, cfg.max_len, cfg.d_model, INIT_STD, rng=init_rng,
+                                   dtype=dtype)
         if positions.table:                 # a fixed table added
             self.positions = table(lambda: F.sinusoidal_positions(cfg.max_len, cfg.d_model, dtype),
                                    (cfg.max_len, cfg.d_model), dtype)

@@ -153,6 +153,21 @@ def test_a_new_norm_kind_is_one_entry_whose_starting_values_the_init_reads(monke
             np.testing.assert_array_equal(p.data, q.data, err_msg=name)
 
 
+def test_a_norm_with_a_gain_of_one_plus_w_is_one_entry_too(monkeypatch):
+    """Gemma's RMSNorm (gain 1 + w, w starting at 0) as a part: the module's option and the
+    starting value. It computes what the plain RMSNorm does at the start, and its gradients
+    check (the weight's is the gain's)."""
+    monkeypatch.setitem(parts.NORMS, "rmsnorm_1p", parts.Part(
+        "rmsnorm_1p", "rmsnorm.RMSNorm", ("weight",), {"weight": 0.0},
+        options={"gain_offset": 1.0}))
+    model, usual = nf.GPT(**SMALL, norm="rmsnorm_1p"), nf.GPT(**SMALL, norm="rmsnorm")
+    assert not model.norm.weight.data.any() and model.norm.gain_offset == 1.0
+    ids = np.array([[1, 4, 5, 6], [3, 0, 2, 10]])
+    np.testing.assert_array_equal(model.forward(ids), usual.forward(ids))
+    model.norm.weight.data[...] = np.random.default_rng(1).standard_normal(12) * 0.1
+    assert nf.testing.check_model(model, (ids, np.roll(ids, -1, axis=1))).ok
+
+
 def test_parameter_count_is_one_blocks_shapes_times_the_layers():
     config = GPTConfig(vocab_size=10**6, n_layers=10**6, ffn="gated", activation="silu")
     one = config.replace(n_layers=1).parameter_shapes()

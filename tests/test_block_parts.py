@@ -4,8 +4,9 @@ model builds and initialises from the parts, nothing else compares a field with 
 and configurations recorded when the gated kind was "swiglu" load and resume to the bit.
 
 tests/data/runs_recorded_with_swiglu holds the last checkpoint of a tiny ``lm --arch llama``
-run made by the code before (its configuration says ``ffn: "swiglu"``) and, in expected.json,
-how it was made, the sha256 of its weights and of the weights of that code's resume of it. The
+run made by the code before (its configuration says ``ffn: "swiglu"``), in lora/ the last
+checkpoint of a LoRA run on it, and, in expected.json, how they were made, the sha256 of their
+weights and of the weights of that code's resume of each. The
 bits are those of one machine (expected.json's ``machine``); elsewhere the two bit tests skip,
 saying why (as tests/test_same_bits.py does).
 """
@@ -20,6 +21,7 @@ import npformer as nf
 import same_bits
 from npformer import functional as F
 from npformer import parts
+from npformer.checkpoint import load_checkpoint, save_checkpoint
 from npformer.cli.main import main
 from npformer.configs import GPTConfig
 from npformer.nn.feedforward import GatedFeedForward
@@ -79,6 +81,27 @@ def test_a_run_recorded_with_swiglu_resumes_with_the_bits_of_the_code_that_recor
     assert main(["lm", "--data", str(text), "--resume", str(RECORDED / "last"), "--max-steps",
                  "3", "--quiet", "--out", str(out)]) == 0
     assert same_bits.weights_sha256(str(out / "last")) == EXPECTED["resumed_sha256"]
+
+
+def test_a_lora_run_on_a_base_recorded_with_swiglu_resumes_with_the_bits_of_before(
+        text, tmp_path):
+    """A LoRA run whose base (./last) and whose own configuration were recorded with ffn
+    "swiglu": both migrate, they still match, and the run goes on as the code that recorded it
+    did. (Its checkpoint names the base by the absolute path it had; the copy written here,
+    the same arrays, names the base where it lies now, as putting a base back does.)"""
+    why = _other_machine()
+    if why:
+        pytest.skip(why)
+    run = tmp_path / "lora" / "last"
+    arrays, meta = load_checkpoint(RECORDED / "lora" / "last")
+    assert meta["config"]["ffn"] == "swiglu"
+    meta["lora"]["base"]["folder"] = str(RECORDED / "last")
+    save_checkpoint(run, arrays, meta)
+    assert same_bits.weights_sha256(str(run)) == EXPECTED["lora_recorded_sha256"]
+    out = tmp_path / "resumed"
+    assert main(["lm", "--data", str(text), "--resume", str(run), "--max-steps", "3",
+                 "--quiet", "--out", str(out)]) == 0
+    assert same_bits.weights_sha256(str(out / "last")) == EXPECTED["lora_resumed_sha256"]
 
 
 def test_a_new_llama_run_has_the_bits_of_the_code_before(text, tmp_path):

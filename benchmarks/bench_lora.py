@@ -54,8 +54,8 @@ def npformer_step(a, use_lora):
     model = nf.GPT(vocab_size=SHAPE["vocab_size"], d_model=SHAPE["d_model"],
                    n_layers=SHAPE["n_layers"], n_heads=SHAPE["n_heads"],
                    n_kv_heads=SHAPE["n_kv_heads"], d_ff=SHAPE["d_ff"], max_len=a.context,
-                   dropout=0.0, positions="rotary", norm="rmsnorm", ffn="swiglu",
-                   qkv_bias=False, proj_bias=False, tie_embeddings=True)
+                   dropout=0.0, positions="rotary", norm="rmsnorm", ffn="gated",
+                   activation="silu", qkv_bias=False, proj_bias=False, tie_embeddings=True)
     if use_lora:
         lora.apply(model, rank=LORA["rank"], alpha=LORA["alpha"], target_modules=LORA["targets"])
     model.train()

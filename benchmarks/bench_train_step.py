@@ -80,6 +80,18 @@ CONFIGS = {
                        d_ff=512, n_layers=4, max_len=128, batch=64, seq_len=128),
 }
 DECODERS = ("gpt", "llama")                  # configs of a decoder-only model
+# each decoder's block kinds (GPTConfig fields; "gpt": the defaults, GPT-2's block)
+DECODER_BLOCKS = {"gpt": {},
+                  "llama": dict(norm="rmsnorm", ffn="gated", activation="silu", positions="rotary",
+                                qkv_bias=False, proj_bias=False)}
+
+
+def ffn_gates(c):
+    """How many d_ff-wide projections a decoder config's feed-forward starts with: 2 where its
+    kind is gated (gate and up, fused), else 1 (``npformer.parts``)."""
+    import npformer as nf
+    ffn = DECODER_BLOCKS[c["model"]].get("ffn", nf.GPTConfig.ffn)
+    return 2 if nf.parts.FFNS[ffn].gated else 1
 IMPLEMENTATIONS = ("npformer-numba", "npformer-numpy", "torch-eager")
 THREAD_VARS = ("NPFORMER_NUM_THREADS", "NPFORMER_RUNTIME", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS",
                "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_THREADING_LAYER")
@@ -112,7 +124,7 @@ def step_flops(c):
         b, t, v = c["batch"], c["seq_len"], c["vocab_size"]
         n = b * t
         kv = d * c.get("n_kv_heads", c["n_heads"]) // c["n_heads"]        # key/value width
-        matrices = 3 if c["model"] == "llama" else 2                       # SwiGLU: gate, up, down
+        matrices = ffn_gates(c) + 1                                 # (gate,) up, down
         block = 2 * n * d * (d + 2 * kv) + 2 * n * d * d + 2 * matrices * n * d * f \
             + 4 * b * t * t * d
         return 3 * (c["n_layers"] * block + 2 * n * d * v)
@@ -143,10 +155,7 @@ def step_products(c):
         layers = c["n_layers"]
         add(n, d, d + 2 * kv, layers)                                   # q, k, v
         add(n, d, d, layers)                                            # attention output
-        if c["model"] == "llama":
-            add(n, d, 2 * f, layers)                                    # gate and up, fused
-        else:
-            add(n, d, f, layers)
+        add(n, d, ffn_gates(c) * f, layers)                             # (gate and) up, fused
         add(n, f, d, layers)                                            # down
         add(n, d, v, 1)                                                 # the output head
         return out
@@ -317,8 +326,7 @@ def gpt_train_step(c):
 
     import npformer as nf
     if c["model"] == "llama":
-        block = dict(norm="rmsnorm", ffn="swiglu", n_kv_heads=c.get("n_kv_heads"),
-                     positions="rotary", qkv_bias=False, proj_bias=False, dropout=0.0,
+        block = dict(DECODER_BLOCKS["llama"], n_kv_heads=c.get("n_kv_heads"), dropout=0.0,
                      layer_norm_eps=1e-6)
     else:
         block = dict(dropout=c.get("dropout", 0.1))

@@ -21,6 +21,7 @@ import numpy as np
 
 from .functional.activation_dropout import check_activation
 from .dropout_rates import inner_dropout_rates
+from .parts import FFNS, NORMS, POSITIONS as POSITION_KINDS, RECORDED_FFNS, choice
 from .validation import check_flag, check_int, check_real
 
 try:
@@ -225,9 +226,11 @@ def _check_sizes(config, names, heads_split_d_model=True):
                          f"got {config.d_model}")
 
 
-def _check_layer_options(config, flags):
+def _check_layer_options(config, flags, activations=None):
     """What every architecture's layers share: the dropout rates (the inner two resolved from
-    ``dropout``), the LayerNorm epsilon, the activation, the boolean ``flags``, dtype and seed."""
+    ``dropout``), the LayerNorm epsilon, the activation (``activations``: (names, why) where
+    the architecture's feed-forward kind sets them; else ``ACTIVATIONS``), the boolean
+    ``flags``, dtype and seed."""
     _put(config, "dropout", check_real("dropout", config.dropout, minimum=0, maximum=1,
                                        max_open=True))
     rates = inner_dropout_rates(config.dropout, config.attention_dropout, config.activation_dropout)
@@ -237,7 +240,11 @@ def _check_layer_options(config, flags):
                                               min_open=True))
     if not isinstance(config.activation, str):
         raise ValueError(f"activation: expected a str such as 'relu', got {config.activation!r}")
-    check_activation(config.activation)
+    if activations is None:
+        check_activation(config.activation)
+    elif config.activation not in activations[0]:
+        raise ValueError(f"activation: expected one of {', '.join(activations[0])} "
+                         f"{activations[1]}, got {config.activation!r}")
     for name in flags:
         _put(config, name, check_flag(name, getattr(config, name)))
     _put(config, "dtype", _check_dtype(config.dtype))
@@ -367,9 +374,9 @@ def check_rope_scaling(scaling, name="rope_scaling"):
     return out
 
 
-POSITIONS = ("learned", "sinusoidal", "rotary")     # GPTConfig.positions
-NORMS = ("layernorm", "rmsnorm")                     # GPTConfig.norm
-FFNS = ("mlp", "swiglu")                             # GPTConfig.ffn
+# GPTConfig.norm, GPTConfig.ffn and GPTConfig.positions name parts of npformer.parts (NORMS,
+# FFNS, POSITIONS); the names of positions, as a command's choices
+POSITIONS = tuple(POSITION_KINDS)
 
 
 @dataclass(frozen=True)
@@ -393,8 +400,9 @@ class GPTConfig(ModelConfig):
     The block, chosen by fields (a new variant is a field, not a class):
     - ``norm``: "layernorm" or "rmsnorm" (Llama's: no mean, no shift; ``layer_norm_eps`` is its
       epsilon too);
-    - ``ffn``: "mlp", two matrices around ``activation``, or "swiglu", Llama's gated one
-      (silu(x W_gate) * (x W_up), then W_down; ``activation`` unused);
+    - ``ffn``: "mlp", two matrices around ``activation``, or "gated", act(x W_gate) * (x W_up),
+      then W_down, ``act`` the ``activation``: SwiGLU with "silu" (Llama's), GeGLU with
+      "gelu_tanh" or "gelu", ReGLU with "relu" (the kinds: ``npformer.parts``);
     - ``n_heads`` query heads of ``head_dim`` each (None: d_model / n_heads; Qwen3-0.6B has a
       width of 1024, 16 heads of 128); ``n_kv_heads`` key/value heads (None: n_heads; fewer is
       grouped-query attention, one multi-query attention: a divisor of n_heads); ``qk_norm``:
@@ -439,12 +447,16 @@ class GPTConfig(ModelConfig):
             _put(self, "head_dim", check_int("head_dim", self.head_dim))
         _check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"),
                      heads_split_d_model=self.head_dim is None)
+        if isinstance(self.ffn, str) and self.ffn in RECORDED_FFNS:   # a recorded name
+            now = ", ".join(f"{k}={v!r}" for k, v in RECORDED_FFNS[self.ffn].items())
+            raise ValueError(f"ffn: expected one of {', '.join(FFNS)}, got {self.ffn!r} "
+                             f"(which is now {now})")
+        ffn = choice("ffn", FFNS, self.ffn)
         _check_layer_options(self, ("norm_first", "tie_embeddings", "qkv_bias", "proj_bias",
-                                    "qk_norm"))
-        for name, choices in (("positions", POSITIONS), ("norm", NORMS), ("ffn", FFNS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name}: expected one of {', '.join(choices)}, got "
-                                 f"{getattr(self, name)!r}")
+                                    "qk_norm"),
+                             (ffn.activations, f"for ffn={self.ffn!r}"))
+        choice("norm", NORMS, self.norm)
+        positions = choice("positions", POSITION_KINDS, self.positions)
         if self.n_kv_heads is not None:
             _put(self, "n_kv_heads", check_int("n_kv_heads", self.n_kv_heads))
             if self.n_heads % self.n_kv_heads:
@@ -454,13 +466,13 @@ class GPTConfig(ModelConfig):
         _put(self, "rope_theta", check_real("rope_theta", self.rope_theta, minimum=0,
                                             min_open=True))
         if self.rope_scaling is not None:
-            if self.positions != "rotary":
+            if not positions.rotates:
                 raise ValueError(f"rope_scaling: rescales rotary positions, but positions is "
                                  f"{self.positions!r}")
             _put(self, "rope_scaling", check_rope_scaling(self.rope_scaling))
-        if self.positions == "rotary" and self.head_size % 2:
-            raise ValueError(f"positions: 'rotary' turns pairs of dimensions, so expected an even "
-                             f"head size, got {self.head_size}")
+        if positions.rotates and self.head_size % 2:
+            raise ValueError(f"positions: {self.positions!r} turns pairs of dimensions, so "
+                             f"expected an even head size, got {self.head_size}")
 
     @property
     def head_size(self):
@@ -469,31 +481,31 @@ class GPTConfig(ModelConfig):
 
     @classmethod
     def from_dict(cls, data):
-        """As :meth:`ModelConfig.from_dict`; a configuration stored before ``positions`` existed
-        names them with the flag ``learned_positions`` (True: "learned", False: "sinusoidal")."""
+        """As :meth:`ModelConfig.from_dict`, with two migrations. A configuration stored before
+        ``positions`` existed names them with the flag ``learned_positions`` (True: "learned",
+        False: "sinusoidal"). One stored before ``activation`` applied to gated feed-forwards
+        names the kind of one (``ffn`` "swiglu": "gated" with "silu"; its ``activation`` was
+        unused): ``parts.RECORDED_FFNS`` gives its fields now."""
         if isinstance(data, dict) and "learned_positions" in data and "positions" not in data:
             data = dict(data)
             learned = check_flag("learned_positions", data.pop("learned_positions"))
             data["positions"] = "learned" if learned else "sinusoidal"
+        if isinstance(data, dict) and isinstance(data.get("ffn"), str) \
+                and data["ffn"] in RECORDED_FFNS:
+            data = {**data, **RECORDED_FFNS[data["ffn"]]}
         return super().from_dict(data)
 
     SIZE_FIELDS: ClassVar[tuple] = ("vocab_size", "d_model", "d_ff", "n_layers", "max_len",
                                     "head_dim")
 
     def parameter_count(self):
-        """The sum of :meth:`parameter_shapes`, in closed form."""
-        d, ff, width = self.d_model, self.d_ff, self.n_heads * self.head_size
-        rows = width + 2 * (self.n_kv_heads or self.n_heads) * self.head_size   # q, k, v
-        attention = rows * d + (rows if self.qkv_bias else 0) \
-            + width * d + (d if self.proj_bias else 0) \
-            + (2 * self.head_size if self.qk_norm else 0)              # in_proj, out_proj, norms
-        gates = 2 if self.ffn == "swiglu" else 1                        # SwiGLU: gate and up
-        ffn = (gates + 1) * d * ff + ((gates * ff + d) if self.proj_bias else 0)
-        norm = d if self.norm == "rmsnorm" else 2 * d                   # a gain (and a shift)
-        block = attention + ffn + 2 * norm
-        return (self.vocab_size * d * (1 if self.tie_embeddings else 2)
-                + (self.max_len * d if self.positions == "learned" else 0)
-                + self.n_layers * block + norm)
+        """The sum of :meth:`parameter_shapes`, without a loop over the layers: one block's
+        parameters, read off the modules of a one-layer model built without allocating, times
+        ``n_layers``, plus the ends (embeddings, positions, the final norm, the generator)."""
+        one = {name: math.prod(shape)
+               for name, shape in self.replace(n_layers=1).parameter_shapes().items()}
+        block = sum(size for name, size in one.items() if name.startswith("blocks.0."))
+        return sum(one.values()) - block + self.n_layers * block
 
     def layer_count(self):
         return self.n_layers
@@ -504,9 +516,10 @@ class GPTConfig(ModelConfig):
         return {}
 
     def derived_arrays(self):
-        if self.positions == "sinusoidal":
+        positions = POSITION_KINDS[self.positions]
+        if positions.table:
             return _position_table(self.max_len, self.d_model, self.dtype)
-        if self.positions == "rotary":        # cos and sin, (max_len, head size / 2) each
+        if positions.rotates:                 # cos and sin, (max_len, head size / 2) each
             size = self.max_len * self.head_size * np.dtype(self.dtype).itemsize
             return {"rotary tables": (size, f"max_len={self.max_len} needs {size} bytes of rotary "
                                             f"tables (max_len x head size x "

@@ -586,7 +586,7 @@ def _llama_config(file, raw, model_type):
         qkv_bias = proj_bias = attention_bias
     theta, scaling = _rope(file, raw, sizes["max_len"])
     options = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, norm_first=True,
-                   positions="rotary", norm="rmsnorm", ffn="swiglu",
+                   positions="rotary", norm="rmsnorm", ffn="gated", activation="silu",
                    layer_norm_eps=field("rms_norm_eps", check_real, 1e-6, minimum=0,
                                         min_open=True),
                    tie_embeddings=field("tie_word_embeddings", check_flag, False),

@@ -33,6 +33,7 @@ import numpy as np
 
 from .checkpoint import write_file_atomic
 from .nn.lora import LoRA
+from .parts import NORMS, is_gated
 from .validation import check_int, check_real
 
 PEFT_TARGETS = {                       # PEFT's name -> the Llama module path inside a layer
@@ -96,7 +97,7 @@ def _peft_plan(model, name, called="target_modules"):
     no such layer."""
     from .hf import hf_parameter
     config = model.config
-    if name in ("gate_proj", "up_proj") and getattr(config, "ffn", None) != "swiglu":
+    if name in ("gate_proj", "up_proj") and not is_gated(config):
         raise ValueError(f"{called}: {name!r}: this model's feed-forward is not gated "
                          f"(linear1 and linear2 of an MLP): target linear1, or a Llama-family "
                          f"model's gate_proj")
@@ -479,7 +480,7 @@ def _check_llama_base(model, what):
 
 def _guess_model_type(model):
     c = model.config
-    if getattr(c, "norm", None) == "rmsnorm" and getattr(c, "ffn", None) == "swiglu":
+    if is_gated(c) and "bias" not in NORMS[c.norm].params:         # RMSNorm, a gated ffn
         return "llama"
     return "gpt2" if getattr(c, "capability", None) == "causal_lm" else getattr(c, "arch", None)
 

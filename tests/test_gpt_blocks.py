@@ -92,13 +92,13 @@ def small(**fields):
     dict(norm_first=False, tie_embeddings=False),
     dict(n_kv_heads=2),                                 # as many key/value heads as query heads
     dict(norm="rmsnorm", qkv_bias=False, proj_bias=False, positions="rotary"),   # Llama's block
-    dict(norm="rmsnorm", ffn="swiglu", qkv_bias=False, proj_bias=False, positions="rotary",
-         dropout=0.0),
-    dict(ffn="swiglu", proj_bias=True),
+    dict(norm="rmsnorm", ffn="gated", activation="silu", qkv_bias=False, proj_bias=False,
+         positions="rotary", dropout=0.0),
+    dict(ffn="gated", activation="silu", proj_bias=True),
     dict(n_heads=4, n_kv_heads=2, head_dim=3),          # grouped-query attention, 2 per group
     dict(n_heads=4, n_kv_heads=1, head_dim=4, positions="rotary"),   # multi-query
     dict(n_heads=4, n_kv_heads=2, head_dim=4, positions="rotary", qk_norm=True, norm="rmsnorm",
-         ffn="swiglu", qkv_bias=False, proj_bias=False),  # Qwen3's block
+         ffn="gated", activation="silu", qkv_bias=False, proj_bias=False),  # Qwen3's block
     dict(qk_norm=True, qkv_bias=True),                  # Qwen2-style biases with head norms
 ])
 def test_block_variants_are_fields_and_their_gradients_check(fields):
@@ -111,11 +111,10 @@ def test_block_variants_are_fields_and_their_gradients_check(fields):
     assert shapes["blocks.0.self_attn.in_proj_weight"] == (width + 2 * kv, 12)
     assert ("blocks.0.self_attn.q_norm.weight" in shapes) == model.config.qk_norm
     assert shapes["blocks.0.self_attn.out_proj.weight"] == (12, width)
-    gates = 2 if model.config.ffn == "swiglu" else 1
-    assert shapes["blocks.0.ffn.linear1.weight"] == (gates * 16, 12)
+    assert shapes["blocks.0.ffn.linear1.weight"] == (model.blocks[0].ffn.GATES * 16, 12)
     assert ("blocks.0.self_attn.in_proj_bias" in shapes) == model.config.qkv_bias
     assert ("blocks.1.ffn.linear2.bias" in shapes) == model.config.proj_bias
-    assert ("norm.bias" in shapes) == (model.config.norm == "layernorm")
+    assert ("norm.bias" in shapes) == ("bias" in nf.parts.NORMS[model.config.norm].params)
     ids = np.array([[1, 4, 5, 6], [3, 0, 2, 10]])
     result = check_model(model, (ids, np.roll(ids, -1, axis=1)))
     assert result.ok, str(result)
@@ -131,7 +130,7 @@ def test_rope_theta_sets_the_rotary_frequencies():
 
 
 @pytest.mark.parametrize("fields,message", [
-    (dict(ffn="geglu"), r"ffn: expected one of mlp, swiglu, got 'geglu'"),
+    (dict(ffn="geglu"), r"ffn: expected one of mlp, gated, got 'geglu'"),
     (dict(n_kv_heads=3), r"n_kv_heads: expected a divisor of n_heads=2 .*got 3"),
     (dict(n_kv_heads=0), r"n_kv_heads: expected a positive integer"),
     (dict(norm="batchnorm"), r"norm: expected one of layernorm, rmsnorm, got 'batchnorm'"),
@@ -155,7 +154,8 @@ def test_a_head_size_of_its_own_lifts_the_d_model_rule():
 
 
 @pytest.mark.parametrize("fields", [dict(), dict(n_heads=4, n_kv_heads=1, qk_norm=True),
-                                    dict(n_heads=4, n_kv_heads=2, norm="rmsnorm", ffn="swiglu")])
+                                    dict(n_heads=4, n_kv_heads=2, norm="rmsnorm", ffn="gated",
+                                         activation="silu")])
 def test_the_blocks_step_protocol_gives_the_forward_pass(fields):
     """A decoder state is built from new_caches() and step(): fed one position at a time, the
     last logits equal the full forward's. With grouped key/value heads the caches hold only

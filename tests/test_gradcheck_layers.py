@@ -102,7 +102,7 @@ def test_silu_and_swiglu():
         out, cache = F.swiglu_forward(h)
         return out, lambda d: F.swiglu_backward(d, cache)
     check(swiglu, [rnd(rng, 2, 3, 8)])
-    ffn = nf.nn.feedforward.SwiGLUFeedForward(6, 5, bias=True, **f64_rng(0))
+    ffn = nf.nn.feedforward.GatedFeedForward(6, 5, bias=True, **f64_rng(0))
     module_check(ffn, ffn.forward, ffn.backward, [rnd(rng, 2, 3, 6)])
 
 

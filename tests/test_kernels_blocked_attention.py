@@ -234,7 +234,7 @@ def gpt_step(blocked, monkeypatch, kv_heads=None, **kw):
 
 
 @pytest.mark.parametrize("kw", [dict(dropout=0.1),
-                                dict(norm="rmsnorm", ffn="swiglu", n_kv_heads=2,
+                                dict(norm="rmsnorm", ffn="gated", activation="silu", n_kv_heads=2,
                                      positions="rotary", dropout=0.1)])
 def test_a_gpt_step_through_the_blocked_path_equals_the_fused_one(monkeypatch, kw):
     before = nf.get_backend()

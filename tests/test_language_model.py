@@ -310,8 +310,8 @@ def test_the_recipes_two_blocks_have_one_size_and_are_told_apart_by_their_fields
     SwiGLU's width makes its three matrices hold the MLP's two's weights."""
     from npformer.training.language_model import arch_of, lm_d_ff, lm_model
     gpt, llama = (nf.GPTConfig(vocab_size=65, **lm_model(a)) for a in ("gpt", "llama"))
-    assert (llama.norm, llama.ffn, llama.qkv_bias, llama.proj_bias) == ("rmsnorm", "swiglu",
-                                                                        False, False)
+    assert (llama.norm, llama.ffn, llama.activation, llama.qkv_bias, llama.proj_bias) == \
+        ("rmsnorm", "gated", "silu", False, False)
     assert 3 * llama.d_ff == 2 * gpt.d_ff                   # 512 and 768 at d_model 192
     assert abs(llama.parameter_count() / gpt.parameter_count() - 1) < 0.01   # (biases, shifts)
     assert (arch_of(gpt), arch_of(llama)) == ("gpt", "llama")
@@ -331,8 +331,9 @@ def test_lm_arch_llama_trains_llamas_block_and_a_resume_keeps_it(text_file, tmp_
     assert "a GPT with Llama's block of" in capsys.readouterr().out
     ckpt = load_model_checkpoint(str(straight / "last"))
     config = ckpt.model.config
-    assert (config.norm, config.ffn, config.qkv_bias, config.proj_bias, config.n_kv_heads,
-            config.n_heads, config.d_ff) == ("rmsnorm", "swiglu", False, False, 1, 2, 64)
+    assert (config.norm, config.ffn, config.activation, config.qkv_bias, config.proj_bias,
+            config.n_kv_heads, config.n_heads, config.d_ff) == ("rmsnorm", "gated", "silu", False,
+                                                                False, 1, 2, 64)
     assert ckpt.meta["extra"]["options"]["arch"] == "llama"
     assert ckpt.meta["extra"]["options"]["n_kv_heads"] == 1
     out = tmp_path / "run"

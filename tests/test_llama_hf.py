@@ -200,7 +200,8 @@ def test_the_config_is_the_preset(folders, case):
     config, eos, model_type = read_model_config(path)
     kind, heads, kv, head_dim, tie, _ = CASES[case]
     assert model_type == kind and (config.n_heads, config.n_kv_heads) == (heads, kv)
-    assert (config.norm, config.ffn, config.positions) == ("rmsnorm", "swiglu", "rotary")
+    assert (config.norm, config.ffn, config.activation, config.positions) == \
+        ("rmsnorm", "gated", "silu", "rotary")
     assert config.head_size == (head_dim or 8) and config.tie_embeddings == tie
     assert config.qkv_bias == (kind == "qwen2") and not config.proj_bias
     assert config.qk_norm == (kind == "qwen3") and config.dropout == 0
@@ -417,8 +418,9 @@ def test_the_rename_table_fills_every_row_once(folders, case):
 
 def test_lora_targets_are_found_through_the_table():
     config = nf.GPTConfig(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48,
-                          n_layers=3, positions="rotary", norm="rmsnorm", ffn="swiglu",
-                          qkv_bias=False, proj_bias=False, tie_embeddings=False)
+                          n_layers=3, positions="rotary", norm="rmsnorm", ffn="gated",
+                          activation="silu", qkv_bias=False, proj_bias=False,
+                          tie_embeddings=False)
     q, kv, ff = 32, 16, 48
     expected = {"q_proj": ("self_attn.in_proj_weight", 0, q),
                 "k_proj": ("self_attn.in_proj_weight", q, q + kv),

@@ -25,8 +25,8 @@ from npformer.training.checkpointing import load_model_checkpoint, save_model_ch
 def llama_gpt(dtype="float64", seed=0, **changes):
     """A tiny GPT with Llama's block: RMSNorm, SwiGLU, rotary, grouped key/value heads."""
     fields = dict(vocab_size=23, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, n_layers=2,
-                  max_len=12, dropout=0.0, positions="rotary", norm="rmsnorm", ffn="swiglu",
-                  qkv_bias=False, proj_bias=False, tie_embeddings=False, dtype=dtype, seed=seed)
+                  max_len=12, dropout=0.0, positions="rotary", norm="rmsnorm", ffn="gated",
+                  activation="silu", qkv_bias=False, proj_bias=False, tie_embeddings=False, dtype=dtype, seed=seed)
     fields.update(changes)
     return nf.GPT(**fields)
 

@@ -21,7 +21,7 @@ def base_checkpoint(path, seed=0):
     tokenizer = CharTokenizer.from_text(TEXT)
     model = nf.GPT(vocab_size=len(tokenizer), d_model=32, n_heads=4, n_kv_heads=2, d_ff=48,
                    n_layers=2, max_len=32, dropout=0.0, positions="rotary", norm="rmsnorm",
-                   ffn="swiglu", qkv_bias=False, proj_bias=False, seed=seed)
+                   ffn="gated", activation="silu", qkv_bias=False, proj_bias=False, seed=seed)
     save_model_checkpoint(path, model, Vocabularies.joint(tokenizer.vocab))
     return path
 

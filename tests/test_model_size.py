@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import npformer as nf
-from npformer import configs
+from npformer import configs, parts
 from npformer.cli import common
 from npformer.cli.main import main
 from npformer.configs import GPTConfig, TransformerConfig
@@ -26,9 +26,9 @@ sizes = st.integers(1, 3)
 @settings(max_examples=60, deadline=None)
 @given(vocab=st.integers(1, 40), heads=sizes, head_size=st.integers(1, 3).map(lambda h: 2 * h),
        ff=st.integers(1, 20), layers=st.integers(1, 4), max_len=st.integers(1, 30),
-       positions=st.sampled_from(configs.POSITIONS), tie=st.booleans(),
-       norm=st.sampled_from(["layernorm", "rmsnorm"]), own_head=st.one_of(st.none(), sizes),
-       qkv_bias=st.booleans(), proj_bias=st.booleans(), ffn=st.sampled_from(["mlp", "swiglu"]),
+       positions=st.sampled_from(list(parts.POSITIONS)), tie=st.booleans(),
+       norm=st.sampled_from(list(parts.NORMS)), own_head=st.one_of(st.none(), sizes),
+       qkv_bias=st.booleans(), proj_bias=st.booleans(), ffn=st.sampled_from(list(parts.FFNS)),
        kv_divisor=st.sampled_from([1, 2, 3]), qk_norm=st.booleans())
 def test_gpt_closed_form_equals_the_sum_of_its_shapes(vocab, heads, head_size, ff, layers,
                                                       max_len, positions, tie, norm, own_head,

@@ -13,8 +13,8 @@ from npformer.nn.init import building_shapes, drawing_nothing, shapes_only, unin
 
 @pytest.mark.parametrize("changes", [
     dict(positions="learned"), dict(positions="sinusoidal"),
-    dict(positions="rotary", norm="rmsnorm", ffn="swiglu", n_kv_heads=1, qkv_bias=False,
-         proj_bias=False, qk_norm=True, tie_embeddings=False)])
+    dict(positions="rotary", norm="rmsnorm", ffn="gated", activation="silu", n_kv_heads=1,
+         qkv_bias=False, proj_bias=False, qk_norm=True, tie_embeddings=False)])
 def test_an_uninitialised_gpt_is_a_normal_one_once_its_weights_are_copied_in(changes):
     config = nf.GPTConfig(vocab_size=11, d_model=16, n_heads=2, d_ff=24, n_layers=2,
                           max_len=12, dropout=0.0, seed=3, **changes)

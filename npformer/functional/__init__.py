@@ -27,14 +27,16 @@ from .masks import causal_mask, decoder_self_mask, padding_mask
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .rotary import rotary_backward, rotary_forward, rotary_frequencies, rotary_tables
 from .softmax import softmax_backward, softmax_forward
-from .swiglu import silu_backward, silu_forward, swiglu_backward, swiglu_forward
+from .swiglu import (GATED_ACTIVATIONS, gated_backward, gated_forward, silu_backward, silu_forward,
+                     swiglu_backward, swiglu_forward)
 
 __all__ = [
     "ACTIVATIONS", "activation_dropout_backward", "activation_dropout_forward",
     "attention_backward", "attention_backward_into", "attention_forward", "causal_mask",
     "cross_entropy_backward", "cross_entropy_forward", "decoder_self_mask", "dropout_add_backward",
     "dropout_add_forward", "dropout_backward", "dropout_forward", "embedding_backward",
-    "embedding_forward", "flush_subnormal", "gelu_backward", "gelu_forward",
+    "embedding_forward", "flush_subnormal", "GATED_ACTIVATIONS", "gated_backward",
+    "gated_forward", "gelu_backward", "gelu_forward",
     "gelu_tanh_backward", "gelu_tanh_forward", "layernorm_backward", "layernorm_forward",
     "adapter_backward", "adapter_forward", "linear_backward", "linear_backward_accumulate",
     "linear_forward", "linear_input_backward", "log_softmax", "lora_backward", "lora_forward",

@@ -5,7 +5,7 @@ from .decoder import Decoder, DecoderLayer
 from .dropout import Dropout
 from .embedding import Embedding, PositionEmbedding
 from .encoder import Encoder, EncoderLayer
-from .feedforward import FeedForward
+from .feedforward import FeedForward, GatedFeedForward
 from .gpt import GPT, LanguageModelState
 from .layernorm import LayerNorm
 from .linear import Linear
@@ -14,6 +14,6 @@ from .rmsnorm import RMSNorm
 from .transformer import Transformer
 
 __all__ = ["Block", "Decoder", "DecoderLayer", "Dropout", "Embedding", "Encoder", "EncoderLayer",
-           "FeedForward", "GPT", "LanguageModelState", "LayerNorm", "Linear", "Module",
-           "ModuleList", "MultiHeadAttention", "Parameter", "PositionEmbedding", "RMSNorm",
-           "Transformer"]
+           "FeedForward", "GatedFeedForward", "GPT", "LanguageModelState", "LayerNorm", "Linear",
+           "Module", "ModuleList", "MultiHeadAttention", "Parameter", "PositionEmbedding",
+           "RMSNorm", "Transformer"]

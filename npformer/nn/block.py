@@ -1,6 +1,7 @@
 """The block of a decoder-only model, chosen by its configuration: a decoder is a list of these,
 and a new variant (another norm, another feed-forward, grouped-query attention) is a field of
-``GPTConfig`` plus its layer pair, not a class.
+``GPTConfig`` plus its layer pair, not a class. The kinds of norm and feed-forward are declared
+once, in :mod:`npformer.parts`: ``build_norm`` and ``build_ffn`` build the module a part names.
 
     block = Block(config, rotary, rng=rng, dtype=np.float32)    # GPT builds n_layers of them
 
@@ -11,28 +12,45 @@ Parameters, in ``named_parameters()`` order (GPT-2's names in ``npformer.hf``):
     self_attn.out_proj.weight (D, H d_h), self_attn.out_proj.bias (D,)          [proj_bias]
     self_attn.q_norm.weight (d_h,), self_attn.k_norm.weight (d_h,)             [qk_norm]
     ffn.linear1.weight (d_ff, D), ffn.linear1.bias (d_ff,)                      [proj_bias]
-                       (SwiGLU: (2 d_ff, D), the gate's rows then the up projection's)
+                       (gated: (2 d_ff, D), the gate's rows then the up projection's)
     ffn.linear2.weight (D, d_ff), ffn.linear2.bias (D,)                         [proj_bias]
     norm1.weight (D,), norm1.bias (D,), norm2.weight (D,), norm2.bias (D,)   [RMSNorm: no bias]
 """
+import importlib
+
+from ..parts import FFNS, NORMS
 from .attention import MultiHeadAttention
 from .dropout import Dropout
 from .encoder import SelfAttentionBlock
-from .feedforward import FeedForward, SwiGLUFeedForward
-from .layernorm import LayerNorm
-from .rmsnorm import RMSNorm
 
-# GPTConfig.norm and GPTConfig.ffn -> the module that builds it (the configuration refuses the
-# variants whose layer pairs are not built yet)
-NORMS = {"layernorm": lambda config, dtype: LayerNorm(config.d_model, config.layer_norm_eps,
-                                                      dtype=dtype),
-         "rmsnorm": lambda config, dtype: RMSNorm(config.d_model, config.layer_norm_eps,
-                                                  dtype=dtype)}
-FFNS = {"mlp": lambda config, dropout, rng, dtype: FeedForward(
-             config.d_model, config.d_ff, dropout, config.activation, bias=config.proj_bias,
-             rng=rng, dtype=dtype),
-        "swiglu": lambda config, dropout, rng, dtype: SwiGLUFeedForward(
-             config.d_model, config.d_ff, dropout, bias=config.proj_bias, rng=rng, dtype=dtype)}
+
+def build(part, *args, **kwargs):
+    """The module ``part`` names (``npformer.parts``: "file.Class" inside ``npformer.nn``),
+    built with ``args``, ``kwargs`` and the part's ``options``; it keeps its part as ``part``
+    (its parameters' starting values)."""
+    file, name = part.module.rsplit(".", 1)
+    module = getattr(importlib.import_module(f"{__package__}.{file}"), name)(
+        *args, **kwargs, **part.options)
+    module.part = part
+    return module
+
+
+def build_norm(config, dtype):
+    """The norm ``config.norm`` names, over d_model features."""
+    return build(NORMS[config.norm], config.d_model, config.layer_norm_eps, dtype=dtype)
+
+
+def build_ffn(config, dropout, rng, dtype):
+    """The feed-forward ``config.ffn`` names, applying ``config.activation``."""
+    return build(FFNS[config.ffn], config.d_model, config.d_ff, dropout, config.activation,
+                 bias=config.proj_bias, rng=rng, dtype=dtype)
+
+
+def starting_values(norms):
+    """{id(parameter): value} of the ``norms``' parameters that start at a fixed value (their
+    part's ``start``: a gain at 1, a shift at 0)."""
+    return {id(getattr(norm, name)): value for norm in norms
+            for name, value in norm.part.start.items()}
 
 
 class Block(SelfAttentionBlock):
@@ -49,15 +67,15 @@ class Block(SelfAttentionBlock):
             v_dim=width, bias=config.qkv_bias, out_bias=config.proj_bias,
             n_kv_heads=config.n_kv_heads, qk_norm=config.qk_norm, norm_eps=config.layer_norm_eps,
             rng=rng, dtype=dtype)
-        self.ffn = FFNS[config.ffn](config, config.activation_dropout, rng, dtype)
-        self.norm1 = NORMS[config.norm](config, dtype)
-        self.norm2 = NORMS[config.norm](config, dtype)
+        self.ffn = build_ffn(config, config.activation_dropout, rng, dtype)
+        self.norm1 = build_norm(config, dtype)
+        self.norm2 = build_norm(config, dtype)
         self.dropout1 = Dropout(config.dropout, rng=rng)
         self.dropout2 = Dropout(config.dropout, rng=rng)
 
-    def norm_gains(self):
-        """The norms' scale parameters (they start at 1)."""
-        return [self.norm1.weight, self.norm2.weight]
+    def norms(self):
+        """The block's norms (their parts give their parameters' starting values)."""
+        return [self.norm1, self.norm2]
 
     def residual_projections(self):
         """The two matrices that end a residual branch (GPT-2 scales their initial weights by

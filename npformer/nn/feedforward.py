@@ -2,6 +2,7 @@
 import numpy as np
 
 from ..functional.activation_dropout import check_activation
+from ..functional.swiglu import check_gated_activation
 from ..backend import ops
 from .dropout import check_probability
 from .linear import Linear
@@ -13,7 +14,7 @@ class FeedForward(Module):
 
     Shape: (B, T, D) -> (B, T, d_ff) -> (B, T, D), applied to every position alike.
     ``bias``: whether the two linear layers add a bias (GPT-2's do, Llama's do not). A gated
-    variant (``SwiGLUFeedForward``) widens ``linear1`` to ``GATES`` x d_ff and replaces
+    variant (``GatedFeedForward``) widens ``linear1`` to ``GATES`` x d_ff and replaces
     ``_activate`` and its backward; the rest is this class's."""
 
     GATES = 1                     # linear1's output, in units of d_ff
@@ -50,25 +51,39 @@ class FeedForward(Module):
         return self._ops.activation_dropout_backward(da, self._cache)
 
 
-class SwiGLUFeedForward(FeedForward):
-    """Llama's gated feed-forward: linear2(dropout(silu(x W_gate) * (x W_up))).
+class GatedFeedForward(FeedForward):
+    """The gated feed-forward: linear2(dropout(act(x W_gate) * (x W_up))), SwiGLU with
+    ``activation`` "silu" (Llama's), GeGLU with "gelu" or "gelu_tanh" (Gemma's), ReGLU with
+    "relu" (``functional.swiglu.GATED_ACTIVATIONS``).
 
     ``linear1`` fuses W_gate and W_up into one (2 d_ff, D) projection, its first d_ff rows the
     gate (Hugging Face's ``gate_proj`` and ``up_proj``, one product instead of two);
     ``linear2`` is ``down_proj``. ``bias``: whether the projections add one (Llama's do not).
+    SiLU's gate runs through the backend's ``swiglu_*`` pair (the Numba backend fuses it), the
+    others through ``gated_*`` (the reference's on every backend).
     Shape: (B, T, D) -> (B, T, 2 d_ff) -> (B, T, d_ff) -> (B, T, D).
     """
 
     GATES = 2
 
-    def __init__(self, d_model, d_ff, dropout=0.0, bias=False, *, rng, dtype=np.float32):
+    def __init__(self, d_model, d_ff, dropout=0.0, activation="silu", bias=False, *, rng,
+                 dtype=np.float32):
+        check_gated_activation(activation)
         super().__init__(d_model, d_ff, dropout, None, bias, rng=rng, dtype=dtype)
+        self.activation = activation
+        self._fused = activation == "silu"         # (gated, silu): the fused SwiGLU pair
 
     def _activate(self, h):
-        a, swiglu_cache = self._ops.swiglu_forward(h)   # [gate | up] -> silu(gate) * up
+        if self._fused:
+            a, gate_cache = self._ops.swiglu_forward(h)                  # silu(gate) * up
+        else:
+            a, gate_cache = self._ops.gated_forward(h, self.activation)  # act(gate) * up
         a, drop_cache = self._ops.dropout_forward(a, self.dropout, self.rng, self.training)
-        return a, (swiglu_cache, drop_cache)
+        return a, (gate_cache, drop_cache)
 
     def _activate_backward(self, da):
-        swiglu_cache, drop_cache = self._cache
-        return self._ops.swiglu_backward(self._ops.dropout_backward(da, drop_cache), swiglu_cache)
+        gate_cache, drop_cache = self._cache
+        da = self._ops.dropout_backward(da, drop_cache)
+        if self._fused:
+            return self._ops.swiglu_backward(da, gate_cache)
+        return self._ops.gated_backward(da, gate_cache)

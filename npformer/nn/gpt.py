@@ -27,9 +27,10 @@ from .. import runtime
 from ..configs import GPTConfig
 from ..hf import read_gpt2
 from ..validation import check_array, check_int, check_token_ids
-from .block import NORMS, Block
+from ..parts import POSITIONS
+from .block import Block, build, build_norm, starting_values
 from .dropout import Dropout
-from .embedding import Embedding, PositionEmbedding
+from .embedding import Embedding
 from .finite import check_logits
 from .init import building_shapes, drawing_nothing, placeholder, table
 from .linear import Linear
@@ -64,17 +65,18 @@ class GPT(Module):
         self.dtype, self.max_len, self.d_model = dtype, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask
         self.rng = init_rng = np.random.default_rng(cfg.seed)
-        scale = math.sqrt(cfg.d_model) if cfg.positions == "sinusoidal" else 1.0
+        positions = POSITIONS[cfg.positions]                     # what they do: npformer.parts
+        scale = math.sqrt(cfg.d_model) if positions.scales_embedding else 1.0
         self.tok_embed = Embedding(cfg.vocab_size, cfg.d_model, None, scale, rng=init_rng,
                                    dtype=dtype)
         self.pos_embed = self.positions = rotary = None
-        if cfg.positions == "learned":
-            self.pos_embed = PositionEmbedding(cfg.max_len, cfg.d_model, INIT_STD, rng=init_rng,
-                                               dtype=dtype)
-        elif cfg.positions == "sinusoidal":
+        if positions.module:                # learned: a trained table added
+            self.pos_embed = build(positions, cfg.max_len, cfg.d_model, INIT_STD, rng=init_rng,
+                                   dtype=dtype)
+        if positions.table:                 # a fixed table added
             self.positions = table(lambda: F.sinusoidal_positions(cfg.max_len, cfg.d_model, dtype),
                                    (cfg.max_len, cfg.d_model), dtype)
-        else:                               # rotary: the attention turns queries and keys
+        if positions.rotates:               # the attention turns queries and keys
             half = (cfg.max_len, cfg.head_size // 2)                 # cos and sin
             rotary = (placeholder(half, dtype),) * 2 if building_shapes() else \
                 F.rotary_tables(cfg.max_len, cfg.head_size, dtype, cfg.rope_theta,
@@ -82,7 +84,7 @@ class GPT(Module):
         self.embed_dropout = Dropout(cfg.dropout, rng=self.rng)
         self.blocks = ModuleList([Block(cfg, rotary, rng=init_rng, dtype=dtype)
                                   for _ in range(cfg.n_layers)])
-        self.norm = NORMS[cfg.norm](cfg, dtype)                  # the final norm, as the blocks''
+        self.norm = build_norm(cfg, dtype)                       # the final norm, as the blocks'
         self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False, rng=init_rng, dtype=dtype)
         if cfg.tie_embeddings:
             self.generator.weight = self.tok_embed.weight       # one Parameter, two users
@@ -94,17 +96,18 @@ class GPT(Module):
         self._backward_done = False
 
     def _init_weights(self, rng):
-        """GPT-2's initialisation (see the class docstring), drawn in parameter order. Which
-        parameter is a norm's gain or ends a residual branch, the blocks say."""
+        """GPT-2's initialisation (see the class docstring), drawn in parameter order. A norm's
+        parameters start at the values its part declares (``npformer.parts``); which matrices
+        end a residual branch, the blocks say."""
         residual_std = INIT_STD / math.sqrt(2 * self.config.n_layers)
-        gains = {id(p) for block in self.blocks for p in block.norm_gains()}
-        gains.add(id(self.norm.weight))
+        fixed = starting_values([norm for block in self.blocks for norm in block.norms()]
+                                + [self.norm])
         residual = {id(p) for block in self.blocks for p in block.residual_projections()}
         for _, p in self.named_parameters():
-            if id(p) in gains:
-                p.data[...] = 1
+            if id(p) in fixed:
+                p.data[...] = fixed[id(p)]
             elif p.data.ndim == 1:
-                p.data[...] = 0                                  # biases, norm shifts
+                p.data[...] = 0                                  # biases
             else:
                 std = residual_std if id(p) in residual else INIT_STD
                 p.data[...] = rng.standard_normal(p.data.shape) * std

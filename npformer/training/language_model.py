@@ -42,6 +42,7 @@ from ..decoding.search import sample_search
 from ..hf import TextTokenizer, from_pretrained, model_folder, read_model_config
 from ..loss import cross_entropy
 from ..nn.gpt import GPT
+from ..parts import FFNS
 from ..validation import check_int, check_real
 from .checkpointing import load_model_checkpoint
 from .task import Task
@@ -233,7 +234,8 @@ class LanguageModelTask(Task):
 # fields differ: a new architecture is a preset of configuration fields, not a class.
 LM_BLOCKS = {
     "gpt": {},                                            # GPTConfig's defaults: GPT-2's block
-    "llama": dict(norm="rmsnorm", ffn="swiglu", qkv_bias=False, proj_bias=False),
+    "llama": dict(norm="rmsnorm", ffn="gated", activation="silu", qkv_bias=False,
+                  proj_bias=False),
 }
 # The default is Llama's block: in the same 15 minutes on the same 2 cores it reached a validation
 # loss of 1.552 against GPT-2's block's 1.593 (BENCHMARKS.md), ahead at every validation and
@@ -244,10 +246,10 @@ LM_SHAPE = dict(n_layers=4, d_model=192, n_heads=6, max_len=128, dropout=0.1, po
 
 
 def lm_d_ff(arch, d_model):
-    """The recipe's feed-forward width for ``arch`` at ``d_model``: 4 x d_model for the GPT
-    MLP; for SwiGLU 8/3 x d_model rounded up to a multiple of 32 (Llama's rule, ``multiple_of``
-    scaled down), the same weight count for its three matrices."""
-    if arch == "llama":
+    """The recipe's feed-forward width for ``arch`` at ``d_model``: 4 x d_model for an MLP; for
+    a gated feed-forward (SwiGLU's) 8/3 x d_model rounded up to a multiple of 32 (Llama's rule,
+    ``multiple_of`` scaled down), the same weight count for its three matrices."""
+    if FFNS[LM_BLOCKS[arch].get("ffn", GPTConfig.ffn)].gated:
         return -(-8 * d_model // (3 * 32)) * 32
     return 4 * d_model
 

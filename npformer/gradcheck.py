@@ -405,8 +405,8 @@ class _Check:
         The first difference is taken at ``self.step`` (eps, or wider where the output is so
         large that round-off would reach the tolerance). A value outside the tolerance is looked
         at again with steps ``REFINE`` times smaller, as long as their round-off stays below
-        1/NOISE of the tolerance (else once with a step twice as large), and the two finest
-        steps decide:
+        1/NOISE of the tolerance (else with steps twice as large), ``LEVELS`` steps at most,
+        and the two finest steps decide:
         - the finer difference agrees: the first step was too coarse (a kink between the two
           steps, or a large third derivative) and the finer one is judged;
         - a kink at the point itself (ReLU at exactly 0): the one-sided slopes (f(x+h)-f(x))/h
@@ -415,25 +415,28 @@ class _Check:
           h |f''| and each side moves by half of it, so a smooth function never qualifies.
           For an entry, the analytic value must also lie between the two slopes (a subgradient,
           as ReLU's 0 or 1 at 0): else it is judged, and WRONG;
-        - the truncation error of the finer difference, estimated from the two steps
-          (Richardson: it shrinks as h^2), is below a quarter of the tolerance: the difference
-          is trustworthy and the entry is judged (WRONG);
-        - else the next finer step, or, with none left, the entry is ILL (ill-conditioned): no
-          step is both above the round-off and below the curvature, which is not a pass."""
+        - the differences move with the step as a smooth function's do: the gap between the
+          one-sided slopes (h f'') shrinks in proportion to h, and the central differences
+          agree within a quarter of the tolerance, or, over three steps, change as truncation
+          does (n* + c h^2, see ``_like_truncation``) and leave the finest within a quarter of
+          it: the difference is trustworthy and the entry is judged (WRONG). Round-off that the
+          output's size does not show (a forward that cancels large numbers inside) grows as
+          1/h instead, and is never taken for a wrong gradient;
+        - else the next step, or, with none left, the entry is ILL (ill-conditioned): no step
+          is both above the round-off and below the curvature, which is not a pass."""
         levels = [_slopes(step, self.f0, self.step)]
         a, n = levels[0][1], levels[0][2]
         if not math.isfinite(a) or abs(a - n) <= self.atol + self.rtol * abs(n):
             return a, n, JUDGED                            # a NaN gradient is WRONG at once
-        while True:
+        while len(levels) < LEVELS:
             finest = levels[-1]
-            tol = self.atol + self.rtol * abs(finest[2]) if finest[0] is not None else self.atol
-            floor = 2 * NOISE * self.roundoff / tol         # one-sided round-off <= tol / NOISE
-            if len(levels) < LEVELS and self.step / REFINE ** len(levels) >= floor:
-                levels.append(_slopes(step, self.f0, self.step / REFINE ** len(levels)))
-            elif len(levels) == 1:
-                levels.insert(0, _slopes(step, self.f0, 2 * self.step))
-            else:
-                return a, n, ILL
+            if finest[0] is None:
+                return a, n, ILL                           # a step below the input's grid
+            floor = 2 * NOISE * self.roundoff / (self.atol + self.rtol * abs(finest[2]))
+            if finest[0] / REFINE >= floor:                # one-sided round-off <= tol / NOISE
+                levels.append(_slopes(step, self.f0, finest[0] / REFINE))
+            else:                                          # no finer step: a coarser one
+                levels.insert(0, _slopes(step, self.f0, 2 * levels[0][0]))
             (hc, _, nc, rc, lc), (hf, a, n, r, l) = levels[-2:]
             if hc is None or hf is None:
                 return a, n, ILL                           # a step below the input's grid
@@ -444,8 +447,11 @@ class _Check:
             if jump > 2 * tol and max(abs(rc - r), abs(lc - l)) <= jump / 8:
                 between = min(r, l) - tol <= a <= max(r, l) + tol
                 return a, n, KINK if between or not subgradient else JUDGED
-            if abs(nc - n) * hf ** 2 / (hc ** 2 - hf ** 2) <= tol / 4:
+            smooth = abs((r - l) - (rc - lc) * hf / hc) <= tol / 2   # r - l ~ h f'' shrinks with h
+            if smooth and (abs(nc - n) <= tol / 4 or
+                           (len(levels) == LEVELS and _like_truncation(levels, tol))):
                 return a, n, JUDGED
+        return a, n, ILL
 
     def _report(self, analytic, numeric, verdict, where, note=""):
         diff = np.abs(analytic - numeric)
@@ -474,6 +480,18 @@ class _Check:
         return InputReport(self.name, status, tuple(int(v) for v in index)
                            if isinstance(index, tuple) else index, float(analytic[worst]),
                            float(n), float(diff[worst]), float(rel), tensor, **counts)
+
+
+def _like_truncation(levels, tol):
+    """Whether three central differences (coarse to fine) move with the step as truncation does,
+    n(h) = n* + c h^2, to within a quarter of the tolerance, and leave the finest within a quarter
+    of it. Round-off the output's size does not show (a forward that cancels large numbers
+    inside, (x*x + 1e7) - 1e7) grows as 1/h instead, and fails this."""
+    (h0, _, n0, _, _), (h1, _, n1, _, _), (h2, _, n2, _, _) = levels
+    if h0 is None or h1 is None or h2 is None:
+        return False
+    c = (n0 - n1) / (h0 ** 2 - h1 ** 2)
+    return abs(n1 - n2 - c * (h1 ** 2 - h2 ** 2)) <= tol / 4 and abs(c) * h2 ** 2 <= tol / 4
 
 
 def _slopes(step, f0, h):

@@ -32,6 +32,29 @@ def test_a_large_output_neither_passes_a_wrong_backward_nor_fails_the_right_one(
         assert wrong.inputs[0].kinks == 0
 
 
+def cancelled_square(factor):
+    """(x*x + 1e7) - 1e7 with the backward factor * x: the output is small, so the round-off
+    estimated from it is too, but every difference carries the round-off of the 1e7 inside,
+    which grows as 1/h when the step is refined."""
+    def f(x):
+        return (x * x + 1e7) - 1e7, lambda d: d * factor * x
+    return f
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["full", "fast"])
+def test_round_off_inside_the_forward_is_never_taken_for_a_wrong_gradient(fast):
+    """The right backward was WRONG in every seed of the full mode: the difference between two
+    steps was taken for truncation. It is judged only when it shrinks as truncation does (h^2),
+    else the entry is ill-conditioned; the wrong backward (3x) never passes."""
+    x = np.random.default_rng(103).standard_normal((4, 5))
+    for seed in range(10):
+        right = nf.gradcheck(cancelled_square(2.0), [x], fast=fast, seed=seed)
+        assert right.inputs[0].status in ("exact", "close", "ill-conditioned"), \
+            f"seed {seed}\n{right}"
+        wrong = nf.gradcheck(cancelled_square(3.0), [x], fast=fast, seed=seed)
+        assert not wrong.ok, f"seed {seed}\n{wrong}"
+
+
 def test_no_step_above_round_off_and_below_curvature_is_ill_conditioned_not_a_pass():
     """exp(x) + 1e7: a step wide enough for the round-off of 1e7 meets the curvature of exp."""
     def f(x):

@@ -174,9 +174,10 @@ class GradcheckResult:
 
 
     def _widened(self):
-        if self.step is None or self.step == self.eps:
+        """The header's remark on the step taken, where it shows as other than eps."""
+        if self.step is None or f"{self.step:.2g}" == f"{self.eps:.2g}":
             return ""
-        return f", widened to {self.step:.0e} above the output's round-off"
+        return f", widened to {self.step:.2g} above the output's round-off"
 
 
 def relative_text(report, atol):

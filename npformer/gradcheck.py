@@ -50,7 +50,8 @@ NOISE = 8       # every difference is taken with a step whose round-off stays be
                 # the tolerance (see _roundoff); a smaller step is widened
 FULL_LIMIT = 100_000   # the full check refuses more entries than this (2 forward passes each)
                        # unless max_entries says how many to check: fast=True is the way
-FALLBACK_ENTRIES = 20  # fast mode: entries checked instead when every direction crosses a kink
+KINK_PROBES = 256  # fast mode: probes (a few forward passes each) per input to find the entries
+                  # at a kink that a direction crossed, about 2 log2(size) per such entry
 
 STATUSES = ("exact", "close", "WRONG", "MISSING", "ill-conditioned", "not judged",
             "not differentiable")
@@ -73,7 +74,8 @@ class InputReport:
     (it takes no part in the verdict). ``checked``: entries or directions compared; ``kinks``:
     those left out because the function has a kink at the point itself (ReLU at exactly 0),
     where it has no derivative to check (see ``_compare``); ``ill``: those that could not be
-    judged; ``note``: how the fast mode fell back to entries, if it did."""
+    judged; ``kink_entries``: in the fast mode, the entries found at a kink and left out of
+    every direction; ``note``: why an input could not be judged, where it could not."""
 
     name: str
     status: str
@@ -86,6 +88,7 @@ class InputReport:
     checked: int = 0
     kinks: int = 0
     ill: int = 0
+    kink_entries: int = 0
     note: str = ""
 
     @property
@@ -171,9 +174,10 @@ class GradcheckResult:
 
 
     def _widened(self):
-        if self.step is None or self.step == self.eps:
+        """The header's remark on the step taken, where it shows as other than eps."""
+        if self.step is None or f"{self.step:.2g}" == f"{self.eps:.2g}":
             return ""
-        return f", widened to {self.step:.0e} above the output's round-off"
+        return f", widened to {self.step:.2g} above the output's round-off"
 
 
 def relative_text(report, atol):
@@ -187,11 +191,15 @@ def relative_text(report, atol):
 def _notes(report):
     """The report line's remarks: entries left out, and why that is or is not a pass."""
     notes = [report.note] if report.note else []
-    if report.status == "not judged":
+    if report.status == "not judged" and not report.note:
         notes.append(f"every one of {report.checked} at a kink: nothing judged, not a pass; "
                      f"check at points away from the kink")
     elif report.kinks:
         notes.append(f"{report.kinks} of {report.checked} at a kink, not judged")
+    if report.kink_entries:
+        k = report.kink_entries
+        notes.append(f"{k} entr{'y' if k == 1 else 'ies'} at a kink, left out of every "
+                     f"direction and not judged")
     if report.ill:
         notes.append(f"{report.ill} of {report.checked} ill-conditioned: no step keeps round-off "
                      f"(from the output's size) and truncation below the tolerance, not a pass")
@@ -261,9 +269,10 @@ def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, max_entries=None, se
             normal one.
         fast: check ``n_directions`` random unit directions u per input instead of every entry:
             ``<analytic, u>`` against ``(f(x + eps u) - f(x - eps u)) / 2 eps``, with the same
-            atol and rtol. Two forward passes per direction, whatever the input's size. When
-            every direction crosses a kink, ``FALLBACK_ENTRIES`` sampled entries are checked
-            instead.
+            atol and rtol. Two forward passes per direction, whatever the input's size. A
+            direction that crosses a kink (ReLU at exactly 0) has the kink's entries found (by
+            bisection, at most ``KINK_PROBES`` probes per input, else the input is not judged)
+            and left out, so the rest of the input is still judged in full.
         raise_on_failure: raise AssertionError (with the report) on failure. Off by default
             because the result is a report (``npformer gradcheck`` prints every check);
             ``assert gradcheck(...)`` fails all the same, since ``bool(result)`` is
@@ -330,7 +339,7 @@ def gradcheck(fn, inputs, *, eps=EPS, atol=ATOL, rtol=RTOL, max_entries=None, se
         elif a is None:
             reports.append(InputReport(name, "MISSING"))
         elif fast:
-            reports.append(check.directions(directions_rng, n_directions, entries_rng))
+            reports.append(check.directions(directions_rng, n_directions))
         else:
             indices = None
             if max_entries is not None and x.size > max_entries:
@@ -379,34 +388,78 @@ class _Check:
             where.append(at)
         return self._report(analytic, numeric, verdict, where, note)
 
-    def directions(self, rng, n_directions, entries_rng):
+    def directions(self, rng, n_directions):
         """``n_directions`` random unit directions u: <a, u> against the central difference of f
-        along u. A direction crossing a kink (ReLU inputs at exactly 0: every direction crosses
-        all of them) judges nothing, so when every one does, ``FALLBACK_ENTRIES`` sampled
-        entries are checked instead."""
+        along u. A direction that crosses a kink (a ReLU input at exactly 0: every direction
+        crosses all of them) judges nothing, so the kink's entries are found (``_kink_entries``)
+        and left out of every direction, which then judges the rest of the input in full. When
+        finding them would take more than ``KINK_PROBES`` probes, the input is not judged."""
         analytic, numeric = np.empty(n_directions), np.empty(n_directions)
         verdict = np.zeros(n_directions, dtype=int)
-        old = self.x.copy()
+        kinks = np.zeros(self.x.shape, dtype=bool)         # entries found at a kink
+        budget = [KINK_PROBES]
         for d in range(n_directions):
             u = rng.standard_normal(self.x.shape)
-            u /= np.linalg.norm(u)
-            analytic[d], numeric[d], verdict[d] = self._compare(
-                _direction_step(self.scalar, self.x, old, u, self.a), subgradient=False)
-        if (verdict == KINK).all():
-            size = min(self.x.size, FALLBACK_ENTRIES)
-            indices = np.sort(entries_rng.choice(self.x.size, size=size, replace=False))
-            return self.entries(indices, f"every direction crossed a kink: {size} entries "
-                                         f"checked instead")
-        return self._report(analytic, numeric, verdict, list(range(n_directions)))
+            analytic[d], numeric[d], verdict[d] = self._along(u, kinks)
+            if verdict[d] == KINK and not kinks.all():
+                found = self._kink_entries(np.where(kinks, 0.0, u), budget)
+                if found is None:
+                    return InputReport(self.name, "not judged", checked=n_directions, note=(
+                        f"every direction crosses a kink, and finding the kink's entries would "
+                        f"take more than {KINK_PROBES} probes: check with fast=False (and "
+                        f"max_entries=K for a large input), or at a point away from the kink"))
+                kinks.flat[found] = True
+                if found:
+                    analytic[d], numeric[d], verdict[d] = self._along(u, kinks)
+        report = self._report(analytic, numeric, verdict, list(range(n_directions)))
+        report.kink_entries = int(kinks.sum())
+        return report
 
-    def _compare(self, step, subgradient):
+    def _along(self, u, kinks):
+        """(analytic, numeric, verdict) along u with the ``kinks`` entries left out, as a unit
+        direction; KINK when nothing is left."""
+        u = np.where(kinks, 0.0, u)
+        norm = np.linalg.norm(u)
+        if norm == 0.0:
+            return 0.0, 0.0, KINK
+        return self._compare(_direction_step(self.scalar, self.x, self.x.copy(), u / norm, self.a),
+                             subgradient=False)
+
+    def _kink_entries(self, u, budget):
+        """The flat indices of u's entries at a kink, by bisection: a group of entries holds one
+        when f along u restricted to the group shows a kink (``_compare``'s test, the analytic
+        side aside); a group that does is halved, down to single entries. Each probe costs a
+        few forward passes and ``budget[0]`` of them are left: None when they run out."""
+        u = u / np.linalg.norm(u)
+        found, groups, whole = [], [np.flatnonzero(u)], True   # u as a whole crossed a kink
+        while groups:
+            group = groups.pop()
+            if not whole:
+                if budget[0] == 0:
+                    return None
+                budget[0] -= 1
+                v = np.zeros_like(u)
+                v.flat[group] = u.flat[group]
+                step = _direction_step(self.scalar, self.x, self.x.copy(), v, self.a)
+                if self._compare(step, subgradient=False, judge=False)[2] != KINK:
+                    continue
+            whole = False
+            if len(group) == 1:
+                found.append(int(group[0]))
+            else:
+                groups += [group[:len(group) // 2], group[len(group) // 2:]]
+        return found
+
+    def _compare(self, step, subgradient, judge=True):
         """(analytic, numeric, verdict) for one entry or direction; verdict JUDGED, KINK or ILL.
+        With ``judge=False`` the analytic side is set aside: KINK says whether f has a kink
+        along the step.
 
         The first difference is taken at ``self.step`` (eps, or wider where the output is so
         large that round-off would reach the tolerance). A value outside the tolerance is looked
         at again with steps ``REFINE`` times smaller, as long as their round-off stays below
-        1/NOISE of the tolerance (else once with a step twice as large), and the two finest
-        steps decide:
+        1/NOISE of the tolerance (else with steps twice as large), ``LEVELS`` steps at most,
+        and the two finest steps decide:
         - the finer difference agrees: the first step was too coarse (a kink between the two
           steps, or a large third derivative) and the finer one is judged;
         - a kink at the point itself (ReLU at exactly 0): the one-sided slopes (f(x+h)-f(x))/h
@@ -415,37 +468,43 @@ class _Check:
           h |f''| and each side moves by half of it, so a smooth function never qualifies.
           For an entry, the analytic value must also lie between the two slopes (a subgradient,
           as ReLU's 0 or 1 at 0): else it is judged, and WRONG;
-        - the truncation error of the finer difference, estimated from the two steps
-          (Richardson: it shrinks as h^2), is below a quarter of the tolerance: the difference
-          is trustworthy and the entry is judged (WRONG);
-        - else the next finer step, or, with none left, the entry is ILL (ill-conditioned): no
-          step is both above the round-off and below the curvature, which is not a pass."""
+        - the differences move with the step as a smooth function's do: the gap between the
+          one-sided slopes (h f'') shrinks in proportion to h, and the central differences
+          agree within a quarter of the tolerance, or, over three steps, change as truncation
+          does (n* + c h^2, see ``_like_truncation``) and leave the finest within a quarter of
+          it: the difference is trustworthy and the entry is judged (WRONG). Round-off that the
+          output's size does not show (a forward that cancels large numbers inside) grows as
+          1/h instead, and is never taken for a wrong gradient;
+        - else the next step, or, with none left, the entry is ILL (ill-conditioned): no step
+          is both above the round-off and below the curvature, which is not a pass."""
         levels = [_slopes(step, self.f0, self.step)]
         a, n = levels[0][1], levels[0][2]
-        if not math.isfinite(a) or abs(a - n) <= self.atol + self.rtol * abs(n):
+        if judge and (not math.isfinite(a) or abs(a - n) <= self.atol + self.rtol * abs(n)):
             return a, n, JUDGED                            # a NaN gradient is WRONG at once
-        while True:
+        while len(levels) < LEVELS:
             finest = levels[-1]
-            tol = self.atol + self.rtol * abs(finest[2]) if finest[0] is not None else self.atol
-            floor = 2 * NOISE * self.roundoff / tol         # one-sided round-off <= tol / NOISE
-            if len(levels) < LEVELS and self.step / REFINE ** len(levels) >= floor:
-                levels.append(_slopes(step, self.f0, self.step / REFINE ** len(levels)))
-            elif len(levels) == 1:
-                levels.insert(0, _slopes(step, self.f0, 2 * self.step))
-            else:
-                return a, n, ILL
+            if finest[0] is None:
+                return a, n, ILL                           # a step below the input's grid
+            floor = 2 * NOISE * self.roundoff / (self.atol + self.rtol * abs(finest[2]))
+            if finest[0] / REFINE >= floor:                # one-sided round-off <= tol / NOISE
+                levels.append(_slopes(step, self.f0, finest[0] / REFINE))
+            else:                                          # no finer step: a coarser one
+                levels.insert(0, _slopes(step, self.f0, 2 * levels[0][0]))
             (hc, _, nc, rc, lc), (hf, a, n, r, l) = levels[-2:]
             if hc is None or hf is None:
                 return a, n, ILL                           # a step below the input's grid
             tol = self.atol + self.rtol * abs(n)
-            if abs(a - n) <= tol:
+            if judge and abs(a - n) <= tol:
                 return a, n, JUDGED
             jump = abs(r - l)
             if jump > 2 * tol and max(abs(rc - r), abs(lc - l)) <= jump / 8:
                 between = min(r, l) - tol <= a <= max(r, l) + tol
                 return a, n, KINK if between or not subgradient else JUDGED
-            if abs(nc - n) * hf ** 2 / (hc ** 2 - hf ** 2) <= tol / 4:
+            smooth = abs((r - l) - (rc - lc) * hf / hc) <= tol / 2   # r - l ~ h f'' shrinks with h
+            if smooth and (abs(nc - n) <= tol / 4 or
+                           (len(levels) == LEVELS and _like_truncation(levels, tol))):
                 return a, n, JUDGED
+        return a, n, ILL
 
     def _report(self, analytic, numeric, verdict, where, note=""):
         diff = np.abs(analytic - numeric)
@@ -474,6 +533,18 @@ class _Check:
         return InputReport(self.name, status, tuple(int(v) for v in index)
                            if isinstance(index, tuple) else index, float(analytic[worst]),
                            float(n), float(diff[worst]), float(rel), tensor, **counts)
+
+
+def _like_truncation(levels, tol):
+    """Whether three central differences (coarse to fine) move with the step as truncation does,
+    n(h) = n* + c h^2, to within a quarter of the tolerance, and leave the finest within a quarter
+    of it. Round-off the output's size does not show (a forward that cancels large numbers
+    inside, (x*x + 1e7) - 1e7) grows as 1/h instead, and fails this."""
+    (h0, _, n0, _, _), (h1, _, n1, _, _), (h2, _, n2, _, _) = levels
+    if h0 is None or h1 is None or h2 is None:
+        return False
+    c = (n0 - n1) / (h0 ** 2 - h1 ** 2)
+    return abs(n1 - n2 - c * (h1 ** 2 - h2 ** 2)) <= tol / 4 and abs(c) * h2 ** 2 <= tol / 4
 
 
 def _slopes(step, f0, h):

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import functional as F
-from .gradcheck import ATOL, RTOL, GradcheckResult, gradcheck as _gradcheck, relative_text
+from .gradcheck import (ATOL, RTOL, STATUSES, GradcheckResult, gradcheck as _gradcheck,
+                        relative_text)
 from .nn import (GPT, DecoderLayer, EncoderLayer, FeedForward, LayerNorm, Linear,
                  MultiHeadAttention, Transformer)
 from .testing import module_function
@@ -221,7 +222,8 @@ def run_gradchecks(only=None, max_entries=30, fast=False):
 def format_table(rows):
     """A plain-text table: check, the worst input with its status and errors, verdict, seconds.
     The worst input is the one furthest from passing (a MISSING or WRONG one first)."""
-    lines = [f"{'check':<30s} {'worst input':<34s} {'status':<9s} {'abs err':>8s} "
+    width = max(len(word) for word in STATUSES)            # "not differentiable" in full
+    lines = [f"{'check':<30s} {'worst input':<34s} {'status':<{width}s} {'abs err':>8s} "
              f"{'rel err':>8s} {'ok':<4s} {'s':>5s}"]
     lines.append("-" * len(lines[0]))
     for row in rows:
@@ -233,7 +235,7 @@ def format_table(rows):
             name = "no gradient: " + name
         errors = (f"{worst.abs_error:>8.1e} {relative_text(worst, r.atol):>8s}"
                   if worst is not None and worst.abs_error is not None else f"{'-':>8s} {'-':>8s}")
-        lines.append(f"{row.name:<30s} {name[:34]:<34s} {status[:9]:<9s} {errors} "
+        lines.append(f"{row.name:<30s} {name[:34]:<34s} {status:<{width}s} {errors} "
                      f"{'PASS' if r.ok else 'FAIL':<4s} {row.seconds:5.2f}")
     ok = sum(row.result.ok for row in rows)
     mode = "random directions" if rows and rows[0].result.fast else "every entry"

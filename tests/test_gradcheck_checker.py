@@ -96,6 +96,25 @@ def test_table_names_a_missing_gradient(x):
     assert "no gradient: w" in table and "FAIL" in table and "0/1 passed" in table
 
 
+
+@pytest.mark.parametrize("status", ["ill-conditioned", "not judged", "not differentiable"])
+def test_table_shows_every_status_in_full(x, status):
+    """The table cut its status column at 9 characters ("ill-condi", "not judge")."""
+    result = nf.gradcheck(square(2.0), [x])
+    result.inputs[0].status = status
+    table = format_table([CheckRow("long status", result, 0.0)])
+    assert f" {status} " in table, table
+
+
+def test_the_header_says_the_step_was_widened_only_when_it_shows():
+    """A step widened by less than 2x printed as "eps 1e-06, widened to 1e-06" (:.0e)."""
+    def big(x):                                # sum |out * dout| = 731: the step grows ~1.3x
+        return x, lambda d: d
+    widened = nf.gradcheck(big, [np.full((1, 1), 731.0)], dout=np.ones((1, 1)))
+    assert 1.2e-6 < widened.step < 1.4e-6
+    assert "eps 1e-06, widened to 1.3e-06 above" in str(widened), widened
+    assert "widened" not in str(nf.gradcheck(big, [np.ones((1, 1))], dout=np.ones((1, 1))))
+
 # -- the verdict: right on correct code ------------------------------------------------------
 
 def layernorm_pair(x, gamma, beta):

@@ -32,6 +32,29 @@ def test_a_large_output_neither_passes_a_wrong_backward_nor_fails_the_right_one(
         assert wrong.inputs[0].kinks == 0
 
 
+def cancelled_square(factor):
+    """(x*x + 1e7) - 1e7 with the backward factor * x: the output is small, so the round-off
+    estimated from it is too, but every difference carries the round-off of the 1e7 inside,
+    which grows as 1/h when the step is refined."""
+    def f(x):
+        return (x * x + 1e7) - 1e7, lambda d: d * factor * x
+    return f
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["full", "fast"])
+def test_round_off_inside_the_forward_is_never_taken_for_a_wrong_gradient(fast):
+    """The right backward was WRONG in every seed of the full mode: the difference between two
+    steps was taken for truncation. It is judged only when it shrinks as truncation does (h^2),
+    else the entry is ill-conditioned; the wrong backward (3x) never passes."""
+    x = np.random.default_rng(103).standard_normal((4, 5))
+    for seed in range(10):
+        right = nf.gradcheck(cancelled_square(2.0), [x], fast=fast, seed=seed)
+        assert right.inputs[0].status in ("exact", "close", "ill-conditioned"), \
+            f"seed {seed}\n{right}"
+        wrong = nf.gradcheck(cancelled_square(3.0), [x], fast=fast, seed=seed)
+        assert not wrong.ok, f"seed {seed}\n{wrong}"
+
+
 def test_no_step_above_round_off_and_below_curvature_is_ill_conditioned_not_a_pass():
     """exp(x) + 1e7: a step wide enough for the round-off of 1e7 meets the curvature of exp."""
     def f(x):
@@ -62,17 +85,43 @@ def test_a_gradient_outside_the_one_sided_slopes_is_wrong_even_at_a_kink():
     assert result.inputs[0].status == "WRONG" and result.inputs[0].kinks == 0, result
 
 
-def test_the_fast_mode_checks_entries_when_every_direction_crosses_a_kink():
-    """Every direction crosses all the zeros of a ReLU input, so no direction can judge: the fast
-    mode checks sampled entries instead, and a wrong backward fails there."""
-    x = np.array([[0.0, 0.0, 1.0, 0.0, -2.0]])
-
-    def wrong(x):
+def relu_wrong_at(entry):
+    """ReLU whose backward is wrong (by 1) at one entry only."""
+    def f(x):
         out, cache = F.relu_forward(x)
-        return out, lambda d: F.relu_backward(d, cache) * 1.5
-    result = nf.gradcheck(wrong, [x], fast=True)
-    assert result.inputs[0].status == "WRONG", result
-    assert "entries checked instead" in str(result)
+
+        def backward(d):
+            g = F.relu_backward(d, cache).copy()
+            g[entry] += 1.0
+            return g
+        return out, backward
+    return f
+
+
+def test_the_fast_mode_leaves_out_the_kink_entries_and_judges_the_rest_by_directions():
+    """Every direction crosses all the zeros of a ReLU input. One exact zero used to make the
+    fast mode check 20 sampled entries instead, and pass a backward wrong at another entry as
+    "exact": the kink's entries are now found and left out of every direction, which judge the
+    rest in full."""
+    x = np.random.default_rng(0).standard_normal((50, 100))
+    x[3, 3] = 0.0
+    wrong = nf.gradcheck(relu_wrong_at((10, 10)), [x], fast=True)
+    assert wrong.inputs[0].status == "WRONG", wrong
+    assert wrong.inputs[0].kink_entries == 1 and "1 entry at a kink" in str(wrong)
+    x[40, 7] = x[0, 0] = 0.0
+    right = nf.gradcheck(relu, [x], fast=True)
+    assert right.ok and right.inputs[0].kink_entries == 3, right
+    assert "3 entries at a kink, left out of every direction" in str(right)
+    few = np.array([[0.0, 0.0, 1.0, 0.0, -2.0]])
+    assert nf.gradcheck(relu_wrong_at((0, 2)), [few], fast=True).inputs[0].status == "WRONG"
+
+
+def test_the_fast_mode_does_not_judge_an_input_with_more_kinks_than_it_can_find():
+    x = np.random.default_rng(0).standard_normal((50, 100))
+    x[::2] = 0.0                                          # 2,500 entries at a kink
+    result = nf.gradcheck(relu, [x], fast=True)
+    assert not result.ok and result.inputs[0].status == "not judged", result
+    assert "would take more than 256 probes: check with fast=False" in str(result)
 
 
 def test_a_function_that_drifts_after_its_second_call_is_refused():

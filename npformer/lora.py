@@ -7,9 +7,9 @@ low-rank update (alpha / r) B A, as Hugging Face PEFT's ``LoraConfig`` makes the
     nf.lora.merge(model)        # W += (alpha / r) B A in place (eval only); unmerge undoes it
 
 Target names: PEFT's (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``,
-``down_proj``), found through ``npformer.hf.hf_parameter`` (the rename table of the Llama
-family): ``k_proj`` is the key rows of the fused ``in_proj_weight``, ``gate_proj`` the gate rows
-of SwiGLU's ``linear1``. npformer's own names work for any GPT and the translator: ``in_proj``
+``down_proj``), found through the Llama family's tensor map (``npformer.families``):
+``k_proj`` is the key rows of the fused ``in_proj_weight``, ``gate_proj`` the gate rows of
+SwiGLU's ``linear1``. npformer's own names work for any GPT and the translator: ``in_proj``
 (the attention's fused projection: one adapter over all its rows; a cross-attention gets one
 for its query rows and one for its key and value rows, which come from another input),
 ``out_proj``, ``linear1``, ``linear2``, ``generator``.
@@ -31,16 +31,18 @@ from pathlib import Path
 
 import numpy as np
 
+from . import families
 from .checkpoint import write_file_atomic
+from .formats.json import read_json_object
+from .formats.safetensors import FLOAT_DTYPES, read_header, read_tensor, write_safetensors
 from .nn.lora import LoRA
 from .validation import check_int, check_real
 
-PEFT_TARGETS = {                       # PEFT's name -> the Llama module path inside a layer
-    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
-    "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
-    "down_proj": "mlp.down_proj"}
+# The family whose module names PEFT's targets are (q_proj ... down_proj, its tensor map)
+PEFT_FAMILY = families.get("llama")
+PEFT_TARGETS = {name: modules[0] for name, modules in PEFT_FAMILY.peft_targets.items()}
 NPFORMER_TARGETS = ("in_proj", "out_proj", "linear1", "linear2", "generator")
-DEFAULT_TARGETS = ("q_proj", "v_proj")  # PEFT's default for the Llama family
+DEFAULT_TARGETS = PEFT_FAMILY.default_targets    # PEFT's default for the Llama family
 PEFT_PREFIX = "base_model.model."       # PeftModel's key prefix before the model's own names
 LLAMA_TYPES = ("llama", "qwen2", "qwen3")
 SETTINGS = ("rank", "alpha", "dropout", "target_modules")   # what apply's messages name
@@ -92,9 +94,8 @@ def _module_at(model, path):
 
 def _peft_plan(model, name, called="target_modules"):
     """[(host path, weight attribute, start, stop)] of PEFT target ``name`` in every layer, through
-    npformer.hf.hf_parameter; ValueError (naming the targets as ``called``) where this model has
+    the family's tensor map (``npformer.families.parameter_of``); ValueError (naming the targets as ``called``) where this model has
     no such layer."""
-    from .hf import hf_parameter
     config = model.config
     if name in ("gate_proj", "up_proj") and getattr(config, "ffn", None) != "swiglu":
         raise ValueError(f"{called}: {name!r}: this model's feed-forward is not gated "
@@ -103,7 +104,8 @@ def _peft_plan(model, name, called="target_modules"):
     plan = []
     shapes = dict(model.named_parameters())
     for i in range(config.n_layers):
-        ours, rows = hf_parameter(config, f"model.layers.{i}.{PEFT_TARGETS[name]}.weight")
+        ours, rows, _ = families.parameter_of(
+            PEFT_FAMILY, config, PEFT_FAMILY.layer.format(i) + f"{PEFT_TARGETS[name]}.weight")
         host, attr = ours.rsplit(".", 1)
         start, stop, _ = rows.indices(shapes[ours].data.shape[0])
         plan.append((host, attr, start, stop, name))
@@ -454,10 +456,9 @@ def rebuild(base_model, lora_meta, arrays, where, dropouts=None):
 # -- PEFT's files ---------------------------------------------------------------------------------
 def _hf_modules(model):
     """{(npformer weight, start, stop): Hugging Face module name} of a Llama-family GPT."""
-    from .hf import llama_names
     shapes = {k: v.data.shape for k, v in model.named_parameters()}
     names = {}
-    for hf, (ours, rows) in llama_names(model.config).items():
+    for hf, (ours, rows, _) in families.tensor_names(PEFT_FAMILY, model.config).items():
         if hf.endswith(".weight") and ours in shapes:
             start, stop, _ = rows.indices(shapes[ours][0])
             names[(ours, start, stop)] = hf[:-len(".weight")]
@@ -540,7 +541,6 @@ def read_peft_config(folder):
     """(rank, alpha, dropout, targets, base_model_name_or_path) of a PEFT folder's
     adapter_config.json; ValueError naming the file and the key for anything npformer's LoRA
     is not."""
-    from .hf import read_json_object
     file, raw = read_json_object(folder, "adapter_config.json", "not a PEFT adapter folder")
     if raw.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{file}: peft_type: expected 'LORA', got {raw.get('peft_type')!r}")
@@ -581,8 +581,7 @@ def load_peft(model, folder):
     ``adapter_model.safetensors``) onto ``model`` (its base, frozen here). Every key of the file
     must be an adapter of the config's targets and every adapter must be there, each of its
     shape, in a floating-point dtype (float32, float64, float16 or bfloat16, read as the model's
-    weights are: ``npformer.hf.read_tensor``) and finite in the model's. Returns the model."""
-    from .hf import FLOAT_DTYPES, read_header, read_tensor
+    weights are: ``npformer.formats.safetensors.read_tensor``) and finite in the model's. Returns the model."""
     rank, alpha, dropout, targets, base_name = read_peft_config(folder)
     folder = Path(folder)
     _check_llama_base(model, f"{folder}")
@@ -620,64 +619,19 @@ def load_peft(model, folder):
 
 
 # -- safetensors and the merged model ------------------------------------------------------------
-SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "bfloat16": "BF16"}
-
-
-def to_bfloat16(x):
-    """float32 -> bfloat16 bits (uint16), rounded to nearest even (NaN stays NaN)."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
-    nan = np.isnan(x)
-    if nan.any():
-        rounded[nan] = np.uint16(0x7FC0)
-    return rounded
-
-
-def write_safetensors(path, tensors, dtype=None):
-    """One safetensors file of ``tensors`` ({name: array}), atomically: F32 or F64 as they are,
-    or all as ``dtype`` ("float32", "bfloat16"). Header metadata {"format": "pt"}, as
-    transformers writes it."""
-    entries, blobs, offset = {}, [], 0
-    for name, value in tensors.items():
-        if dtype == "bfloat16":
-            data, code = to_bfloat16(value), "BF16"
-        else:
-            arr = np.asarray(value, dtype=np.float32 if dtype == "float32" else None)
-            code = SAFETENSORS_DTYPES.get(arr.dtype.name)
-            if code is None:
-                raise ValueError(f"{name}: cannot store a {arr.dtype} tensor")
-            data = np.ascontiguousarray(arr)
-        raw = data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes()
-        entries[name] = {"dtype": code, "shape": list(np.shape(value)),
-                         "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    header = json.dumps({"__metadata__": {"format": "pt"}, **entries},
-                        separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)
-
-    def write(f):
-        f.write(len(header).to_bytes(8, "little"))
-        f.write(header)
-        for raw in blobs:
-            f.write(raw)
-    write_file_atomic(Path(path), write)
-
-
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt")
 
 
 def merged_tensors(model):
     """{Hugging Face name: float array} of a Llama-family model with its adapters' updates
     added (the model itself unchanged)."""
-    from .hf import llama_names
     params = dict(model.named_parameters())
     deltas = {}
     for _, lora in adapters(model):
         if not lora.merged:
             deltas.setdefault(_weight_name(model, lora), []).append(lora)
     out = {}
-    for hf, (ours, rows) in llama_names(model.config).items():
+    for hf, (ours, rows, _) in families.tensor_names(PEFT_FAMILY, model.config).items():
         value = np.array(params[ours].data[rows], dtype=np.float32)
         start, _, _ = rows.indices(params[ours].data.shape[0])
         for lora in deltas.get(ours, ()):
@@ -696,7 +650,6 @@ def save_merged(model, base_folder, out, dtype="float32"):
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype!r}")
     base_folder, out = Path(base_folder), Path(out)
-    from .hf import read_json_object
     _, config = read_json_object(base_folder, "config.json", "the base model's folder is needed "
                                  "for its configuration and tokenizer")
     out.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,6 @@ import numpy as np
 from .. import functional as F
 from .. import runtime
 from ..configs import GPTConfig
-from ..hf import read_gpt2
 from ..validation import check_array, check_int, check_token_ids
 from .block import NORMS, Block
 from .dropout import Dropout
@@ -118,15 +117,13 @@ class GPT(Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype=np.float32):
-        """GPT-2 from a Hugging Face folder (``config.json`` + ``model.safetensors``), read
-        without PyTorch (:func:`npformer.hf.read_gpt2`: every tensor checked by name and shape,
-        the Conv1D weights transposed), in eval mode. The folder's ``eos_token_id`` becomes
-        ``model.eos_id``. ``dtype``: float32, or float64 for checks."""
-        config, weights, eos_id = read_gpt2(path, dtype)
-        model = cls.from_config(config)
-        model.load_state_dict(weights)
-        model.eos_id = eos_id
-        return model.eval()
+        """The model of a Hugging Face folder (GPT-2, Llama, Qwen2, Qwen3: any family of
+        ``npformer.families``), read without PyTorch by :func:`npformer.hf.from_pretrained`
+        (every tensor checked by name and shape, GPT-2's Conv1D weights transposed), in eval
+        mode; the folder's end-of-text id becomes ``model.eos_id``. ``dtype``: float32, or
+        float64 for checks."""
+        from ..hf import from_pretrained        # (the loader sits above the layers)
+        return from_pretrained(path, dtype)
 
     def reconfigured(self, **changes):
         """A new model of ``config.replace(**changes)`` holding these weights (cast to its

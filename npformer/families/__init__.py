@@ -1,0 +1,37 @@
+"""Model families: what GPT-2, Llama, Qwen2 and Qwen3 *are*, one small module each, declared as
+data (:class:`~npformer.families.base.Family`): the block fields, the reading of config.json
+with its defaults, one tensor map (Hugging Face name -> npformer parameter, rows, transposed),
+the end ids, the PEFT target names and the display name. The loader, LoRA's Hugging Face
+names, the PEFT files, the merged export and the command line read them here; nothing else
+knows a family's tensor names.
+
+    family = families.get("qwen2")           # by config.json's model_type
+    names = families.tensor_names(family, config)
+
+A new family is one module here with a ``FAMILY``, listed in ``MODULES`` (docs/architecture.md
+has the checklist).
+"""
+from importlib import import_module
+
+from ..formats.json import short
+from .base import Family, parameter_of, producible_ends, rows, tensor_names
+
+MODULES = ("gpt2", "llama", "qwen2", "qwen3")
+FAMILIES = {f.name: f for f in (import_module(f"{__name__}.{m}").FAMILY for m in MODULES)}
+
+
+def names():
+    """The families' names (config.json's ``model_type``), in registry order."""
+    return tuple(FAMILIES)
+
+
+def get(name, where="model_type"):
+    """The family named ``name`` (config.json's ``model_type``); ValueError naming ``where``
+    and the families for anything else."""
+    if not isinstance(name, str) or name not in FAMILIES:
+        raise ValueError(f"{where}: expected one of {', '.join(FAMILIES)}, got {short(name)}")
+    return FAMILIES[name]
+
+
+__all__ = ["FAMILIES", "Family", "get", "names", "parameter_of", "producible_ends", "rows",
+           "tensor_names"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import npformer as nf
-from npformer import lora
+from npformer import lora, lora_files
 from npformer.cli.main import main
 
 torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
@@ -61,7 +61,7 @@ def test_npformer_adapter_loads_in_peft(folders, tmp_path, case):
     model = lora.apply(nf.from_pretrained(path, dtype=np.float64), rank=4, alpha=8.0,
                        target_modules=ALL)
     randomise(model)
-    lora.save_peft(model, tmp_path / "adapter", str(path))
+    lora_files.save_peft(model, tmp_path / "adapter", str(path))
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8.0 and sorted(config["target_modules"]) \
         == sorted(ALL)
@@ -92,7 +92,7 @@ def test_peft_adapter_loads_in_npformer_and_gradients_agree(folders, tmp_path, c
     lora_B gradient equals PEFT's (float64)."""
     path, hf = folders[case]
     pm = peft_made(hf, tmp_path)
-    model = lora.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
+    model = lora_files.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
     ids, targets = ids_and_targets(model.config.vocab_size, seed=3)
     pm.eval()
     model.eval()
@@ -107,12 +107,12 @@ def test_peft_adapter_loads_in_npformer_and_gradients_agree(folders, tmp_path, c
     mean, dlogits = nf.cross_entropy(model.forward(ids), targets)
     model.backward(dlogits)
     assert abs(float(mean) - loss.item()) < 1e-12
-    names = lora._hf_modules(model)
+    names = lora_files.hf_modules(model)
     checked = 0
     for _, m in lora.adapters(model):
-        module = names[(lora._weight_name(model, m), m.start, m.stop)]
+        module = names[(lora.weight_name(model, m), m.start, m.stop)]
         for ours, key in ((m.A, "lora_A"), (m.B, "lora_B")):
-            ref = theirs[f"{lora.PEFT_PREFIX}{module}.{key}.weight"]
+            ref = theirs[f"{lora_files.PEFT_PREFIX}{module}.{key}.weight"]
             np.testing.assert_allclose(ours.grad, ref, rtol=1e-8, atol=1e-12 * np.abs(ref).max())
             checked += 1
     assert checked == len(theirs) == 2 * len(ALL) * 2
@@ -124,17 +124,17 @@ def test_merged_export_loads_in_transformers(folders, tmp_path):
     randomise(model)
     ids, _ = ids_and_targets(model.config.vocab_size)
     ours = model.eval().forward(ids)
-    lora.save_merged(model, path, tmp_path / "f32")
+    lora_files.save_merged(model, path, tmp_path / "f32")
     merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "f32").eval()
     with torch.no_grad():
         np.testing.assert_allclose(merged(torch.tensor(ids)).logits.numpy(), ours, atol=2e-5)
-    lora.save_merged(model, path, tmp_path / "bf16", "bfloat16")
+    lora_files.save_merged(model, path, tmp_path / "bf16", "bfloat16")
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     half = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16",
                                                              dtype=torch.bfloat16).eval()
     assert half.model.embed_tokens.weight.dtype == torch.bfloat16
     w = half.model.layers[0].self_attn.q_proj.weight.detach().float().numpy()
-    exact = lora.merged_tensors(model)["model.layers.0.self_attn.q_proj.weight"]
+    exact = lora_files.merged_tensors(model)["model.layers.0.self_attn.q_proj.weight"]
     np.testing.assert_allclose(w, exact, rtol=2 ** -8, atol=1e-30)      # bf16's rounding
 
 
@@ -236,7 +236,7 @@ def test_bad_adapter_tensors_are_refused(folders, tmp_path, edit, message):
     peft_made(hf, tmp_path, targets=["q_proj", "v_proj"])
     rewrite(tmp_path / "peft", edit)
     with pytest.raises(ValueError, match=message):
-        lora.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
+        lora_files.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -250,13 +250,13 @@ def test_a_bfloat16_adapter_loads_as_its_values_widened(folders, tmp_path, dtype
     half = {k: v.to(torch.bfloat16) for k, v in load_file(file).items()}
     save_file(half, file, metadata={"format": "pt"})
     assert {t.dtype for t in nf.hf.read_header(file).values()} == {"BF16"}
-    model = lora.load_peft(nf.from_pretrained(path, dtype=dtype), tmp_path / "peft")
-    names = lora._hf_modules(model)
+    model = lora_files.load_peft(nf.from_pretrained(path, dtype=dtype), tmp_path / "peft")
+    names = lora_files.hf_modules(model)
     checked = 0
     for _, m in lora.adapters(model):
-        module = names[(lora._weight_name(model, m), m.start, m.stop)]
+        module = names[(lora.weight_name(model, m), m.start, m.stop)]
         for ours, key in ((m.A, "lora_A"), (m.B, "lora_B")):
-            widened = half[f"{lora.PEFT_PREFIX}{module}.{key}.weight"].float().numpy()
+            widened = half[f"{lora_files.PEFT_PREFIX}{module}.{key}.weight"].float().numpy()
             assert ours.data.dtype == dtype and np.abs(widened).max() > 0
             np.testing.assert_array_equal(ours.data, widened.astype(dtype))
             checked += 1
@@ -284,7 +284,7 @@ def test_bad_adapter_configs_are_refused(folders, tmp_path, key, value, message)
     config[key] = value
     file.write_text(json.dumps(config))
     with pytest.raises(ValueError, match=f"adapter_config.json: {message}"):
-        lora.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
+        lora_files.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
 
 
 @pytest.mark.parametrize("key, value", [("exclude_modules", None), ("layer_replication", None),
@@ -299,7 +299,7 @@ def test_unimplemented_peft_settings_at_their_defaults_load(folders, tmp_path, k
     config = json.loads(file.read_text())
     config[key] = value
     file.write_text(json.dumps(config))
-    assert lora.settings(lora.load_peft(nf.from_pretrained(path), tmp_path / "peft")).rank == 3
+    assert lora.settings(lora_files.load_peft(nf.from_pretrained(path), tmp_path / "peft")).rank == 3
 
 
 def test_an_adapter_naming_another_base_folder_warns_once(folders, tmp_path, capsys):
@@ -316,7 +316,7 @@ def test_an_adapter_naming_another_base_folder_warns_once(folders, tmp_path, cap
         file.write_text(json.dumps({**config, "base_model_name_or_path": named}))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            lora.load_peft(nf.from_pretrained(path), tmp_path / "peft")
+            lora_files.load_peft(nf.from_pretrained(path), tmp_path / "peft")
         said = [str(w.message) for w in caught if "base_model_name_or_path" in str(w.message)]
         assert len(said) == warns, (named, said)
         if warns:
@@ -334,7 +334,7 @@ def test_adapter_for_another_base_is_refused(folders, tmp_path, capsys):
     peft_made(llama[1], tmp_path, targets=["q_proj", "v_proj"])
     with pytest.raises(ValueError, match="adapter_model.safetensors: does not hold this "
                                          "model's adapters: .*v_proj.*expected shape"):
-        lora.load_peft(nf.from_pretrained(qwen[0], dtype=np.float64), tmp_path / "peft")
+        lora_files.load_peft(nf.from_pretrained(qwen[0], dtype=np.float64), tmp_path / "peft")
     model = lora.apply(nf.from_pretrained(llama[0]), rank=2)
     model.lora.base = {"folder": str(llama[0]), "kind": "hf", "model_type": "llama"}
     from npformer.training.checkpointing import save_model_checkpoint
@@ -352,4 +352,4 @@ def test_gpt2_export_is_refused_with_the_reason(tmp_path):
                              max_len=8), rank=2, target_modules=["in_proj"])
     with pytest.raises(ValueError, match="not GPT-2's attention is one fused Conv1D c_attn: its layers are stored "
                                          "transposed"):
-        lora.save_peft(gpt2, tmp_path / "peft")
+        lora_files.save_peft(gpt2, tmp_path / "peft")

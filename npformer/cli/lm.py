@@ -19,7 +19,7 @@ from pathlib import Path
 from ..checkpoint import write_file_atomic
 from ..configs import GPTConfig
 from ..data.download import text_file
-from ..lora import split_names
+from ..lora import DEFAULT_TARGETS, split_names
 from . import common
 from ..training.language_model import (INIT_CONTEXT, LM_ARCH, LM_BLOCKS, LM_TRAIN, arch_of,
                                        lm_d_ff, lm_model, lm_trainer)
@@ -192,7 +192,6 @@ def _lora(args):
         return None
     if args.init_from is None and not args.resume:
         raise ValueError("--lora-rank: adapts a trained model; give it with --init-from DIR")
-    from ..lora import DEFAULT_TARGETS
     if args.lora_alpha is None:
         args.lora_alpha = float(args.lora_rank)
     if args.lora_dropout is None:

@@ -87,7 +87,7 @@ def load_language_model(args):
         from ..training.language_model import load_pretrained
         model, tokenizer = load_pretrained(args.hf, dtype=dtype)
         if args.adapter is not None:
-            from ..lora import load_adapter
+            from ..training.lora_runs import load_adapter
             model = load_adapter(model, args.adapter).eval()
         return model, tokenizer
     from ..training.checkpointing import load_model_checkpoint

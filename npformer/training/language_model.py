@@ -40,6 +40,7 @@ from ..data.textfile import read_text
 from ..data.vocab import Vocabularies
 from ..decoding.search import sample_search
 from ..hf import TextTokenizer, from_pretrained, model_folder, read_model_config
+from ..lora import apply as apply_lora
 from ..loss import cross_entropy
 from ..nn.gpt import GPT
 from ..validation import check_int, check_real
@@ -358,9 +359,8 @@ def _initial_model(init_from):
 def _apply_lora(model, lora, base, seed):
     """Freeze ``model`` and attach the adapters ``lora`` asks for; its base is recorded as
     ``base`` (:func:`_initial_model`'s, from the reading of the weights' folder)."""
-    from .. import lora as lora_module
-    lora_module.apply(model, lora["rank"], lora["alpha"], lora["dropout"], lora["targets"],
-                      seed=seed, names=lora.get("names"))
+    apply_lora(model, lora["rank"], lora["alpha"], lora["dropout"], lora["targets"],
+               seed=seed, names=lora.get("names"))
     model.lora.base = dict(base)
 
 

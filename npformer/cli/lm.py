@@ -9,8 +9,9 @@
     npformer lm --data my.txt --init-from path/to/SmolLM2-135M --lora-rank 8 --out runs/lora
 
 The recipe is ``npformer.training.language_model``'s (``lm_model(arch)``, ``LM_TRAIN``).
-``--arch`` picks the block (GPT-2's or Llama's) of a new model; it is recorded like a model
-option, and a run recorded before it existed is the architecture its model's fields say.
+``--arch`` picks the block of a new model: a family of ``npformer.families`` (GPT-2's, Llama's,
+Qwen2's, Qwen3's); it is recorded like a model option, and the model's configuration records
+its family. A run recorded before --arch existed trained GPT-2's block (``migrate_arch``).
 """
 import argparse
 import os
@@ -21,8 +22,9 @@ from ..configs import GPTConfig
 from ..data.download import text_file
 from ..lora import DEFAULT_TARGETS, split_names
 from . import common
-from ..training.language_model import (INIT_CONTEXT, LM_ARCH, LM_BLOCKS, LM_TRAIN, arch_of,
-                                       lm_d_ff, lm_model, lm_trainer)
+from .. import families
+from ..training.language_model import (ARCH_ALIASES, INIT_CONTEXT, LM_ARCH, LM_TRAIN, lm_d_ff,
+                                       lm_model, lm_trainer, migrate_arch)
 from ..training.trainer import SPANNING
 from .common import (NoneDefaultFormatter, add_model_options, non_negative_float, non_negative_int,
                      path_argument, positive_float, positive_int, probability,
@@ -83,10 +85,12 @@ def add_parser(sub, name):
     # the recipe's values afterwards, which the help says
     recipe = LANGUAGE_MODEL.defaults(lm_model())
     group = p.add_argument_group("model (a new one; --init-from brings its own)")
-    group.add_argument("--arch", choices=tuple(LM_BLOCKS), default=None,
-                       help=f"the block: GPT-2's (LayerNorm, a GELU MLP, biases) or Llama's "
-                            f"(RMSNorm, a SwiGLU feed-forward, no biases); the same size and "
-                            f"training (default {LM_ARCH})")
+    group.add_argument("--arch", type=_arch_name, choices=families.names(), default=None,
+                       help=f"the block, a model family's ("
+                            f"{'; '.join(f'{f.name}: {f.display}' for f in families.FAMILIES.values())}"
+                            f"); the same size and training (default {LM_ARCH}; "
+                            f"{', '.join(f'{a} is {n}' for a, n in ARCH_ALIASES.items())}, its "
+                            f"earlier name)")
     add_model_options(group, LANGUAGE_MODEL, LANGUAGE_MODEL.defaults(), {
         "layers": f"transformer blocks (default {recipe['layers']})",
         "d_model": f"default {recipe['d_model']}",
@@ -288,10 +292,17 @@ def _summary(args, trainer, data):
     return trainer, data
 
 
+def _arch_name(text):
+    """--arch's value by today's name (``ARCH_ALIASES``: an earlier name is read as its own)."""
+    return ARCH_ALIASES.get(text, text)
+
+
 def _block_name(config):
-    """How the summary line names a model: by the ``--arch`` its fields match."""
-    return {"gpt": "GPT", "llama": "GPT with Llama's block"}.get(arch_of(config),
-                                                                 f"{config.arch} model")
+    """How the summary line names a model: by the family its configuration records."""
+    family = getattr(config, "family", None)
+    if family in families.FAMILIES:
+        return f"GPT with {families.get(family).display}'s block"
+    return f"{config.arch} model"
 
 
 def _tokenizer_bytes(data):
@@ -321,8 +332,8 @@ def recorded_lm_options(meta):
         for option, value in model.items():
             if option != "context":              # the task's, recorded by every run
                 recorded.setdefault(option, value)
-        if recorded.get("init_from") is None:   # a new model: the block its fields are
-            recorded.setdefault("arch", arch_of(GPTConfig.from_dict(meta["config"])))
+        if recorded.get("init_from") is None:   # a new model: the block its run recorded
+            recorded["arch"] = migrate_arch(recorded)
     for option in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"):
         recorded.setdefault(option, None)        # a run from before LoRA trained no adapters
     return recorded

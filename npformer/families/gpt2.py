@@ -53,7 +53,7 @@ def read_config(file, raw):
         field("eos_token_id", check_int, minimum=0)
     try:
         return GPTConfig(**sizes, **options, **BLOCK, activation_dropout=0.0, norm_first=True,
-                         activation=ACTIVATIONS[activation], positions="learned")
+                         activation=ACTIVATIONS[activation], positions="learned", family="gpt2")
     except ValueError as e:                   # a rule between fields (d_model and n_heads)
         raise ValueError(f"{file}: {e}") from None
 

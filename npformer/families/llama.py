@@ -129,7 +129,7 @@ def read_config(file, raw, model_type, defaults, block, read_biases):
                    tie_embeddings=field("tie_word_embeddings", check_flag, False),
                    n_kv_heads=kv, head_dim=head_dim, rope_theta=theta, rope_scaling=scaling)
     try:
-        return GPTConfig(**sizes, **options, **{**block, **biases})
+        return GPTConfig(**sizes, **options, **{**block, **biases}, family=model_type)
     except ValueError as e:                   # none expected: every rule was checked above
         raise ValueError(f"{file}: {e}") from None
 

@@ -15,7 +15,11 @@ RUN_DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
 def run_dropouts(run_config, base_config, where, base_name="this model"):
     """{field: the run's rate} where a LoRA run's configuration ``run_config`` differs from its
     base's ``base_config`` (dicts) in a dropout rate alone; ValueError naming ``where`` (an
-    adapter for another base model) where any other field differs."""
+    adapter for another base model) where any other field differs. A run recorded before
+    configurations named their family (no ``family``, or None) adapts its base's: the base
+    says what it is, so the two are compared without it."""
+    if run_config.get("family") is None:
+        run_config = {**run_config, "family": base_config.get("family")}
     differ = sorted(k for k in set(run_config) | set(base_config)
                     if run_config.get(k) != base_config.get(k))
     if [k for k in differ if k not in RUN_DROPOUTS]:

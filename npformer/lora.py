@@ -33,9 +33,9 @@ from .nn.lora import LoRA
 from .nn.module import Module
 from .validation import check_int, check_real
 
-# The family whose module names PEFT's targets are (q_proj ... down_proj, its tensor map)
+# The family whose module names PEFT's targets are for a model that records none (Llama's:
+# q_proj ... down_proj); a model of a family takes its own (GPT-2's c_attn, c_proj, c_fc)
 PEFT_FAMILY = families.get("llama")
-PEFT_TARGETS = {name: modules[0] for name, modules in PEFT_FAMILY.peft_targets.items()}
 NPFORMER_TARGETS = ("in_proj", "out_proj", "linear1", "linear2", "generator")
 DEFAULT_TARGETS = PEFT_FAMILY.default_targets    # PEFT's default for the Llama family
 SETTINGS = ("rank", "alpha", "dropout", "target_modules")   # what apply's messages name
@@ -83,11 +83,31 @@ def _module_at(model, path):
     return m
 
 
+def peft_family(config):
+    """The family whose Hugging Face module names a model of ``config`` is adapted by: the one
+    its configuration records, or ``PEFT_FAMILY`` for one that records none."""
+    family = getattr(config, "family", None)
+    return PEFT_FAMILY if family is None else families.get(family, "config.family")
+
+
+def peft_modules(family, name):
+    """The modules inside a block that the PEFT target ``name`` names for ``family``: a target
+    name's (GPT-2's ``c_proj``: the attention's and the MLP's), or one module by its path in
+    the block (``attn.c_proj``, as an exported adapter names it where its last part is
+    ambiguous); () for anything else."""
+    if name in family.peft_targets:
+        return family.peft_targets[name]
+    modules = {m for group in family.peft_targets.values() for m in group}
+    return (name,) if name in modules else ()
+
+
 def _peft_plan(model, name, called="target_modules"):
-    """[(host path, weight attribute, start, stop)] of PEFT target ``name`` in every layer, through
-    the family's tensor map (``npformer.families.parameter_of``); ValueError (naming the targets as ``called``) where this model has
-    no such layer."""
+    """[(host path, weight attribute, start, stop, label)] of PEFT target ``name`` (of the
+    model's family, :func:`peft_family`) in every layer, through the family's tensor map
+    (``npformer.families.parameter_of``); ValueError (naming the targets as ``called``) where
+    this model has no such layer."""
     config = model.config
+    family = peft_family(config)
     if name in ("gate_proj", "up_proj") and getattr(config, "ffn", None) != "swiglu":
         raise ValueError(f"{called}: {name!r}: this model's feed-forward is not gated "
                          f"(linear1 and linear2 of an MLP): target linear1, or a Llama-family "
@@ -95,11 +115,12 @@ def _peft_plan(model, name, called="target_modules"):
     plan = []
     shapes = dict(model.named_parameters())
     for i in range(config.n_layers):
-        ours, rows, _ = families.parameter_of(
-            PEFT_FAMILY, config, PEFT_FAMILY.layer.format(i) + f"{PEFT_TARGETS[name]}.weight")
-        host, attr = ours.rsplit(".", 1)
-        start, stop, _ = rows.indices(shapes[ours].data.shape[0])
-        plan.append((host, attr, start, stop, name))
+        for module in peft_modules(family, name):
+            ours, rows, _ = families.parameter_of(family, config,
+                                                  family.layer.format(i) + f"{module}.weight")
+            host, attr = ours.rsplit(".", 1)
+            start, stop, _ = rows.indices(shapes[ours].data.shape[0])
+            plan.append((host, attr, start, stop, name))
     return plan
 
 
@@ -125,7 +146,7 @@ def available_targets(model):
     npformer's."""
     names = []
     if _has_layers(model):
-        for name in PEFT_TARGETS:
+        for name in peft_family(model.config).peft_targets:
             try:
                 _peft_plan(model, name)
                 names.append(name)
@@ -181,7 +202,7 @@ def plan_targets(model, target_modules, called="target_modules"):
     that matches nothing (and what exists), or two that name the same rows."""
     plan, seen = [], {}
     for name in target_names(target_modules, called):
-        if name in PEFT_TARGETS and _has_layers(model):
+        if _has_layers(model) and peft_modules(peft_family(model.config), name):
             found = _peft_plan(model, name, called)
         elif name in NPFORMER_TARGETS:
             found = _own_plan(model, name)
@@ -226,6 +247,14 @@ def check_settings(rank, alpha, dropout, names=None):
     return rank, alpha, dropout
 
 
+def default_targets(model):
+    """PEFT's default targets for ``model``'s family (``q_proj`` and ``v_proj`` for Llama's,
+    ``c_attn`` for GPT-2's; :func:`peft_family`)."""
+    if not _has_layers(model):
+        return DEFAULT_TARGETS
+    return peft_family(model.config).default_targets
+
+
 def adapters(model):
     """[(dotted path, LoRA)] of the adapters of ``model``, in parameter order."""
     return [(path, m) for path, m in named_modules(model) if isinstance(m, LoRA)]
@@ -236,10 +265,9 @@ def settings(model):
     return getattr(model, "lora", None)
 
 
-def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS, seed=0,
-          names=None):
-    """Freeze every weight of ``model`` and give each projection ``target_modules`` names a
-    LoRA update of ``rank`` (``alpha`` default: the rank, a scale alpha / r of 1), with
+def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=None, seed=0, names=None):
+    """Freeze every weight of ``model`` and give each projection ``target_modules`` names (None:
+    :func:`default_targets`, PEFT's default for the model's family) a LoRA update of ``rank`` (``alpha`` default: the rank, a scale alpha / r of 1), with
     dropout ``dropout`` on its input (PEFT's ``lora_dropout``), A drawn from ``seed``, B zero.
     In place; returns the model, whose ``flat_params`` now holds the adapters alone (the
     optimizer, the clipping and a data-parallel reduction see nothing else) and ``model.lora``
@@ -251,6 +279,8 @@ def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS
         raise ValueError("model: already has LoRA adapters (apply once; a new model for others)")
     called = setting_names(names)
     rank, alpha, dropout = check_settings(rank, rank if alpha is None else alpha, dropout, called)
+    if target_modules is None:
+        target_modules = default_targets(model)
     plan = plan_targets(model, target_modules, called["target_modules"])
     params = dict(model.named_parameters())
     dtypes = {p.data.dtype for p in params.values()}

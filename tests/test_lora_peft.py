@@ -110,7 +110,7 @@ def test_peft_adapter_loads_in_npformer_and_gradients_agree(folders, tmp_path, c
     names = lora_files.hf_modules(model)
     checked = 0
     for _, m in lora.adapters(model):
-        module = names[(lora.weight_name(model, m), m.start, m.stop)]
+        module, _ = names[(lora.weight_name(model, m), m.start, m.stop)]
         for ours, key in ((m.A, "lora_A"), (m.B, "lora_B")):
             ref = theirs[f"{lora_files.PEFT_PREFIX}{module}.{key}.weight"]
             np.testing.assert_allclose(ours.grad, ref, rtol=1e-8, atol=1e-12 * np.abs(ref).max())
@@ -254,7 +254,7 @@ def test_a_bfloat16_adapter_loads_as_its_values_widened(folders, tmp_path, dtype
     names = lora_files.hf_modules(model)
     checked = 0
     for _, m in lora.adapters(model):
-        module = names[(lora.weight_name(model, m), m.start, m.stop)]
+        module, _ = names[(lora.weight_name(model, m), m.start, m.stop)]
         for ours, key in ((m.A, "lora_A"), (m.B, "lora_B")):
             widened = half[f"{lora_files.PEFT_PREFIX}{module}.{key}.weight"].float().numpy()
             assert ours.data.dtype == dtype and np.abs(widened).max() > 0
@@ -346,10 +346,18 @@ def test_adapter_for_another_base_is_refused(folders, tmp_path, capsys):
     assert "is an adapter for another base model" in capsys.readouterr().err
 
 
-def test_gpt2_export_is_refused_with_the_reason(tmp_path):
-    """GPT-2's fused Conv1D c_attn: the formats are refused, saying why."""
-    gpt2 = lora.apply(nf.GPT(vocab_size=19, d_model=12, n_heads=3, d_ff=20, n_layers=1,
-                             max_len=8), rank=2, target_modules=["in_proj"])
-    with pytest.raises(ValueError, match="not GPT-2's attention is one fused Conv1D c_attn: its layers are stored "
-                                         "transposed"):
-        lora_files.save_peft(gpt2, tmp_path / "peft")
+def test_an_adapter_that_is_no_hugging_face_module_is_refused_by_the_export(tmp_path):
+    """npformer's own in_proj adapts the fused q, k and v rows, which no Llama module holds
+    alone: PEFT's format cannot name it, and the export says what to adapt instead (GPT-2's
+    c_attn is exactly those rows, so there it is c_attn)."""
+    for family, refused in (("llama", True), ("gpt2", False)):
+        model = lora.apply(nf.GPT(vocab_size=19, d_model=12, n_heads=3, d_ff=20, n_layers=1,
+                                  max_len=8, family=family), rank=2, target_modules=["in_proj"])
+        if refused:
+            with pytest.raises(ValueError, match="is no Hugging Face module of Llama .*adapt "
+                                                 "q_proj, k_proj, v_proj, o_proj"):
+                lora_files.save_peft(model, tmp_path / family)
+        else:
+            lora_files.save_peft(model, tmp_path / family)
+            config = json.loads((tmp_path / family / "adapter_config.json").read_text())
+            assert config["target_modules"] == ["c_attn"] and config["fan_in_fan_out"]

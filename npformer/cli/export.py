@@ -1,11 +1,11 @@
 """``npformer export``: write a checkpoint in another engine's format: CTranslate2 (a translation
 checkpoint), PEFT's adapter files or a merged Hugging Face folder (a LoRA run of npformer lm on
-a Llama, Qwen2 or Qwen3 base)."""
+a base of any family of ``npformer.families``)."""
 import json
 import os
 from pathlib import Path
 
-from .. import lora, lora_files
+from .. import families, lora, lora_files
 from ..checkpoint import write_file_atomic
 from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2, write_folder
 from ..training.checkpointing import load_model_checkpoint
@@ -24,7 +24,7 @@ def add_parser(sub, name):
                                    "under a temporary name and renamed into place; its "
                                    "npformer.json records the sha256 of every file, checked "
                                    "whenever the export is loaded. A LoRA run of npformer lm "
-                                   "(llama, qwen2 or qwen3 base) exports as PEFT's "
+                                   f"({families.spelled()} base) exports as PEFT's "
                                    "adapter_config.json and adapter_model.safetensors "
                                    "(--format peft), or as a Hugging Face folder of its merged "
                                    "weights that transformers loads (--format hf --merge).")

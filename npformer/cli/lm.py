@@ -20,7 +20,7 @@ from pathlib import Path
 from ..checkpoint import write_file_atomic
 from ..configs import GPTConfig
 from ..data.download import text_file
-from ..lora import DEFAULT_TARGETS, split_names
+from ..lora import split_names
 from . import common
 from .. import families
 from ..training.language_model import (ARCH_ALIASES, INIT_CONTEXT, LM_ARCH, LM_TRAIN, lm_d_ff,
@@ -60,7 +60,7 @@ def add_parser(sub, name):
                                    "the validation loss (nats per character, over the whole "
                                    "split), samples at every validation, the best checkpoint by "
                                    "validation loss. --init-from fine-tunes a Hugging Face "
-                                   "folder (GPT-2, Llama, Qwen2, Qwen3) or an npformer GPT "
+                                   f"folder ({families.spelled()}) or an npformer GPT "
                                    "checkpoint instead, with its tokenizer.")
     p.add_argument("--data", type=path_argument, required=True, metavar="FILE",
                    help="the UTF-8 text to learn: a file, or tinyshakespeare (the file of "
@@ -77,10 +77,10 @@ def add_parser(sub, name):
                         "the checkpoint's values; only %s may change)"
                         % ", ".join(flag(d) for d in LM_MAY_CHANGE))
     p.add_argument("--init-from", type=path_argument, metavar="DIR",
-                   help="start from these weights: a Hugging Face folder of GPT-2, Llama, Qwen2 "
-                        "or Qwen3 (config.json, model.safetensors or its shards, tokenizer.json; "
-                        "extra hf) or an npformer GPT checkpoint; the text is cut by its "
-                        "tokenizer")
+                   help=f"start from these weights: a Hugging Face folder of "
+                        f"{families.spelled()} (config.json, model.safetensors or its shards, "
+                        f"tokenizer.json; extra hf) or an npformer GPT checkpoint; the text is "
+                        f"cut by its tokenizer")
     # None: not given, so that a resume tells them from the checkpoint's; fill_defaults sets
     # the recipe's values afterwards, which the help says
     recipe = LANGUAGE_MODEL.defaults(lm_model())
@@ -117,10 +117,13 @@ def add_parser(sub, name):
                     help="dropout on the adapters' input, in [0, 1) (PEFT's lora_dropout; "
                          "default 0)")
     lo.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME", action=_Names,
-                    help="the projections to adapt, separated by spaces or commas: PEFT's names "
-                         "(q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) or "
-                         "npformer's (in_proj out_proj linear1 linear2, and generator where it is "
-                         "not tied to the embedding) (default q_proj v_proj)")
+                    help=f"the projections to adapt, separated by spaces or commas: PEFT's "
+                         f"names for the model's family ("
+                         f"{'; '.join(f'{f.display}: ' + ' '.join(f.peft_targets) for f in families.FAMILIES.values())}"
+                         f") or npformer's (in_proj out_proj linear1 linear2, and generator "
+                         f"where it is not tied to the embedding) (default PEFT's for the "
+                         f"family: "
+                         f"{'; '.join(f'{f.name} ' + ' '.join(f.default_targets) for f in families.FAMILIES.values())})")
     t = p.add_argument_group("training")
     t.add_argument("--max-steps", type=positive_int, default=None,
                    help=f"updates; the schedule ends there (default {LM_TRAIN['max_steps']})")
@@ -200,10 +203,9 @@ def _lora(args):
         args.lora_alpha = float(args.lora_rank)
     if args.lora_dropout is None:
         args.lora_dropout = 0.0
-    if args.lora_targets is None:
-        args.lora_targets = list(DEFAULT_TARGETS)
     return {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
-            "targets": list(args.lora_targets), "names": LORA_FLAGS}
+            "targets": None if args.lora_targets is None else list(args.lora_targets),
+            "names": LORA_FLAGS}
 
 
 def _recorded(args):
@@ -263,6 +265,9 @@ def build(args, saved=None):
     trainer, data = _lm_trainer(args, saved, lora)
     args.context = trainer.extra["options"]["context"] = trainer.task.context   # as used
     args.sample_tokens = trainer.extra["options"]["sample_tokens"] = trainer.task.sample_tokens
+    if lora is not None and saved is None:       # as applied: the family's default if not given
+        args.lora_targets = trainer.extra["options"]["lora_targets"] = \
+            list(trainer.model.lora.targets)
     return _summary(args, trainer, data)
 
 

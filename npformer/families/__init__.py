@@ -25,6 +25,13 @@ def names():
     return tuple(FAMILIES)
 
 
+def spelled(joiner="or"):
+    """The families' display names as a message or a help string lists them: "GPT-2, Llama,
+    Qwen2 or Qwen3"."""
+    shown = [f.display for f in FAMILIES.values()]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} {joiner} {shown[-1]}"
+
+
 def get(name, where="model_type"):
     """The family named ``name`` (config.json's ``model_type``); ValueError naming ``where``
     and the families for anything else."""
@@ -34,4 +41,4 @@ def get(name, where="model_type"):
 
 
 __all__ = ["FAMILIES", "Family", "get", "names", "parameter_of", "producible_ends", "rows",
-           "tensor_names"]
+           "spelled", "tensor_names"]

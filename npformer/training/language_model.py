@@ -351,7 +351,7 @@ def _initial_model(init_from):
     if loaded.model.config.capability != "causal_lm":
         raise ValueError(f"init_from {init_from}: holds a {loaded.model.config.arch} model; "
                          f"a language model starts from a GPT (an npformer lm checkpoint or a "
-                         f"Hugging Face folder of GPT-2, Llama, Qwen2 or Qwen3)")
+                         f"Hugging Face folder of {families.spelled()})")
     path = os.path.abspath(path)
     return loaded.model, resolve_tokenizer(loaded), {
         "folder": path[:-4] if path.endswith(".npz") else path, "kind": "npformer",

@@ -14,8 +14,9 @@ is a pickle, and loading a pickle runs whatever code it holds.
 
 Everything a file claims is checked before it is acted on: the layers the headers hold before
 the layer count is believed, every name, shape and dtype before a weight is read, every weight
-finite. The model is built through the configuration's registered class; nothing in
-``npformer.nn`` imports this module at load time (``GPT.from_pretrained`` calls it).
+finite. The model is built through the configuration's registered class (``npformer.registry``
+gives ``GPTConfig`` its ``model_class``); this loader sits above the layers, and
+``GPT.from_pretrained`` calls it from inside the method, never at import.
 """
 import numpy as np
 
@@ -26,6 +27,7 @@ from .formats.json import read_json, read_json_object
 from .formats.safetensors import FLOAT_DTYPES, StoredTensor, chunks, copy_into, read_header, \
     read_tensor
 from .formats.tokenizer import TextTokenizer, load_tokenizer
+from .nn.init import uninitialised
 
 
 def _config_json(path):
@@ -148,7 +150,6 @@ def from_pretrained(path, dtype=np.float32):
     family = families.get(model_type)
     config = config.replace(dtype=dtype)
     plan, stored = check_files(folder, family, config)
-    from .nn.init import uninitialised           # (the registry's model class reads from here)
     try:                       # npformer.GPT (registered by npformer.registry), its buffers
         with uninitialised():  # untouched until the copies below write every weight
             model = config.model_class(config)

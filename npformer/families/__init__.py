@@ -8,16 +8,19 @@ knows a family's tensor names.
     family = families.get("qwen2")           # by config.json's model_type
     names = families.tensor_names(family, config)
 
-A new family is one module here with a ``FAMILY``, listed in ``MODULES`` (docs/architecture.md
-has the checklist).
+A new family is one module here that declares a ``FAMILY`` (found by scanning the package;
+docs/architecture.md has the checklist).
 """
+import pkgutil
 from importlib import import_module
 
 from ..formats.json import short
 from .base import Family, parameter_of, producible_ends, rows, tensor_names
 
-MODULES = ("gpt2", "llama", "qwen2", "qwen3")
-FAMILIES = {f.name: f for f in (import_module(f"{__name__}.{m}").FAMILY for m in MODULES)}
+# every module of this package that declares a FAMILY, by name: a new family is one new module
+MODULES = tuple(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base")
+FAMILIES = {f.name: f for f in (getattr(import_module(f"{__name__}.{m}"), "FAMILY", None)
+                                for m in MODULES) if f is not None}
 
 
 def names():

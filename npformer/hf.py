@@ -105,7 +105,7 @@ def check_files(folder, family, config):
     embedding = next(name for name, (ours, _, _) in names.items() if ours == "tok_embed.weight")
     missing = [name for name in names if name not in stored]
     extra = sorted(name for name in stored if name not in names and not family.is_buffer(name)
-                   and not (name == "lm_head.weight" and config.tie_embeddings))
+                   and not (name == family.head and config.tie_embeddings))
     wrong = []
     for name, (ours, rows, transposed) in names.items():
         if name in stored:
@@ -117,10 +117,11 @@ def check_files(folder, family, config):
             elif stored[name].dtype not in FLOAT_DTYPES:
                 wrong.append(f"{name}: expected floating-point weights (F32, F16, BF16, F64), "
                              f"got {stored[name].dtype}")
-    if config.tie_embeddings and "lm_head.weight" in stored and \
-            stored["lm_head.weight"].shape != shapes["tok_embed.weight"]:
-        wrong.append(f"lm_head.weight: expected {shapes['tok_embed.weight']} (tied to "
-                     f"{embedding}), got {stored['lm_head.weight'].shape}")
+    head = family.head
+    if config.tie_embeddings and head in stored and stored[head].shape != \
+            shapes["tok_embed.weight"]:
+        wrong.append(f"{head}: expected {shapes['tok_embed.weight']} (tied to {embedding}), got "
+                     f"{stored[head].shape}")
     if missing or extra or wrong:
         parts = ([f"missing {missing}"] if missing else []) + \
                 ([f"unexpected {extra}"] if extra else []) + \
@@ -163,14 +164,14 @@ def from_pretrained(path, dtype=np.float32):
             dest[...] = read_tensor(tensor, name, dest.dtype).T
         else:
             copy_into(tensor, name, dest)
-    if config.tie_embeddings and "lm_head.weight" in stored:
+    head = family.head
+    if config.tie_embeddings and head in stored:
         embedding = next(n for n, (_, ours, _, _) in plan.items() if ours == "tok_embed.weight")
         flat = params["tok_embed.weight"].data.reshape(-1)
-        for i, part in chunks(stored["lm_head.weight"], "lm_head.weight"):
+        for i, part in chunks(stored[head], head):
             if not np.array_equal(flat[i:i + len(part)], part.astype(model.dtype)):
-                raise ValueError(f"{stored['lm_head.weight'].file}: lm_head.weight differs from "
-                                 f"{embedding}, but config.json ties them "
-                                 f"(tie_word_embeddings)")
+                raise ValueError(f"{stored[head].file}: {head} differs from {embedding}, but "
+                                 f"config.json ties them (tie_word_embeddings)")
     model.eos_id = eos
     return model.eval()
 

@@ -108,10 +108,10 @@ def _peft_plan(model, name, called="target_modules"):
     this model has no such layer."""
     config = model.config
     family = peft_family(config)
-    if name in ("gate_proj", "up_proj") and getattr(config, "ffn", None) != "swiglu":
+    if name in family.gated_targets and getattr(config, "ffn", None) != "swiglu":
         raise ValueError(f"{called}: {name!r}: this model's feed-forward is not gated "
-                         f"(linear1 and linear2 of an MLP): target linear1, or a Llama-family "
-                         f"model's gate_proj")
+                         f"(linear1 and linear2 of an MLP): target linear1, or a gated "
+                         f"model's {name}")
     plan = []
     shapes = dict(model.named_parameters())
     for i in range(config.n_layers):

@@ -25,7 +25,8 @@ class Family:
       ``prefix``, a prefix the stored names may carry (GPT-2's ``transformer.``);
     - ``peft_targets``: {PEFT target name: the modules inside a block it names (PEFT matches a
       name at the end of a module's path: GPT-2's ``c_proj`` is the attention's and the
-      MLP's)}; ``default_targets``, PEFT's default for the family;
+      MLP's)}; ``default_targets``, PEFT's default for the family; ``gated_targets``, those
+      that exist only in a gated feed-forward (Llama's ``gate_proj`` and ``up_proj``);
     - ``layers_key`` and ``size_keys``: config.json's names of the layer count and of
       ``GPTConfig``'s size fields, for messages.
     """
@@ -43,6 +44,14 @@ class Family:
     prefix: str = ""
     peft_targets: dict = field(default_factory=dict)
     default_targets: tuple = ()
+    gated_targets: tuple = ()
+
+    @property
+    def head(self):
+        """The Hugging Face name of the output projection's weight (GPT-2's and Llama's
+        ``lm_head.weight``): absent, or equal to the embedding, where the two are tied."""
+        theirs, = (name for name, (ours, _, _) in self.ends.items() if ours == "generator.")
+        return f"{theirs}.weight"
 
     def from_hf_config(self, raw, file="config.json"):
         """The ``GPTConfig`` of this family's config.json (the dict ``raw``, read from

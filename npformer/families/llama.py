@@ -60,6 +60,7 @@ def family(name, display, defaults, block, read_biases=True):
         # per-block buffers that older files store (the rotary frequencies)
         buffers=r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",
         peft_targets=PEFT_TARGETS, default_targets=("q_proj", "v_proj"),
+        gated_targets=("gate_proj", "up_proj"),
         layers_key="num_hidden_layers", size_keys=SIZE_KEYS)
 
 

@@ -2,18 +2,10 @@
 embeddings and positions, a list of ``Block`` s chosen by the configuration (causal
 self-attention + feed-forward, pre-norm by default), a final norm and the output projection.
 
-Parameter names and their GPT-2 (Hugging Face) counterparts (``npformer.hf`` maps them):
-
-    tok_embed.weight                  wte.weight
-    pos_embed.weight                  wpe.weight
-    blocks.N.norm1                    h.N.ln_1
-    blocks.N.self_attn.in_proj_*      h.N.attn.c_attn   (Conv1D: stored transposed)
-    blocks.N.self_attn.out_proj       h.N.attn.c_proj   (Conv1D)
-    blocks.N.norm2                    h.N.ln_2
-    blocks.N.ffn.linear1              h.N.mlp.c_fc      (Conv1D)
-    blocks.N.ffn.linear2              h.N.mlp.c_proj    (Conv1D)
-    norm                              ln_f
-    generator.weight (untied only)    lm_head.weight
+Parameter names: ``tok_embed.weight``, ``pos_embed.weight`` (learned positions only),
+``blocks.N.*`` (``nn/block.py``), ``norm.*`` and ``generator.weight`` (untied only). Each model
+family's Hugging Face names for them are its tensor map in ``npformer.families`` (GPT-2's in
+``families/gpt2.py``).
 
 (Until the blocks were their own they were ``transformer.layers.N`` and ``transformer.norm``;
 checkpoints written then are renamed on load: ``GPTConfig.RENAMED``.)

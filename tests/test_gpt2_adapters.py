@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers",
                                    reason="the reference models: pip install transformers")
 peft = pytest.importorskip("peft", reason="the PEFT round trips: pip install peft accelerate")
 pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
+from test_lora_peft import agrees_with_peft, peft_made, randomise  # noqa: E402
 
 torch.set_num_threads(1)
 TARGETS = ["c_attn", "c_proj", "c_fc"]        # PEFT's names of GPT-2's Conv1D layers
@@ -36,13 +37,6 @@ def gpt2(tmp_path_factory):
 def ids_and_targets(seed=0):
     rng = np.random.default_rng(seed)
     return rng.integers(0, 50, (2, 7)), rng.integers(0, 50, (2, 7))
-
-
-def randomise(model, seed=1):
-    rng = np.random.default_rng(seed)
-    for _, m in lora.adapters(model):
-        m.B.data[...] = rng.standard_normal(m.B.data.shape) * 0.2
-        m.A.data[...] += rng.standard_normal(m.A.data.shape) * 0.1
 
 
 def reference(hf):
@@ -88,37 +82,9 @@ def test_npformer_gpt2_adapter_loads_in_peft(gpt2, tmp_path):
 
 def test_peft_gpt2_adapter_loads_in_npformer_and_gradients_agree(gpt2, tmp_path):
     path, hf = gpt2
-    torch.manual_seed(0)
-    pm = peft.get_peft_model(reference(hf), peft.LoraConfig(
-        r=3, lora_alpha=5.0, target_modules=TARGETS, lora_dropout=0.0, fan_in_fan_out=True,
-        task_type="CAUSAL_LM"))
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn_like(p) * 0.2)
-    pm.save_pretrained(tmp_path / "peft")
+    pm = peft_made(hf, tmp_path, TARGETS, reference=reference, fan_in_fan_out=True)
     model = lora_files.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
-    ids, targets = ids_and_targets(seed=3)
-    pm.eval()
-    model.eval()
-    logits = pm(torch.tensor(ids)).logits
-    np.testing.assert_allclose(model.forward(ids), logits.detach().numpy(), rtol=0, atol=1e-10)
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             torch.tensor(targets).reshape(-1))
-    loss.backward()
-    theirs = {n.replace(".default", ""): p.grad.numpy() for n, p in pm.named_parameters()
-              if "lora_" in n}
-    mean, dlogits = nf.cross_entropy(model.forward(ids), targets)
-    model.backward(dlogits)
-    assert abs(float(mean) - loss.item()) < 1e-12
-    names = lora_files.hf_modules(model)
-    for _, m in lora.adapters(model):
-        module, transposed = names[(lora.weight_name(model, m), m.start, m.stop)]
-        assert transposed
-        for ours, key in ((m.A, "lora_A"), (m.B, "lora_B")):
-            ref = theirs.pop(f"{lora_files.PEFT_PREFIX}{module}.{key}.weight")
-            np.testing.assert_allclose(ours.grad, ref, rtol=1e-8, atol=1e-12 * np.abs(ref).max())
-    assert not theirs
+    assert agrees_with_peft(pm, model, *ids_and_targets(seed=3)) == 2 * 2 * 4   # 4 modules
 
 
 def test_a_gpt2_adapter_that_says_its_layers_are_not_transposed_is_refused(gpt2, tmp_path):

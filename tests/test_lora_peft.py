@@ -71,12 +71,14 @@ def test_npformer_adapter_loads_in_peft(folders, tmp_path, case):
                                rtol=0, atol=1e-10)
 
 
-def peft_made(hf, tmp_path, targets=ALL, r=3, alpha=5.0, seed=0):
-    """An adapter made by PEFT over the float64 exact reference, lora_B random; saved."""
+def peft_made(hf, tmp_path, targets=ALL, r=3, alpha=5.0, seed=0, reference=exact_reference,
+              **options):
+    """An adapter made by PEFT over the float64 ``reference`` of ``hf`` (``options``: more of
+    ``LoraConfig``'s), lora_B random; saved."""
     torch.manual_seed(seed)
     config = peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0,
-                             task_type="CAUSAL_LM")
-    pm = peft.get_peft_model(exact_reference(hf), config)
+                             task_type="CAUSAL_LM", **options)
+    pm = peft.get_peft_model(reference(hf), config)
     with torch.no_grad():
         for name, p in pm.named_parameters():
             if "lora_B" in name:
@@ -93,7 +95,14 @@ def test_peft_adapter_loads_in_npformer_and_gradients_agree(folders, tmp_path, c
     path, hf = folders[case]
     pm = peft_made(hf, tmp_path)
     model = lora_files.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
-    ids, targets = ids_and_targets(model.config.vocab_size, seed=3)
+    assert agrees_with_peft(pm, model, *ids_and_targets(model.config.vocab_size, seed=3)) == \
+        2 * len(ALL) * 2
+
+
+def agrees_with_peft(pm, model, ids, targets):
+    """Hold ``model`` (a PEFT adapter loaded in npformer) against PEFT's ``pm``: the logits,
+    the loss and, for one batch, every lora_A and lora_B gradient (float64). Returns how many
+    gradients were held, every one of PEFT's."""
     pm.eval()
     model.eval()
     logits = pm(torch.tensor(ids)).logits
@@ -115,7 +124,8 @@ def test_peft_adapter_loads_in_npformer_and_gradients_agree(folders, tmp_path, c
             ref = theirs[f"{lora_files.PEFT_PREFIX}{module}.{key}.weight"]
             np.testing.assert_allclose(ours.grad, ref, rtol=1e-8, atol=1e-12 * np.abs(ref).max())
             checked += 1
-    assert checked == len(theirs) == 2 * len(ALL) * 2
+    assert checked == len(theirs)
+    return checked
 
 
 def test_merged_export_loads_in_transformers(folders, tmp_path):

@@ -47,6 +47,9 @@ LORA_FLAGS = {"rank": "--lora-rank", "alpha": "--lora-alpha", "dropout": "--lora
               "target_modules": "--lora-targets"}
 # the model options --init-from refuses, its model bringing them: all but --context (how much
 # of the text the task shows it at once) and --dropout (the fine-tuning's)
+# the families whose feed-forward is an MLP, and those whose is gated (the recipe's d_ff rule)
+_MLP_ARCHS = [name for name in families.names() if lm_d_ff(name, 96) == 4 * 96]
+_GATED_ARCHS = [name for name in families.names() if name not in _MLP_ARCHS]
 _SHAPE = ("arch",) + tuple(option for option in LANGUAGE_MODEL.options
                             if option not in ("context", "dropout"))
 
@@ -95,8 +98,10 @@ def add_parser(sub, name):
         "layers": f"transformer blocks (default {recipe['layers']})",
         "d_model": f"default {recipe['d_model']}",
         "n_heads": f"default {recipe['n_heads']}",
-        "d_ff": "default 4 x --d-model for gpt; 8/3 x --d-model, rounded up to a multiple of "
-                "32, for llama (its three matrices then hold as many weights as the two of gpt)",
+        "d_ff": f"default 4 x --d-model for {', '.join(_MLP_ARCHS)}; 8/3 x --d-model, "
+                f"rounded up to a multiple of 32, for the gated feed-forward of "
+                f"{', '.join(_GATED_ARCHS)} (its three matrices then hold as many weights as "
+                f"the MLP's two)",
         "n_kv_heads": "key/value heads, each shared by a group of query heads: a divisor of "
                       "--n-heads (default --n-heads; fewer is grouped-query attention)",
         "context": f"tokens the model sees at once (default {recipe['context']}; with "

@@ -58,7 +58,7 @@ def encoded(values, dtype):
     if dtype == "F32":
         return values.astype("<f4").tobytes()
     sys.path.insert(0, os.path.dirname(HERE))
-    from npformer.lora import to_bfloat16
+    from npformer.formats.safetensors import to_bfloat16
     return to_bfloat16(values).astype("<u2").tobytes()
 
 

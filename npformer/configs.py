@@ -14,6 +14,7 @@ Sizes arrive as Python ints (NumPy integers are accepted and converted), ``dtype
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -377,6 +378,7 @@ def check_rope_scaling(scaling, name="rope_scaling"):
 # GPTConfig.norm, GPTConfig.ffn and GPTConfig.positions name parts of npformer.parts (NORMS,
 # FFNS, POSITIONS); the names of positions, as a command's choices
 POSITIONS = tuple(POSITION_KINDS)
+FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")          # GPTConfig.family (npformer.families)
 
 
 @dataclass(frozen=True)
@@ -409,7 +411,13 @@ class GPTConfig(ModelConfig):
       Qwen3's RMSNorm over each query and key head;
     - ``qkv_bias``: the query, key and value projections add a bias; ``proj_bias``: every other
       projection does (attention output, feed-forward). GPT-2 has both, Qwen2 only the first,
-      Llama neither."""
+      Llama neither.
+
+    ``family``: the model family whose block and Hugging Face names the model has
+    (``npformer.families``: "gpt2", "llama", "qwen2", "qwen3"), as recorded where the model was
+    made (a Hugging Face folder's ``model_type``, ``npformer lm --arch``); None where none was
+    recorded, as in configurations stored before the field existed (never guessed from the
+    other fields)."""
     arch: ClassVar[str] = "gpt"
     capability: ClassVar[str] = "causal_lm"
     # GPT parameters were named after the Encoder stack it was built from until the blocks
@@ -441,8 +449,13 @@ class GPTConfig(ModelConfig):
     qk_norm: bool = False
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None
+    family: Optional[str] = None
 
     def __post_init__(self):
+        if self.family is not None and (not isinstance(self.family, str) or
+                                        not FAMILY_NAME.fullmatch(self.family)):
+            raise ValueError(f"family: expected a model family's name such as 'llama' (lower "
+                             f"case letters and digits) or None, got {self.family!r}")
         if self.head_dim is not None:
             _put(self, "head_dim", check_int("head_dim", self.head_dim))
         _check_sizes(self, ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"),

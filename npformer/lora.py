@@ -7,46 +7,39 @@ low-rank update (alpha / r) B A, as Hugging Face PEFT's ``LoraConfig`` makes the
     nf.lora.merge(model)        # W += (alpha / r) B A in place (eval only); unmerge undoes it
 
 Target names: PEFT's (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``,
-``down_proj``), found through ``npformer.hf.hf_parameter`` (the rename table of the Llama
-family): ``k_proj`` is the key rows of the fused ``in_proj_weight``, ``gate_proj`` the gate rows
-of SwiGLU's ``linear1``. npformer's own names work for any GPT and the translator: ``in_proj``
+``down_proj``), found through the Llama family's tensor map (``npformer.families``):
+``k_proj`` is the key rows of the fused ``in_proj_weight``, ``gate_proj`` the gate rows of
+SwiGLU's ``linear1``. npformer's own names work for any GPT and the translator: ``in_proj``
 (the attention's fused projection: one adapter over all its rows; a cross-attention gets one
 for its query rows and one for its key and value rows, which come from another input),
 ``out_proj``, ``linear1``, ``linear2``, ``generator``.
 
 The adapters are :class:`npformer.nn.lora.LoRA` modules, children of the projection they adapt
-(``blocks.3.self_attn.lora_q_proj.A``). A checkpoint of a LoRA run holds them alone and records
-its base by folder and by :func:`base_sha256`; :func:`save_peft` / :func:`load_peft` write and
-read PEFT's ``adapter_config.json`` and ``adapter_model.safetensors``; :func:`save_merged`
-writes a Hugging Face folder of the merged weights.
+(``blocks.3.self_attn.lora_q_proj.A``). A checkpoint of a LoRA run holds them alone
+(:func:`adapter_state`) and records its base by folder and by :func:`base_sha256`. This module
+is the surgery alone: PEFT's files and the merged export are ``npformer.lora_files``', rebuilding a
+LoRA run from its checkpoint ``npformer.training.lora_runs``'s.
 """
 import hashlib
-import json
-import os
 import re
-import shutil
-import warnings
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import write_file_atomic
+from . import families
+from .nn.attention import MultiHeadAttention
+from .nn.linear import Linear
 from .nn.lora import LoRA
-from .parts import NORMS, is_gated
+from .nn.module import Module
+from .parts import is_gated
 from .validation import check_int, check_real
 
-PEFT_TARGETS = {                       # PEFT's name -> the Llama module path inside a layer
-    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
-    "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
-    "down_proj": "mlp.down_proj"}
+# The family whose module names PEFT's targets are for a model that records none (Llama's:
+# q_proj ... down_proj); a model of a family takes its own (GPT-2's c_attn, c_proj, c_fc)
+PEFT_FAMILY = families.get("llama")
 NPFORMER_TARGETS = ("in_proj", "out_proj", "linear1", "linear2", "generator")
-DEFAULT_TARGETS = ("q_proj", "v_proj")  # PEFT's default for the Llama family
-PEFT_PREFIX = "base_model.model."       # PeftModel's key prefix before the model's own names
-LLAMA_TYPES = ("llama", "qwen2", "qwen3")
+DEFAULT_TARGETS = PEFT_FAMILY.default_targets    # PEFT's default for the Llama family
 SETTINGS = ("rank", "alpha", "dropout", "target_modules")   # what apply's messages name
-PEFT_NAMES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout",
-              "target_modules": "target_modules"}           # their keys in adapter_config.json
 
 
 @dataclass
@@ -91,30 +84,49 @@ def _module_at(model, path):
     return m
 
 
+def peft_family(config):
+    """The family whose Hugging Face module names a model of ``config`` is adapted by: the one
+    its configuration records, or ``PEFT_FAMILY`` for one that records none."""
+    family = getattr(config, "family", None)
+    return PEFT_FAMILY if family is None else families.get(family, "config.family")
+
+
+def peft_modules(family, name):
+    """The modules inside a block that the PEFT target ``name`` names for ``family``: a target
+    name's (GPT-2's ``c_proj``: the attention's and the MLP's), or one module by its path in
+    the block (``attn.c_proj``, as an exported adapter names it where its last part is
+    ambiguous); () for anything else."""
+    if name in family.peft_targets:
+        return family.peft_targets[name]
+    modules = {m for group in family.peft_targets.values() for m in group}
+    return (name,) if name in modules else ()
+
+
 def _peft_plan(model, name, called="target_modules"):
-    """[(host path, weight attribute, start, stop)] of PEFT target ``name`` in every layer, through
-    npformer.hf.hf_parameter; ValueError (naming the targets as ``called``) where this model has
-    no such layer."""
-    from .hf import hf_parameter
+    """[(host path, weight attribute, start, stop, label)] of PEFT target ``name`` (of the
+    model's family, :func:`peft_family`) in every layer, through the family's tensor map
+    (``npformer.families.parameter_of``); ValueError (naming the targets as ``called``) where
+    this model has no such layer."""
     config = model.config
-    if name in ("gate_proj", "up_proj") and not is_gated(config):
+    family = peft_family(config)
+    if name in family.gated_targets and not is_gated(config):
         raise ValueError(f"{called}: {name!r}: this model's feed-forward is not gated "
-                         f"(linear1 and linear2 of an MLP): target linear1, or a Llama-family "
-                         f"model's gate_proj")
+                         f"(linear1 and linear2 of an MLP): target linear1, or a gated "
+                         f"model's {name}")
     plan = []
     shapes = dict(model.named_parameters())
     for i in range(config.n_layers):
-        ours, rows = hf_parameter(config, f"model.layers.{i}.{PEFT_TARGETS[name]}.weight")
-        host, attr = ours.rsplit(".", 1)
-        start, stop, _ = rows.indices(shapes[ours].data.shape[0])
-        plan.append((host, attr, start, stop, name))
+        for module in peft_modules(family, name):
+            ours, rows, _ = families.parameter_of(family, config,
+                                                  family.layer.format(i) + f"{module}.weight")
+            host, attr = ours.rsplit(".", 1)
+            start, stop, _ = rows.indices(shapes[ours].data.shape[0])
+            plan.append((host, attr, start, stop, name))
     return plan
 
 
 def _own_plan(model, name):
     """[(host path, weight attribute, start, stop, label)] of npformer's target ``name``."""
-    from .nn.attention import MultiHeadAttention
-    from .nn.linear import Linear
     plan = []
     for path, m in named_modules(model):
         leaf = path.rsplit(".", 1)[-1]
@@ -135,7 +147,7 @@ def available_targets(model):
     npformer's."""
     names = []
     if _has_layers(model):
-        for name in PEFT_TARGETS:
+        for name in peft_family(model.config).peft_targets:
             try:
                 _peft_plan(model, name)
                 names.append(name)
@@ -191,7 +203,7 @@ def plan_targets(model, target_modules, called="target_modules"):
     that matches nothing (and what exists), or two that name the same rows."""
     plan, seen = [], {}
     for name in target_names(target_modules, called):
-        if name in PEFT_TARGETS and _has_layers(model):
+        if _has_layers(model) and peft_modules(peft_family(model.config), name):
             found = _peft_plan(model, name, called)
         elif name in NPFORMER_TARGETS:
             found = _own_plan(model, name)
@@ -236,6 +248,14 @@ def check_settings(rank, alpha, dropout, names=None):
     return rank, alpha, dropout
 
 
+def default_targets(model):
+    """PEFT's default targets for ``model``'s family (``q_proj`` and ``v_proj`` for Llama's,
+    ``c_attn`` for GPT-2's; :func:`peft_family`)."""
+    if not _has_layers(model):
+        return DEFAULT_TARGETS
+    return peft_family(model.config).default_targets
+
+
 def adapters(model):
     """[(dotted path, LoRA)] of the adapters of ``model``, in parameter order."""
     return [(path, m) for path, m in named_modules(model) if isinstance(m, LoRA)]
@@ -246,22 +266,22 @@ def settings(model):
     return getattr(model, "lora", None)
 
 
-def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=DEFAULT_TARGETS, seed=0,
-          names=None):
-    """Freeze every weight of ``model`` and give each projection ``target_modules`` names a
-    LoRA update of ``rank`` (``alpha`` default: the rank, a scale alpha / r of 1), with
+def apply(model, rank=8, alpha=None, dropout=0.0, target_modules=None, seed=0, names=None):
+    """Freeze every weight of ``model`` and give each projection ``target_modules`` names (None:
+    :func:`default_targets`, PEFT's default for the model's family) a LoRA update of ``rank`` (``alpha`` default: the rank, a scale alpha / r of 1), with
     dropout ``dropout`` on its input (PEFT's ``lora_dropout``), A drawn from ``seed``, B zero.
     In place; returns the model, whose ``flat_params`` now holds the adapters alone (the
     optimizer, the clipping and a data-parallel reduction see nothing else) and ``model.lora``
     its ``LoRASettings``. ``names``: what a refused setting is called in the ValueError
     ({"rank": "--lora-rank", ...}, :func:`setting_names`; default the arguments' names)."""
-    from .nn.module import Module
     if not isinstance(model, Module):
         raise ValueError(f"model: expected an npformer model, got {type(model).__name__}")
     if settings(model) is not None:
         raise ValueError("model: already has LoRA adapters (apply once; a new model for others)")
     called = setting_names(names)
     rank, alpha, dropout = check_settings(rank, rank if alpha is None else alpha, dropout, called)
+    if target_modules is None:
+        target_modules = default_targets(model)
     plan = plan_targets(model, target_modules, called["target_modules"])
     params = dict(model.named_parameters())
     dtypes = {p.data.dtype for p in params.values()}
@@ -298,7 +318,7 @@ def merge(model):
     """W[rows] += (alpha / r) B A for every adapter, in place: the model then computes the same
     function without the adapters' extra products (eval only). The rows' base values are kept
     aside (the adapter's ``kept``) until ``unmerge`` puts them back."""
-    for _, lora in _adapters_or_refuse(model):
+    for _, lora in adapters_or_refuse(model):
         if not lora.merged:
             weight = _weight_of(model, lora)
             lora.kept = weight[lora.rows].copy()
@@ -311,21 +331,21 @@ def unmerge(model):
     """Undo ``merge``: the base rows kept aside go back, bit for bit (subtracting the update
     again would round differently, and the base's sha256 would no longer match its checkpoints'
     record)."""
-    for _, lora in _adapters_or_refuse(model):
+    for _, lora in adapters_or_refuse(model):
         if lora.merged:
             _weight_of(model, lora)[lora.rows] = lora.kept
             lora.kept, lora.merged = None, False
     return model
 
 
-def _adapters_or_refuse(model):
+def adapters_or_refuse(model):
     found = adapters(model)
     if not found:
         raise ValueError("model: has no LoRA adapters (npformer.lora.apply adds them)")
     return found
 
 
-def _weight_name(model, lora):
+def weight_name(model, lora):
     """The parameter name of the weight ``lora`` updates (``apply`` records it)."""
     if lora.weight_name is None:
         raise ValueError(f"LoRA {lora.target}: not attached to a model (npformer.lora.apply)")
@@ -333,29 +353,13 @@ def _weight_name(model, lora):
 
 
 def _weight_of(model, lora):
-    host, attr = _weight_name(model, lora).rsplit(".", 1)
+    host, attr = weight_name(model, lora).rsplit(".", 1)
     return getattr(_module_at(model, host), attr).data
 
 
 # -- the base and the adapters' arrays ---------------------------------------------------------
 def is_adapter_name(name):
     return ".lora" in name and name.rsplit(".", 1)[-1] in ("A", "B")
-
-
-# the configuration fields a LoRA run may set apart from its base's (npformer lm --dropout)
-RUN_DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
-
-
-def run_dropouts(run_config, base_config, where, base_name="this model"):
-    """{field: the run's rate} where a LoRA run's configuration ``run_config`` differs from its
-    base's ``base_config`` (dicts) in a dropout rate alone; ValueError naming ``where`` (an
-    adapter for another base model) where any other field differs."""
-    differ = sorted(k for k in set(run_config) | set(base_config)
-                    if run_config.get(k) != base_config.get(k))
-    if [k for k in differ if k not in RUN_DROPOUTS]:
-        raise ValueError(f"{where}: is an adapter for another base model (its configuration "
-                         f"differs from {base_name}'s in {', '.join(differ)})")
-    return {k: run_config[k] for k in differ}
 
 
 def base_identity(model):
@@ -410,323 +414,3 @@ def load_adapter_state(model, arrays, where):
     for k, p in own.items():
         p.data[...] = arrays[k]
     return model
-
-
-def check_base(model, recorded, where):
-    """ValueError unless ``model``'s base weights hash to the sha256 ``recorded``."""
-    expected = (recorded or {}).get("sha256")
-    if expected is None:
-        return
-    got = base_sha256(model)
-    if got != expected:
-        raise ValueError(f"{where}: is an adapter for another base model (its base "
-                         f"{recorded.get('folder', '?')} had weights of sha256 {expected[:16]}..., "
-                         f"these have {got[:16]}...)")
-
-
-def load_base(base, where):
-    """The frozen base a LoRA checkpoint records: its Hugging Face folder or npformer checkpoint
-    (``base["folder"]``, ``base["kind"]``)."""
-    folder = base.get("folder")
-    if not folder or not (os.path.exists(folder) or os.path.exists(f"{folder}.npz")):
-        raise ValueError(f"{where}: its base model {folder!r} is not there any more (a LoRA "
-                         f"checkpoint holds the adapters alone; put the base back, or pass it "
-                         f"with sample --hf DIR --adapter)")
-    if base.get("kind") == "npformer":
-        from .training.checkpointing import load_model_checkpoint
-        return load_model_checkpoint(folder).model
-    from .hf import from_pretrained
-    return from_pretrained(folder)
-
-
-def rebuild(base_model, lora_meta, arrays, where, dropouts=None):
-    """``base_model`` with the adapters of a checkpoint applied and loaded: its settings
-    (``lora_meta``), its base checked by hash, its arrays (``{name: array}``) checked.
-    ``dropouts``: the run's own dropout rates (``GPT.reconfigured``), where they differ."""
-    s = LoRASettings.from_dict(lora_meta, f"{where}: lora")
-    check_base(base_model, s.base, where)
-    if dropouts:
-        base_model = base_model.reconfigured(**dropouts)
-    apply(base_model, s.rank, s.alpha, s.dropout, s.targets, s.seed)
-    base_model.lora.base = dict(s.base)
-    return load_adapter_state(base_model, arrays, where)
-
-
-# -- PEFT's files ---------------------------------------------------------------------------------
-def _hf_modules(model):
-    """{(npformer weight, start, stop): Hugging Face module name} of a Llama-family GPT."""
-    from .hf import llama_names
-    shapes = {k: v.data.shape for k, v in model.named_parameters()}
-    names = {}
-    for hf, (ours, rows) in llama_names(model.config).items():
-        if hf.endswith(".weight") and ours in shapes:
-            start, stop, _ = rows.indices(shapes[ours][0])
-            names[(ours, start, stop)] = hf[:-len(".weight")]
-    return names
-
-
-def _check_llama_base(model, what):
-    s = settings(model)
-    model_type = (s.base.get("model_type") if s else None) or _guess_model_type(model)
-    if model_type not in LLAMA_TYPES:
-        reason = ("GPT-2's attention is one fused Conv1D c_attn: its layers are stored "
-                  "transposed (PEFT's fan_in_fan_out) and npformer writes no GPT-2 folder; a "
-                  "GPT-2 run's checkpoints sample with npformer itself"
-                  if model_type == "gpt2" else f"a base of model_type {model_type!r}")
-        raise ValueError(f"{what}: written for LoRA runs on llama, qwen2 and qwen3 bases, not "
-                         f"{reason}")
-    return model_type
-
-
-def _guess_model_type(model):
-    c = model.config
-    if is_gated(c) and "bias" not in NORMS[c.norm].params:         # RMSNorm, a gated ffn
-        return "llama"
-    return "gpt2" if getattr(c, "capability", None) == "causal_lm" else getattr(c, "arch", None)
-
-
-def peft_state(model):
-    """({PEFT key: array}, [Hugging Face module leaf names]) of the model's adapters:
-    ``base_model.model.<module>.lora_A.weight`` (r, in) and ``lora_B.weight`` (out, r)."""
-    _check_llama_base(model, "export --format peft")
-    names = _hf_modules(model)
-    tensors, leaves = {}, []
-    for _, lora in _adapters_or_refuse(model):
-        key = (_weight_name(model, lora), lora.start, lora.stop)
-        module = names.get(key)
-        if module is None:
-            raise ValueError(f"export --format peft: the adapter {lora.target} of {key[0]} rows "
-                             f"{key[1]}:{key[2]} is no Hugging Face module (PEFT names it by "
-                             f"module: adapt q_proj, k_proj, ... instead of in_proj)")
-        tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = lora.A.data
-        tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = lora.B.data
-        leaves.append(module.rsplit(".", 1)[-1])
-    return tensors, list(dict.fromkeys(leaves))
-
-
-def adapter_config(model, base_name_or_path, leaves):
-    s = settings(model)
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path":
-            base_name_or_path, "r": s.rank, "lora_alpha": s.alpha, "lora_dropout": s.dropout,
-            "target_modules": sorted(leaves), "bias": "none", "fan_in_fan_out": False,
-            "use_rslora": False, "use_dora": False, "modules_to_save": None,
-            "init_lora_weights": True, "inference_mode": True, "layers_to_transform": None,
-            "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}}
-
-
-def save_peft(model, out, base_name_or_path=None):
-    """Write ``out/adapter_config.json`` and ``out/adapter_model.safetensors`` (float32 or the
-    model's dtype) as PEFT's ``save_pretrained`` does; ``PeftModel.from_pretrained(base, out)``
-    loads them. Returns the folder."""
-    tensors, leaves = peft_state(model)
-    base = base_name_or_path or settings(model).base.get("folder") or ""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out / "adapter_model.safetensors", tensors)
-    config = json.dumps(adapter_config(model, str(base), leaves), indent=2, sort_keys=True) + "\n"
-    write_file_atomic(out / "adapter_config.json", lambda f: f.write(config.encode()))
-    return out
-
-
-# PEFT's settings that npformer's LoRA does not implement, at the value that turns them off (a
-# None one also off when empty or false, as PEFT versions write them); any other is refused
-PEFT_UNSUPPORTED = {"use_dora": False, "use_rslora": False, "bias": "none",
-                    "modules_to_save": None, "layers_to_transform": None, "rank_pattern": {},
-                    "alpha_pattern": {}, "fan_in_fan_out": False, "exclude_modules": None,
-                    "layer_replication": None, "trainable_token_indices": None,
-                    "use_bdlora": None, "lora_bias": False, "target_parameters": None}
-
-
-def read_peft_config(folder):
-    """(rank, alpha, dropout, targets, base_model_name_or_path) of a PEFT folder's
-    adapter_config.json; ValueError naming the file and the key for anything npformer's LoRA
-    is not."""
-    from .hf import read_json_object
-    file, raw = read_json_object(folder, "adapter_config.json", "not a PEFT adapter folder")
-    if raw.get("peft_type", "LORA") != "LORA":
-        raise ValueError(f"{file}: peft_type: expected 'LORA', got {raw.get('peft_type')!r}")
-    for key, plain in PEFT_UNSUPPORTED.items():
-        value = raw.get(key)
-        if not (value is None or value == plain or
-                (plain is None and (value is False or value in ([], {})))):
-            raise ValueError(f"{file}: {key}: npformer's LoRA reads {plain!r} only, got "
-                             f"{raw[key]!r:.60}")
-    targets = raw.get("target_modules")
-    if isinstance(targets, str) or not isinstance(targets, list) or not targets:
-        raise ValueError(f"{file}: target_modules: expected a list of module names, got "
-                         f"{targets!r:.60}")
-    try:
-        rank, alpha, dropout = check_settings(raw.get("r"), raw.get("lora_alpha", 8),
-                                              raw.get("lora_dropout", 0.0), PEFT_NAMES)
-    except ValueError as e:
-        raise ValueError(f"{file}: {e}") from None
-    return rank, alpha, dropout, targets, raw.get("base_model_name_or_path")
-
-
-def _warn_of_another_base(model, file, named):
-    """Warn once where the adapter's ``base_model_name_or_path`` (``named``, read from
-    ``file``) names a folder here that is not the one ``model`` was read from
-    (``model.name_or_path``). (A hub name that is no folder here, or a model of unknown
-    origin, is not judged.)"""
-    ours = getattr(model, "name_or_path", None)
-    if not (isinstance(named, str) and named and ours and os.path.isdir(named)):
-        return
-    if not os.path.samefile(named, ours):
-        warnings.warn(f"{file}: base_model_name_or_path names {named}, but the base it is applied "
-                      f"to was read from {ours}: the adapter was trained for another model",
-                      stacklevel=3)
-
-
-def load_peft(model, folder):
-    """Apply and load a PEFT adapter folder (``adapter_config.json``,
-    ``adapter_model.safetensors``) onto ``model`` (its base, frozen here). Every key of the file
-    must be an adapter of the config's targets and every adapter must be there, each of its
-    shape, in a floating-point dtype (float32, float64, float16 or bfloat16, read as the model's
-    weights are: ``npformer.hf.read_tensor``) and finite in the model's. Returns the model."""
-    from .hf import FLOAT_DTYPES, read_header, read_tensor
-    rank, alpha, dropout, targets, base_name = read_peft_config(folder)
-    folder = Path(folder)
-    _check_llama_base(model, f"{folder}")
-    file = Path(folder) / "adapter_model.safetensors"
-    if not file.is_file():
-        raise ValueError(f"{folder}: no adapter_model.safetensors")
-    stored = read_header(file)
-    try:
-        apply(model, rank, alpha, dropout, targets, names=PEFT_NAMES)
-    except ValueError as e:
-        raise ValueError(f"{folder / 'adapter_config.json'}: {e}") from None
-    names = _hf_modules(model)
-    arrays = {}
-    wanted = {}
-    for path, lora in adapters(model):
-        module = names[(_weight_name(model, lora), lora.start, lora.stop)]
-        wanted[f"{PEFT_PREFIX}{module}.lora_A.weight"] = f"{path}.A"
-        wanted[f"{PEFT_PREFIX}{module}.lora_B.weight"] = f"{path}.B"
-    missing = [k for k in wanted if k not in stored]
-    extra = [k for k in stored if k not in wanted]
-    wrong = [f"{k}: expected floating-point weights ({', '.join(FLOAT_DTYPES)}), got {t.dtype}"
-             for k, t in stored.items() if k in wanted and t.dtype not in FLOAT_DTYPES]
-    if missing or extra or wrong:
-        parts = ([f"missing {missing[:4]}"] if missing else []) + \
-                ([f"unexpected {extra[:4]}"] if extra else []) + wrong[:4]
-        raise ValueError(f"{file}: does not hold the adapters of its adapter_config.json for "
-                         f"this model: " + "; ".join(parts))
-    dtype = np.dtype(model.config.dtype)
-    for key, ours in wanted.items():
-        arrays[ours] = read_tensor(stored[key], key, dtype)
-    load_adapter_state(model, arrays, str(file))
-    model.lora.base = {"folder": None, "kind": "peft"}
-    _warn_of_another_base(model, folder / "adapter_config.json", base_name)
-    return model
-
-
-# -- safetensors and the merged model ------------------------------------------------------------
-SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "bfloat16": "BF16"}
-
-
-def to_bfloat16(x):
-    """float32 -> bfloat16 bits (uint16), rounded to nearest even (NaN stays NaN)."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
-    nan = np.isnan(x)
-    if nan.any():
-        rounded[nan] = np.uint16(0x7FC0)
-    return rounded
-
-
-def write_safetensors(path, tensors, dtype=None):
-    """One safetensors file of ``tensors`` ({name: array}), atomically: F32 or F64 as they are,
-    or all as ``dtype`` ("float32", "bfloat16"). Header metadata {"format": "pt"}, as
-    transformers writes it."""
-    entries, blobs, offset = {}, [], 0
-    for name, value in tensors.items():
-        if dtype == "bfloat16":
-            data, code = to_bfloat16(value), "BF16"
-        else:
-            arr = np.asarray(value, dtype=np.float32 if dtype == "float32" else None)
-            code = SAFETENSORS_DTYPES.get(arr.dtype.name)
-            if code is None:
-                raise ValueError(f"{name}: cannot store a {arr.dtype} tensor")
-            data = np.ascontiguousarray(arr)
-        raw = data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes()
-        entries[name] = {"dtype": code, "shape": list(np.shape(value)),
-                         "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    header = json.dumps({"__metadata__": {"format": "pt"}, **entries},
-                        separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)
-
-    def write(f):
-        f.write(len(header).to_bytes(8, "little"))
-        f.write(header)
-        for raw in blobs:
-            f.write(raw)
-    write_file_atomic(Path(path), write)
-
-
-WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt")
-
-
-def merged_tensors(model):
-    """{Hugging Face name: float array} of a Llama-family model with its adapters' updates
-    added (the model itself unchanged)."""
-    from .hf import llama_names
-    params = dict(model.named_parameters())
-    deltas = {}
-    for _, lora in adapters(model):
-        if not lora.merged:
-            deltas.setdefault(_weight_name(model, lora), []).append(lora)
-    out = {}
-    for hf, (ours, rows) in llama_names(model.config).items():
-        value = np.array(params[ours].data[rows], dtype=np.float32)
-        start, _, _ = rows.indices(params[ours].data.shape[0])
-        for lora in deltas.get(ours, ()):
-            stop = start + value.shape[0]
-            if start <= lora.start and lora.stop <= stop:
-                value[lora.start - start:lora.stop - start] += lora.delta_weight()
-        out[hf] = value
-    return out
-
-
-def save_merged(model, base_folder, out, dtype="float32"):
-    """A Hugging Face folder of the merged model (``transformers`` loads it): the base folder's
-    config.json (its ``torch_dtype`` set to ``dtype``), tokenizer and generation files, and
-    one model.safetensors of the weights with the adapters added, in float32 or bfloat16."""
-    _check_llama_base(model, "export --format hf --merge")
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype!r}")
-    base_folder, out = Path(base_folder), Path(out)
-    from .hf import read_json_object
-    _, config = read_json_object(base_folder, "config.json", "the base model's folder is needed "
-                                 "for its configuration and tokenizer")
-    out.mkdir(parents=True, exist_ok=True)
-    for item in sorted(base_folder.iterdir()):
-        if item.is_file() and not item.name.endswith(WEIGHT_FILES) and \
-                not item.name.endswith(".index.json") and item.name != "config.json":
-            shutil.copyfile(item, out / item.name)
-    config["torch_dtype"] = dtype
-    text = json.dumps(config, indent=2) + "\n"
-    write_file_atomic(out / "config.json", lambda f: f.write(text.encode()))
-    write_safetensors(out / "model.safetensors", merged_tensors(model), dtype)
-    return out
-
-
-def load_adapter(model, path):
-    """Apply and load the adapter at ``path`` onto ``model`` (its base, frozen here): a PEFT
-    folder (adapter_config.json) or a checkpoint of an npformer LoRA run (RUN/best), whose base
-    must be this model (same configuration, same weights by sha256). Returns the model."""
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "adapter_config.json")):
-        return load_peft(model, path)
-    from .checkpoint import load_checkpoint
-    if os.path.isdir(path):
-        path = os.path.join(path, "best")
-    arrays, meta = load_checkpoint(path)
-    where = f"adapter {path}"
-    if "lora" not in meta:
-        raise ValueError(f"{where}: holds no LoRA adapters (a checkpoint of npformer lm "
-                         f"--lora-rank, or a PEFT folder with adapter_config.json)")
-    theirs = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-    dropouts = run_dropouts(theirs, model.config.to_dict(), where)
-    weights = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
-    return rebuild(model, meta["lora"], weights, where, dropouts=dropouts)

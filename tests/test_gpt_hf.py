@@ -12,7 +12,18 @@ import pytest
 
 import npformer as nf
 from npformer.cli.main import main
-from npformer.hf import CONV1D_TRANSPOSED, hf_names, read_config
+from npformer.families import get as family, tensor_names
+from npformer.hf import read_model_config
+
+# GPT-2's Conv1D weights, stored (in, out): transposed on loading
+CONV1D_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
+                     "mlp.c_proj.weight")
+
+
+def hf_names(config):
+    """{npformer parameter: (GPT-2 tensor name, stored transposed)}: GPT-2's tensor map."""
+    return {ours: (theirs, transposed)
+            for theirs, (ours, _, transposed) in tensor_names(family("gpt2"), config).items()}
 from test_gpt import next_token_backward
 
 torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
@@ -177,11 +188,11 @@ def rewrite_tensors(path, change):
 
 @pytest.mark.parametrize("case,match", [
     ("no config", "no config.json"),
-    ("not gpt2", "model_type: expected 'gpt2', got 'bert'"),
+    ("not gpt2", "model_type: expected one of gpt2, llama, qwen2, qwen3, got 'bert'"),
     ("pickle only", "pytorch_model.bin, a pickle, which npformer never loads"),
     ("missing", r"missing \['h.1.mlp.c_fc.bias'\]"),
     ("extra", r"unexpected \['h.0.attn.rotary'\]"),
-    ("mis-shaped", r"mis-shaped \[h.0.attn.c_attn.weight: expected \(32, 96\), got \(96, 32\)\]"),
+    ("mis-shaped", r"wrong \[h.0.attn.c_attn.weight: expected \(32, 96\), got \(96, 32\)\]"),
     ("activation", "activation_function: expected one of"),
     ("activation list", r"activation_function: expected one of .*, got \['gelu'\]"),
     ("n_embd null", "n_embd: expected a positive integer, got None"),
@@ -222,7 +233,7 @@ def test_a_stray_tensor_named_like_a_bias_is_not_taken_for_a_mask_buffer(folder,
 
 
 def test_config_and_eos_are_read_with_hugging_faces_names(folder):
-    config, eos = read_config(folder[0])
+    config, eos, _ = read_model_config(folder[0])
     assert (config.d_model, config.n_layers, config.n_heads, config.max_len) == (32, 2, 4, 24)
     assert eos == folder[2].token_to_id("<|endoftext|>")
     assert nf.GPT.from_pretrained(folder[0]).eos_id == eos

@@ -14,7 +14,7 @@ import pytest
 
 import npformer as nf
 from npformer.cli.main import main
-from npformer.hf import hf_names
+from npformer.families import get as family, tensor_names
 
 tokenizers = pytest.importorskip("tokenizers", reason="extra hf: pip install 'npformer[hf]'")
 pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
@@ -48,7 +48,8 @@ def gpt2_tensors(model):
     """{GPT-2 name: array} of an npformer GPT (the Conv1D weights stored transposed)."""
     state = model.state_dict()
     return {theirs: np.ascontiguousarray(state[ours].T if transposed else state[ours])
-            for ours, (theirs, transposed) in hf_names(model.config).items()}
+            for theirs, (ours, _, transposed) in tensor_names(family("gpt2"),
+                                                              model.config).items()}
 
 
 def make_folder(path, tokenizer=None, vocab_size=None, n_layer=1, d_model=8, n_head=2,

@@ -305,19 +305,24 @@ def test_lm_positions_is_a_model_option_a_resume_keeps(text_file, tmp_path, monk
     assert "--positions learned in the checkpoint, rotary given" in capsys.readouterr().err
 
 
-def test_the_recipes_two_blocks_have_one_size_and_are_told_apart_by_their_fields():
-    """--arch gpt and --arch llama are the same shape and training with another block: the
-    SwiGLU's width makes its three matrices hold the MLP's two's weights."""
-    from npformer.training.language_model import arch_of, lm_d_ff, lm_model
-    gpt, llama = (nf.GPTConfig(vocab_size=65, **lm_model(a)) for a in ("gpt", "llama"))
+def test_the_recipes_blocks_have_one_size_and_record_their_family():
+    """--arch gpt2 and --arch llama are the same shape and training with another block: the
+    SwiGLU's width makes its three matrices hold the MLP's two's weights. Each configuration
+    records its family (nothing is read off its fields); "gpt" is gpt2's earlier name."""
+    from npformer.training.language_model import lm_d_ff, lm_model, migrate_arch
+    gpt, llama = (nf.GPTConfig(vocab_size=65, **lm_model(a)) for a in ("gpt2", "llama"))
     assert (llama.norm, llama.ffn, llama.activation, llama.qkv_bias, llama.proj_bias) == \
         ("rmsnorm", "gated", "silu", False, False)
     assert 3 * llama.d_ff == 2 * gpt.d_ff                   # 512 and 768 at d_model 192
     assert abs(llama.parameter_count() / gpt.parameter_count() - 1) < 0.01   # (biases, shifts)
-    assert (arch_of(gpt), arch_of(llama)) == ("gpt", "llama")
-    assert arch_of(llama.replace(qkv_bias=True)) is None   # a Qwen2's block: neither preset
+    assert (gpt.family, llama.family) == ("gpt2", "llama")
+    assert lm_model("gpt") == lm_model("gpt2")
+    assert nf.GPTConfig(vocab_size=65, **lm_model("qwen2")).qkv_bias
+    assert [migrate_arch(r) for r in ({}, {"arch": "gpt"}, {"arch": "llama"})] == \
+        ["gpt2", "gpt2", "llama"]
     assert [lm_d_ff("llama", d) for d in (16, 96, 192, 200)] == [64, 256, 512, 544]
-    with pytest.raises(ValueError, match="arch: expected one of gpt, llama, got 'mistral'"):
+    with pytest.raises(ValueError, match="arch: expected one of gpt2, llama, qwen2, qwen3, got "
+                                         "'mistral'"):
         lm_model("mistral")
 
 
@@ -334,7 +339,7 @@ def test_lm_arch_llama_trains_llamas_block_and_a_resume_keeps_it(text_file, tmp_
     assert (config.norm, config.ffn, config.activation, config.qkv_bias, config.proj_bias,
             config.n_kv_heads, config.n_heads, config.d_ff) == ("rmsnorm", "gated", "silu", False,
                                                                 False, 1, 2, 64)
-    assert ckpt.meta["extra"]["options"]["arch"] == "llama"
+    assert ckpt.meta["extra"]["options"]["arch"] == "llama" and config.family == "llama"
     assert ckpt.meta["extra"]["options"]["n_kv_heads"] == 1
     out = tmp_path / "run"
     assert main(["lm", "--data", str(text_file), "--out", str(out), "--max-steps", "3",
@@ -346,7 +351,7 @@ def test_lm_arch_llama_trains_llamas_block_and_a_resume_keeps_it(text_file, tmp_
     capsys.readouterr()
     assert main(["lm", "--data", str(text_file), "--out", str(out), "--resume",
                  str(out / "last"), "--max-steps", "4", "--arch", "gpt"]) == 1
-    assert ("cannot change --arch: --arch llama in the checkpoint, gpt given"
+    assert ("cannot change --arch: --arch llama in the checkpoint, gpt2 given"
             in capsys.readouterr().err)
     for flag, value in (("--arch", "llama"), ("--n-kv-heads", "1")):
         assert main(["lm", "--data", str(text_file), "--out", str(tmp_path / "x"),

@@ -22,8 +22,19 @@ import pytest
 
 import npformer as nf
 from npformer.cli.main import main
-from npformer.hf import (LLAMA_BLOCK_RENAMES, LLAMA_RENAMES, hf_parameter, llama_names,
-                         read_model_config)
+from npformer.families import get as family, parameter_of, tensor_names
+from npformer.hf import read_model_config
+
+LLAMA = family("llama")
+
+
+def llama_names(config):
+    """{Hugging Face tensor name: (npformer parameter, rows)}: the Llama family's tensor map."""
+    return {theirs: (ours, rows) for theirs, (ours, rows, _) in tensor_names(LLAMA, config).items()}
+
+
+def hf_parameter(config, name):
+    return parameter_of(LLAMA, config, name)[:2]
 from test_gpt import next_token_backward
 
 torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
@@ -431,11 +442,11 @@ def test_lora_targets_are_found_through_the_table():
                 "down_proj": ("ffn.linear2.weight", None, None)}
     for module, (ours, start, stop) in expected.items():
         part = "self_attn" if module.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
-        assert f"{part}.{module}" in LLAMA_BLOCK_RENAMES
+        assert f"{part}.{module}" in LLAMA.blocks
         assert hf_parameter(config, f"model.layers.2.{part}.{module}.weight") == \
             (f"blocks.2.{ours}", slice(start, stop))
     assert hf_parameter(config, "lm_head.weight") == ("generator.weight", slice(None))
-    assert set(LLAMA_RENAMES) == {"model.embed_tokens", "model.norm", "lm_head"}
+    assert set(LLAMA.ends) == {"model.embed_tokens", "model.norm", "lm_head"}
     for name, match in [("model.layers.3.mlp.up_proj.weight", "has 3 layers"),
                         ("model.layers.0.self_attn.q_proj.bias", "not a tensor of this model"),
                         ("model.layers.0.self_attn.q_norm.weight", "not a tensor"),

@@ -585,13 +585,13 @@ def test_a_peft_export_folder_honours_the_umask(tmp_path, umask, mode, capsys):
 
 KILLED_LORA_EXPORT = """
 import os, signal, sys
-from npformer import lora
+from npformer import lora_files
 from npformer.cli.main import main
-save = lora.save_peft
+save = lora_files.save_peft
 def save_then_die(*args, **kwargs):
     save(*args, **kwargs)                                # the adapter written, then kill -9
     os.kill(os.getpid(), signal.SIGKILL)
-lora.save_peft = save_then_die
+lora_files.save_peft = save_then_die
 main(["export", "--checkpoint", sys.argv[1], "--format", "peft", "--out", sys.argv[2]])
 """
 

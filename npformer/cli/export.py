@@ -1,10 +1,11 @@
 """``npformer export``: write a checkpoint in another engine's format: CTranslate2 (a translation
 checkpoint), PEFT's adapter files or a merged Hugging Face folder (a LoRA run of npformer lm on
-a Llama, Qwen2 or Qwen3 base)."""
+a base of any family of ``npformer.families``)."""
 import json
 import os
 from pathlib import Path
 
+from .. import families, lora, lora_files
 from ..checkpoint import write_file_atomic
 from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2, write_folder
 from ..training.checkpointing import load_model_checkpoint
@@ -23,7 +24,7 @@ def add_parser(sub, name):
                                    "under a temporary name and renamed into place; its "
                                    "npformer.json records the sha256 of every file, checked "
                                    "whenever the export is loaded. A LoRA run of npformer lm "
-                                   "(llama, qwen2 or qwen3 base) exports as PEFT's "
+                                   f"({families.spelled()} base) exports as PEFT's "
                                    "adapter_config.json and adapter_model.safetensors "
                                    "(--format peft), or as a Hugging Face folder of its merged "
                                    "weights that transformers loads (--format hf --merge).")
@@ -94,7 +95,6 @@ def _run_lora(args):
     """--format peft / hf --merge: the adapters of a LoRA run, written into a temporary folder
     beside --out and renamed into place (``npformer.ct2.write_folder``, as a CTranslate2
     export is)."""
-    from .. import lora
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
     model, settings = loaded.model, lora.settings(loaded.model)
     if settings is None:
@@ -105,9 +105,9 @@ def _run_lora(args):
 
     def write(tmp):
         if args.format == "peft":
-            lora.save_peft(model, tmp, settings.base.get("folder"))
+            lora_files.save_peft(model, tmp, settings.base.get("folder"))
         else:
-            lora.save_merged(model, settings.base["folder"], tmp, args.dtype or "float32")
+            lora_files.save_merged(model, settings.base["folder"], tmp, args.dtype or "float32")
         marker = json.dumps({"kind": _LORA_KIND, "format": args.format}) + "\n"
         write_file_atomic(tmp / LORA_MARKER, lambda f: f.write(marker.encode("utf-8")))
     _remove_leftovers(args.out)

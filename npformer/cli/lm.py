@@ -9,8 +9,9 @@
     npformer lm --data my.txt --init-from path/to/SmolLM2-135M --lora-rank 8 --out runs/lora
 
 The recipe is ``npformer.training.language_model``'s (``lm_model(arch)``, ``LM_TRAIN``).
-``--arch`` picks the block (GPT-2's or Llama's) of a new model; it is recorded like a model
-option, and a run recorded before it existed is the architecture its model's fields say.
+``--arch`` picks the block of a new model: a family of ``npformer.families`` (GPT-2's, Llama's,
+Qwen2's, Qwen3's); it is recorded like a model option, and the model's configuration records
+its family. A run recorded before --arch existed trained GPT-2's block (``migrate_arch``).
 """
 import argparse
 import os
@@ -21,8 +22,9 @@ from ..configs import GPTConfig
 from ..data.download import text_file
 from ..lora import split_names
 from . import common
-from ..training.language_model import (INIT_CONTEXT, LM_ARCH, LM_BLOCKS, LM_TRAIN, arch_of,
-                                       lm_d_ff, lm_model, lm_trainer)
+from .. import families
+from ..training.language_model import (ARCH_ALIASES, INIT_CONTEXT, LM_ARCH, LM_TRAIN, lm_d_ff,
+                                       lm_model, lm_trainer, migrate_arch)
 from ..training.trainer import SPANNING
 from .common import (NoneDefaultFormatter, add_model_options, non_negative_float, non_negative_int,
                      path_argument, positive_float, positive_int, probability,
@@ -45,6 +47,9 @@ LORA_FLAGS = {"rank": "--lora-rank", "alpha": "--lora-alpha", "dropout": "--lora
               "target_modules": "--lora-targets"}
 # the model options --init-from refuses, its model bringing them: all but --context (how much
 # of the text the task shows it at once) and --dropout (the fine-tuning's)
+# the families whose feed-forward is an MLP, and those whose is gated (the recipe's d_ff rule)
+_MLP_ARCHS = [name for name in families.names() if lm_d_ff(name, 96) == 4 * 96]
+_GATED_ARCHS = [name for name in families.names() if name not in _MLP_ARCHS]
 _SHAPE = ("arch",) + tuple(option for option in LANGUAGE_MODEL.options
                             if option not in ("context", "dropout"))
 
@@ -58,7 +63,7 @@ def add_parser(sub, name):
                                    "the validation loss (nats per character, over the whole "
                                    "split), samples at every validation, the best checkpoint by "
                                    "validation loss. --init-from fine-tunes a Hugging Face "
-                                   "folder (GPT-2, Llama, Qwen2, Qwen3) or an npformer GPT "
+                                   f"folder ({families.spelled()}) or an npformer GPT "
                                    "checkpoint instead, with its tokenizer.")
     p.add_argument("--data", type=path_argument, required=True, metavar="FILE",
                    help="the UTF-8 text to learn: a file, or tinyshakespeare (the file of "
@@ -75,24 +80,28 @@ def add_parser(sub, name):
                         "the checkpoint's values; only %s may change)"
                         % ", ".join(flag(d) for d in LM_MAY_CHANGE))
     p.add_argument("--init-from", type=path_argument, metavar="DIR",
-                   help="start from these weights: a Hugging Face folder of GPT-2, Llama, Qwen2 "
-                        "or Qwen3 (config.json, model.safetensors or its shards, tokenizer.json; "
-                        "extra hf) or an npformer GPT checkpoint; the text is cut by its "
-                        "tokenizer")
+                   help=f"start from these weights: a Hugging Face folder of "
+                        f"{families.spelled()} (config.json, model.safetensors or its shards, "
+                        f"tokenizer.json; extra hf) or an npformer GPT checkpoint; the text is "
+                        f"cut by its tokenizer")
     # None: not given, so that a resume tells them from the checkpoint's; fill_defaults sets
     # the recipe's values afterwards, which the help says
     recipe = LANGUAGE_MODEL.defaults(lm_model())
     group = p.add_argument_group("model (a new one; --init-from brings its own)")
-    group.add_argument("--arch", choices=tuple(LM_BLOCKS), default=None,
-                       help=f"the block: GPT-2's (LayerNorm, a GELU MLP, biases) or Llama's "
-                            f"(RMSNorm, a SwiGLU feed-forward, no biases); the same size and "
-                            f"training (default {LM_ARCH})")
+    group.add_argument("--arch", type=_arch_name, choices=families.names(), default=None,
+                       help=f"the block, a model family's ("
+                            f"{'; '.join(f'{f.name}: {f.display}' for f in families.FAMILIES.values())}"
+                            f"); the same size and training (default {LM_ARCH}; "
+                            f"{', '.join(f'{a} is {n}' for a, n in ARCH_ALIASES.items())}, its "
+                            f"earlier name)")
     add_model_options(group, LANGUAGE_MODEL, LANGUAGE_MODEL.defaults(), {
         "layers": f"transformer blocks (default {recipe['layers']})",
         "d_model": f"default {recipe['d_model']}",
         "n_heads": f"default {recipe['n_heads']}",
-        "d_ff": "default 4 x --d-model for gpt; 8/3 x --d-model, rounded up to a multiple of "
-                "32, for llama (its three matrices then hold as many weights as the two of gpt)",
+        "d_ff": f"default 4 x --d-model for {', '.join(_MLP_ARCHS)}; 8/3 x --d-model, "
+                f"rounded up to a multiple of 32, for the gated feed-forward of "
+                f"{', '.join(_GATED_ARCHS)} (its three matrices then hold as many weights as "
+                f"the MLP's two)",
         "n_kv_heads": "key/value heads, each shared by a group of query heads: a divisor of "
                       "--n-heads (default --n-heads; fewer is grouped-query attention)",
         "context": f"tokens the model sees at once (default {recipe['context']}; with "
@@ -113,10 +122,13 @@ def add_parser(sub, name):
                     help="dropout on the adapters' input, in [0, 1) (PEFT's lora_dropout; "
                          "default 0)")
     lo.add_argument("--lora-targets", nargs="+", default=None, metavar="NAME", action=_Names,
-                    help="the projections to adapt, separated by spaces or commas: PEFT's names "
-                         "(q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) or "
-                         "npformer's (in_proj out_proj linear1 linear2, and generator where it is "
-                         "not tied to the embedding) (default q_proj v_proj)")
+                    help=f"the projections to adapt, separated by spaces or commas: PEFT's "
+                         f"names for the model's family ("
+                         f"{'; '.join(f'{f.display}: ' + ' '.join(f.peft_targets) for f in families.FAMILIES.values())}"
+                         f") or npformer's (in_proj out_proj linear1 linear2, and generator "
+                         f"where it is not tied to the embedding) (default PEFT's for the "
+                         f"family: "
+                         f"{'; '.join(f'{f.name} ' + ' '.join(f.default_targets) for f in families.FAMILIES.values())})")
     t = p.add_argument_group("training")
     t.add_argument("--max-steps", type=positive_int, default=None,
                    help=f"updates; the schedule ends there (default {LM_TRAIN['max_steps']})")
@@ -192,15 +204,13 @@ def _lora(args):
         return None
     if args.init_from is None and not args.resume:
         raise ValueError("--lora-rank: adapts a trained model; give it with --init-from DIR")
-    from ..lora import DEFAULT_TARGETS
     if args.lora_alpha is None:
         args.lora_alpha = float(args.lora_rank)
     if args.lora_dropout is None:
         args.lora_dropout = 0.0
-    if args.lora_targets is None:
-        args.lora_targets = list(DEFAULT_TARGETS)
     return {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
-            "targets": list(args.lora_targets), "names": LORA_FLAGS}
+            "targets": None if args.lora_targets is None else list(args.lora_targets),
+            "names": LORA_FLAGS}
 
 
 def _recorded(args):
@@ -260,6 +270,9 @@ def build(args, saved=None):
     trainer, data = _lm_trainer(args, saved, lora)
     args.context = trainer.extra["options"]["context"] = trainer.task.context   # as used
     args.sample_tokens = trainer.extra["options"]["sample_tokens"] = trainer.task.sample_tokens
+    if lora is not None and saved is None:       # as applied: the family's default if not given
+        args.lora_targets = trainer.extra["options"]["lora_targets"] = \
+            list(trainer.model.lora.targets)
     return _summary(args, trainer, data)
 
 
@@ -289,10 +302,17 @@ def _summary(args, trainer, data):
     return trainer, data
 
 
+def _arch_name(text):
+    """--arch's value by today's name (``ARCH_ALIASES``: an earlier name is read as its own)."""
+    return ARCH_ALIASES.get(text, text)
+
+
 def _block_name(config):
-    """How the summary line names a model: by the ``--arch`` its fields match."""
-    return {"gpt": "GPT", "llama": "GPT with Llama's block"}.get(arch_of(config),
-                                                                 f"{config.arch} model")
+    """How the summary line names a model: by the family its configuration records."""
+    family = getattr(config, "family", None)
+    if family in families.FAMILIES:
+        return f"GPT with {families.get(family).display}'s block"
+    return f"{config.arch} model"
 
 
 def _tokenizer_bytes(data):
@@ -322,8 +342,8 @@ def recorded_lm_options(meta):
         for option, value in model.items():
             if option != "context":              # the task's, recorded by every run
                 recorded.setdefault(option, value)
-        if recorded.get("init_from") is None:   # a new model: the block its fields are
-            recorded.setdefault("arch", arch_of(GPTConfig.from_dict(meta["config"])))
+        if recorded.get("init_from") is None:   # a new model: the block its run recorded
+            recorded["arch"] = migrate_arch(recorded)
     for option in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"):
         recorded.setdefault(option, None)        # a run from before LoRA trained no adapters
     return recorded

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 
+from .. import families
 from ..decoding.search import greedy_search, sample_search
 from ..decoding.translator import format_token_trace
 from .common import (_real, non_negative_int, path_argument, positive_float, positive_int,
@@ -26,19 +27,19 @@ def top_p_value(text):
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="continue a prompt with a language model (npformer lm, GPT-2, "
-                                  "Llama, Qwen2, Qwen3)",
+    p = sub.add_parser(name, help=f"continue a prompt with a language model (npformer lm, "
+                                  f"{families.spelled('or')})",
                        description="Continue a prompt with a checkpoint of npformer lm, or with "
                                    "the weights of a Hugging Face folder (config.json, "
                                    "model.safetensors or its shards, tokenizer.json; extra hf) "
-                                   "of GPT-2, Llama, Qwen2 or Qwen3. Samples by default; "
+                                   f"of {families.spelled()}. Samples by default; "
                                    "--greedy takes the most likely token every time.")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", type=path_argument, metavar="CKPT",
                         help="a checkpoint of npformer lm (RUN/best), or its run folder")
     source.add_argument("--hf", type=path_argument, metavar="DIR",
-                        help="a Hugging Face model folder of GPT-2, Llama, Qwen2 or Qwen3 (e.g. "
-                             "the files of the hub's gpt2 or SmolLM2-135M)")
+                        help=f"a Hugging Face model folder of {families.spelled()} (e.g. "
+                             f"the files of the hub's gpt2 or SmolLM2-135M)")
     p.add_argument("--adapter", type=path_argument, metavar="PATH",
                    help="with --hf: the LoRA adapter of a run of npformer lm --lora-rank "
                         "(RUN/best), or a PEFT folder (adapter_config.json), applied to the "
@@ -87,7 +88,7 @@ def load_language_model(args):
         from ..training.language_model import load_pretrained
         model, tokenizer = load_pretrained(args.hf, dtype=dtype)
         if args.adapter is not None:
-            from ..lora import load_adapter
+            from ..training.lora_runs import load_adapter
             model = load_adapter(model, args.adapter).eval()
         return model, tokenizer
     from ..training.checkpointing import load_model_checkpoint

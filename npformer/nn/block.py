@@ -5,7 +5,8 @@ once, in :mod:`npformer.parts`: ``build_norm`` and ``build_ffn`` build the modul
 
     block = Block(config, rotary, rng=rng, dtype=np.float32)    # GPT builds n_layers of them
 
-Parameters, in ``named_parameters()`` order (GPT-2's names in ``npformer.hf``):
+Parameters, in ``named_parameters()`` order (each family's names for them in
+``npformer.families``):
 
     self_attn.in_proj_weight ((H + 2 H_kv) d_h, D), self_attn.in_proj_bias   [qkv_bias]
                        (the query rows, then the key rows, then the value rows)

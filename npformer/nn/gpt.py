@@ -2,18 +2,10 @@
 embeddings and positions, a list of ``Block`` s chosen by the configuration (causal
 self-attention + feed-forward, pre-norm by default), a final norm and the output projection.
 
-Parameter names and their GPT-2 (Hugging Face) counterparts (``npformer.hf`` maps them):
-
-    tok_embed.weight                  wte.weight
-    pos_embed.weight                  wpe.weight
-    blocks.N.norm1                    h.N.ln_1
-    blocks.N.self_attn.in_proj_*      h.N.attn.c_attn   (Conv1D: stored transposed)
-    blocks.N.self_attn.out_proj       h.N.attn.c_proj   (Conv1D)
-    blocks.N.norm2                    h.N.ln_2
-    blocks.N.ffn.linear1              h.N.mlp.c_fc      (Conv1D)
-    blocks.N.ffn.linear2              h.N.mlp.c_proj    (Conv1D)
-    norm                              ln_f
-    generator.weight (untied only)    lm_head.weight
+Parameter names: ``tok_embed.weight``, ``pos_embed.weight`` (learned positions only),
+``blocks.N.*`` (``nn/block.py``), ``norm.*`` and ``generator.weight`` (untied only). Each model
+family's Hugging Face names for them are its tensor map in ``npformer.families`` (GPT-2's in
+``families/gpt2.py``).
 
 (Until the blocks were their own they were ``transformer.layers.N`` and ``transformer.norm``;
 checkpoints written then are renamed on load: ``GPTConfig.RENAMED``.)
@@ -25,7 +17,6 @@ import numpy as np
 from .. import functional as F
 from .. import runtime
 from ..configs import GPTConfig
-from ..hf import read_gpt2
 from ..validation import check_array, check_int, check_token_ids
 from ..parts import POSITIONS
 from .block import Block, build, build_norm, starting_values
@@ -121,15 +112,13 @@ class GPT(Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype=np.float32):
-        """GPT-2 from a Hugging Face folder (``config.json`` + ``model.safetensors``), read
-        without PyTorch (:func:`npformer.hf.read_gpt2`: every tensor checked by name and shape,
-        the Conv1D weights transposed), in eval mode. The folder's ``eos_token_id`` becomes
-        ``model.eos_id``. ``dtype``: float32, or float64 for checks."""
-        config, weights, eos_id = read_gpt2(path, dtype)
-        model = cls.from_config(config)
-        model.load_state_dict(weights)
-        model.eos_id = eos_id
-        return model.eval()
+        """The model of a Hugging Face folder (GPT-2, Llama, Qwen2, Qwen3: any family of
+        ``npformer.families``), read without PyTorch by :func:`npformer.hf.from_pretrained`
+        (every tensor checked by name and shape, GPT-2's Conv1D weights transposed), in eval
+        mode; the folder's end-of-text id becomes ``model.eos_id``. ``dtype``: float32, or
+        float64 for checks."""
+        from ..hf import from_pretrained        # (the loader sits above the layers)
+        return from_pretrained(path, dtype)
 
     def reconfigured(self, **changes):
         """A new model of ``config.replace(**changes)`` holding these weights (cast to its

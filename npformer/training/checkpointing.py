@@ -13,6 +13,7 @@ state, and ``runtime`` the matrix-product variants in force (``npformer.runtime.
 resumed run continues bit for bit. Format-2 files (no architecture, no npformer version,
 ``src_vocab``/``tgt_vocab`` lists) are migrated on load (:func:`migrate_meta`).
 """
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +22,11 @@ from .. import runtime
 from ..checkpoint import (CheckpointError, checkpoint_paths, load_checkpoint, rng_from_arrays,
                           rng_state_to_arrays, save_checkpoint)
 from ..data.vocab import Vocabularies
+from ..hf import from_pretrained
+from ..lora import adapter_state, base_identity, load_adapter_state
 from ..registry import ARCHITECTURES, build_model, config_from_dict, is_registered
 from ..version import VERSION
+from .lora_runs import rebuild, run_dropouts
 
 KIND = "npformer-model"
 _MODEL, _OPTIM, _RNG = "model/", "optim/", "rng/model"
@@ -36,9 +40,8 @@ def save_model_checkpoint(path, model, vocabs, optimizer=None, training=None, ex
                             pad_id=getattr(model.config, "pad_id", None))
     lora = getattr(model, "lora", None)           # a LoRA run: its adapters alone, and its base
     if lora is not None:
-        from .. import lora as lora_module
-        lora_module.base_identity(model)          # its base's sha256, computed once
-        arrays = {_MODEL + name: value for name, value in lora_module.adapter_state(model).items()}
+        base_identity(model)                      # its base's sha256, computed once
+        arrays = {_MODEL + name: value for name, value in adapter_state(model).items()}
     else:
         arrays = {_MODEL + name: value for name, value in model.state_dict().items()}
     if optimizer is not None:
@@ -144,20 +147,32 @@ def load_model_checkpoint(path):
     return LoadedCheckpoint(model, vocabs, meta, arrays, name)
 
 
+def load_base(base, where):
+    """The frozen base a LoRA checkpoint records: its Hugging Face folder or npformer checkpoint
+    (``base["folder"]``, ``base["kind"]``)."""
+    folder = base.get("folder")
+    if not folder or not (os.path.exists(folder) or os.path.exists(f"{folder}.npz")):
+        raise ValueError(f"{where}: its base model {folder!r} is not there any more (a LoRA "
+                         f"checkpoint holds the adapters alone; put the base back, or pass it "
+                         f"with sample --hf DIR --adapter)")
+    if base.get("kind") == "npformer":
+        return load_model_checkpoint(folder).model
+    return from_pretrained(folder)
+
+
 def _lora_model(meta, config, weights, name):
     """The model of a LoRA checkpoint: its base read again from the folder it records, checked
     by configuration and by the hash of its weights, then the stored adapters applied and
     loaded (each checked: present, of its shape and dtype, finite)."""
-    from .. import lora
     where = f"checkpoint {name}"
     if not isinstance(meta["lora"], dict) or not isinstance(meta["lora"].get("base"), dict):
         raise CheckpointError(f"{where}: 'lora' expected an object with a 'base', got "
                               f"{meta['lora']!r:.80}")
     try:
-        model = lora.load_base(meta["lora"]["base"], where)
-        dropouts = lora.run_dropouts(config.to_dict(), model.config.to_dict(), where,
-                                     meta["lora"]["base"].get("folder"))
-        return lora.rebuild(model, meta["lora"], weights, where, dropouts=dropouts)
+        model = load_base(meta["lora"]["base"], where)
+        dropouts = run_dropouts(config.to_dict(), model.config.to_dict(), where,
+                                meta["lora"]["base"].get("folder"))
+        return rebuild(model, meta["lora"], weights, where, dropouts=dropouts)
     except CheckpointError:
         raise
     except ValueError as e:
@@ -273,9 +288,8 @@ def restore_training_state(loaded, model, optimizer):
     except ValueError as e:
         raise CheckpointError(f"checkpoint {name}: optimizer state does not fit ({e})") from None
     if getattr(model, "lora", None) is not None:    # the base is frozen: the adapters alone
-        from .. import lora
         if loaded.model is not model:
-            lora.load_adapter_state(model, lora.adapter_state(loaded.model), name)
+            load_adapter_state(model, adapter_state(loaded.model), name)
     else:
         model.load_state_dict(loaded.model.state_dict())
     # set the state in place: every Dropout holds a reference to this very rng

@@ -42,6 +42,7 @@ import zlib
 
 import numpy as np
 
+from ..lora import base_identity
 from ..optim.clip import grad_norm, sum_of_squares
 
 REDUCE_MODES = ("ordered", "mpi")
@@ -340,6 +341,5 @@ class MPICollective(SingleProcess):
 def _lora_identity(model):
     """A LoRA run's settings with the sha256 of its frozen base (every rank must adapt the same
     weights: they are read from a folder, not broadcast), or None for a run without adapters."""
-    from .. import lora
-    settings = lora.base_identity(model)
+    settings = base_identity(model)
     return None if settings is None else settings.to_dict()

@@ -26,7 +26,6 @@ give the same number every time.
 where a sample past the context slides its window and recomputes every position of it for
 each token.
 """
-import dataclasses
 import os
 import zlib
 from dataclasses import dataclass
@@ -34,12 +33,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import families
 from ..configs import GPTConfig
 from ..data.characters import CharTokenizer
 from ..data.textfile import read_text
 from ..data.vocab import Vocabularies
 from ..decoding.search import sample_search
 from ..hf import TextTokenizer, from_pretrained, model_folder, read_model_config
+from ..lora import apply as apply_lora
 from ..loss import cross_entropy
 from ..nn.gpt import GPT
 from ..parts import FFNS
@@ -228,53 +229,54 @@ class LanguageModelTask(Task):
 # and dropout 0.1 (together they did better than learned positions with or without dropout),
 # AdamW with weight decay on the matrices only, warm-up then a cosine to min_lr, clipping at 1.
 #
-# Two blocks of the same size and training (``--arch``): "gpt", GPT-2's (LayerNorm, a GELU MLP
-# four times as wide, biases), and "llama", Llama's (RMSNorm, a SwiGLU feed-forward 8/3 as wide,
-# so that its three matrices hold as many weights as the MLP's two, no biases). Only the block
-# fields differ: a new architecture is a preset of configuration fields, not a class.
-LM_BLOCKS = {
-    "gpt": {},                                            # GPTConfig's defaults: GPT-2's block
-    "llama": dict(norm="rmsnorm", ffn="gated", activation="silu", qkv_bias=False,
-                  proj_bias=False),
-}
+# Every family's block at the same size and training (``--arch``, one of
+# ``npformer.families``): "gpt2", GPT-2's (LayerNorm, a GELU MLP four times as wide, biases),
+# "llama", Llama's (RMSNorm, a SwiGLU feed-forward 8/3 as wide, so that its three matrices hold
+# as many weights as the MLP's two, no biases), "qwen2" and "qwen3". Only the block fields
+# differ: a new architecture is a family's preset of configuration fields, not a class.
 # The default is Llama's block: in the same 15 minutes on the same 2 cores it reached a validation
 # loss of 1.552 against GPT-2's block's 1.593 (BENCHMARKS.md), ahead at every validation and
 # about 15% more updates in the time (no biases, no LayerNorm mean, a narrower feed-forward).
-# Runs recorded before --arch existed are "gpt" (``arch_of`` their model).
 LM_ARCH = "llama"
+# --arch's earlier names, which runs recorded before the families named it carry ("gpt": the
+# recipe's GPT-2 block); runs recorded before --arch existed trained "gpt" (``migrate_arch``)
+ARCH_ALIASES = {"gpt": "gpt2"}
 LM_SHAPE = dict(n_layers=4, d_model=192, n_heads=6, max_len=128, dropout=0.1, positions="rotary")
+
+
+def lm_family(arch):
+    """The family (``npformer.families``) that ``--arch`` names, an earlier name
+    (``ARCH_ALIASES``) included; ValueError naming ``arch`` and the families otherwise."""
+    return families.get(ARCH_ALIASES.get(arch, arch) if isinstance(arch, str) else arch, "arch")
+
+
+def migrate_arch(recorded):
+    """The ``--arch`` of a run's recorded options, by today's name: a run recorded before
+    --arch existed trained GPT-2's block ("gpt": it was the only one), one recorded before the
+    families named it says "gpt" for "gpt2". (Nothing is read off the model's fields.)"""
+    arch = recorded.get("arch", "gpt")
+    return ARCH_ALIASES.get(arch, arch)
 
 
 def lm_d_ff(arch, d_model):
     """The recipe's feed-forward width for ``arch`` at ``d_model``: 4 x d_model for an MLP; for
     a gated feed-forward (SwiGLU's) 8/3 x d_model rounded up to a multiple of 32 (Llama's rule,
     ``multiple_of`` scaled down), the same weight count for its three matrices."""
-    if FFNS[LM_BLOCKS[arch].get("ffn", GPTConfig.ffn)].gated:
+    if FFNS[lm_family(arch).block.get("ffn", GPTConfig.ffn)].gated:
         return -(-8 * d_model // (3 * 32)) * 32
     return 4 * d_model
 
 
 def lm_model(arch=LM_ARCH):
-    """The recipe's model fields for ``arch`` (``LM_BLOCKS``' keys): ``LM_SHAPE``, the block's
-    fields and its ``d_ff``."""
-    if arch not in LM_BLOCKS:
-        raise ValueError(f"arch: expected one of {', '.join(LM_BLOCKS)}, got {arch!r}")
-    return {**LM_SHAPE, "d_ff": lm_d_ff(arch, LM_SHAPE["d_model"]), **LM_BLOCKS[arch]}
-
-
-def arch_of(config):
-    """The ``LM_BLOCKS`` preset whose block fields ``config`` (a GPTConfig) has, or None: what a
-    run recorded before ``--arch`` existed trained (every one of them "gpt")."""
-    declared = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
-    names = {name for block in LM_BLOCKS.values() for name in block}
-    for arch, block in LM_BLOCKS.items():
-        if all(getattr(config, name) == block.get(name, declared[name]) for name in names):
-            return arch
-    return None
+    """The recipe's model fields for ``arch`` (a family's name, :func:`lm_family`):
+    ``LM_SHAPE``, the family's block fields and name, and its ``d_ff``."""
+    family = lm_family(arch)
+    return {**LM_SHAPE, "d_ff": lm_d_ff(arch, LM_SHAPE["d_model"]), **family.block,
+            "family": family.name}
 
 
 LM_MODEL = lm_model()               # the default architecture's fields
-for _arch in LM_BLOCKS:             # a misspelt field or a value out of range fails at import
+for _arch in families.names():      # a misspelt field or a value out of range fails at import
     GPTConfig(vocab_size=1, **lm_model(_arch))
 LM_TRAIN = dict(epochs=10**6, max_steps=2200, batch_size=32, lr=3e-3, warmup_steps=100,
                 schedule="cosine", min_lr=1e-4, optimizer="adamw", betas=(0.9, 0.99),
@@ -350,7 +352,7 @@ def _initial_model(init_from):
     if loaded.model.config.capability != "causal_lm":
         raise ValueError(f"init_from {init_from}: holds a {loaded.model.config.arch} model; "
                          f"a language model starts from a GPT (an npformer lm checkpoint or a "
-                         f"Hugging Face folder of GPT-2, Llama, Qwen2 or Qwen3)")
+                         f"Hugging Face folder of {families.spelled()})")
     path = os.path.abspath(path)
     return loaded.model, resolve_tokenizer(loaded), {
         "folder": path[:-4] if path.endswith(".npz") else path, "kind": "npformer",
@@ -360,9 +362,8 @@ def _initial_model(init_from):
 def _apply_lora(model, lora, base, seed):
     """Freeze ``model`` and attach the adapters ``lora`` asks for; its base is recorded as
     ``base`` (:func:`_initial_model`'s, from the reading of the weights' folder)."""
-    from .. import lora as lora_module
-    lora_module.apply(model, lora["rank"], lora["alpha"], lora["dropout"], lora["targets"],
-                      seed=seed, names=lora.get("names"))
+    apply_lora(model, lora["rank"], lora["alpha"], lora["dropout"], lora["targets"],
+               seed=seed, names=lora.get("names"))
     model.lora.base = dict(base)
 
 
@@ -375,7 +376,8 @@ def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=
     instead, on the text as its own tokenizer cuts it (``model_kwargs`` may then only set
     ``dropout``: every dropout rate of the model). ``saved`` (a ``LoadedCheckpoint``) is the
     run a caller resumes: its model and tokenizer are kept, and ``context`` must be given (the
-    run's). The context used is the task's (``trainer.task.context``). ``lora`` ({"rank",
+    run's; a new model recorded before configurations named their family takes ``arch``'s,
+    the run's recorded --arch). The context used is the task's (``trainer.task.context``). ``lora`` ({"rank",
     "alpha", "dropout", "targets"}, and optionally "names", what its refusals call them)
     freezes the model of ``init_from`` and trains LoRA adapters (``npformer.lora.apply``), the
     base recorded by folder and by the hash of its weights."""
@@ -386,6 +388,10 @@ def lm_trainer(text_file, model_kwargs=None, train_kwargs=None, seed=0, context=
             raise ValueError("context: a resumed run must give its own context (recorded in its "
                              "checkpoints)")
         model, tokenizer = saved.model, resolve_tokenizer(saved)
+        recorded = (saved.meta.get("extra") or {}).get("options") or {}
+        if model.config.family is None and recorded.get("init_from") is None:
+            # a new model recorded before configurations named their family: its run's --arch
+            model.config = model.config.replace(family=lm_family(arch).name)
     elif init_from is not None:
         shape = sorted(set(model_kwargs) - {"dropout"})
         if shape:

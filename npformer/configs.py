@@ -514,9 +514,15 @@ class GPTConfig(ModelConfig):
     def parameter_count(self):
         """The sum of :meth:`parameter_shapes`, without a loop over the layers: one block's
         parameters, read off the modules of a one-layer model built without allocating, times
-        ``n_layers``, plus the ends (embeddings, positions, the final norm, the generator)."""
-        one = {name: math.prod(shape)
-               for name, shape in self.replace(n_layers=1).parameter_shapes().items()}
+        ``n_layers``, plus the ends (embeddings, positions, the final norm, the generator). For
+        sizes whose arrays NumPy cannot even describe, a lower bound (the size checks' use)."""
+        try:
+            one = {name: math.prod(shape)
+                   for name, shape in self.replace(n_layers=1).parameter_shapes().items()}
+        except ValueError:        # shapes past NumPy's reach ("array is too big": over 2**63
+            # bytes) cannot be listed; every block has at least its two feed-forward matrices
+            # and the model its embedding, which is already more than any machine holds
+            return self.n_layers * 2 * self.d_model * self.d_ff + self.vocab_size * self.d_model
         block = sum(size for name, size in one.items() if name.startswith("blocks.0."))
         return sum(one.values()) - block + self.n_layers * block
 

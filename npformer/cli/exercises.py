@@ -5,6 +5,7 @@ import math
 from ..exercises.catalogue import DERIVATIONS, EXERCISES, find
 from ..exercises.checker import MAX_MEMORY, MAX_TIMEOUT, TIMEOUT, check_folder
 from ..exercises.child import MEMORY, TRAIN_TIMEOUT
+from ..exercises.namespace import finales_of
 from .common import int_in, non_negative_int, positive_int, real_in
 
 
@@ -56,7 +57,7 @@ def add_parser(sub, name):
 def run_list(args):
     print(f"{'#':>2s}  {'NAME':<22s} {'FILE':<28s} {'FINALE':<8s} {'TITLE':<46s} DERIVATION")
     for e in EXERCISES:
-        print(f"{e.number:>2d}  {e.name:<22s} {e.file:<28s} {'trains' if e.trained else 'checked':<8s} "
+        print(f"{e.number:>2d}  {e.name:<22s} {e.file:<28s} {finales_of(e):<8s} "
               f"{e.title:<46s} {e.derivation}")
     print(f"\nderivations: {DERIVATIONS} in the folder that start writes, one section an "
           f"exercise\nstart with: npformer exercises start DIR")
@@ -117,12 +118,12 @@ def print_table(results):
         measured = r.worst is not None and r.status in ("done", "WRONG")
         worst = f"{r.worst:.1e}" if measured else r.note      # "shape": a gradient's shape
         print(f"  {e.number:>2d}  {e.name:<22s} {r.status:<10s} {worst:>11s}  "
-              f"{'trains' if e.trained else 'checked'}")
+              f"{finales_of(e)}")
     print()
 
 
 def run_train(args, results):
-    from ..exercises.finale import TARGET, refuse_unfinished, run_finale
+    from ..exercises.finale import refuse_unfinished, run_finale
     refuse_unfinished(results)
     wrong = [r.name for r in results if r.status == "WRONG"]
     if wrong:
@@ -139,6 +140,14 @@ def run_train(args, results):
                         checks=results, timeout=args.timeout,
                         train_timeout=args.train_timeout or TRAIN_TIMEOUT,
                         memory=args.memory)
+    return report_toy(result, args.epochs)
+
+
+def report_toy(result, epochs=None):
+    """Print the toy finale's :class:`FinaleResult` (what each function did on the real batch,
+    the training's figures, the verdict); the exit status."""
+    from ..exercises.finale import TARGET
+    print_usage(result.usage, "the toy")
     if result.error:
         print(f"training stopped: {result.error}")
         _print_findings(result.findings)
@@ -152,15 +161,14 @@ def run_train(args, results):
         for zh, ref, hyp in toy.examples:
             mark = "ok" if hyp.split() == ref.split() else f"expected: {ref}"
             print(f"  {zh}\n    -> {hyp}   [{mark}]")
-    if result.findings:
-        print("training failed: a backward pass is wrong on a real batch of the toy's")
-        _print_findings(result.findings)
+    if not verified(result):
         return 1
     if result.ok and result.toy.train_exact_match >= TARGET:
-        print("your own backward passes trained the translator.")
+        print("your own backward passes trained the translator." + _unused_note(result.usage))
         return 0
-    if result.ok and args.epochs is not None:
-        print(f"(fewer epochs than the toy's: exact match below {TARGET} is expected)")
+    if result.ok and epochs is not None:
+        print(f"(fewer epochs than the toy's: exact match below {TARGET} is expected)"
+              + _unused_note(result.usage))
         return 0
     if result.toy.stop_reason == "non_finite":
         print("training failed: the loss or the gradient became NaN or inf")
@@ -171,9 +179,59 @@ def run_train(args, results):
     return 1
 
 
+def print_usage(usage, model):
+    """What each of the learner's functions did on a real training batch of ``model``."""
+    if not usage:
+        return
+    print(f"your functions on a real training batch of {model} (one step, each beside the "
+          f"reference's on the same inputs):")
+    for status in ("agreed", "wrong", "not compared", "not used"):
+        group = [u for u in usage if u.status == status]
+        if status == "not used":
+            for u in group:
+                print(f"  {'not used':<12s} {u.function}: {u.reason}; not trained with")
+        elif group:
+            items = [f"{u.function} ({u.calls} call{'s' if u.calls != 1 else ''})" for u in group]
+            lines = [f"  {status:<12s}"]
+            for i, item in enumerate(items):
+                item += "," if i < len(items) - 1 else ""
+                if len(lines[-1]) + 1 + len(item) > 100:
+                    lines.append(" " * 14)
+                lines[-1] += " " + item
+            print("\n".join(lines))
+    print()
+
+
+def verified(result):
+    """True when every function that ran agreed with the reference on the real batch;
+    otherwise the verdict (what agreed, what did not, the first wrong one) and False."""
+    usage, findings = result.usage, result.findings
+    if not findings and all(u.status in ("agreed", "not used") for u in usage):
+        return True
+    agreed = [u.function for u in usage if u.status == "agreed"]
+    unjudged = [u.function for u in usage if u.status == "not compared"]
+    print("training failed: " + ("a function of yours is wrong on a real training batch"
+                                 if findings else "not every function of yours could be "
+                                 "compared with the reference: " + ", ".join(unjudged)))
+    _print_findings(findings)
+    if agreed:
+        print(f"  agreed with the reference: {', '.join(agreed)}")
+    print("  a wrong gradient can still lower the loss: the figures above say the model "
+          "fitted its data, not that your gradients are right")
+    return False
+
+
+def _unused_note(usage):
+    unused = [u.function for u in usage if u.status == "not used"]
+    return ("" if not unused else f" Not trained with (not used by your other code): "
+            f"{', '.join(unused)}.")
+
+
 def _print_findings(findings):
-    """Which layer to look at: the first place the learner's backward disagreed with the
-    reference's on a real batch, and how many other places each function did."""
+    """Which function to look at: the first place, in the order the step ran (the forward,
+    then the backward from the loss down, a callee before its caller), where the learner's
+    function disagreed with the reference's on a real batch, and how many other places each
+    function did."""
     if not findings:
         return
     first = findings[0]

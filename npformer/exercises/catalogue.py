@@ -44,8 +44,8 @@ class Exercise:
     title: str
     section: str           # the heading of docs/backprop.md (and of the folder's derivations.md)
     writes: tuple          # the functions the learner writes
-    provides: tuple = ()   # the names the finale's namespace takes from the learner's file (the
-                           # toy translator has no RMSNorm or SwiGLU: those are checked only)
+    provides: tuple = ()   # the names a finale takes from the learner's file (which finale
+                           # trains with which exercise: namespace.FINALES)
     cases: object = None   # rng -> [Case]; None for the update (adam)
     hints: tuple = ()      # (text, detector(ctx) -> bool)
 
@@ -516,22 +516,25 @@ EXERCISES = (
              ("dropout_forward", "dropout_backward"), dropout_cases, DROPOUT_HINTS),
     Exercise("layernorm", 4, "LayerNorm", "LayerNorm", ("layernorm_backward",),
              ("layernorm_forward", "layernorm_backward"), layernorm_cases, LAYERNORM_HINTS),
-    Exercise("rmsnorm", 5, "RMSNorm", "RMSNorm", ("rmsnorm_backward",), (), rmsnorm_cases,
-             RMSNORM_HINTS),
+    Exercise("rmsnorm", 5, "RMSNorm", "RMSNorm", ("rmsnorm_backward",),
+             ("rmsnorm_forward", "rmsnorm_backward"), rmsnorm_cases, RMSNORM_HINTS),
     Exercise("softmax", 6, "Masked softmax", "Softmax", ("softmax_backward",),
              ("softmax_forward", "softmax_backward"), softmax_cases, SOFTMAX_HINTS),
-    Exercise("swiglu", 7, "SiLU and SwiGLU", "SwiGLU", ("silu_backward", "swiglu_backward"), (),
+    Exercise("swiglu", 7, "SiLU and SwiGLU", "SwiGLU", ("silu_backward", "swiglu_backward"),
+             ("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward"),
              swiglu_cases, SWIGLU_HINTS),
     Exercise("attention", 8, "Scaled dot-product attention", "Attention", ("attention_backward",),
              ("attention_forward", "attention_backward"), attention_cases, ATTENTION_HINTS),
     Exercise("multi_head_attention", 9, "Multi-head attention, fused projection",
-             "Multi-head attention", ("mha_backward",), (), mha_cases, MHA_HINTS),
+             "Multi-head attention", ("mha_backward",), ("mha_forward", "mha_backward"),
+             mha_cases, MHA_HINTS),
     Exercise("residual", 10, "Residual block, both orders", "Residual and layer order",
-             ("residual_backward",), (), residual_cases, RESIDUAL_HINTS),
+             ("residual_backward",), ("residual_forward", "residual_backward"), residual_cases,
+             RESIDUAL_HINTS),
     Exercise("cross_entropy", 11, "Cross-entropy, ignore_index, label smoothing", "Cross-entropy",
              ("cross_entropy_backward",), ("cross_entropy_forward", "cross_entropy_backward"),
              cross_entropy_cases, CE_HINTS),
-    Exercise("adam", 12, "The Adam step", "Adam", ("adam_step",)),
+    Exercise("adam", 12, "The Adam step", "Adam", ("adam_step",), ("adam_step",)),
 )
 
 BY_NAME = {e.name: e for e in EXERCISES}

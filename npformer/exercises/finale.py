@@ -12,11 +12,12 @@ from pathlib import Path
 from .. import backend
 from ..training.toy import run_toy, toy_trainer
 from ..validation import check_int
-from .catalogue import EXERCISES, find
+from .catalogue import find
 from .checker import (GRACE, TIMEOUT, LearnerError, check_folder, check_limits, load_learner,
                       solution)
 from .child import MEMORY, TRAIN_TIMEOUT, memory_message, run
-from .namespace import Finding, Shadow, build, module_paths, pairs_of, trained_exercises
+from .namespace import (Finding, Shadow, Usage, build, module_paths, pairs_of,
+                        trained_exercises)
 
 BACKEND_NAME = "exercises"
 TARGET = 0.99             # the toy reaches 1.000 train exact match in its 14 epochs
@@ -40,56 +41,71 @@ class ToySummary:
 class FinaleResult:
     checks: list                     # the ExerciseResult of every exercise
     findings: list = field(default_factory=list)    # namespace.Finding, in the backward's order
+    usage: list = field(default_factory=list)       # namespace.Usage of every function trained with
     toy: object = None               # ToySummary (None if training stopped)
     error: str = ""                  # why training stopped (one line), if it did
 
     @property
     def ok(self):
         return (self.toy is not None and not self.findings and not self.error
-                and self.toy.stop_reason != "non_finite")
+                and self.toy.stop_reason != "non_finite"
+                and all(u.status in ("agreed", "not used") for u in self.usage))
 
 
-def modules_of(folder):
-    """The learner's modules of the exercises the finale trains with. The attention file
+def modules_of(folder, finale="toy"):
+    """The learner's modules of the exercises finale ``finale`` trains with. The attention file
     imports npformer's softmax and dropout (so that it is checked alone); here its names are
     pointed at the learner's own, so that training runs the learner's softmax too."""
-    modules = {e.name: load_learner(Path(folder) / e.file) for e in trained_exercises()}
-    attention = modules["attention"]
+    modules = {e.name: load_learner(Path(folder) / e.file) for e in trained_exercises(finale)}
+    attention = modules.get("attention")
     for exercise in ("softmax", "dropout"):
         for name in find(exercise).provides:
-            if hasattr(attention, name):
+            if attention is not None and exercise in modules and hasattr(attention, name):
                 setattr(attention, name, getattr(modules[exercise], name))
     return modules
 
 
-def reference_modules():
-    return {e.name: solution(e) for e in trained_exercises()}
+def reference_modules(finale="toy"):
+    return {e.name: solution(e) for e in trained_exercises(finale)}
 
 
-def refuse_unfinished(checks):
-    """ValueError (one line) unless every exercise the finale trains with can run, with the
-    given forward passes (the finale trains the toy model, not another)."""
+def refuse_unfinished(checks, finale="toy"):
+    """ValueError (one line) unless every exercise finale ``finale`` trains with can run, with
+    the given forward passes (the finale trains its model, not another)."""
+    names = [e.name for e in trained_exercises(finale)]
     blocked = [r for r in checks if (r.status in ("not done", "error", "timed out")
-                                     or r.note == "forward")
-               and any(e.name == r.name and e.trained for e in EXERCISES)]
+                                     or r.note == "forward") and r.name in names]
     if blocked:
         why = [f"{r.name} ({'its forward was changed' if r.note == 'forward' else r.status})"
                for r in blocked]
-        raise ValueError("the finale trains with your " + ", ".join(e.name for e in trained_exercises())
+        raise ValueError(f"the finale (--train {finale}) trains with your " + ", ".join(names)
                          + ": finish " + ", ".join(why) + " first")
 
 
+def verify(learner, finale, paths, run_batch):
+    """Every learner function of ``finale`` run on a real training batch beside the reference's
+    (:class:`namespace.Shadow`): ``run_batch(pairs)`` runs one training step (the loss, the
+    backward and the optimizer's update) with the namespace ``pairs``. Returns the findings, in
+    the order they arose (the forward's, then the backward's, a callee before its caller), and
+    the :class:`namespace.Usage` of every function."""
+    shadow = Shadow(pairs_of(learner, finale), pairs_of(reference_modules(finale), finale), paths)
+    with shadow.nested(learner):
+        run_batch(shadow.pairs())
+    return list(shadow.findings.values()), shadow.usage()
+
+
 def preflight(learner, seed, model_kwargs, train_kwargs):
-    """One training batch of a fresh toy model through :class:`namespace.Shadow`: the findings,
-    or the error the learner's code raised."""
+    """One training step of a fresh toy model, its batch the first of training, through
+    :func:`verify`: the findings and the usage, or the error the learner's code raised."""
     trainer, _ = toy_trainer(seed, model_kwargs, {**(train_kwargs or {}), "out_dir": None,
                                                   "quiet": True})
-    shadow = Shadow(pairs_of(learner), pairs_of(reference_modules()), module_paths(trainer.model))
     batch = next(iter(trainer.task.batches(0)))
     trainer.model.train()
-    with backend.using(build(shadow.pairs()), BACKEND_NAME):
-        trainer.task.loss_and_backward(trainer.model, batch, 1.0)
-    return list(shadow.findings.values())
+
+    def run_batch(pairs):
+        with backend.using(build(pairs), BACKEND_NAME):
+            trainer.train_step(batch)
+    return verify(learner, "toy", module_paths(trainer.model), run_batch)
 
 
 def describe(error, folder):
@@ -138,6 +154,7 @@ def run_finale(folder, seed=0, epochs=None, on_eval=None, timeout=TIMEOUT,
         return result
     result.error = verdict["error"]
     result.findings = [Finding(**f) for f in verdict["findings"]]
+    result.usage = [Usage(**u) for u in verdict["usage"]]
     result.toy = None if verdict["toy"] is None else ToySummary(**verdict["toy"])
     return result
 
@@ -154,11 +171,13 @@ def train_child(folder, seed, epochs, out):
         emit({"eval": {"epoch": int(rec["epoch"]), "step": int(rec["step"]),
                        "loss": float(rec["loss"]), "exact_match": float(rec["exact_match"])}})
     emit({"started": "training"})
-    verdict = {"error": "", "findings": [], "toy": None}
+    verdict = {"error": "", "findings": [], "usage": [], "toy": None}
     train_kwargs = {} if epochs is None else {"epochs": epochs}
     try:
         learner = modules_of(folder)
-        verdict["findings"] = [asdict(f) for f in preflight(learner, seed, None, train_kwargs)]
+        findings, usage = preflight(learner, seed, None, train_kwargs)
+        verdict["findings"] = [asdict(f) for f in findings]
+        verdict["usage"] = [asdict(u) for u in usage]
         with tempfile.TemporaryDirectory(prefix="npformer-finale-") as tmp, \
                 backend.using(build(pairs_of(learner)), BACKEND_NAME):
             toy = run_toy(seed=seed, train_kwargs=train_kwargs, out_dir=tmp, quiet=True,

@@ -5,6 +5,7 @@ import math
 from ..exercises.catalogue import DERIVATIONS, EXERCISES, find
 from ..exercises.checker import MAX_MEMORY, MAX_TIMEOUT, TIMEOUT, check_folder
 from ..exercises.child import MEMORY, TRAIN_TIMEOUT
+from ..exercises.gpt import CONFIG
 from ..exercises.namespace import finales_of
 from .common import int_in, non_negative_int, positive_int, real_in
 
@@ -34,11 +35,16 @@ def add_parser(sub, name):
     check.add_argument("dir", metavar="DIR")
     check.add_argument("name", metavar="NAME", nargs="?",
                        help=f"one exercise: {', '.join(e.name for e in EXERCISES)}")
-    check.add_argument("--train", action="store_true",
-                       help="the finale: train the toy translator of 'npformer toy' with your "
-                            "backward passes (checks every exercise first)")
+    check.add_argument("--train", nargs="?", const="toy", choices=("toy", "gpt"), default=None,
+                       help="the finale (checks every exercise first): 'toy' (the default) "
+                            "trains the toy translator of 'npformer toy' with your backward "
+                            "passes; 'gpt' a small character model of tiny Shakespeare (npformer "
+                            "download tinyshakespeare), beside the same run with the reference's")
     check.add_argument("--epochs", type=positive_int, default=None,
-                       help="with --train: epochs to train (default: the toy's 14)")
+                       help="with --train toy: epochs to train (default: the toy's 14)")
+    check.add_argument("--steps", type=positive_int, default=None,
+                       help=f"with --train gpt: steps to train each run (default "
+                            f"{CONFIG['steps']})")
     check.add_argument("--seed", type=non_negative_int, default=0, help="with --train: the toy's seed")
     seconds = real_in(0, MAX_TIMEOUT, min_open=True)
     check.add_argument("--timeout", type=seconds, default=TIMEOUT,
@@ -77,8 +83,11 @@ def run_start(args):
 def run_check(args):
     if args.train and args.name:
         raise ValueError("NAME: --train trains with every exercise; leave NAME out")
-    if args.epochs is not None and not args.train:
-        raise ValueError("--epochs: only with --train")
+    if args.epochs is not None and args.train != "toy":
+        raise ValueError("--epochs: only with --train (toy)")
+    if args.steps is not None and args.train != "gpt":
+        raise ValueError("--steps: only with --train gpt")
+    data = shakespeare() if args.train == "gpt" else None
     if args.train_timeout is not None and not args.train:
         raise ValueError("--train-timeout: only with --train")
     names = None if args.name is None else [find(args.name).name]
@@ -90,7 +99,19 @@ def run_check(args):
     print_table(results)
     if not args.train:
         return 0 if all(r.status == "done" for r in results) else 1
-    return run_train(args, results)
+    return run_train(args, results) if data is None else run_gpt(args, results, data)
+
+
+def shakespeare():
+    """The path of tiny Shakespeare's download (as ``npformer lm --data tinyshakespeare``
+    finds it); ValueError with the one command that fetches it when it is not there."""
+    from ..data.download import find_downloaded, resolve_data_dir
+    path = find_downloaded("tinyshakespeare")
+    if path is None:
+        raise ValueError(f"--train gpt: tiny Shakespeare is not downloaded yet (no "
+                         f"{resolve_data_dir() / 'tinyshakespeare.txt'}); fetch it with "
+                         f"`npformer download tinyshakespeare`")
+    return path
 
 
 def print_result(r):
@@ -122,13 +143,17 @@ def print_table(results):
     print()
 
 
-def run_train(args, results):
-    from ..exercises.finale import refuse_unfinished, run_finale
-    refuse_unfinished(results)
+def warn_wrong(results):
     wrong = [r.name for r in results if r.status == "WRONG"]
     if wrong:
         print(f"training anyway, although {', '.join(wrong)} "
               f"{'fails its' if len(wrong) == 1 else 'fail their'} checks: watch what happens")
+
+
+def run_train(args, results):
+    from ..exercises.finale import refuse_unfinished, run_finale
+    refuse_unfinished(results)
+    warn_wrong(results)
 
     def on_eval(rec):
         if not args.quiet:
@@ -177,6 +202,50 @@ def report_toy(result, epochs=None):
     print("  on a real batch your backward passes agree with the reference's; compare with "
           "npformer toy (the same seed)")
     return 1
+
+
+def run_gpt(args, results, data):
+    from ..exercises.finale import refuse_unfinished, run_finale
+    refuse_unfinished(results, "gpt")
+    warn_wrong(results)
+
+    def on_eval(rec):
+        if not args.quiet:
+            print(f"{rec['run']:<9s}  step {rec['step']:5d}  train loss {rec['loss']:.3f}",
+                  flush=True)
+    print(f"the finale: a character model of tiny Shakespeare ({data}) trained with your "
+          f"passes, then the same run with the reference's")
+    result = run_finale(args.dir, seed=args.seed, on_eval=on_eval, checks=results,
+                        timeout=args.timeout, train_timeout=args.train_timeout or TRAIN_TIMEOUT,
+                        memory=args.memory, finale="gpt", data=data, steps=args.steps)
+    return report_gpt(result)
+
+
+def report_gpt(result):
+    """Print the GPT finale's :class:`FinaleResult`: what each function did on the real step,
+    the validation loss and a sample before training and after each run, the verdict."""
+    print_usage(result.usage, "the character model")
+    if result.error:
+        print(f"training stopped: {result.error}")
+        _print_findings(result.findings)
+        return 1
+    g = result.gpt
+    print(f"validation loss before training {g['before']['valid_loss']:.3f}; after "
+          f"{g['steps']} steps: yours {g['yours']['valid_loss']:.3f}, the reference's "
+          f"{g['reference']['valid_loss']:.3f} ({g['yours']['seconds']:.0f} s and "
+          f"{g['reference']['seconds']:.0f} s)")
+    for label, key in (("before training", "before"), ("after, your passes", "yours"),
+                       ("after, the reference passes", "reference")):
+        print(f"--- sample {label} ---")
+        print(g[key]["sample"])
+    print("---")
+    if not verified(result):
+        return 1
+    if not math.isfinite(g["yours"]["valid_loss"]):
+        print("training failed: the loss became NaN or inf")
+        return 1
+    print("your own passes trained the character model." + _unused_note(result.usage))
+    return 0
 
 
 def print_usage(usage, model):

@@ -16,7 +16,7 @@ from .catalogue import find
 from .checker import (GRACE, TIMEOUT, LearnerError, check_folder, check_limits, load_learner,
                       solution)
 from .child import MEMORY, TRAIN_TIMEOUT, memory_message, run
-from .namespace import (Finding, Shadow, Usage, build, module_paths, pairs_of,
+from .namespace import (FINALES, Finding, Shadow, Usage, build, module_paths, pairs_of,
                         trained_exercises)
 
 BACKEND_NAME = "exercises"
@@ -43,25 +43,28 @@ class FinaleResult:
     findings: list = field(default_factory=list)    # namespace.Finding, in the backward's order
     usage: list = field(default_factory=list)       # namespace.Usage of every function trained with
     toy: object = None               # ToySummary (None if training stopped)
+    gpt: dict = None                 # the GPT's figures and samples (gpt_finale.run_gpt)
     error: str = ""                  # why training stopped (one line), if it did
 
     @property
     def ok(self):
-        return (self.toy is not None and not self.findings and not self.error
-                and self.toy.stop_reason != "non_finite"
+        trained = (self.gpt is not None if self.toy is None else
+                   self.toy.stop_reason != "non_finite")
+        return (trained and not self.findings and not self.error
                 and all(u.status in ("agreed", "not used") for u in self.usage))
 
 
 def modules_of(folder, finale="toy"):
-    """The learner's modules of the exercises finale ``finale`` trains with. The attention file
-    imports npformer's softmax and dropout (so that it is checked alone); here its names are
-    pointed at the learner's own, so that training runs the learner's softmax too."""
+    """The learner's modules of the exercises finale ``finale`` trains with. A file that
+    imports npformer's function of another of them (the attention file's softmax and dropout,
+    so that it is checked alone) has that name pointed at the learner's own here, so that
+    training runs the learner's softmax too."""
     modules = {e.name: load_learner(Path(folder) / e.file) for e in trained_exercises(finale)}
-    attention = modules.get("attention")
-    for exercise in ("softmax", "dropout"):
-        for name in find(exercise).provides:
-            if attention is not None and exercise in modules and hasattr(attention, name):
-                setattr(attention, name, getattr(modules[exercise], name))
+    for name, module in modules.items():
+        for other, theirs in modules.items():
+            for function in find(other).provides if other != name else ():
+                if hasattr(module, function):
+                    setattr(module, function, getattr(theirs, function))
     return modules
 
 
@@ -120,16 +123,21 @@ def describe(error, folder):
 
 
 def run_finale(folder, seed=0, epochs=None, on_eval=None, timeout=TIMEOUT,
-               train_timeout=TRAIN_TIMEOUT, memory=MEMORY, checks=None):
-    """Check every exercise (or take ``checks``), then train the toy translator with the
+               train_timeout=TRAIN_TIMEOUT, memory=MEMORY, checks=None, finale="toy", data=None,
+               steps=None):
+    """Check every exercise (or take ``checks``), then train finale ``finale``'s model with the
     learner's pairs in a child process, under ``train_timeout`` seconds and ``memory`` MiB:
-    a :class:`FinaleResult`. ``on_eval(record)`` gets each evaluation's epoch, step, loss and
-    exact_match as they come. ValueError if an exercise it trains with is not done or does not
-    run, or a limit is out of range."""
+    a :class:`FinaleResult`. ``on_eval(record)`` gets each evaluation (the toy: epoch, step,
+    loss and exact_match; the GPT, trained from the text file ``data`` for ``steps`` steps:
+    run, step and loss) as they come. ValueError if an exercise it trains with is not done or
+    does not run, or a limit is out of range."""
     train_timeout, memory = check_limits(train_timeout, memory, "train_timeout")
     seed, epochs = check_int("seed", seed, 0), check_int("epochs", epochs, 1, allow_none=True)
+    steps = check_int("steps", steps, 1, allow_none=True)
+    if finale not in FINALES:
+        raise ValueError(f"finale: expected one of {', '.join(FINALES)}, got {finale!r}")
     checks = check_folder(folder, timeout=timeout, memory=memory) if checks is None else checks
-    refuse_unfinished(checks)
+    refuse_unfinished(checks, finale)
     verdict = {}
 
     def on_record(record):
@@ -141,14 +149,16 @@ def run_finale(folder, seed=0, epochs=None, on_eval=None, timeout=TIMEOUT,
             verdict.update(record["finale"])
             return GRACE
         return None
-    code = run(["train", "--memory", str(memory), "--seed", str(seed),
-                *([] if epochs is None else ["--epochs", str(epochs)]), "--", str(folder)],
+    code = run(["train", "--memory", str(memory), "--seed", str(seed), "--finale", finale,
+                *([] if epochs is None else ["--epochs", str(epochs)]),
+                *([] if steps is None else ["--steps", str(steps)]),
+                *([] if data is None else ["--data", str(data)]), "--", str(folder)],
                on_record)
     result = FinaleResult(checks)
     if not verdict:
         result.error = (f"still running after {train_timeout:g} s (the limit, --train-timeout; "
-                        f"npformer toy takes a small part of it: is a backward pass slow or "
-                        f"looping?)" if code is None else
+                        f"the training with the reference passes takes a small part of it: is "
+                        f"a backward pass slow or looping?)" if code is None else
                         f"your code ended the training process (exit status {code}) before it "
                         f"finished")
         return result
@@ -156,13 +166,14 @@ def run_finale(folder, seed=0, epochs=None, on_eval=None, timeout=TIMEOUT,
     result.findings = [Finding(**f) for f in verdict["findings"]]
     result.usage = [Usage(**u) for u in verdict["usage"]]
     result.toy = None if verdict["toy"] is None else ToySummary(**verdict["toy"])
+    result.gpt = verdict["gpt"]
     return result
 
 
-def train_child(folder, seed, epochs, out):
+def train_child(folder, seed, epochs, out, finale="toy", data=None, steps=None):
     """The finale's training, in the child: a JSON line when it starts, one per evaluation
-    ({"eval": ...}), then the verdict ({"finale": ...}: the error, the findings, the toy's
-    figures)."""
+    ({"eval": ...}), then the verdict ({"finale": ...}: the error, the findings, the usage,
+    the toy's figures or the GPT's)."""
     def emit(record):
         out.write(json.dumps(record) + "\n")
         out.flush()
@@ -171,21 +182,26 @@ def train_child(folder, seed, epochs, out):
         emit({"eval": {"epoch": int(rec["epoch"]), "step": int(rec["step"]),
                        "loss": float(rec["loss"]), "exact_match": float(rec["exact_match"])}})
     emit({"started": "training"})
-    verdict = {"error": "", "findings": [], "usage": [], "toy": None}
+    verdict = {"error": "", "findings": [], "usage": [], "toy": None, "gpt": None}
     train_kwargs = {} if epochs is None else {"epochs": epochs}
     try:
-        learner = modules_of(folder)
-        findings, usage = preflight(learner, seed, None, train_kwargs)
-        verdict["findings"] = [asdict(f) for f in findings]
-        verdict["usage"] = [asdict(u) for u in usage]
-        with tempfile.TemporaryDirectory(prefix="npformer-finale-") as tmp, \
-                backend.using(build(pairs_of(learner)), BACKEND_NAME):
-            toy = run_toy(seed=seed, train_kwargs=train_kwargs, out_dir=tmp, quiet=True,
-                          on_eval=on_eval, n_examples=3)
-        verdict["toy"] = asdict(ToySummary(
-            float(toy.train_exact_match), float(toy.heldout_exact_match), len(toy.data.train),
-            len(toy.data.heldout), float(toy.train_seconds), int(toy.summary["step"]),
-            str(toy.summary["stop_reason"]), [list(e) for e in toy.examples]))
+        learner = modules_of(folder, finale)
+        if finale == "gpt":
+            from .gpt_finale import run_gpt
+            run_gpt(learner, data, seed, steps, verdict, lambda rec: emit({"eval": rec}))
+        else:
+            findings, usage = preflight(learner, seed, None, train_kwargs)
+            verdict["findings"] = [asdict(f) for f in findings]
+            verdict["usage"] = [asdict(u) for u in usage]
+            with tempfile.TemporaryDirectory(prefix="npformer-finale-") as tmp, \
+                    backend.using(build(pairs_of(learner)), BACKEND_NAME):
+                toy = run_toy(seed=seed, train_kwargs=train_kwargs, out_dir=tmp, quiet=True,
+                              on_eval=on_eval, n_examples=3)
+            verdict["toy"] = asdict(ToySummary(
+                float(toy.train_exact_match), float(toy.heldout_exact_match),
+                len(toy.data.train), len(toy.data.heldout), float(toy.train_seconds),
+                int(toy.summary["step"]), str(toy.summary["stop_reason"]),
+                [list(e) for e in toy.examples]))
     except LearnerError as e:             # a file that cannot be loaded
         verdict["error"] = str(e)
     except MemoryError:

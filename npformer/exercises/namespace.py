@@ -24,7 +24,7 @@ OUTPUTS = {"linear_backward": ("dx", "dw", "db"), "layernorm_backward": ("dx", "
            "attention_backward": ("dq", "dk", "dv"), "rmsnorm_backward": ("dx", "dgamma"),
            "mha_backward": ("dx", "dw_in", "db_in", "dw_out", "db_out"),
            "residual_backward": ("dx", "dw", "db", "dgamma", "dbeta"),
-           "adam_step": ("the step of p", "m", "v")}      # what each function returns (or updates), by name
+           "adam_step": ("the step of p", "m", "v")}   # what each returns (or updates), by name
 TOLERANCE = 1e-3          # a backward off the reference by more than this, relative, on a real
                           # float32 batch is wrong (a right one differs by round-off, ~1e-6)
 
@@ -157,14 +157,14 @@ class Shadow:
     @contextlib.contextmanager
     def nested(self, modules):
         """While it lasts (``modules``: {exercise name: the learner's module}), a learner
-        module's global that names another learner function (the attention file's
-        softmax_backward) is that function's shadow, so that calls between the learner's own
-        functions are recorded and compared too."""
+        module's global that names a learner function (the attention file's softmax_backward,
+        the SwiGLU file's silu_backward) is that function's shadow, so that calls between the
+        learner's own functions are recorded and compared too."""
         wrapped, saved = self.pairs(), []
         for exercise, module in modules.items():
             own = [n for n in find(exercise).provides if n in self.learner]
             for name, function in self.learner.items():
-                if name not in own and getattr(module, name, None) is function:
+                if getattr(module, name, None) is function:
                     saved.append((module, name, function))
                     setattr(module, name, wrapped[name])
                     self.nests.setdefault(name, set()).update(own)

@@ -1,5 +1,6 @@
 """``npformer exercises``: write the backward passes yourself, have them checked, then train the
-toy translator with them (list, start DIR, check DIR [NAME], check DIR --train)."""
+toy translator or a character model with them (list, start DIR, check DIR [NAME], check DIR
+--train [toy|gpt])."""
 import math
 
 from ..exercises.catalogue import DERIVATIONS, EXERCISES, find

@@ -1,5 +1,7 @@
-"""``npformer exercises check DIR --train``: the toy translator of ``npformer toy`` trained with
-the learner's own backward passes, and, where it fails, the layer to look at.
+"""``npformer exercises check DIR --train [toy|gpt]``: the toy translator of ``npformer toy``
+(or, through :mod:`.gpt_finale`, a character model) trained with the learner's own passes.
+Before training, :func:`verify` runs every learner function on a real training step beside the
+reference's: which ran, how often, and the first that disagreed, the function to look at.
 
 The training runs in a child process (:mod:`.child`, :func:`train_child`) under a wall-clock
 limit: a slow or looping backward, a crash or an exit of the learner's code ends the finale

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 CONFIG = {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128, "context": 64,
-          "batch_size": 16, "steps": 250, "lr": 4e-3, "val_batches": 8, "sample_chars": 200}
+          "batch_size": 16, "steps": 300, "lr": 3e-3, "val_batches": 8, "sample_chars": 200}
 BETAS, EPS = (0.9, 0.999), 1e-8
 
 

@@ -139,9 +139,9 @@ class Shadow:
     findings: dict = field(default_factory=dict)
     calls: Counter = field(default_factory=Counter)
     compared: Counter = field(default_factory=Counter)
-    callers: dict = field(default_factory=dict)        # function -> {who called it}
-    nests: dict = field(default_factory=dict)          # function -> learner functions beside
-    _caches: dict = field(default_factory=dict)        # which it is a module global
+    nests: dict = field(default_factory=dict)     # function -> the learner functions of the
+                                                  # files where it is a global (its callers)
+    _caches: dict = field(default_factory=dict)
     _stack: list = field(default_factory=list)         # [(function, {its callees})]
     _wrapped: dict = field(default_factory=dict)
 
@@ -199,10 +199,8 @@ class Shadow:
 
     def _enter(self, name):
         self.calls[name] += 1
-        caller = self._stack[-1] if self._stack else None
-        self.callers.setdefault(name, set()).add(caller[0] if caller else "the model")
-        if caller:
-            caller[1].add(name)
+        if self._stack:                                # called by another learner function
+            self._stack[-1][1].add(name)
         self._stack.append((name, set()))
 
     def _layer(self):

@@ -5,12 +5,19 @@ not run as trained, and says the success line only when every function that ran 
 import argparse
 import re
 
+import pytest
+
 from npformer.cli.exercises import report_toy, run_train
 from npformer.exercises import find
 from npformer.exercises.child import MEMORY
 from npformer.exercises.finale import FinaleResult, ToySummary, modules_of, preflight
+from npformer.exercises import gpt_finale
+from npformer.exercises.checker import LearnerError
+from npformer.exercises.gpt import Text
+from npformer.exercises.namespace import FINALES
 from npformer.exercises.templates import solution_source
-from test_exercises import folder, solved, write  # noqa: F401  (the fixtures)
+from test_exercises import MISTAKES, folder, solved, write  # noqa: F401  (the fixtures)
+from test_exercises_gpt import SHAKESPEARE, TINY
 
 DIAGONAL_SOFTMAX = """
     def softmax_backward(dout, cache):
@@ -137,3 +144,45 @@ def test_the_optimizer_runs_the_learners_adam_step(solved, capsys):
     assert code == 1, out
     assert "look at the optimizer: your adam_step disagrees" in out, out
     assert used(out, "wrong") == {"adam_step"}
+
+
+# The planted mistakes (test_exercises.MISTAKES) that a finale's model never exercises: on every
+# input it gives the function, the mistaken one computes the right thing, so it agrees there and
+# only the check finds it.
+UNSEEN = {            # the mistake: the finales that never exercise it, and why
+    "adam: L2 and decoupled decay swapped": ({"toy", "gpt"}, "no weight decay"),
+    "cross-entropy: divided by all rows, ignored ones included":
+        ({"toy", "gpt"}, "no ignored target reaches the loss"),
+    "cross-entropy: ignored rows keep a gradient": ({"toy", "gpt"}, "the same"),
+    "cross-entropy: smoothing's eps / V forgotten": ({"gpt"}, "no label smoothing"),
+    "embedding: the padding row gets a gradient": ({"toy", "gpt"}, "no gradient reaches it"),
+    "embedding: the scale forgotten": ({"gpt"}, "scale 1"),
+    "residual: post-norm's identity path carries dout": ({"gpt"}, "pre-norm only"),
+}
+PLANTED = [(m, f) for m in sorted(MISTAKES) for f in FINALES if MISTAKES[m][0] in FINALES[f]]
+
+
+@pytest.mark.parametrize("mistake,finale", PLANTED)
+def test_no_planted_mistake_is_counted_as_trained_and_blame_names_it(solved, mistake, finale):
+    name, code, _ = MISTAKES[mistake]
+    if finale == "gpt" and not SHAKESPEARE.is_file():
+        pytest.skip(f"tiny Shakespeare is not at {SHAKESPEARE}")
+    write(solved, name, code)
+    exercise = find(name)
+    planted = set(re.findall(r"def (\w+)\(", code)) & set(exercise.writes)   # the mistaken ones
+    try:
+        if finale == "toy":
+            findings, usage = preflight(modules_of(solved), 0, None, None)
+        else:
+            findings, usage = gpt_finale.preflight(modules_of(solved, "gpt"),
+                                                   Text.read(SHAKESPEARE), TINY, 0)
+    except LearnerError as e:                   # a gradient of the wrong shape: named, not run
+        assert re.match(rf"your ({'|'.join(planted)}) gave \w+ of shape", str(e)), e
+        return
+    status = {u.function: u.status for u in usage}
+    if finale in UNSEEN.get(mistake, ((),))[0]:
+        assert not findings and all(status[f] == "agreed" for f in planted), status
+        return
+    assert planted and all(status[f] in ("wrong", "not used") for f in planted), status
+    assert not findings or findings[0].function in planted, findings[0]
+    assert findings or all(status[f] == "not used" for f in planted)

@@ -19,6 +19,7 @@ from ..functional.activation_dropout import check_activation
 from ..functional.activations import ACTIVATIONS
 from ..functional.dropout import check_terms
 from .catalogue import EXERCISES, find
+from .checker import LearnerError
 
 OUTPUTS = {"linear_backward": ("dx", "dw", "db"), "layernorm_backward": ("dx", "dgamma", "dbeta"),
            "attention_backward": ("dq", "dk", "dv"), "rmsnorm_backward": ("dx", "dgamma"),
@@ -287,13 +288,19 @@ class Shadow:
             names.update(saved)
 
     def _compare(self, name, layer, got, want):
+        """Note where ``got`` (the learner's) is off ``want``; LearnerError for an output of
+        the wrong shape, which the model cannot take (it would fail further on, unnamed)."""
         got_t = got if isinstance(got, tuple) else (got,)
         want_t = want if isinstance(want, tuple) else (want,)
+        labels = OUTPUTS.get(name, ())
         for i, (a, b) in enumerate(zip(got_t, want_t)):
+            label = labels[i] if i < len(labels) else "its output"
+            if np.shape(a) != np.shape(b):
+                raise LearnerError(f"your {name} gave {label} of shape {np.shape(a)} at {layer}, "
+                                   f"where the model needs {np.shape(b)}")
             err = _error(a, b)
             if err > TOLERANCE:
-                labels = OUTPUTS.get(name, ())
-                self._note(name, layer, err, labels[i] if i < len(labels) else "its output")
+                self._note(name, layer, err, label)
 
     def _note(self, function, layer, error, output, note=""):
         key = (function, layer)

@@ -46,7 +46,8 @@ def add_parser(sub, name):
     check.add_argument("--steps", type=positive_int, default=None,
                        help=f"with --train gpt: steps to train each run (default "
                             f"{CONFIG['steps']})")
-    check.add_argument("--seed", type=non_negative_int, default=0, help="with --train: the toy's seed")
+    check.add_argument("--seed", type=non_negative_int, default=0,
+                       help="with --train: the model's seed (and its batches')")
     seconds = real_in(0, MAX_TIMEOUT, min_open=True)
     check.add_argument("--timeout", type=seconds, default=TIMEOUT,
                        help=f"seconds each exercise's check may take, at most {MAX_TIMEOUT:g} "

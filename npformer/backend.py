@@ -123,8 +123,8 @@ def using(functions, name):
     """``with using({"layernorm_backward": mine, ...}, "exercises"):`` every module calls the
     given functions (the reference for the others, products on npformer's BLAS thread count as
     the NumPy backend's) and :func:`get_backend` says ``name``; the backend before is restored
-    after, even on an error. ``name`` must not be one of ``BACKENDS`` (the optimizers take the
-    Numba backend's fused Adam by that name)."""
+    after, even on an error. ``name`` must not be one of ``BACKENDS`` (a namespace is not one of
+    them). The optimizers take the namespace's ``adam_step`` where it has one."""
     if name in BACKENDS:
         raise ValueError(f"name: expected a name other than {BACKENDS}, got {name!r}")
     get_backend()                                    # the one to restore, resolved now

@@ -1,11 +1,14 @@
 """``npformer exercises``: write the backward passes yourself, have them checked, then train the
-toy translator with them (list, start DIR, check DIR [NAME], check DIR --train)."""
+toy translator or a character model with them (list, start DIR, check DIR [NAME], check DIR
+--train [toy|gpt])."""
 import argparse
 import math
 
 from ..exercises.catalogue import DERIVATIONS, EXERCISES, find
 from ..exercises.checker import MAX_MEMORY, MAX_TIMEOUT, TIMEOUT, check_folder
 from ..exercises.child import MEMORY, TRAIN_TIMEOUT
+from ..exercises.gpt import CONFIG
+from ..exercises.namespace import finales_of
 from .common import int_in, non_negative_int, positive_int, real_in
 
 HINT_LEVELS = {1: "the idea", 2: "the formula"}     # --hint LEVEL; check alone: the symptom
@@ -40,12 +43,18 @@ def add_parser(sub, name):
     check.add_argument("dir", metavar="DIR")
     check.add_argument("name", metavar="NAME", nargs="?",
                        help=f"one exercise: {', '.join(e.name for e in EXERCISES)}")
-    check.add_argument("--train", action="store_true",
-                       help="the finale: train the toy translator of 'npformer toy' with your "
-                            "backward passes (checks every exercise first)")
+    check.add_argument("--train", nargs="?", const="toy", choices=("toy", "gpt"), default=None,
+                       help="the finale (checks every exercise first): 'toy' (the default) "
+                            "trains the toy translator of 'npformer toy' with your backward "
+                            "passes; 'gpt' a small character model of tiny Shakespeare (npformer "
+                            "download tinyshakespeare), beside the same run with the reference's")
     check.add_argument("--epochs", type=positive_int, default=None,
-                       help="with --train: epochs to train (default: the toy's 14)")
-    check.add_argument("--seed", type=non_negative_int, default=0, help="with --train: the toy's seed")
+                       help="with --train toy: epochs to train (default: the toy's 14)")
+    check.add_argument("--steps", type=positive_int, default=None,
+                       help=f"with --train gpt: steps to train each run (default "
+                            f"{CONFIG['steps']})")
+    check.add_argument("--seed", type=non_negative_int, default=0,
+                       help="with --train: the model's seed (and its batches')")
     seconds = real_in(0, MAX_TIMEOUT, min_open=True)
     check.add_argument("--timeout", type=seconds, default=TIMEOUT,
                        help=f"seconds each exercise's check may take, at most {MAX_TIMEOUT:g} "
@@ -75,7 +84,7 @@ def hint_level(text):
 def run_list(args):
     print(f"{'#':>3s}  {'NAME':<22s} {'FILE':<28s} {'FINALE':<8s} {'TITLE':<50s} DERIVATION")
     for e in EXERCISES:
-        print(f"{e.key:>3s}  {e.name:<22s} {e.file:<28s} {'trains' if e.trained else 'checked':<8s} "
+        print(f"{e.key:>3s}  {e.name:<22s} {e.file:<28s} {finales_of(e):<8s} "
               f"{e.title:<50s} {e.derivation}")
     print(f"\nderivations: {DERIVATIONS} in the folder that start writes, one section an "
           f"exercise\nstaged (4a, ...): the gradient of every named intermediate of the "
@@ -97,8 +106,11 @@ def run_start(args):
 def run_check(args):
     if args.train and args.name:
         raise ValueError("NAME: --train trains with every exercise; leave NAME out")
-    if args.epochs is not None and not args.train:
-        raise ValueError("--epochs: only with --train")
+    if args.epochs is not None and args.train != "toy":
+        raise ValueError("--epochs: only with --train (toy)")
+    if args.steps is not None and args.train != "gpt":
+        raise ValueError("--steps: only with --train gpt")
+    data = shakespeare() if args.train == "gpt" else None
     if args.train_timeout is not None and not args.train:
         raise ValueError("--train-timeout: only with --train")
     if args.hint and (args.train or args.name is None):
@@ -116,7 +128,19 @@ def run_check(args):
     print_table(results)
     if not args.train:
         return 0 if all(r.status == "done" for r in results) else 1
-    return run_train(args, results)
+    return run_train(args, results) if data is None else run_gpt(args, results, data)
+
+
+def shakespeare():
+    """The path of tiny Shakespeare's download (as ``npformer lm --data tinyshakespeare``
+    finds it); ValueError with the one command that fetches it when it is not there."""
+    from ..data.download import find_downloaded, resolve_data_dir
+    path = find_downloaded("tinyshakespeare")
+    if path is None:
+        raise ValueError(f"--train gpt: tiny Shakespeare is not downloaded yet (no "
+                         f"{resolve_data_dir() / 'tinyshakespeare.txt'}); fetch it with "
+                         f"`npformer download tinyshakespeare`")
+    return path
 
 
 def print_result(r, level=0):
@@ -158,17 +182,21 @@ def print_table(results):
         measured = r.worst is not None and r.status in ("done", "WRONG")
         worst = f"{r.worst:.1e}" if measured else r.note      # "shape": a gradient's shape
         print(f"  {e.key:>3s}  {e.name:<22s} {r.status:<10s} {worst:>11s}  "
-              f"{'trains' if e.trained else 'checked'}")
+              f"{finales_of(e)}")
     print()
 
 
-def run_train(args, results):
-    from ..exercises.finale import TARGET, refuse_unfinished, run_finale
-    refuse_unfinished(results)
+def warn_wrong(results):
     wrong = [r.name for r in results if r.status == "WRONG"]
     if wrong:
         print(f"training anyway, although {', '.join(wrong)} "
               f"{'fails its' if len(wrong) == 1 else 'fail their'} checks: watch what happens")
+
+
+def run_train(args, results):
+    from ..exercises.finale import refuse_unfinished, run_finale
+    refuse_unfinished(results)
+    warn_wrong(results)
 
     def on_eval(rec):
         if not args.quiet:
@@ -180,6 +208,14 @@ def run_train(args, results):
                         checks=results, timeout=args.timeout,
                         train_timeout=args.train_timeout or TRAIN_TIMEOUT,
                         memory=args.memory)
+    return report_toy(result, args.epochs)
+
+
+def report_toy(result, epochs=None):
+    """Print the toy finale's :class:`FinaleResult` (what each function did on the real batch,
+    the training's figures, the verdict); the exit status."""
+    from ..exercises.finale import TARGET
+    print_usage(result.usage, "the toy")
     if result.error:
         print(f"training stopped: {result.error}")
         _print_findings(result.findings)
@@ -193,15 +229,14 @@ def run_train(args, results):
         for zh, ref, hyp in toy.examples:
             mark = "ok" if hyp.split() == ref.split() else f"expected: {ref}"
             print(f"  {zh}\n    -> {hyp}   [{mark}]")
-    if result.findings:
-        print("training failed: a backward pass is wrong on a real batch of the toy's")
-        _print_findings(result.findings)
+    if not verified(result):
         return 1
     if result.ok and result.toy.train_exact_match >= TARGET:
-        print("your own backward passes trained the translator.")
+        print("your own backward passes trained the translator." + _unused_note(result.usage))
         return 0
-    if result.ok and args.epochs is not None:
-        print(f"(fewer epochs than the toy's: exact match below {TARGET} is expected)")
+    if result.ok and epochs is not None:
+        print(f"(fewer epochs than the toy's: exact match below {TARGET} is expected)"
+              + _unused_note(result.usage))
         return 0
     if result.toy.stop_reason == "non_finite":
         print("training failed: the loss or the gradient became NaN or inf")
@@ -212,9 +247,103 @@ def run_train(args, results):
     return 1
 
 
+def run_gpt(args, results, data):
+    from ..exercises.finale import refuse_unfinished, run_finale
+    refuse_unfinished(results, "gpt")
+    warn_wrong(results)
+
+    def on_eval(rec):
+        if not args.quiet:
+            print(f"{rec['run']:<9s}  step {rec['step']:5d}  train loss {rec['loss']:.3f}",
+                  flush=True)
+    print(f"the finale: a character model of tiny Shakespeare ({data}) trained with your "
+          f"passes, then the same run with the reference's")
+    result = run_finale(args.dir, seed=args.seed, on_eval=on_eval, checks=results,
+                        timeout=args.timeout, train_timeout=args.train_timeout or TRAIN_TIMEOUT,
+                        memory=args.memory, finale="gpt", data=data, steps=args.steps)
+    return report_gpt(result)
+
+
+def report_gpt(result):
+    """Print the GPT finale's :class:`FinaleResult`: what each function did on the real step,
+    the validation loss and a sample before training and after each run, the verdict."""
+    print_usage(result.usage, "the character model")
+    if result.error:
+        print(f"training stopped: {result.error}")
+        _print_findings(result.findings)
+        return 1
+    g = result.gpt
+    print(f"validation loss before training {g['before']['valid_loss']:.3f}; after "
+          f"{g['steps']} steps: yours {g['yours']['valid_loss']:.3f}, the reference's "
+          f"{g['reference']['valid_loss']:.3f} ({g['yours']['seconds']:.0f} s and "
+          f"{g['reference']['seconds']:.0f} s)")
+    for label, key in (("before training", "before"), ("after, your passes", "yours"),
+                       ("after, the reference passes", "reference")):
+        print(f"--- sample {label} ---")
+        print(g[key]["sample"])
+    print("---")
+    if not verified(result):
+        return 1
+    if not math.isfinite(g["yours"]["valid_loss"]):
+        print("training failed: the loss became NaN or inf")
+        return 1
+    print("your own passes trained the character model." + _unused_note(result.usage))
+    return 0
+
+
+def print_usage(usage, model):
+    """What each of the learner's functions did on a real training batch of ``model``."""
+    if not usage:
+        return
+    print(f"your functions on a real training batch of {model} (one step, each beside the "
+          f"reference's on the same inputs):")
+    for status in ("agreed", "wrong", "not compared", "not used"):
+        group = [u for u in usage if u.status == status]
+        if status == "not used":
+            for u in group:
+                print(f"  {'not used':<12s} {u.function}: {u.reason}; not trained with")
+        elif group:
+            items = [f"{u.function} ({u.calls} call{'s' if u.calls != 1 else ''})" for u in group]
+            lines = [f"  {status:<12s}"]
+            for i, item in enumerate(items):
+                item += "," if i < len(items) - 1 else ""
+                if len(lines[-1]) + 1 + len(item) > 100:
+                    lines.append(" " * 14)
+                lines[-1] += " " + item
+            print("\n".join(lines))
+    print()
+
+
+def verified(result):
+    """True when every function that ran agreed with the reference on the real batch;
+    otherwise the verdict (what agreed, what did not, the first wrong one) and False."""
+    usage, findings = result.usage, result.findings
+    if not findings and all(u.status in ("agreed", "not used") for u in usage):
+        return True
+    agreed = [u.function for u in usage if u.status == "agreed"]
+    unjudged = [u.function for u in usage if u.status == "not compared"]
+    print("training failed: " + ("a function of yours is wrong on a real training batch"
+                                 if findings else "not every function of yours could be "
+                                 "compared with the reference: " + ", ".join(unjudged)))
+    _print_findings(findings)
+    if agreed:
+        print(f"  agreed with the reference: {', '.join(agreed)}")
+    print("  a wrong gradient can still lower the loss: the figures above say the model "
+          "fitted its data, not that your gradients are right")
+    return False
+
+
+def _unused_note(usage):
+    unused = [u.function for u in usage if u.status == "not used"]
+    return ("" if not unused else f" Not trained with (not used by your other code): "
+            f"{', '.join(unused)}.")
+
+
 def _print_findings(findings):
-    """Which layer to look at: the first place the learner's backward disagreed with the
-    reference's on a real batch, and how many other places each function did."""
+    """Which function to look at: the first place, in the order the step ran (the forward,
+    then the backward from the loss down, a callee before its caller), where the learner's
+    function disagreed with the reference's on a real batch, and how many other places each
+    function did."""
     if not findings:
         return
     first = findings[0]

@@ -46,8 +46,8 @@ class Exercise:
     title: str
     section: str           # the heading of docs/backprop.md (and of the folder's derivations.md)
     writes: tuple          # the functions the learner writes
-    provides: tuple = ()   # the names the finale's namespace takes from the learner's file (the
-                           # toy translator has no RMSNorm or SwiGLU: those are checked only)
+    provides: tuple = ()   # the names a finale takes from the learner's file (which finale
+                           # trains with which exercise: namespace.FINALES)
     cases: object = None   # rng -> [Case]; None for the update (adam)
     hints: tuple = ()      # Mistake(symptom, idea, formula, detector(ctx) -> bool)
     chain: object = None   # a staged exercise's chain of named intermediates (staged.py)
@@ -681,26 +681,29 @@ EXERCISES = (
              ("layernorm_forward", "layernorm_backward"), layernorm_cases, LAYERNORM_HINTS),
     _staged("rmsnorm_staged", 5, "RMSNorm, step by step", "RMSNorm",
             staged.rmsnorm_staged_cases, staged.RMSNORM),
-    Exercise("rmsnorm", 5, "RMSNorm", "RMSNorm", ("rmsnorm_backward",), (), rmsnorm_cases,
-             RMSNORM_HINTS),
+    Exercise("rmsnorm", 5, "RMSNorm", "RMSNorm", ("rmsnorm_backward",),
+             ("rmsnorm_forward", "rmsnorm_backward"), rmsnorm_cases, RMSNORM_HINTS),
     _staged("attention_staged", 6, "Masked softmax and attention, step by step", "Attention",
             staged.attention_staged_cases, staged.ATTENTION),
     Exercise("softmax", 6, "Masked softmax", "Softmax", ("softmax_backward",),
              ("softmax_forward", "softmax_backward"), softmax_cases, SOFTMAX_HINTS),
-    Exercise("swiglu", 7, "SiLU and SwiGLU", "SwiGLU", ("silu_backward", "swiglu_backward"), (),
+    Exercise("swiglu", 7, "SiLU and SwiGLU", "SwiGLU", ("silu_backward", "swiglu_backward"),
+             ("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward"),
              swiglu_cases, SWIGLU_HINTS),
     Exercise("attention", 8, "Scaled dot-product attention", "Attention", ("attention_backward",),
              ("attention_forward", "attention_backward"), attention_cases, ATTENTION_HINTS),
     Exercise("multi_head_attention", 9, "Multi-head attention, fused projection",
-             "Multi-head attention", ("mha_backward",), (), mha_cases, MHA_HINTS),
+             "Multi-head attention", ("mha_backward",), ("mha_forward", "mha_backward"),
+             mha_cases, MHA_HINTS),
     Exercise("residual", 10, "Residual block, both orders", "Residual and layer order",
-             ("residual_backward",), (), residual_cases, RESIDUAL_HINTS),
+             ("residual_backward",), ("residual_forward", "residual_backward"), residual_cases,
+             RESIDUAL_HINTS),
     _staged("cross_entropy_staged", 11, "Cross-entropy with label smoothing, step by step",
             "Cross-entropy", staged.cross_entropy_staged_cases, staged.CROSS_ENTROPY),
     Exercise("cross_entropy", 11, "Cross-entropy, ignore_index, label smoothing", "Cross-entropy",
              ("cross_entropy_backward",), ("cross_entropy_forward", "cross_entropy_backward"),
              cross_entropy_cases, CE_HINTS),
-    Exercise("adam", 12, "The Adam step", "Adam", ("adam_step",)),
+    Exercise("adam", 12, "The Adam step", "Adam", ("adam_step",), ("adam_step",)),
 )
 
 BY_NAME = {e.name: e for e in EXERCISES}

@@ -1,5 +1,7 @@
-"""``npformer exercises check DIR --train``: the toy translator of ``npformer toy`` trained with
-the learner's own backward passes, and, where it fails, the layer to look at.
+"""``npformer exercises check DIR --train [toy|gpt]``: the toy translator of ``npformer toy``
+(or, through :mod:`.gpt_finale`, a character model) trained with the learner's own passes.
+Before training, :func:`verify` runs every learner function on a real training step beside the
+reference's: which ran, how often, and the first that disagreed, the function to look at.
 
 The training runs in a child process (:mod:`.child`, :func:`train_child`) under a wall-clock
 limit: a slow or looping backward, a crash or an exit of the learner's code ends the finale
@@ -12,11 +14,12 @@ from pathlib import Path
 from .. import backend
 from ..training.toy import run_toy, toy_trainer
 from ..validation import check_int
-from .catalogue import EXERCISES, find
+from .catalogue import find
 from .checker import (GRACE, TIMEOUT, LearnerError, check_folder, check_limits, load_learner,
                       solution)
 from .child import MEMORY, TRAIN_TIMEOUT, memory_message, run
-from .namespace import Finding, Shadow, build, module_paths, pairs_of, trained_exercises
+from .namespace import (FINALES, Finding, Shadow, Usage, build, module_paths, pairs_of,
+                        trained_exercises)
 
 BACKEND_NAME = "exercises"
 TARGET = 0.99             # the toy reaches 1.000 train exact match in its 14 epochs
@@ -40,56 +43,74 @@ class ToySummary:
 class FinaleResult:
     checks: list                     # the ExerciseResult of every exercise
     findings: list = field(default_factory=list)    # namespace.Finding, in the backward's order
+    usage: list = field(default_factory=list)       # namespace.Usage of every function trained with
     toy: object = None               # ToySummary (None if training stopped)
+    gpt: dict = None                 # the GPT's figures and samples (gpt_finale.run_gpt)
     error: str = ""                  # why training stopped (one line), if it did
 
     @property
     def ok(self):
-        return (self.toy is not None and not self.findings and not self.error
-                and self.toy.stop_reason != "non_finite")
+        trained = (self.gpt is not None if self.toy is None else
+                   self.toy.stop_reason != "non_finite")
+        return (trained and not self.findings and not self.error
+                and all(u.status in ("agreed", "not used") for u in self.usage))
 
 
-def modules_of(folder):
-    """The learner's modules of the exercises the finale trains with. The attention file
-    imports npformer's softmax and dropout (so that it is checked alone); here its names are
-    pointed at the learner's own, so that training runs the learner's softmax too."""
-    modules = {e.name: load_learner(Path(folder) / e.file) for e in trained_exercises()}
-    attention = modules["attention"]
-    for exercise in ("softmax", "dropout"):
-        for name in find(exercise).provides:
-            if hasattr(attention, name):
-                setattr(attention, name, getattr(modules[exercise], name))
+def modules_of(folder, finale="toy"):
+    """The learner's modules of the exercises finale ``finale`` trains with. A file that
+    imports npformer's function of another of them (the attention file's softmax and dropout,
+    so that it is checked alone) has that name pointed at the learner's own here, so that
+    training runs the learner's softmax too."""
+    modules = {e.name: load_learner(Path(folder) / e.file) for e in trained_exercises(finale)}
+    for name, module in modules.items():
+        for other, theirs in modules.items():
+            for function in find(other).provides if other != name else ():
+                if hasattr(module, function):
+                    setattr(module, function, getattr(theirs, function))
     return modules
 
 
-def reference_modules():
-    return {e.name: solution(e) for e in trained_exercises()}
+def reference_modules(finale="toy"):
+    return {e.name: solution(e) for e in trained_exercises(finale)}
 
 
-def refuse_unfinished(checks):
-    """ValueError (one line) unless every exercise the finale trains with can run, with the
-    given forward passes (the finale trains the toy model, not another)."""
+def refuse_unfinished(checks, finale="toy"):
+    """ValueError (one line) unless every exercise finale ``finale`` trains with can run, with
+    the given forward passes (the finale trains its model, not another)."""
+    names = [e.name for e in trained_exercises(finale)]
     blocked = [r for r in checks if (r.status in ("not done", "error", "timed out")
-                                     or r.note == "forward")
-               and any(e.name == r.name and e.trained for e in EXERCISES)]
+                                     or r.note == "forward") and r.name in names]
     if blocked:
         why = [f"{r.name} ({'its forward was changed' if r.note == 'forward' else r.status})"
                for r in blocked]
-        raise ValueError("the finale trains with your " + ", ".join(e.name for e in trained_exercises())
+        raise ValueError(f"the finale (--train {finale}) trains with your " + ", ".join(names)
                          + ": finish " + ", ".join(why) + " first")
 
 
+def verify(learner, finale, paths, run_batch):
+    """Every learner function of ``finale`` run on a real training batch beside the reference's
+    (:class:`namespace.Shadow`): ``run_batch(pairs)`` runs one training step (the loss, the
+    backward and the optimizer's update) with the namespace ``pairs``. Returns the findings, in
+    the order they arose (the forward's, then the backward's, a callee before its caller), and
+    the :class:`namespace.Usage` of every function."""
+    shadow = Shadow(pairs_of(learner, finale), pairs_of(reference_modules(finale), finale), paths)
+    with shadow.nested(learner):
+        run_batch(shadow.pairs())
+    return list(shadow.findings.values()), shadow.usage()
+
+
 def preflight(learner, seed, model_kwargs, train_kwargs):
-    """One training batch of a fresh toy model through :class:`namespace.Shadow`: the findings,
-    or the error the learner's code raised."""
+    """One training step of a fresh toy model, its batch the first of training, through
+    :func:`verify`: the findings and the usage, or the error the learner's code raised."""
     trainer, _ = toy_trainer(seed, model_kwargs, {**(train_kwargs or {}), "out_dir": None,
                                                   "quiet": True})
-    shadow = Shadow(pairs_of(learner), pairs_of(reference_modules()), module_paths(trainer.model))
     batch = next(iter(trainer.task.batches(0)))
     trainer.model.train()
-    with backend.using(build(shadow.pairs()), BACKEND_NAME):
-        trainer.task.loss_and_backward(trainer.model, batch, 1.0)
-    return list(shadow.findings.values())
+
+    def run_batch(pairs):
+        with backend.using(build(pairs), BACKEND_NAME):
+            trainer.train_step(batch)
+    return verify(learner, "toy", module_paths(trainer.model), run_batch)
 
 
 def describe(error, folder):
@@ -104,16 +125,21 @@ def describe(error, folder):
 
 
 def run_finale(folder, seed=0, epochs=None, on_eval=None, timeout=TIMEOUT,
-               train_timeout=TRAIN_TIMEOUT, memory=MEMORY, checks=None):
-    """Check every exercise (or take ``checks``), then train the toy translator with the
+               train_timeout=TRAIN_TIMEOUT, memory=MEMORY, checks=None, finale="toy", data=None,
+               steps=None):
+    """Check every exercise (or take ``checks``), then train finale ``finale``'s model with the
     learner's pairs in a child process, under ``train_timeout`` seconds and ``memory`` MiB:
-    a :class:`FinaleResult`. ``on_eval(record)`` gets each evaluation's epoch, step, loss and
-    exact_match as they come. ValueError if an exercise it trains with is not done or does not
-    run, or a limit is out of range."""
+    a :class:`FinaleResult`. ``on_eval(record)`` gets each evaluation (the toy: epoch, step,
+    loss and exact_match; the GPT, trained from the text file ``data`` for ``steps`` steps:
+    run, step and loss) as they come. ValueError if an exercise it trains with is not done or
+    does not run, or a limit is out of range."""
     train_timeout, memory = check_limits(train_timeout, memory, "train_timeout")
     seed, epochs = check_int("seed", seed, 0), check_int("epochs", epochs, 1, allow_none=True)
+    steps = check_int("steps", steps, 1, allow_none=True)
+    if finale not in FINALES:
+        raise ValueError(f"finale: expected one of {', '.join(FINALES)}, got {finale!r}")
     checks = check_folder(folder, timeout=timeout, memory=memory) if checks is None else checks
-    refuse_unfinished(checks)
+    refuse_unfinished(checks, finale)
     verdict = {}
 
     def on_record(record):
@@ -125,27 +151,31 @@ def run_finale(folder, seed=0, epochs=None, on_eval=None, timeout=TIMEOUT,
             verdict.update(record["finale"])
             return GRACE
         return None
-    code = run(["train", "--memory", str(memory), "--seed", str(seed),
-                *([] if epochs is None else ["--epochs", str(epochs)]), "--", str(folder)],
+    code = run(["train", "--memory", str(memory), "--seed", str(seed), "--finale", finale,
+                *([] if epochs is None else ["--epochs", str(epochs)]),
+                *([] if steps is None else ["--steps", str(steps)]),
+                *([] if data is None else ["--data", str(data)]), "--", str(folder)],
                on_record)
     result = FinaleResult(checks)
     if not verdict:
         result.error = (f"still running after {train_timeout:g} s (the limit, --train-timeout; "
-                        f"npformer toy takes a small part of it: is a backward pass slow or "
-                        f"looping?)" if code is None else
+                        f"the training with the reference passes takes a small part of it: is "
+                        f"a backward pass slow or looping?)" if code is None else
                         f"your code ended the training process (exit status {code}) before it "
                         f"finished")
         return result
     result.error = verdict["error"]
     result.findings = [Finding(**f) for f in verdict["findings"]]
+    result.usage = [Usage(**u) for u in verdict["usage"]]
     result.toy = None if verdict["toy"] is None else ToySummary(**verdict["toy"])
+    result.gpt = verdict["gpt"]
     return result
 
 
-def train_child(folder, seed, epochs, out):
+def train_child(folder, seed, epochs, out, finale="toy", data=None, steps=None):
     """The finale's training, in the child: a JSON line when it starts, one per evaluation
-    ({"eval": ...}), then the verdict ({"finale": ...}: the error, the findings, the toy's
-    figures)."""
+    ({"eval": ...}), then the verdict ({"finale": ...}: the error, the findings, the usage,
+    the toy's figures or the GPT's)."""
     def emit(record):
         out.write(json.dumps(record) + "\n")
         out.flush()
@@ -154,19 +184,26 @@ def train_child(folder, seed, epochs, out):
         emit({"eval": {"epoch": int(rec["epoch"]), "step": int(rec["step"]),
                        "loss": float(rec["loss"]), "exact_match": float(rec["exact_match"])}})
     emit({"started": "training"})
-    verdict = {"error": "", "findings": [], "toy": None}
+    verdict = {"error": "", "findings": [], "usage": [], "toy": None, "gpt": None}
     train_kwargs = {} if epochs is None else {"epochs": epochs}
     try:
-        learner = modules_of(folder)
-        verdict["findings"] = [asdict(f) for f in preflight(learner, seed, None, train_kwargs)]
-        with tempfile.TemporaryDirectory(prefix="npformer-finale-") as tmp, \
-                backend.using(build(pairs_of(learner)), BACKEND_NAME):
-            toy = run_toy(seed=seed, train_kwargs=train_kwargs, out_dir=tmp, quiet=True,
-                          on_eval=on_eval, n_examples=3)
-        verdict["toy"] = asdict(ToySummary(
-            float(toy.train_exact_match), float(toy.heldout_exact_match), len(toy.data.train),
-            len(toy.data.heldout), float(toy.train_seconds), int(toy.summary["step"]),
-            str(toy.summary["stop_reason"]), [list(e) for e in toy.examples]))
+        learner = modules_of(folder, finale)
+        if finale == "gpt":
+            from .gpt_finale import run_gpt
+            run_gpt(learner, data, seed, steps, verdict, lambda rec: emit({"eval": rec}))
+        else:
+            findings, usage = preflight(learner, seed, None, train_kwargs)
+            verdict["findings"] = [asdict(f) for f in findings]
+            verdict["usage"] = [asdict(u) for u in usage]
+            with tempfile.TemporaryDirectory(prefix="npformer-finale-") as tmp, \
+                    backend.using(build(pairs_of(learner)), BACKEND_NAME):
+                toy = run_toy(seed=seed, train_kwargs=train_kwargs, out_dir=tmp, quiet=True,
+                              on_eval=on_eval, n_examples=3)
+            verdict["toy"] = asdict(ToySummary(
+                float(toy.train_exact_match), float(toy.heldout_exact_match),
+                len(toy.data.train), len(toy.data.heldout), float(toy.train_seconds),
+                int(toy.summary["step"]), str(toy.summary["stop_reason"]),
+                [list(e) for e in toy.examples]))
     except LearnerError as e:             # a file that cannot be loaded
         verdict["error"] = str(e)
     except MemoryError:

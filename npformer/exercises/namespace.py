@@ -1,13 +1,16 @@
-"""The finale's backend: the learner's own forward/backward pairs as the namespace the modules
+"""The finales' backend: the learner's own forward/backward pairs as the namespace the modules
 call (``npformer.backend.using``), with the fused names the modules use built from them, and a
-shadow of it that compares every backward with the reference's on the same inputs, so that a
-training run that fails can name the layer to look at.
+shadow of it that runs every learner function on a real training batch beside the reference's,
+on the same inputs, recording which functions ran, how often, and where they disagree, so that
+a finale names the first wrong function and never counts one that did not run as trained.
 
 The fused names are composed exactly as :mod:`npformer.functional` composes them, so the
 reference solutions train bit for bit as the NumPy backend does.
 """
+import contextlib
 import copy
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,21 +18,39 @@ import numpy as np
 from ..functional.activation_dropout import check_activation
 from ..functional.activations import ACTIVATIONS
 from ..functional.dropout import check_terms
-from .catalogue import EXERCISES
+from .catalogue import EXERCISES, find
+from .checker import LearnerError
 
 OUTPUTS = {"linear_backward": ("dx", "dw", "db"), "layernorm_backward": ("dx", "dgamma", "dbeta"),
-           "attention_backward": ("dq", "dk", "dv")}      # what each backward returns, by name
+           "attention_backward": ("dq", "dk", "dv"), "rmsnorm_backward": ("dx", "dgamma"),
+           "mha_backward": ("dx", "dw_in", "db_in", "dw_out", "db_out"),
+           "residual_backward": ("dx", "dw", "db", "dgamma", "dbeta"),
+           "adam_step": ("the step of p", "m", "v")}   # what each returns (or updates), by name
 TOLERANCE = 1e-3          # a backward off the reference by more than this, relative, on a real
                           # float32 batch is wrong (a right one differs by round-off, ~1e-6)
 
+# The exercises each finale trains with (their ``provides``): the toy translator of npformer
+# toy, and the character GPT of ``--train gpt`` (:mod:`.gpt`).
+FINALES = {"toy": ("linear", "embedding", "dropout", "layernorm", "softmax", "attention",
+                   "cross_entropy", "adam"),
+           "gpt": ("linear", "embedding", "rmsnorm", "swiglu", "multi_head_attention", "residual",
+                   "cross_entropy", "adam")}
 
-def trained_exercises():
-    return [e for e in EXERCISES if e.trained]
+
+def trained_exercises(finale="toy"):
+    """The exercises finale ``finale`` trains with, in the catalogue's order."""
+    return [e for e in EXERCISES if e.name in FINALES[finale]]
 
 
-def pairs_of(modules):
-    """{function name: function} of the trained exercises' modules ({exercise name: module})."""
-    return {name: getattr(modules[e.name], name) for e in trained_exercises() for name in e.provides}
+def finales_of(exercise):
+    """The finales that train with ``exercise`` ('toy', 'gpt'), as a short label."""
+    return "+".join(f for f, names in FINALES.items() if exercise.name in names) or "checked"
+
+
+def pairs_of(modules, finale="toy"):
+    """{function name: function} of the finale's exercises' modules ({exercise name: module})."""
+    return {name: getattr(modules[e.name], name) for e in trained_exercises(finale)
+            for name in e.provides}
 
 
 def build(pairs):
@@ -80,7 +101,7 @@ def build(pairs):
 
 @dataclass
 class Finding:
-    """Where the learner's backward disagrees with the reference's on the same dout and
+    """Where the learner's function disagrees with the reference's on the same dout and
     inputs: ``function``, the module ``layer`` (``encoder.layers.0.norm1``), the worst relative
     ``error`` and which output it was in."""
 
@@ -92,26 +113,96 @@ class Finding:
 
 
 @dataclass
+class Usage:
+    """What one learner function did on the real batch: ``calls``, how many of them were
+    compared with the reference (``compared``), and ``status``: "agreed", "wrong", "not used"
+    (``reason`` says why) or "not compared" (it ran, but never on an input the reference's can
+    be set beside)."""
+
+    function: str
+    calls: int
+    compared: int
+    status: str
+    reason: str = ""
+
+
+@dataclass
 class Shadow:
     """Pairs that run the learner's functions and, beside each, the reference's on copies of
-    the same arguments, recording where the backward passes disagree. ``paths``: {id(module):
-    its name in the model}."""
+    the same arguments, recording how often each ran and where they disagree. A backward that
+    calls another learner function (attention calling softmax_backward) is compared with the
+    reference's backward calling that same learner function, so each disagreement is the
+    function's own, not its callee's. ``paths``: {id(module): its name in the model}."""
 
     learner: dict
     reference: dict
     paths: dict
     findings: dict = field(default_factory=dict)
+    calls: Counter = field(default_factory=Counter)
+    compared: Counter = field(default_factory=Counter)
+    nests: dict = field(default_factory=dict)     # function -> the learner functions of the
+                                                  # files where it is a global (its callers)
     _caches: dict = field(default_factory=dict)
+    _stack: list = field(default_factory=list)         # [(function, {its callees})]
+    _wrapped: dict = field(default_factory=dict)
 
     def pairs(self):
-        out = {}
-        for e in trained_exercises():
-            for name in e.provides:
-                if name.endswith("_forward"):
-                    out[name] = self._forward(name)
-                else:
-                    out[name] = self._backward(name)
+        """{name: the shadowing function} for every learner function."""
+        for name in self.learner:
+            if name not in self._wrapped:
+                make = (self._update if name == "adam_step" else
+                        self._forward if name.endswith("_forward") else self._backward)
+                self._wrapped[name] = make(name)
+        return dict(self._wrapped)
+
+    @contextlib.contextmanager
+    def nested(self, modules):
+        """While it lasts (``modules``: {exercise name: the learner's module}), a learner
+        module's global that names a learner function (the attention file's softmax_backward,
+        the SwiGLU file's silu_backward) is that function's shadow, so that calls between the
+        learner's own functions are recorded and compared too."""
+        wrapped, saved = self.pairs(), []
+        for exercise, module in modules.items():
+            own = [n for n in find(exercise).provides if n in self.learner]
+            for name, function in self.learner.items():
+                if getattr(module, name, None) is function:
+                    saved.append((module, name, function))
+                    setattr(module, name, wrapped[name])
+                    self.nests.setdefault(name, set()).update(own)
+        try:
+            yield
+        finally:
+            for module, name, function in saved:
+                setattr(module, name, function)
+
+    def usage(self):
+        """A :class:`Usage` for every learner function, in the pairs' order."""
+        wrong = {f.function for f in self.findings.values()}
+        out = []
+        for name in self.learner:
+            if not self.calls[name]:
+                out.append(Usage(name, 0, 0, "not used", self._why_unused(name)))
+            elif name in wrong:
+                out.append(Usage(name, self.calls[name], self.compared[name], "wrong"))
+            else:
+                out.append(Usage(name, self.calls[name], self.compared[name],
+                                 "agreed" if self.compared[name] else "not compared"))
         return out
+
+    def _why_unused(self, name):
+        ran = sorted(c for c in self.nests.get(name, ()) if self.calls[c]
+                     and c.rsplit("_", 1)[-1] == name.rsplit("_", 1)[-1])
+        if ran:
+            what = name.rsplit("_", 1)[0].replace("_", " ")
+            return (f"your {ran[0]} computes the {what} "
+                    f"{name.rsplit('_', 1)[-1]} itself (it never calls {name})")
+        return "nothing called it on a training batch"
+
+    def _enter(self, name):
+        self.calls[name] += 1
+        if self._stack:                                # called by another learner function
+            self._stack[-1][1].add(name)
+        self._stack.append((name, set()))
 
     def _layer(self):
         frame = sys._getframe(2)
@@ -128,8 +219,13 @@ class Shadow:
         def forward(*args, **kwargs):
             theirs = [copy.deepcopy(a) if isinstance(a, np.random.Generator) else
                       a.copy() if isinstance(a, np.ndarray) else a for a in args]
-            out, cache = mine(*args, **kwargs)
+            self._enter(name)
+            try:
+                out, cache = mine(*args, **kwargs)
+            finally:
+                self._stack.pop()
             ref_out, ref_cache = ref(*theirs, **kwargs)
+            self.compared[name] += 1
             if cache is not None:
                 self._caches[id(cache)] = (cache, ref_cache, self._layer())
             if not _close(out, ref_out):
@@ -144,22 +240,67 @@ class Shadow:
         def backward(dout, cache, *rest):
             entry = self._caches.pop(id(cache), None)
             saved = dout.copy() if isinstance(dout, np.ndarray) else dout
-            got = mine(dout, cache, *rest)
+            self._enter(name)
+            try:
+                got = mine(dout, cache, *rest)
+            finally:
+                callees = self._stack.pop()[1]
             if entry is None or entry[0] is not cache:
                 return got
             layer = entry[2]
             if isinstance(dout, np.ndarray) and not np.array_equal(dout, saved):
                 self._note(name, layer, float("inf"), "dout", "it changed dout in place")
-            want = ref(saved, entry[1], *rest)
-            got_t = got if isinstance(got, tuple) else (got,)
-            want_t = want if isinstance(want, tuple) else (want,)
-            for i, (a, b) in enumerate(zip(got_t, want_t)):
-                err = _error(a, b)
-                if err > TOLERANCE:
-                    labels = OUTPUTS.get(name, ())
-                    self._note(name, layer, err, labels[i] if i < len(labels) else "its output")
+            with self._callees_of(ref, callees):
+                want = ref(saved, entry[1], *rest)
+            self.compared[name] += 1
+            self._compare(name, layer, got, want)
             return got
         return backward
+
+    def _update(self, name):
+        mine, ref = self.learner[name], self.reference[name]
+
+        def update(p, g, m, v, *rest):
+            theirs = [a.copy() for a in (p, g, m, v)]
+            self._enter(name)
+            try:
+                mine(p, g, m, v, *rest)
+            finally:
+                self._stack.pop()
+            before = theirs[0].copy()
+            ref(*theirs, *rest)
+            self.compared[name] += 1
+            # the step p moved by, not p itself: a wrong step is small beside the weights
+            self._compare(name, "the optimizer", (p - before, m, v),
+                          (theirs[0] - before, theirs[2], theirs[3]))
+        return update
+
+    @contextlib.contextmanager
+    def _callees_of(self, ref, callees):
+        """The reference function ``ref`` calling the learner's own ``callees`` (those the
+        learner's function called) in place of its own, while it lasts."""
+        names = getattr(ref, "__globals__", {})
+        saved = {c: names[c] for c in callees if c in names and c in self.learner}
+        names.update({c: self.learner[c] for c in saved})
+        try:
+            yield
+        finally:
+            names.update(saved)
+
+    def _compare(self, name, layer, got, want):
+        """Note where ``got`` (the learner's) is off ``want``; LearnerError for an output of
+        the wrong shape, which the model cannot take (it would fail further on, unnamed)."""
+        got_t = got if isinstance(got, tuple) else (got,)
+        want_t = want if isinstance(want, tuple) else (want,)
+        labels = OUTPUTS.get(name, ())
+        for i, (a, b) in enumerate(zip(got_t, want_t)):
+            label = labels[i] if i < len(labels) else "its output"
+            if np.shape(a) != np.shape(b):
+                raise LearnerError(f"your {name} gave {label} of shape {np.shape(a)} at {layer}, "
+                                   f"where the model needs {np.shape(b)}")
+            err = _error(a, b)
+            if err > TOLERANCE:
+                self._note(name, layer, err, label)
 
     def _note(self, function, layer, error, output, note=""):
         key = (function, layer)

@@ -2,8 +2,9 @@
 
 - ``python -m npformer.exercises.runner check DIR --timeout S --memory MIB NAME...`` checks
   each exercise and writes one JSON line per verdict;
-- ``python -m npformer.exercises.runner train DIR --memory MIB [--seed N] [--epochs N]`` runs
-  the finale and writes a line per evaluation, then the verdict.
+- ``python -m npformer.exercises.runner train DIR --memory MIB [--seed N] [--epochs N]
+  [--finale toy|gpt] [--data FILE] [--steps N]`` runs a finale and writes a line per
+  evaluation, then the verdict.
 
 Its standard output carries only those lines; whatever the learner's code prints goes to
 standard error instead."""
@@ -23,6 +24,9 @@ def main(argv=None):
     check.add_argument("names", nargs="+")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--epochs", type=int, default=None)
+    train.add_argument("--finale", choices=("toy", "gpt"), default="toy")
+    train.add_argument("--data", default=None)
+    train.add_argument("--steps", type=int, default=None)
     args = parser.parse_args(argv)
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     sys.stdout.flush()
@@ -35,7 +39,7 @@ def main(argv=None):
     else:
         from .finale import train_child
         limit_memory(args.memory)
-        train_child(args.folder, args.seed, args.epochs, out)
+        train_child(args.folder, args.seed, args.epochs, out, args.finale, args.data, args.steps)
     out.close()
     return 0
 

@@ -248,15 +248,19 @@ def test_download_tinyshakespeare_into_the_data_folder(shakespeare_server, tmp_p
     assert shakespeare_server.requests == ["/input.txt"]             # present: not fetched again
 
 
+@pytest.mark.parametrize("stale", [False, True], ids=["fresh", "over-a-wrong-file"])
 @pytest.mark.parametrize("served", [b"First Citizen:\nBefore we proceed", None],
                          ids=["truncated", "tampered"])
-def test_a_wrong_download_is_removed_and_names_both_digests(serve, tmp_path, served):
+def test_a_wrong_download_is_removed_and_names_both_digests(serve, tmp_path, served, stale):
     if served is None:
         served = b"x" * 1_115_394                                    # the right size, wrong bytes
     (tmp_path / "served").mkdir()
     (tmp_path / "served" / "input.txt").write_bytes(served)
     server = serve(tmp_path / "served")
     dest = tmp_path / "dest"
+    if stale:                                    # a wrong file already there goes too
+        dest.mkdir()
+        (dest / "tinyshakespeare.txt").write_text("an old, wrong copy")
     with pytest.raises(ValueError) as info:
         download("tinyshakespeare", dest, base_url=server.url, progress=False)
     msg = str(info.value)

@@ -349,3 +349,11 @@ def test_lm_data_a_file_of_that_name_wins_and_is_named(downloaded, capsys):
     out = capsys.readouterr().out
     assert f"--data tinyshakespeare: read the file {local} in the working folder" in out
     assert "read the download" not in out
+
+
+def test_lm_data_a_folder_of_that_name_does_not_hide_the_download(downloaded, capsys):
+    (downloaded.parent.parent / "work" / "tinyshakespeare").mkdir()  # char-rnn's data/ layout
+    assert main(["lm", "--data", "tinyshakespeare", "--out", "run", *LM_TINY]) == 0
+    out = capsys.readouterr().out
+    assert f"--data tinyshakespeare: read the download {downloaded}\n" in out
+    assert "in the working folder" not in out

@@ -270,15 +270,16 @@ def text_file(data: str | os.PathLike, dest_dir: str | os.PathLike | None = None
               ) -> tuple[Path, str | None]:
     """Where the text of ``npformer lm --data DATA`` is: ``(path, note)``.
 
-    A path that exists is read as it is, even where its name is also a data set's (the note
-    then says which was read). Otherwise the name of a one-file data set (``tinyshakespeare``)
+    A file that exists is read as it is, even where its name is also a data set's (the note
+    then says which was read); a folder of that name (char-rnn's ``data/tinyshakespeare/``) does
+    not hide the data set. Otherwise the name of a one-file data set (``tinyshakespeare``)
     is its download in ``dest_dir`` (default ``resolve_data_dir()``), and a ``ValueError`` gives
     the one command that fetches it when it is not there. Anything else is returned as a path
     for the reader to refuse (``note`` None)."""
     if not isinstance(data, (str, os.PathLike)) or str(data) == "":
         raise ValueError(f"--data: expected a text file or a data set name, got {data!r}")
     known = {key for key, entry in DATASETS.items() if len(entry.files) == 1}
-    if Path(data).exists() or str(data) not in known:
+    if Path(data).is_file() or str(data) not in known:
         note = None
         if str(data) in known:
             note = (f"--data {data}: read the file {Path(data).resolve()} in the working folder, "

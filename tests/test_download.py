@@ -6,6 +6,7 @@ import os
 import http.server
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -86,11 +87,17 @@ def real_server(serve):
     return serve(DATA_DIR)
 
 
-def test_table_matches_shared_readme():
-    readme = DATA_DIR / "README.md"
+def shared_readme(folder: Path) -> str:
+    """The text of the local mirror's README.md in ``folder`` (the tables' source); the test
+    skips where the mirror is absent."""
+    readme = folder / "README.md"
     if not readme.is_file():
         pytest.skip(f"{readme} not found")
-    text = readme.read_text(encoding="utf-8")
+    return readme.read_text(encoding="utf-8")
+
+
+def test_table_matches_shared_readme():
+    text = shared_readme(DATA_DIR)
     for name, digest in MULTI30K_FILES.items():
         assert f"{digest}  {name}" in text
 
@@ -189,30 +196,35 @@ def test_bad_arguments(tmp_path, kwargs, match):
 
 
 class Stalling:
-    """A server on 127.0.0.1 that accepts connections and never answers, for at most 30 s."""
+    """A server on 127.0.0.1 that accepts connections and never answers, for at most 30 s.
+    Closing a socket does not wake a thread blocked in ``accept``, so the thread waits in short
+    turns (0.05 s) and looks at a stop flag between them: ``close`` returns at once."""
 
     def __init__(self):
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(4)
-        self.sock.settimeout(30)
+        self.sock.settimeout(0.05)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/"
         self.held = []
+        self.stop = threading.Event()
         self.thread = threading.Thread(target=self._hold, daemon=True)
         self.thread.start()
 
     def _hold(self):
-        try:
-            while len(self.held) < 4:
+        deadline = time.monotonic() + 30
+        while not self.stop.is_set() and len(self.held) < 4 and time.monotonic() < deadline:
+            try:
                 self.held.append(self.sock.accept()[0])
-        except OSError:                                    # closed, or 30 s passed
-            pass
+            except (socket.timeout, TimeoutError):
+                continue
 
     def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
         for conn in self.held:
             conn.close()
         self.sock.close()
-        self.thread.join(timeout=5)
 
 
 @pytest.fixture
@@ -223,11 +235,8 @@ def shakespeare_server(serve):
 
 
 def test_shakespeare_table_matches_shared_readme():
-    readme = SHAKESPEARE_DIR / "README.md"
-    if not readme.is_file():
-        pytest.skip(f"{readme} not found")
     (digest,) = SHAKESPEARE.files.values()
-    assert f"| input.txt | 1,115,394 | 40,000 | {digest} |" in readme.read_text(encoding="utf-8")
+    assert f"| input.txt | 1,115,394 | 40,000 | {digest} |" in shared_readme(SHAKESPEARE_DIR)
     assert SHAKESPEARE.base_url + "input.txt" == (
         "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt")
 

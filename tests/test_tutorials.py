@@ -77,12 +77,12 @@ def test_chapter_4_without_the_text_or_a_network_is_skipped_and_the_run_goes_on(
         (tmp_path / "served").mkdir()
         (tmp_path / "served" / "input.txt").write_bytes(PROXY_PAGE)
         (tmp_path / "site").mkdir()
+        served = (tmp_path / "served").as_uri() + "/"
         (tmp_path / "site" / "sitecustomize.py").write_text(
             "import dataclasses\n"
             "from npformer.data import download as _d\n"
             "_d.DATASETS['tinyshakespeare'] = dataclasses.replace(\n"
-            f"    _d.DATASETS['tinyshakespeare'], base_url={(tmp_path / 'served').as_uri() + '/'!r})\n",
-            encoding="utf-8")
+            f"    _d.DATASETS['tinyshakespeare'], base_url={served!r})\n", encoding="utf-8")
         monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     with socket.socket() as sock:                          # find a port, then close it
         sock.bind(("127.0.0.1", 0))

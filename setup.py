@@ -1,7 +1,9 @@
 """The package is configured in setup.cfg; this file adds one build step: docs/backprop.md is
 copied into the built ``npformer/exercises/`` so that ``npformer exercises start`` can write an
 exercise folder's ``derivations.md`` from an installed (not editable) npformer too. A checkout
-(``pip install -e .``) reads docs/backprop.md where it is (npformer.exercises.derivations)."""
+(``pip install -e .``) reads docs/backprop.md where it is (npformer.exercises.derivations).
+MANIFEST.in puts docs/backprop.md into the sdist, so that a wheel built from the sdist (as pip
+does) has it too."""
 from pathlib import Path
 
 from setuptools import setup

@@ -2,11 +2,14 @@
 sentences, cores and batches, in one run.
 
     python benchmarks/bench_decode.py [--checkpoint ../shared/checkpoints/m30k-de-en/averaged]
-                                      [--data-dir ../shared/data/multi30k] [--split test_2016_flickr]
+                                      [--data-dir DIR] [--split test_2016_flickr]
                                       [--methods greedy beam5] [--repeats 3] [--cores N]
                                       [--engines npformer ct2-float32 ct2-int8] [--toy] [--profile]
                                       [--sections] [--ct2-batch greedy=500 beam5=128]
                                       [--expect FILE] [--write-expected FILE]
+
+``--data-dir`` defaults to the folder that ``npformer download multi30k`` fills
+(``$NPFORMER_DATA``, else ``~/.cache/npformer/multi30k``).
 
 The checkpoint is exported to CTranslate2 (``npformer.ct2``) into a temporary folder, once per
 quantization. Each engine then runs in its own subprocess (so one engine's threads never wait
@@ -59,7 +62,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 CHECKPOINT = SHARED / "checkpoints" / "m30k-de-en" / "averaged"
-DATA = SHARED / "data" / "multi30k"
 sys.path.insert(0, str(ROOT))
 
 
@@ -241,10 +243,13 @@ def train_toy(folder):
     return str(Path(folder) / "best")
 
 
-def main():
+def parse_args(argv=None):
+    """The command line; ``--data-dir`` defaults to the download's folder (resolve_data_dir)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", default=str(CHECKPOINT))
-    p.add_argument("--data-dir", default=str(DATA))
+    p.add_argument("--data-dir", default=None,
+                   help="the Multi30k files (default: where `npformer download multi30k` puts "
+                        "them: $NPFORMER_DATA, else ~/.cache/npformer/multi30k)")
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--methods", nargs="+", default=["greedy", "beam5"])
     p.add_argument("--engines", nargs="+", default=["npformer", "ct2-float32", "ct2-int8"],
@@ -261,7 +266,15 @@ def main():
                    metavar="METHOD=N[,N...]")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--export", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.data_dir is None:
+        from npformer.data.multi30k import resolve_data_dir
+        args.data_dir = str(resolve_data_dir())
+    return args
+
+
+def main():
+    args = parse_args()
     if args.worker:
         return worker(args)
     for name in args.methods:

@@ -73,6 +73,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import struct
 import tokenize
 import warnings
@@ -209,6 +210,55 @@ def _remove_temps(temps) -> None:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+
+
+def temporary_folder(out, suffix=".partial"):
+    """A new, empty folder beside ``out`` (``.<name>.<hex>.partial``: an export being written;
+    ``.old``: the earlier export an ``--overwrite`` replaces), names that a later export to
+    ``out`` removes when a killed one left them. Made by ``os.mkdir``, so it has the umask's
+    mode like any folder."""
+    out = Path(out)
+    for _ in range(16):
+        tmp = out.with_name(f".{out.name}.{secrets.token_hex(8)}{suffix}")
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary folder beside {out}")  # pragma: no cover
+
+
+def write_folder(out, write, check=None):
+    """Make the folder ``out`` by ``write(tmp)`` into a new folder beside it
+    (:func:`temporary_folder`), then renamed into place; ``check()``, called just before the
+    swap, may refuse it (raise): the place to ask again whether ``out`` may be replaced, since
+    it may have appeared while ``write`` ran (as ``write_file_atomic``'s ``check``). An existing
+    ``out`` (which the caller allowed to be replaced) is set aside as ``.old`` until then, and
+    comes back where the rename fails. Whatever goes wrong, no half folder is left under
+    ``out``'s name, and what a kill leaves a later export removes
+    (``npformer.cli.runs.remove_stale_temps``). Returns ``out`` (a Path)."""
+    out = Path(out)
+    parent = out.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_folder(parent / out.name)
+    old = None
+    try:
+        write(tmp)
+        if check is not None:
+            check()
+        if out.exists():                             # --overwrite: swap, then remove the old one
+            old = temporary_folder(parent / out.name, ".old")
+            os.replace(out, old / "model")
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and (old / "model").exists() and not out.exists():
+            os.replace(old / "model", out)           # the earlier export comes back
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return out
 
 
 def _check_arrays(arrays) -> None:

@@ -132,11 +132,17 @@ class ModelConfig:
         return sum(math.prod(shape) for shape in self.parameter_shapes().values())
 
     def memory_estimate(self, training=False):
-        """Bytes a model of this configuration holds, at least: its parameters and their
-        gradients (one flat buffer each), the arrays computed from the configuration, and for
-        ``training`` Adam's two moments besides. No activations: a lower bound, so that what it
-        refuses could not have been built."""
-        copies = 4 if training else 2
+        """Bytes a model of this configuration holds, at least: its parameters (one flat
+        buffer) and the arrays computed from the configuration; for ``training`` also their
+        gradients and Adam's two moments. No activations: a lower bound, so that what it
+        refuses could not have been built.
+
+        A model that only samples holds no gradients: its gradient buffer is mapped but never
+        written (``aligned.zeros_aligned``: the operating system's zero pages, which take
+        memory only once a backward pass writes them), so it is not counted then. (It does
+        take address space: under an address-space limit, ``ulimit -v``, a model may pass
+        this check and still fail to allocate.)"""
+        copies = 4 if training else 1
         derived = sum(size for size, _ in self.derived_arrays().values())
         itemsize = np.dtype(getattr(self, "dtype", "float32")).itemsize
         return copies * self.parameter_count() * itemsize + derived
@@ -158,8 +164,7 @@ class ModelConfig:
         # a command's flag and its value ("--layers 6"), a file's key or a field ("n_layers=6")
         fields = " ".join(f"{names.get(f, f)}{' ' if names.get(f, f).startswith('-') else '='}"
                           f"{getattr(self, f)}" for f in shown)
-        what = ("its weights, gradients and Adam's two moments" if training else
-                "its weights and gradients")
+        what = "its weights, gradients and Adam's two moments" if training else "its weights"
         derived = {name: size for name, (size, _) in self.derived_arrays().items() if size}
         if derived:                        # each part its size: the tables may be most of it
             parts = [f"its {name} ({_gib(size)} GiB)" for name, size in derived.items()]

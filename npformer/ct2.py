@@ -44,8 +44,6 @@ recorded load with a warning that says to export again.
 import hashlib
 import json
 import os
-import secrets
-import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +55,7 @@ from .data.vocab import Vocab, Vocabularies
 from .decoding.search import Hypothesis
 from .decoding.translator import Translator
 from .nn.transformer import default_capacity
-from .checkpoint import checkpoint_paths, write_file_atomic
+from .checkpoint import checkpoint_paths, write_file_atomic, write_folder
 from .registry import config_from_dict
 from .version import VERSION
 
@@ -239,22 +237,6 @@ def _meta_digest(meta):
     return hashlib.sha256(_meta_text(rest).encode("utf-8")).hexdigest()
 
 
-def temporary_folder(out, suffix=".partial"):
-    """A new, empty folder beside ``out`` (``.<name>.<hex>.partial``: an export being written;
-    ``.old``: the earlier export an ``--overwrite`` replaces), names that a later export to
-    ``out`` removes when a killed one left them. Made by ``os.mkdir``, so it has the umask's
-    mode like any folder."""
-    out = Path(out)
-    for _ in range(16):
-        tmp = out.with_name(f".{out.name}.{secrets.token_hex(8)}{suffix}")
-        try:
-            tmp.mkdir()
-            return tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"could not create a temporary folder beside {out}")  # pragma: no cover
-
-
 def export_ctranslate2(loaded, out, quantization=None, overwrite=False):
     """Write ``loaded`` (a ``LoadedCheckpoint``) as a CTranslate2 model folder ``out``.
 
@@ -286,37 +268,9 @@ def export_ctranslate2(loaded, out, quantization=None, overwrite=False):
             if e.filename is None and e.errno is not None:
                 raise OSError(e.errno, e.strerror, str(out)) from e
             raise
-        check_export_target(out, inputs, overwrite=overwrite)    # again: the export took time
-    return write_folder(out, write)
-
-
-def write_folder(out, write):
-    """Make the folder ``out`` by ``write(tmp)`` into a new folder beside it
-    (:func:`temporary_folder`), then renamed into place; an existing ``out`` (which the caller
-    allowed to be replaced) is set aside as ``.old`` until then, and comes back where the
-    rename fails. Whatever goes wrong, no half folder is left under ``out``'s name, and what a
-    kill leaves a later export removes (``npformer.cli.runs.remove_stale_temps``). Returns
-    ``out`` (a Path)."""
-    out = Path(out)
-    parent = out.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_folder(parent / out.name)
-    old = None
-    try:
-        write(tmp)
-        if out.exists():                             # --overwrite: swap, then remove the old one
-            old = temporary_folder(parent / out.name, ".old")
-            os.replace(out, old / "model")
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and (old / "model").exists() and not out.exists():
-            os.replace(old / "model", out)           # the earlier export comes back
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    return out
+    # again just before the rename: --out may have appeared while the export took its time
+    return write_folder(out, write, check=lambda: check_export_target(out, inputs,
+                                                                      overwrite=overwrite))
 
 
 # -- running an exported folder ---------------------------------------------------------------

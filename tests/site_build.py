@@ -13,12 +13,20 @@ DOCS_EXTRA = ("mkdocs", "material", "mkdocs_jupyter", "mkdocstrings_handlers.pyt
 _BUILT = {}          # the session's build: {"site": Path}
 
 
+def unavailable(reason):
+    """Skip for ``reason`` (a tool the site's tests need is missing), or fail where
+    ``NPFORMER_REQUIRE_BROWSER=1`` (set by .ci/run) says that the site's tests must run."""
+    if os.environ.get("NPFORMER_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{reason}, and NPFORMER_REQUIRE_BROWSER=1 (as in .ci/run) requires it")
+    pytest.skip(reason)
+
+
 def mkdocs_build(root, out):
     """``mkdocs build --strict`` of the repository (or copy) at ``root`` into ``out``."""
     missing = [m for m in DOCS_EXTRA if importlib.util.find_spec(m.split(".")[0]) is None
                or importlib.util.find_spec(m) is None]
     if missing:
-        pytest.skip(f"the docs extra is not installed ({', '.join(missing)} missing): "
+        unavailable(f"the docs extra is not installed ({', '.join(missing)} missing): "
                     f"pip install -e '.[docs]'")
     # (not --quiet: it silences the warnings that --strict counts, and nothing then fails)
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",

@@ -6,6 +6,7 @@ import os
 import http.server
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -86,11 +87,17 @@ def real_server(serve):
     return serve(DATA_DIR)
 
 
-def test_table_matches_shared_readme():
-    readme = DATA_DIR / "README.md"
+def shared_readme(folder: Path) -> str:
+    """The text of the local mirror's README.md in ``folder`` (the tables' source); the test
+    skips where the mirror is absent."""
+    readme = folder / "README.md"
     if not readme.is_file():
         pytest.skip(f"{readme} not found")
-    text = readme.read_text(encoding="utf-8")
+    return readme.read_text(encoding="utf-8")
+
+
+def test_table_matches_shared_readme():
+    text = shared_readme(DATA_DIR)
     for name, digest in MULTI30K_FILES.items():
         assert f"{digest}  {name}" in text
 
@@ -189,30 +196,35 @@ def test_bad_arguments(tmp_path, kwargs, match):
 
 
 class Stalling:
-    """A server on 127.0.0.1 that accepts connections and never answers, for at most 30 s."""
+    """A server on 127.0.0.1 that accepts connections and never answers, for at most 30 s.
+    Closing a socket does not wake a thread blocked in ``accept``, so the thread waits in short
+    turns (0.05 s) and looks at a stop flag between them: ``close`` returns at once."""
 
     def __init__(self):
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(4)
-        self.sock.settimeout(30)
+        self.sock.settimeout(0.05)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/"
         self.held = []
+        self.stop = threading.Event()
         self.thread = threading.Thread(target=self._hold, daemon=True)
         self.thread.start()
 
     def _hold(self):
-        try:
-            while len(self.held) < 4:
+        deadline = time.monotonic() + 30
+        while not self.stop.is_set() and len(self.held) < 4 and time.monotonic() < deadline:
+            try:
                 self.held.append(self.sock.accept()[0])
-        except OSError:                                    # closed, or 30 s passed
-            pass
+            except (socket.timeout, TimeoutError):
+                continue
 
     def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
         for conn in self.held:
             conn.close()
         self.sock.close()
-        self.thread.join(timeout=5)
 
 
 @pytest.fixture
@@ -223,11 +235,8 @@ def shakespeare_server(serve):
 
 
 def test_shakespeare_table_matches_shared_readme():
-    readme = SHAKESPEARE_DIR / "README.md"
-    if not readme.is_file():
-        pytest.skip(f"{readme} not found")
     (digest,) = SHAKESPEARE.files.values()
-    assert f"| input.txt | 1,115,394 | 40,000 | {digest} |" in readme.read_text(encoding="utf-8")
+    assert f"| input.txt | 1,115,394 | 40,000 | {digest} |" in shared_readme(SHAKESPEARE_DIR)
     assert SHAKESPEARE.base_url + "input.txt" == (
         "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt")
 
@@ -248,15 +257,19 @@ def test_download_tinyshakespeare_into_the_data_folder(shakespeare_server, tmp_p
     assert shakespeare_server.requests == ["/input.txt"]             # present: not fetched again
 
 
+@pytest.mark.parametrize("stale", [False, True], ids=["fresh", "over-a-wrong-file"])
 @pytest.mark.parametrize("served", [b"First Citizen:\nBefore we proceed", None],
                          ids=["truncated", "tampered"])
-def test_a_wrong_download_is_removed_and_names_both_digests(serve, tmp_path, served):
+def test_a_wrong_download_is_removed_and_names_both_digests(serve, tmp_path, served, stale):
     if served is None:
         served = b"x" * 1_115_394                                    # the right size, wrong bytes
     (tmp_path / "served").mkdir()
     (tmp_path / "served" / "input.txt").write_bytes(served)
     server = serve(tmp_path / "served")
     dest = tmp_path / "dest"
+    if stale:                                    # a wrong file already there goes too
+        dest.mkdir()
+        (dest / "tinyshakespeare.txt").write_text("an old, wrong copy")
     with pytest.raises(ValueError) as info:
         download("tinyshakespeare", dest, base_url=server.url, progress=False)
     msg = str(info.value)
@@ -345,3 +358,11 @@ def test_lm_data_a_file_of_that_name_wins_and_is_named(downloaded, capsys):
     out = capsys.readouterr().out
     assert f"--data tinyshakespeare: read the file {local} in the working folder" in out
     assert "read the download" not in out
+
+
+def test_lm_data_a_folder_of_that_name_does_not_hide_the_download(downloaded, capsys):
+    (downloaded.parent.parent / "work" / "tinyshakespeare").mkdir()  # char-rnn's data/ layout
+    assert main(["lm", "--data", "tinyshakespeare", "--out", "run", *LM_TINY]) == 0
+    out = capsys.readouterr().out
+    assert f"--data tinyshakespeare: read the download {downloaded}\n" in out
+    assert "in the working folder" not in out

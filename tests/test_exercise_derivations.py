@@ -122,27 +122,37 @@ def test_nothing_written_or_listed_points_at_a_web_page(folder, capsys):
 
 
 def test_a_built_package_ships_backprop_md_for_the_derivations(tmp_path):
-    """setup.py's build step: a wheel holds docs/backprop.md as npformer/exercises/backprop.md,
-    where an installed (not editable) npformer's ``start`` reads it. Built from a copy of the
-    tree, so that the checkout gets no build/ folder."""
+    """setup.py's build step, as pip does it from the published sdist: ``setup.py sdist`` of a
+    copy of the tree (so that the checkout gets no build/ folder), then a wheel built from that
+    sdist alone. The wheel holds docs/backprop.md as npformer/exercises/backprop.md, where an
+    installed (not editable) npformer's ``start`` reads it; MANIFEST.in must put it in the
+    sdist for that build step to find it."""
     import shutil
     import subprocess
     import sys
     import zipfile
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("setup.py", "setup.cfg", "pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
+    for name in ("setup.py", "setup.cfg", "pyproject.toml", "README.md", "MANIFEST.in"):
+        if (ROOT / name).exists():
+            shutil.copy(ROOT / name, src / name)
     for folder in ("npformer", "kernels"):
         shutil.copytree(ROOT / folder, src / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (src / "docs").mkdir()
     shutil.copy(ROOT / "docs" / "backprop.md", src / "docs" / "backprop.md")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                           "-q", "-w", str(tmp_path / "wheel"), str(src)],
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
+
+    def run(*args, cwd=None):
+        done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                              timeout=240, cwd=cwd)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+    run("setup.py", "-q", "sdist", "-d", str(tmp_path / "sdist"), cwd=src)
+    (sdist,) = (tmp_path / "sdist").glob("npformer-*.tar.gz")
+    run("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+        "-w", str(tmp_path / "wheel"), str(sdist))
     (wheel,) = (tmp_path / "wheel").glob("npformer-*.whl")
     with zipfile.ZipFile(wheel) as z:
         shipped = z.read("npformer/exercises/backprop.md")
+        assert "npformer/exercises/templates/README.md" in z.namelist()
     assert shipped == (ROOT / "docs" / "backprop.md").read_bytes()

@@ -273,6 +273,16 @@ def test_a_bfloat16_adapter_loads_as_its_values_widened(folders, tmp_path, dtype
     assert checked == len(half) == 2 * 3 * 2
 
 
+def peft_made_with(folders, tmp_path, key, value):
+    """A PEFT adapter over the llama-gqa-llama3 base in tmp_path/peft, its adapter_config.json
+    edited to ``key: value``; returns the base's folder."""
+    path, hf = folders["llama-gqa-llama3"]
+    peft_made(hf, tmp_path, targets=["q_proj", "v_proj"])
+    file = tmp_path / "peft" / "adapter_config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), key: value}))
+    return path
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("use_dora", True, "use_dora: npformer's LoRA reads False only"),
     ("target_modules", ".*proj", "target_modules: expected a list of module names"),
@@ -287,12 +297,7 @@ def test_a_bfloat16_adapter_loads_as_its_values_widened(folders, tmp_path, dtype
     ("use_bdlora", True, "use_bdlora: npformer's LoRA reads None only, got True"),
 ])
 def test_bad_adapter_configs_are_refused(folders, tmp_path, key, value, message):
-    path, hf = folders["llama-gqa-llama3"]
-    peft_made(hf, tmp_path, targets=["q_proj", "v_proj"])
-    file = tmp_path / "peft" / "adapter_config.json"
-    config = json.loads(file.read_text())
-    config[key] = value
-    file.write_text(json.dumps(config))
+    path = peft_made_with(folders, tmp_path, key, value)
     with pytest.raises(ValueError, match=f"adapter_config.json: {message}"):
         lora_files.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
 
@@ -303,12 +308,7 @@ def test_bad_adapter_configs_are_refused(folders, tmp_path, key, value, message)
 def test_unimplemented_peft_settings_at_their_defaults_load(folders, tmp_path, key, value):
     """PEFT writes the settings npformer does not implement as null, false or absent: those
     load (only a value that changes the adapter is refused)."""
-    path, hf = folders["llama-gqa-llama3"]
-    peft_made(hf, tmp_path, targets=["q_proj", "v_proj"])
-    file = tmp_path / "peft" / "adapter_config.json"
-    config = json.loads(file.read_text())
-    config[key] = value
-    file.write_text(json.dumps(config))
+    path = peft_made_with(folders, tmp_path, key, value)
     assert lora.settings(lora_files.load_peft(nf.from_pretrained(path), tmp_path / "peft")).rank == 3
 
 

@@ -4,6 +4,7 @@ refuse what this machine's memory cannot hold before allocating anything, and ``
 checks its options as ``train`` does, naming them."""
 import math
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -95,7 +96,7 @@ def test_the_refusal_names_the_fields_and_the_estimate():
     assert str(info.value).startswith(
         "vocab_size=10 d_model=8 d_ff=8 n_layers=1000000000 max_len=4: a model this size "
         f"({config.parameter_count():,} float32 parameters) needs at least "
-        f"{2 * 4 * config.parameter_count() / 2**30:,.0f} GiB")
+        f"{4 * config.parameter_count() / 2**30:,.0f} GiB of memory for its weights, ")
     assert "8 GiB" in str(info.value)
     small = GPTConfig(vocab_size=10, d_model=8, n_heads=2, d_ff=8, n_layers=2, max_len=4)
     small.check_memory(training=True, memory=small.memory_estimate(training=True))
@@ -132,3 +133,41 @@ def test_lm_refuses_a_model_too_big_naming_its_options(tmp_path, capsys, monkeyp
     assert len(lines) == 1 and f"{option} {value}" in lines[0], err
     assert "GiB of memory" in lines[0] and "choose smaller values" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+RESIDENT = """
+import numpy as np
+import npformer as nf
+
+def resident():
+    status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return int(status["VmRSS"].split()[0]) * 1024
+
+start = resident()
+model = nf.GPT(64, d_model=512, n_heads=8, d_ff=2048, n_layers=10, max_len=32).eval()
+weights = model.flat_params.nbytes
+model.forward(np.zeros((1, 8), dtype=np.int64))
+sampled = resident() - start
+model.train()
+model.backward(np.ones((1, 8, 64), dtype=model.dtype) * 1e-3)    # now the gradients are written
+trained = resident() - start
+print(weights, sampled, trained)
+"""
+
+
+def test_a_model_that_samples_holds_its_weights_not_its_gradients():
+    """memory_estimate(training=False) counts the weights and tables, no gradients: measured, a
+    model built and run forward holds about its weights; a backward pass then writes the
+    gradient buffer, which holds as much again."""
+    import subprocess
+    import sys
+    if not Path("/proc/self/status").is_file():
+        pytest.skip("no /proc/self/status to read the resident memory from")
+    done = subprocess.run([sys.executable, "-c", RESIDENT], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    weights, sampled, trained = map(int, done.stdout.split())
+    config = GPTConfig(vocab_size=64, d_model=512, n_heads=8, d_ff=2048, n_layers=10, max_len=32)
+    assert config.memory_estimate() - weights < 2**20                # the tables: small here
+    assert sampled < 1.5 * weights, (weights, sampled)
+    assert trained > sampled + 0.8 * weights, (weights, sampled, trained)

@@ -36,6 +36,24 @@ def test_the_site_holds_readme_docs_and_tutorials_with_their_outputs(site):
         assert list((site / "tutorials").glob(f"0{n}_*.html")), f"chapter {n} missing"
 
 
+@pytest.mark.parametrize("required", ["1", None])
+def test_a_missing_docs_extra_fails_where_ci_requires_the_site(monkeypatch, tmp_path, required):
+    """With NPFORMER_REQUIRE_BROWSER=1 (.ci/run) a missing docs extra fails the build's tests;
+    without it they skip, saying what to install."""
+    import site_build
+    monkeypatch.setattr(site_build, "DOCS_EXTRA", (*site_build.DOCS_EXTRA, "no_such_docs_module"))
+    if required:
+        monkeypatch.setenv("NPFORMER_REQUIRE_BROWSER", required)
+    else:
+        monkeypatch.delenv("NPFORMER_REQUIRE_BROWSER", raising=False)
+    outcome = pytest.fail.Exception if required else pytest.skip.Exception
+    with pytest.raises((pytest.fail.Exception, pytest.skip.Exception),
+                       match="no_such_docs_module missing") as stopped:
+        mkdocs_build(ROOT, tmp_path / "site")
+    assert stopped.type is outcome
+    assert not (tmp_path / "site").exists()
+
+
 def test_a_broken_link_or_anchor_fails_the_build(mkdocs, tmp_path):
     root = tmp_path / "repo"
     root.mkdir()

@@ -10,7 +10,7 @@ DOM after the page's scripts ran (``--dump-dom``). Each page must have:
 - asked for no ``http(s)`` resource: Chromium's network log holds none of the page's requests.
 
 Where Chromium is absent the test skips, saying so; ``.ci/run`` installs it and sets
-``NPFORMER_REQUIRE_BROWSER=1``, which makes that a failure instead.
+``NPFORMER_REQUIRE_BROWSER=1``, which makes that (and a missing docs extra) a failure instead.
 """
 import json
 import os
@@ -22,7 +22,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from site_build import built_site
+from site_build import built_site, unavailable
 
 PAGES = ("backprop.html", "tutorials/01_one_layer_by_hand.html", "exercises.html")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -35,12 +35,6 @@ FORMULA = re.compile(r"\$\$.+?\$\$|\\\[.+?\\\]|\\\(.+?\\\)|\$[^$]+?\$", re.S)
 RAW_DELIMITERS = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|\$[^$\s][^$]*\$")
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
         "track", "wbr"}
-
-
-def unavailable(reason):
-    if os.environ.get("NPFORMER_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"{reason}, and NPFORMER_REQUIRE_BROWSER=1 (as in .ci/run) requires it")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

@@ -59,11 +59,31 @@ def test_the_stored_outputs_come_from_the_current_text(path, docs_extra):
     assert any(c.get("outputs") for c in ran.cells if c.cell_type == "code"), "no outputs stored"
 
 
+PROXY_PAGE = b"<html><body>Please sign in to use this network.</body></html>\n"
+
+
+@pytest.mark.parametrize("fetch, why", [
+    ("closed", "(could not download https://raw.githubuser"),
+    ("proxy-page", "has the wrong sha256"),
+])
 def test_chapter_4_without_the_text_or_a_network_is_skipped_and_the_run_goes_on(
-        docs_extra, monkeypatch, tmp_path, capsys):
-    """No download and no way to fetch one (every https request goes to a closed local port):
-    chapter 4 says so in one line, the runner reports it skipped and runs the next chapter."""
+        docs_extra, monkeypatch, tmp_path, capsys, fetch, why):
+    """No download and no way to fetch one: every https request goes to a closed local port, or
+    the download hands back other bytes (a proxy's sign-in page, here served from a file:// URL
+    that a sitecustomize.py puts in the kernel's table). Chapter 4 says so in one line, the
+    runner reports it skipped and runs the next chapter."""
     import socket
+    if fetch == "proxy-page":
+        (tmp_path / "served").mkdir()
+        (tmp_path / "served" / "input.txt").write_bytes(PROXY_PAGE)
+        (tmp_path / "site").mkdir()
+        served = (tmp_path / "served").as_uri() + "/"
+        (tmp_path / "site" / "sitecustomize.py").write_text(
+            "import dataclasses\n"
+            "from npformer.data import download as _d\n"
+            "_d.DATASETS['tinyshakespeare'] = dataclasses.replace(\n"
+            f"    _d.DATASETS['tinyshakespeare'], base_url={served!r})\n", encoding="utf-8")
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     with socket.socket() as sock:                          # find a port, then close it
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -80,7 +100,8 @@ def test_chapter_4_without_the_text_or_a_network_is_skipped_and_the_run_goes_on(
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2, lines
     assert lines[0].startswith("04_char_gpt.py: skipped: tiny Shakespeare is not downloaded and "
-                               "could not be fetched (could not download https://raw.githubuser")
+                               "could not be fetched ("), lines
+    assert why in lines[0]
     assert "run `npformer download tinyshakespeare`" in lines[0]
     assert lines[1].startswith("99_after.py: ")
     assert not (tmp_path / "data").exists() or list((tmp_path / "data").iterdir()) == []

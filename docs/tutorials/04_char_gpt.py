@@ -35,7 +35,7 @@ try:
 except ValueError:                                  # not downloaded yet: fetch it
     try:
         path = download("tinyshakespeare", progress=False)[0]
-    except OSError as error:
+    except (OSError, ValueError) as error:          # no network, or wrong bytes (a proxy page)
         raise SystemExit(f"tiny Shakespeare is not downloaded and could not be fetched ({error}); "
                          f"run `npformer download tinyshakespeare`, then this chapter") from None
 text = path.read_text(encoding="utf-8")

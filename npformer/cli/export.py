@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from .. import families, lora, lora_files
-from ..checkpoint import write_file_atomic
-from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2, write_folder
+from ..checkpoint import write_file_atomic, write_folder
+from ..ct2 import QUANTIZATIONS, check_export_target, export_ctranslate2
 from ..training.checkpointing import load_model_checkpoint
 from .common import checkpoint_files, path_argument, resolve_checkpoint
 from .runs import remove_stale_temps
@@ -60,11 +60,13 @@ def _refuse_misplaced(args):
 def run(args):
     _refuse_misplaced(args)
     inputs = [path for _, path in checkpoint_files(args)]
-    if args.format != "ctranslate2":        # (checked before loading anything)
-        check_export_target(args.out, inputs, overwrite=args.overwrite,
-                            is_earlier=_is_lora_export, marker=LORA_MARKER,
-                            what=f"--format {args.format} export")
-        return _run_lora(args)
+    if args.format != "ctranslate2":
+        def check_target():
+            check_export_target(args.out, inputs, overwrite=args.overwrite,
+                                is_earlier=_is_lora_export, marker=LORA_MARKER,
+                                what=f"--format {args.format} export")
+        check_target()                      # before loading anything
+        return _run_lora(args, check_target)
     check_export_target(args.out, inputs, overwrite=args.overwrite)
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
     _remove_leftovers(args.out)
@@ -91,10 +93,11 @@ def _is_lora_export(out):
         return False
 
 
-def _run_lora(args):
+def _run_lora(args, check_target):
     """--format peft / hf --merge: the adapters of a LoRA run, written into a temporary folder
-    beside --out and renamed into place (``npformer.ct2.write_folder``, as a CTranslate2
-    export is)."""
+    beside --out and renamed into place (``npformer.checkpoint.write_folder``, as a CTranslate2
+    export is). ``check_target()`` runs again just before the rename: an --out that appeared
+    while the export ran is not replaced without --overwrite."""
     loaded = load_model_checkpoint(resolve_checkpoint(args.checkpoint))
     model, settings = loaded.model, lora.settings(loaded.model)
     if settings is None:
@@ -111,6 +114,6 @@ def _run_lora(args):
         marker = json.dumps({"kind": _LORA_KIND, "format": args.format}) + "\n"
         write_file_atomic(tmp / LORA_MARKER, lambda f: f.write(marker.encode("utf-8")))
     _remove_leftovers(args.out)
-    out = write_folder(args.out, write)
+    out = write_folder(args.out, write, check=check_target)
     print(f"exported {loaded.path} as a {what} -> {out}")
     return 0

@@ -111,7 +111,7 @@ def remove_stale_temps(folder, name=None):
     ``.<name>.npz.<hex>.tmp`` / ``.<name>.json.<hex>.tmp``. With ``name`` (the one output of
     ``npformer average`` or ``export``): only that output's, its checkpoint's temporary files
     and the folders of a killed export, ``.<name>.<hex>.partial`` (an export being written;
-    ``.tmp`` where a LoRA export made it before npformer.ct2.write_folder) and
+    ``.tmp`` where a LoRA export made it before npformer.checkpoint.write_folder) and
     ``.<name>.<hex>.old`` (an earlier export being replaced; removed only once ``name`` exists,
     else it may hold the only copy of that export)."""
     if not os.path.isdir(folder):

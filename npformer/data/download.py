@@ -130,13 +130,18 @@ class DownloadError(OSError):
     """The server could not be reached or the transfer broke off (the message names the URL)."""
 
 
-def _fetch(url: str, dest: Path, expected: str, timeout: float, progress: bool) -> None:
+def _fetch(url: str, dest: Path, expected: str, timeout: float, progress: bool,
+           stale: bool = False) -> None:
     """Stream ``url`` into a temporary file next to ``dest``, check sha256, rename into place.
 
     The file is written as checkpoints are (``npformer.checkpoint.write_file_atomic``): with
-    the user's umask, fsync-ed, and a failed write names ``dest``."""
+    the user's umask, fsync-ed, and a failed write names ``dest``. ``stale``: the file already
+    at ``dest`` is known to have a wrong sha256; when the new download is wrong too, it is
+    removed as well, so that no wrong file stays under the real name."""
     def check(actual):
         if actual != expected:
+            if stale:
+                dest.unlink(missing_ok=True)
             raise ValueError(f"{dest} downloaded from {url} has the wrong sha256 (a truncated "
                              f"or altered file; not kept): expected {expected}, got {actual}")
 
@@ -192,7 +197,8 @@ def download(
     (all of the data set's files), a list of its file names, or a dict ``{name: sha256}`` for
     other files. A file already present with the right sha256 is skipped; one with a wrong
     digest is downloaded again and replaced. Raises ``ValueError`` when a downloaded file has
-    the wrong sha256 (the message names the file and both digests; nothing is left behind) and
+    the wrong sha256 (the message names the file and both digests; nothing is left behind, not
+    even the wrong file that was there before) and
     ``OSError`` naming the URL when the download itself fails or the server stalls for
     ``timeout`` seconds.
     """
@@ -215,7 +221,8 @@ def download(
     for file, expected in wanted.items():
         dest = dest_dir / file
         paths.append(dest)
-        if dest.is_file():
+        stale = dest.is_file()
+        if stale:
             if sha256_file(dest) == expected:
                 if progress:
                     tqdm.write(f"{file}: present, sha256 ok", file=sys.stderr)
@@ -225,7 +232,7 @@ def download(
                            file=sys.stderr)
         url = urllib.parse.urljoin(base_url if base_url.endswith("/") else base_url + "/",
                                    urllib.parse.quote(entry.source(file)))
-        _fetch(url, dest, expected, timeout, progress)
+        _fetch(url, dest, expected, timeout, progress, stale)
     return paths
 
 
@@ -263,15 +270,16 @@ def text_file(data: str | os.PathLike, dest_dir: str | os.PathLike | None = None
               ) -> tuple[Path, str | None]:
     """Where the text of ``npformer lm --data DATA`` is: ``(path, note)``.
 
-    A path that exists is read as it is, even where its name is also a data set's (the note
-    then says which was read). Otherwise the name of a one-file data set (``tinyshakespeare``)
+    A file that exists is read as it is, even where its name is also a data set's (the note
+    then says which was read); a folder of that name (char-rnn's ``data/tinyshakespeare/``) does
+    not hide the data set. Otherwise the name of a one-file data set (``tinyshakespeare``)
     is its download in ``dest_dir`` (default ``resolve_data_dir()``), and a ``ValueError`` gives
     the one command that fetches it when it is not there. Anything else is returned as a path
     for the reader to refuse (``note`` None)."""
     if not isinstance(data, (str, os.PathLike)) or str(data) == "":
         raise ValueError(f"--data: expected a text file or a data set name, got {data!r}")
     known = {key for key, entry in DATASETS.items() if len(entry.files) == 1}
-    if Path(data).exists() or str(data) not in known:
+    if Path(data).is_file() or str(data) not in known:
         note = None
         if str(data) in known:
             note = (f"--data {data}: read the file {Path(data).resolve()} in the working folder, "

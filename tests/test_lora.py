@@ -590,19 +590,19 @@ def test_an_out_that_appears_during_a_lora_export_is_not_replaced(tmp_path, caps
     appears at --out while the adapter is written is kept, not set aside and deleted. (The hf
     merge itself, which needs a Hugging Face base folder, is stood in for here: it is tested in
     test_lora_peft.py; what is tested here is the folder's swap.)"""
-    from npformer import lora
+    from npformer import lora_files
     from npformer.cli.main import main
     run = lora_run(tmp_path)
     out = tmp_path / "out"
     name = "save_peft" if format_ == "peft" else "save_merged"
-    save = getattr(lora, name) if format_ == "peft" else \
+    save = getattr(lora_files, name) if format_ == "peft" else \
         (lambda model, base, tmp, dtype: (tmp / "model.safetensors").write_bytes(b"merged"))
 
     def save_while_out_appears(*args, **kwargs):
         save(*args, **kwargs)
         out.mkdir()                                      # someone else's folder, meanwhile
         (out / "mine.txt").write_text("keep me")
-    monkeypatch.setattr(lora, name, save_while_out_appears)
+    monkeypatch.setattr(lora_files, name, save_while_out_appears)
     argv = ["export", "--checkpoint", str(run), "--format", format_, "--out", str(out)]
     assert main(argv + (["--merge"] if format_ == "hf" else [])) == 1
     err = capsys.readouterr().err

@@ -58,6 +58,8 @@ def test_check_reads_the_notebook_saved_after_the_py_and_says_so(folder, capsys)
     assert "== 2. embedding (02_embedding.ipynb, saved after 02_embedding.py): WRONG" in \
         capsys.readouterr().out
     (folder / e.file).write_text(solution_source(e))          # the .py saved last: it is read
+    later = (folder / e.notebook).stat().st_mtime + 1           # (the notebook's time was set a
+    os.utime(folder / e.file, (later, later))                   # second ahead: stay past it)
     result = check_exercise(folder, "embedding")
     assert result.status == "done" and result.read == ""
 

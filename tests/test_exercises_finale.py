@@ -12,7 +12,7 @@ from npformer.exercises import find
 from npformer.exercises.child import MEMORY
 from npformer.exercises.finale import FinaleResult, ToySummary, modules_of, preflight
 from npformer.exercises import gpt_finale
-from npformer.exercises.checker import LearnerError
+from npformer.exercises.learner import LearnerError
 from npformer.exercises.gpt import Text
 from npformer.exercises.namespace import FINALES
 from npformer.exercises.templates import solution_source

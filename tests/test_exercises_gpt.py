@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from npformer.cli.exercises import run_gpt
-from npformer.cli.main import main
 from npformer.exercises import find
 from npformer.exercises.child import MEMORY
 from npformer.exercises.finale import modules_of

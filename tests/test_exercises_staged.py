@@ -9,7 +9,8 @@ import pytest
 
 from npformer.cli.main import main
 from npformer.exercises import EXERCISES, check_exercise, check_folder, find
-from npformer.exercises.checker import MARKER, solution
+from npformer.exercises.checker import MARKER
+from npformer.exercises.learner import solution
 from npformer.exercises.staged import Chain, Step
 from npformer.exercises.templates import solution_source, start
 

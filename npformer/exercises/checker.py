@@ -11,10 +11,7 @@ import importlib
 import importlib.util
 import json
 import math
-import os
 import signal
-import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,64 +20,15 @@ from ..gradcheck import gradcheck
 from ..validation import check_int, check_real
 from .catalogue import ADAM_HINTS, ADAM_ZERO_DIVISION, EXERCISES, Context, as_mistake, factor, find
 from .child import MEMORY, memory_message, run
+from .learner import (ExerciseResult, LearnerError, NotDone, Timeout, call_learner, first_line,
+                      forward_changed, learner_error, relative_error, solution)
 
 MARKER = ".npformer-exercises"        # written by start: what makes a folder an exercise folder
 TIMEOUT = 20.0                        # seconds per exercise, by default
 MAX_TIMEOUT = 86400.0                 # a day: the longest time limit (the timers need a finite one)
 MAX_MEMORY = 2 ** 30                  # MiB (a PiB): the most that --memory takes
 ADAM_RTOL = 1e-12
-FORWARD_RTOL = 1e-9                   # a forward this close to the given one is the given one
 STATUSES = ("done", "not done", "WRONG", "error", "timed out")
-
-
-@dataclass
-class ExerciseResult:
-    """The verdict on one exercise: ``status`` (one of ``STATUSES``), a one-line ``message``
-    (for "error", "timed out" and "not done"), the per-case ``reports`` [(label, text)] and the
-    ``hints``: each the symptom and where to look, with ``more[hint]`` = [idea, formula], the
-    next two levels, for a mistake the catalogue names."""
-
-    name: str
-    status: str
-    message: str = ""
-    reports: list = field(default_factory=list)
-    hints: list = field(default_factory=list)
-    worst: float = None                 # the largest tensor error over the cases (None: none)
-    note: str = ""                      # what kept a case unmeasured: "forward" (the given
-                                        # forward was changed), "shape" (a gradient's) or ""
-    more: dict = field(default_factory=dict)    # hint -> [idea, formula]
-    read: str = ""                      # the file checked, where it is not the exercise's .py
-
-    def to_json(self):
-        return json.dumps({"name": self.name, "status": self.status, "message": self.message,
-                           "reports": self.reports, "hints": self.hints, "worst": self.worst,
-                           "note": self.note, "more": self.more, "read": self.read})
-
-    @classmethod
-    def from_record(cls, d):
-        return cls(d["name"], d["status"], d["message"], [tuple(r) for r in d["reports"]],
-                   d["hints"], d["worst"], d.get("note", ""), d.get("more", {}), d.get("read", ""))
-
-    def add_mistake(self, mistake):
-        """Name ``mistake`` (a catalogue :class:`Mistake`) once among the hints."""
-        if mistake.symptom not in self.hints:
-            self.hints.append(mistake.symptom)
-        if mistake.idea or mistake.formula:
-            self.more[mistake.symptom] = [mistake.idea, mistake.formula]
-
-
-class LearnerError(Exception):
-    """The learner's code cannot be checked (a syntax error, a wrong number of gradients, an
-    exception): the message is the one line the learner reads."""
-
-
-class NotDone(Exception):
-    """A function the learner still has to write raised NotImplementedError."""
-
-
-class Timeout(BaseException):
-    """An exercise ran past its time limit (a BaseException, so that the learner's
-    ``except Exception`` cannot swallow it)."""
 
 
 # -- the exercise folder ---------------------------------------------------------------------------
@@ -131,7 +79,7 @@ def notebook_code(path):
         return "\n\n".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
                             for c in cells if c.get("cell_type") == "code")
     except Exception as e:           # not JSON, not a notebook: whatever the reader says
-        raise LearnerError(f"{path.name}: cannot be read as a notebook: {_first_line(e)}") from None
+        raise LearnerError(f"{path.name}: cannot be read as a notebook: {first_line(e)}") from None
 
 
 def load_learner(path):
@@ -165,36 +113,8 @@ def load_learner(path):
     except Timeout:
         raise
     except BaseException as e:
-        raise _learner_error(e, path, "", " on import") from None
+        raise learner_error(e, path, "", " on import") from None
     return module
-
-
-def _learner_error(e, path, function, during="", hint=""):
-    """The LearnerError for an exception ``e`` that the learner's ``function`` ('' on import)
-    raised: one line, whatever it was (a KeyboardInterrupt, a MemoryError, a SystemExit too)."""
-    head = f"{path.name}{_where(e, path)}: " + (f"{function} " if function else "")
-    if isinstance(e, MemoryError):
-        return LearnerError(f"{head}{memory_message()}{during}")
-    return LearnerError(f"{head}raised {type(e).__name__}{during}: {_first_line(e)}{hint}")
-
-
-def _first_line(e):
-    text = str(e).strip()
-    return text.splitlines()[0] if text else "(no message)"
-
-
-def _where(e, path):
-    """' line N' of the deepest frame of the traceback in the learner's file ('' if none)."""
-    line = None
-    for frame in traceback.extract_tb(e.__traceback__):
-        if os.path.realpath(frame.filename) == os.path.realpath(str(path)):
-            line = frame.lineno
-    return f" line {line}" if line else ""
-
-
-def solution(exercise):
-    """The reference solution's module of ``exercise``."""
-    return importlib.import_module(f"{__package__}.solutions.{exercise.module}")
 
 
 # -- one exercise ----------------------------------------------------------------------------------
@@ -235,23 +155,6 @@ def _check_file(exercise, path, seed):
         return ExerciseResult(name, "error", str(e))
 
 
-def _call(path, fname, fn, *args, hints=None):
-    """fn(*args), the learner's exceptions turned into NotDone / LearnerError; ``hints``
-    ({exception type: text}) adds a hint to the message of an exception of that type."""
-    try:
-        return fn(*args)
-    except Timeout:
-        raise
-    except NotImplementedError:
-        raise NotDone(f"{fname} is still to be written (it raises NotImplementedError)") from None
-    except (NotDone, LearnerError):
-        raise
-    except BaseException as e:
-        hint = next((f" ({text})" for kind, text in (hints or {}).items()
-                     if isinstance(e, kind)), "")
-        raise _learner_error(e, path, fname, hint=hint) from None
-
-
 def _expect(raw, case, fname, path):
     """The learner's return value as a tuple of ``case.returns`` values."""
     n = case.returns
@@ -278,12 +181,12 @@ def _case_function(module, case, path, fname, checked=True):
     seen = {}
 
     def fn(*xs):
-        out, cache = (_call(path, fname.replace("backward", "forward"), case.forward, module, *xs)
+        out, cache = (call_learner(path, fname.replace("backward", "forward"), case.forward, module, *xs)
                       if checked else case.forward(module, *xs))
         seen["forward"] = (out, cache)
 
         def back(dout):
-            raw = (_call(path, fname, case.backward, module, dout, cache) if checked
+            raw = (call_learner(path, fname, case.backward, module, dout, cache) if checked
                    else case.backward(module, dout, cache))
             values = _expect(raw, case, fname, path) if checked else tuple(
                 raw if isinstance(raw, (tuple, list)) else (raw,))
@@ -310,55 +213,6 @@ def _shape_hint(name, got, want):
     return f"the gradient of {name} has shape {got}; expected {want}"
 
 
-def _differs(mine, given, where):
-    """How ``mine`` (what the learner's forward returned: its output, its cache or a part of
-    it) differs from ``given`` (the given forward's on the same inputs): a phrase, or None."""
-    if isinstance(given, dict):                  # a staged exercise's cache: values by name
-        if not isinstance(mine, dict) or list(mine) != list(given):
-            return f"{where} is not the given forward's (a dict of {', '.join(map(str, given))})"
-        return next(filter(None, (_differs(mine[k], given[k], f"{where}[{k!r}]")
-                                  for k in given)), None)
-    if isinstance(given, (tuple, list)):
-        if not isinstance(mine, (tuple, list)) or len(mine) != len(given):
-            return f"{where} is not the given forward's (a {type(given).__name__} of {len(given)})"
-        return next(filter(None, (_differs(a, b, f"{where}[{i}]")
-                                  for i, (a, b) in enumerate(zip(mine, given)))), None)
-    if isinstance(given, np.random.Generator):
-        return None
-    if given is None or isinstance(given, (str, bool, np.dtype)):
-        if type(mine) is type(given) and mine == given:
-            return None
-        return f"{where} is {mine!r}; the given forward's is {given!r}"
-    try:
-        a, b = np.asarray(mine, dtype=np.float64), np.asarray(given, dtype=np.float64)
-    except (TypeError, ValueError):
-        return f"{where} is a {type(mine).__name__}; the given forward's is a number or an array"
-    if a.shape != b.shape:
-        return f"{where} has shape {a.shape}; the given forward's has {b.shape}"
-    finite = np.isfinite(b)
-    same_rest = np.array_equal(a[~finite], b[~finite], equal_nan=True)   # inf, nan where given
-    if same_rest and _rel(a[finite], b[finite]) <= FORWARD_RTOL:
-        return None
-    if a.ndim == 0:
-        return f"{where} is {a.item():.6g}; the given forward's is {b.item():.6g}"
-    error = _rel(a, b)
-    return f"{where} differs from the given forward's " + (
-        f"(by up to {error:.2g} of its largest entry)" if math.isfinite(error)
-        else "(NaN or inf where the given forward's is finite, or the reverse)")
-
-
-def _forward_changed(case, reference, seen, fname):
-    """None if the learner's forward, as ``seen`` on the case's inputs, returned what the given
-    (reference) forward returns on them, output and cache alike; else the one line saying how
-    it was changed."""
-    forward = fname.replace("backward", "forward")
-    out, cache = seen["forward"]
-    ref_out, ref_cache = case.forward(reference, *[x.copy() for x in case.inputs])
-    found = _differs(out, np.asarray(ref_out, dtype=np.float64), "output") or \
-        _differs(cache, ref_cache, "cache")
-    return None if found is None else f"your forward was changed: {forward}'s {found}"
-
-
 def _check_cases(module, exercise, path, seed):
     reference = solution(exercise)
     fname = exercise.writes[-1] if len(exercise.writes) == 1 else None
@@ -370,7 +224,7 @@ def _check_cases(module, exercise, path, seed):
         fn = _case_function(module, case, path, name_here)
         inputs = [x.copy() for x in case.inputs]
         out, back = fn(*inputs)
-        changed = _forward_changed(case, reference, fn.seen, name_here)
+        changed = forward_changed(case, reference, fn.seen, name_here)
         if changed is not None:
             status, note = "WRONG", "forward"
             hint = (f"your forward was changed: {name_here.replace('backward', 'forward')} does "
@@ -523,7 +377,7 @@ def _run_adam(update, state, grads, wd, decoupled, path=None):
             update(p, g_given, m, v, t, ADAM_ARGS["lr"], ADAM_ARGS["beta1"], ADAM_ARGS["beta2"],
                    ADAM_ARGS["eps"], wd, decoupled)
         else:
-            _call(path, "adam_step", update, p, g_given, m, v, t, ADAM_ARGS["lr"],
+            call_learner(path, "adam_step", update, p, g_given, m, v, t, ADAM_ARGS["lr"],
                   ADAM_ARGS["beta1"], ADAM_ARGS["beta2"], ADAM_ARGS["eps"], wd, decoupled,
                   hints={ZeroDivisionError: ADAM_ZERO_DIVISION})
             if not np.array_equal(g_given, g):
@@ -531,13 +385,6 @@ def _run_adam(update, state, grads, wd, decoupled, path=None):
                                    f"the model's buffer; put the L2 term into a copy "
                                    f"(g = g + wd * p)")
     return p, m, v
-
-
-def _rel(a, b):
-    """max |a - b| / max |b| (inf where not finite)."""
-    scale = max(float(np.abs(b).max(initial=0.0)), 1e-300)
-    err = float(np.abs(np.asarray(a, dtype=np.float64) - b).max(initial=0.0)) / scale
-    return err if math.isfinite(err) else math.inf
 
 
 def _check_adam(module, exercise, path):
@@ -552,7 +399,7 @@ def _check_adam(module, exercise, path):
         for a in got:
             if not isinstance(a, np.ndarray) or a.shape != (7,):
                 raise LearnerError(f"{path.name}: adam_step must update p, m and v in place")
-        errors = [_rel(a, b) for a, b in zip(got, want)]
+        errors = [relative_error(a, b) for a, b in zip(got, want)]
         ok = all(e <= ADAM_RTOL for e in errors)
         result.worst = max(result.worst, *errors)
         result.reports.append((label, f"adam {'PASS' if ok else 'FAIL'} after {ADAM_STEPS} steps "
@@ -562,14 +409,14 @@ def _check_adam(module, exercise, path):
             continue
         result.status = "WRONG"
         found = [key for key, update in _adam_variants()
-                 if all(_rel(a, b) <= 1e-9 for a, b in
+                 if all(relative_error(a, b) <= 1e-9 for a, b in
                         zip(got, _run_adam(update, state, grads, wd, decoupled)))]
         if not found and not all(np.isfinite(a).all() for a in got):
             found = ["nan"]
         if not found and wd:                 # right without weight decay: the decay is wrong
             mine = _run_adam(module.adam_step, state, grads, 0.0, False, path)
             plain = _run_adam(_adam_update, state, grads, 0.0, False)
-            if all(_rel(a, b) <= ADAM_RTOL for a, b in zip(mine, plain)):
+            if all(relative_error(a, b) <= ADAM_RTOL for a, b in zip(mine, plain)):
                 found = ["decay"]
         for key in found:
             result.add_mistake(ADAM_HINTS[key])

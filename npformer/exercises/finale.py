@@ -15,11 +15,11 @@ from .. import backend
 from ..training.toy import run_toy, toy_trainer
 from ..validation import check_int
 from .catalogue import find
-from .checker import (GRACE, TIMEOUT, LearnerError, check_folder, check_limits, load_learner,
-                      solution)
+from .checker import GRACE, TIMEOUT, check_folder, check_limits, load_learner
 from .child import MEMORY, TRAIN_TIMEOUT, memory_message, run
-from .namespace import (FINALES, Finding, Shadow, Usage, build, module_paths, pairs_of,
-                        trained_exercises)
+from .learner import LearnerError
+from .namespace import (FINALES, Finding, Usage, build, module_paths, pairs_of,
+                        trained_exercises, verify)
 
 BACKEND_NAME = "exercises"
 TARGET = 0.99             # the toy reaches 1.000 train exact match in its 14 epochs
@@ -70,10 +70,6 @@ def modules_of(folder, finale="toy"):
     return modules
 
 
-def reference_modules(finale="toy"):
-    return {e.name: solution(e) for e in trained_exercises(finale)}
-
-
 def refuse_unfinished(checks, finale="toy"):
     """ValueError (one line) unless every exercise finale ``finale`` trains with can run, with
     the given forward passes (the finale trains its model, not another)."""
@@ -85,18 +81,6 @@ def refuse_unfinished(checks, finale="toy"):
                for r in blocked]
         raise ValueError(f"the finale (--train {finale}) trains with your " + ", ".join(names)
                          + ": finish " + ", ".join(why) + " first")
-
-
-def verify(learner, finale, paths, run_batch):
-    """Every learner function of ``finale`` run on a real training batch beside the reference's
-    (:class:`namespace.Shadow`): ``run_batch(pairs)`` runs one training step (the loss, the
-    backward and the optimizer's update) with the namespace ``pairs``. Returns the findings, in
-    the order they arose (the forward's, then the backward's, a callee before its caller), and
-    the :class:`namespace.Usage` of every function."""
-    shadow = Shadow(pairs_of(learner, finale), pairs_of(reference_modules(finale), finale), paths)
-    with shadow.nested(learner):
-        run_batch(shadow.pairs())
-    return list(shadow.findings.values()), shadow.usage()
 
 
 def preflight(learner, seed, model_kwargs, train_kwargs):

@@ -1,5 +1,5 @@
 """The GPT finale's work in the child (``check DIR --train gpt``): the learner's functions
-verified on a real training step of the character model (:func:`finale.verify`), then the model
+verified on a real training step of the character model (:func:`namespace.verify`), then the model
 trained twice from the same start, with the learner's passes and with the reference's, each
 ending with its validation loss and a sample (:mod:`.gpt`)."""
 import time
@@ -8,14 +8,13 @@ from dataclasses import asdict
 import numpy as np
 
 from . import gpt
-from .finale import reference_modules, verify
-from .namespace import pairs_of
+from .namespace import pairs_of, reference_modules, verify
 
 PROGRESS_EVERY = 50       # steps between the progress lines of each run
 
 
 def preflight(learner, text, cfg, seed):
-    """The first training step of a fresh model of ``seed`` through :func:`finale.verify`: the
+    """The first training step of a fresh model of ``seed`` through :func:`namespace.verify`: the
     findings and the usage of the learner's functions."""
     model = gpt.CharGPT(len(text.chars), cfg, seed)
     ids, targets = text.batch(np.random.default_rng(seed + 1), "train", cfg["batch_size"],

@@ -19,7 +19,7 @@ from ..functional.activation_dropout import check_activation
 from ..functional.activations import ACTIVATIONS
 from ..functional.dropout import check_terms
 from .catalogue import EXERCISES, find
-from .checker import LearnerError
+from .learner import LearnerError, solution
 
 OUTPUTS = {"linear_backward": ("dx", "dw", "db"), "layernorm_backward": ("dx", "dgamma", "dbeta"),
            "attention_backward": ("dq", "dk", "dv"), "rmsnorm_backward": ("dx", "dgamma"),
@@ -334,3 +334,20 @@ def module_paths(model):
             walk(child, f"{prefix}.{name}" if prefix else name)
     walk(model, "")
     return paths
+
+
+def reference_modules(finale="toy"):
+    """The reference solutions' modules of the exercises finale ``finale`` trains with."""
+    return {e.name: solution(e) for e in trained_exercises(finale)}
+
+
+def verify(learner, finale, paths, run_batch):
+    """Every learner function of ``finale`` run on a real training batch beside the reference's
+    (:class:`Shadow`): ``run_batch(pairs)`` runs one training step (the loss, the
+    backward and the optimizer's update) with the namespace ``pairs``. Returns the findings, in
+    the order they arose (the forward's, then the backward's, a callee before its caller), and
+    the :class:`Usage` of every function."""
+    shadow = Shadow(pairs_of(learner, finale), pairs_of(reference_modules(finale), finale), paths)
+    with shadow.nested(learner):
+        run_batch(shadow.pairs())
+    return list(shadow.findings.values()), shadow.usage()

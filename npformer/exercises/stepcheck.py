@@ -17,7 +17,7 @@ import numpy as np
 
 from ..gradcheck import GradcheckResult, gradcheck, numerical_gradient
 from .catalogue import close, factor
-from .checker import ExerciseResult, LearnerError, NotDone, _call, _forward_changed, solution
+from .learner import ExerciseResult, LearnerError, NotDone, call_learner, forward_changed, solution
 
 
 def check_staged(module, exercise, path, seed):
@@ -28,9 +28,9 @@ def check_staged(module, exercise, path, seed):
     wrong, unwritten = False, set()
     for k, case in enumerate(exercise.cases(np.random.default_rng(seed))):
         inputs = [x.copy() for x in case.inputs]
-        seen = {"forward": _call(path, fname.replace("backward", "forward"), case.forward,
+        seen = {"forward": call_learner(path, fname.replace("backward", "forward"), case.forward,
                                  module, *inputs)}
-        changed = _forward_changed(case, reference, seen, fname)
+        changed = forward_changed(case, reference, seen, fname)
         if changed is not None:
             wrong, note = True, "forward"
             _add(hints, f"your forward was changed: {fname.replace('backward', 'forward')} does "
@@ -41,7 +41,7 @@ def check_staged(module, exercise, path, seed):
         out, cache = seen["forward"]
         dout = np.random.default_rng([seed, k]).standard_normal(np.shape(out))
         given = dout.copy()
-        grads = _gradients(_call(path, fname, case.backward, module, given, cache), chain,
+        grads = _gradients(call_learner(path, fname, case.backward, module, given, cache), chain,
                            fname, path)
         if not np.array_equal(given, dout):
             wrong = True

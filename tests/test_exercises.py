@@ -3,6 +3,7 @@ of the issue (each a one-line message and a non-zero exit), the backend built fr
 pairs, and the --train finale with the reference solutions against npformer toy."""
 import json
 import re
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -859,13 +860,44 @@ def linear_that_ends_on_a_training_batch(folder, code):
 
 
 @pytest.mark.parametrize("fault", sorted(FINALE_FAULTS))
-def test_finale_runs_the_learners_code_in_a_child_with_a_time_limit(solved, fault):
+def test_finale_runs_the_learners_code_in_a_child_with_a_time_limit(solved, fault, tmp_path,
+                                                                     monkeypatch):
+    """...and a child killed at its limit, or exiting at once, leaves no folder behind (the
+    toy's run went into a temporary folder the child made, which a kill left)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))     # this process's temporary folders
+    monkeypatch.setenv("TMPDIR", str(scratch))                 # and the child's
     code, expected = FINALE_FAULTS[fault]
     linear_that_ends_on_a_training_batch(solved, code)
     start_time = time.monotonic()
     result = run_finale(solved, epochs=1, train_timeout=2, checks=[])
     assert result.error.startswith(expected) and result.toy is None, result.error
     assert time.monotonic() - start_time < 30
+    assert sorted(p.name for p in scratch.iterdir()) == []
+
+
+def test_a_finale_killed_during_training_leaves_no_folder_behind(solved, tmp_path, monkeypatch):
+    """A right linear backward that stops answering once training is under way (past the
+    finale's first, verified step): the child is killed at --train-timeout inside the toy's
+    run, whose folder the parent made and removes (one the child made itself stayed)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    write(solved, "linear", """
+        import itertools
+        from npformer.exercises.solutions.linear import linear_backward as right
+        calls = itertools.count()
+        def linear_backward(dout, cache):
+            if next(calls) > 300:          # well into training: stop answering
+                while True:
+                    pass
+            return right(dout, cache)
+        """)
+    result = run_finale(solved, epochs=1, train_timeout=8, checks=[])
+    assert result.error.startswith("still running after 8 s"), result.error
+    assert sorted(p.name for p in scratch.iterdir()) == []
 
 
 def test_finale_a_sys_exit_in_the_learners_code_is_a_failure(solved, capsys):

@@ -5,8 +5,8 @@ import argparse
 import math
 
 from ..exercises.catalogue import DERIVATIONS, EXERCISES, find
-from ..exercises.checker import MAX_MEMORY, MAX_TIMEOUT, TIMEOUT, check_folder
-from ..exercises.child import MEMORY, TRAIN_TIMEOUT
+from ..exercises.checker import check_folder
+from ..exercises.child import MAX_MEMORY, MAX_TIMEOUT, MEMORY, TIMEOUT, TRAIN_TIMEOUT
 from ..exercises.gpt import CONFIG
 from ..exercises.namespace import finales_of
 from .common import int_in, non_negative_int, positive_int, real_in

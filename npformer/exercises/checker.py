@@ -17,16 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from ..gradcheck import gradcheck
-from ..validation import check_int, check_real
 from .catalogue import ADAM_HINTS, ADAM_ZERO_DIVISION, EXERCISES, Context, as_mistake, factor, find
-from .child import MEMORY, memory_message, run
+from .child import GRACE, MEMORY, STARTUP, TIMEOUT, check_limits, memory_message, run
 from .learner import (ExerciseResult, LearnerError, NotDone, Timeout, call_learner, first_line,
                       forward_changed, learner_error, relative_error, solution)
 
 MARKER = ".npformer-exercises"        # written by start: what makes a folder an exercise folder
-TIMEOUT = 20.0                        # seconds per exercise, by default
-MAX_TIMEOUT = 86400.0                 # a day: the longest time limit (the timers need a finite one)
-MAX_MEMORY = 2 ** 30                  # MiB (a PiB): the most that --memory takes
 ADAM_RTOL = 1e-12
 STATUSES = ("done", "not done", "WRONG", "error", "timed out")
 
@@ -425,7 +421,6 @@ def _check_adam(module, exercise, path):
 
 # -- the child and its parent ----------------------------------------------------------------------
 
-GRACE = 3.0           # seconds past an exercise's limit before the parent kills the child
 
 
 def run_child(folder, names, timeout, out):
@@ -456,16 +451,6 @@ def _timed_out(name, timeout):
     return f"{find(name).file}: still running after {timeout:g} s (an endless loop?)"
 
 
-def check_limits(timeout, memory, name="timeout"):
-    """``timeout`` (seconds) and ``memory`` (MiB), checked: ValueError naming the one out of
-    range (the time limit as ``name``)."""
-    timeout = check_real(name, timeout, minimum=0, min_open=True, maximum=MAX_TIMEOUT)
-    memory = check_int("memory", memory, 1)
-    if memory > MAX_MEMORY:
-        raise ValueError(f"memory: expected at most {MAX_MEMORY} (MiB), got {memory}")
-    return timeout, memory
-
-
 def check_folder(folder, names=None, timeout=TIMEOUT, memory=MEMORY):
     """The :class:`ExerciseResult` of each exercise ``names`` (all by default) of ``folder``,
     checked in a child process, each exercise under ``timeout`` seconds and ``memory`` MiB; a
@@ -485,9 +470,11 @@ def check_folder(folder, names=None, timeout=TIMEOUT, memory=MEMORY):
                                 if code is None else ExerciseResult(
                 started, "error", f"{find(started).file}: ended the checker (exit status {code})"))
         elif not got:                             # the child never got to an exercise
+            why = (f"did not start within {STARTUP:.0f} s (a machine this busy, or an "
+                   f"import that hangs)" if code is None else f"could not start (exit status "
+                                                              f"{code})")
             for n in left:
-                results[n] = ExerciseResult(n, "error", f"the checker could not start (exit "
-                                                        f"status {code})")
+                results[n] = ExerciseResult(n, "error", f"the checker {why}")
     return [results[n] for n in names]
 
 

@@ -14,11 +14,27 @@ import sys
 import time
 from pathlib import Path
 
+from ..validation import check_int, check_real
+
 STARTUP = 60.0          # seconds the child may take to import npformer and write its first line
+TIMEOUT = 20.0          # seconds per exercise, by default
+MAX_TIMEOUT = 86400.0   # a day: the longest time limit (the timers need a finite one)
+MAX_MEMORY = 2 ** 30    # MiB (a PiB): the most that --memory takes
+GRACE = 3.0             # seconds past an exercise's limit before the parent kills the child
 TRAIN_TIMEOUT = 600.0   # seconds the finale's whole training may take, by default (npformer
                         # toy's 14 epochs take a small part of it)
 MEMORY = 4096           # MiB the learner's code may use, by default, beyond the checker's own
 _limit = {"mib": None}  # the child's limit, once limit_memory has set it
+
+
+def check_limits(timeout, memory, name="timeout"):
+    """``timeout`` (seconds) and ``memory`` (MiB), checked: ValueError naming the one out of
+    range (the time limit as ``name``)."""
+    timeout = check_real(name, timeout, minimum=0, min_open=True, maximum=MAX_TIMEOUT)
+    memory = check_int("memory", memory, 1)
+    if memory > MAX_MEMORY:
+        raise ValueError(f"memory: expected at most {MAX_MEMORY} (MiB), got {memory}")
+    return timeout, memory
 
 
 def _address_space():
@@ -78,7 +94,7 @@ def run(arguments, on_record, first=STARTUP):
                 return None
             ready, _, _ = select.select([fd], [], [], min(left, 0.2))
             if not ready:
-                if process.poll() is not None:     # it ended; what it forked may hold the pipe
+                if _ended(process):                # it ended; what it forked may hold the pipe
                     break
                 continue
             chunk = os.read(fd, 1 << 16)
@@ -89,17 +105,28 @@ def run(arguments, on_record, first=STARTUP):
                 seconds = on_record(_record(line))
                 if seconds is not None:
                     deadline = time.monotonic() + seconds
-        try:
-            return process.wait(timeout=max(deadline - time.monotonic(), 0.0))
-        except subprocess.TimeoutExpired:          # it closed its output but runs on
-            return None
+        while not _ended(process):                 # it closed its output: it may run on
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
     finally:
+        # the group is killed before the child is reaped: until then the child's pid names its
+        # group, and no other process can be given it
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         process.wait()
         process.stdout.close()
+    return process.returncode
+
+
+def _ended(process):
+    """Whether the child has exited, without reaping it (``WNOWAIT``)."""
+    try:
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:                      # reaped already
+        return True
 
 
 def _record(line):

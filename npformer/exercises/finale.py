@@ -6,7 +6,9 @@ reference's: which ran, how often, and the first that disagreed, the function to
 The training runs in a child process (:mod:`.child`, :func:`train_child`) under a wall-clock
 limit: a slow or looping backward, a crash or an exit of the learner's code ends the finale
 with one line, never npformer itself."""
+import contextlib
 import json
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,8 +17,8 @@ from .. import backend
 from ..training.toy import run_toy, toy_trainer
 from ..validation import check_int
 from .catalogue import find
-from .checker import GRACE, TIMEOUT, check_folder, check_limits, load_learner
-from .child import MEMORY, TRAIN_TIMEOUT, memory_message, run
+from .checker import check_folder, load_learner
+from .child import GRACE, MEMORY, TIMEOUT, TRAIN_TIMEOUT, check_limits, memory_message, run
 from .learner import LearnerError
 from .namespace import (FINALES, Finding, Usage, build, module_paths, pairs_of,
                         trained_exercises, verify)
@@ -135,11 +137,17 @@ def run_finale(folder, seed=0, epochs=None, on_eval=None, timeout=TIMEOUT,
             verdict.update(record["finale"])
             return GRACE
         return None
-    code = run(["train", "--memory", str(memory), "--seed", str(seed), "--finale", finale,
-                *([] if epochs is None else ["--epochs", str(epochs)]),
-                *([] if steps is None else ["--steps", str(steps)]),
-                *([] if data is None else ["--data", str(data)]), "--", str(folder)],
-               on_record)
+    # the toy's run goes into a folder made and removed here: the child may be killed at its
+    # limit, or exit without cleaning up, and leave nothing behind
+    scratch = tempfile.mkdtemp(prefix="npformer-finale-")
+    try:
+        code = run(["train", "--memory", str(memory), "--seed", str(seed), "--finale", finale,
+                    "--scratch", scratch, *([] if epochs is None else ["--epochs", str(epochs)]),
+                    *([] if steps is None else ["--steps", str(steps)]),
+                    *([] if data is None else ["--data", str(data)]), "--", str(folder)],
+                   on_record)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     result = FinaleResult(checks)
     if not verdict:
         result.error = (f"still running after {train_timeout:g} s (the limit, --train-timeout; "
@@ -156,10 +164,11 @@ def run_finale(folder, seed=0, epochs=None, on_eval=None, timeout=TIMEOUT,
     return result
 
 
-def train_child(folder, seed, epochs, out, finale="toy", data=None, steps=None):
+def train_child(folder, seed, epochs, out, finale="toy", data=None, steps=None, scratch=None):
     """The finale's training, in the child: a JSON line when it starts, one per evaluation
     ({"eval": ...}), then the verdict ({"finale": ...}: the error, the findings, the usage,
-    the toy's figures or the GPT's)."""
+    the toy's figures or the GPT's). The toy's run is written into ``scratch`` (a folder the
+    parent removes; a temporary one here where none is given)."""
     def emit(record):
         out.write(json.dumps(record) + "\n")
         out.flush()
@@ -179,8 +188,7 @@ def train_child(folder, seed, epochs, out, finale="toy", data=None, steps=None):
             findings, usage = preflight(learner, seed, None, train_kwargs)
             verdict["findings"] = [asdict(f) for f in findings]
             verdict["usage"] = [asdict(u) for u in usage]
-            with tempfile.TemporaryDirectory(prefix="npformer-finale-") as tmp, \
-                    backend.using(build(pairs_of(learner)), BACKEND_NAME):
+            with _scratch(scratch) as tmp, backend.using(build(pairs_of(learner)), BACKEND_NAME):
                 toy = run_toy(seed=seed, train_kwargs=train_kwargs, out_dir=tmp, quiet=True,
                               on_eval=on_eval, n_examples=3)
             verdict["toy"] = asdict(ToySummary(
@@ -191,7 +199,15 @@ def train_child(folder, seed, epochs, out, finale="toy", data=None, steps=None):
     except LearnerError as e:             # a file that cannot be loaded
         verdict["error"] = str(e)
     except MemoryError:
-        verdict["error"] = f"your code {memory_message()}"
+        verdict["error"] = f"the training (the model and your code) {memory_message()}"
     except BaseException as e:            # the learner's code, inside the model (an exit too)
         verdict["error"] = f"your code raised {describe(e, folder)}"
     emit({"finale": verdict})
+
+
+def _scratch(folder):
+    """A context giving ``folder`` (the parent's, which it removes) or, where none is given, a
+    temporary folder removed on exit."""
+    if folder is None:
+        return tempfile.TemporaryDirectory(prefix="npformer-finale-")
+    return contextlib.nullcontext(folder)

@@ -3,8 +3,9 @@
 - ``python -m npformer.exercises.runner check DIR --timeout S --memory MIB NAME...`` checks
   each exercise and writes one JSON line per verdict;
 - ``python -m npformer.exercises.runner train DIR --memory MIB [--seed N] [--epochs N]
-  [--finale toy|gpt] [--data FILE] [--steps N]`` runs a finale and writes a line per
-  evaluation, then the verdict.
+  [--finale toy|gpt] [--data FILE] [--steps N] [--scratch DIR]`` runs a finale (the toy's run
+  written into DIR, a folder the parent made and removes) and writes a line per evaluation,
+  then the verdict.
 
 Its standard output carries only those lines; whatever the learner's code prints goes to
 standard error instead."""
@@ -27,6 +28,7 @@ def main(argv=None):
     train.add_argument("--finale", choices=("toy", "gpt"), default="toy")
     train.add_argument("--data", default=None)
     train.add_argument("--steps", type=int, default=None)
+    train.add_argument("--scratch", default=None)
     args = parser.parse_args(argv)
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     sys.stdout.flush()
@@ -39,7 +41,8 @@ def main(argv=None):
     else:
         from .finale import train_child
         limit_memory(args.memory)
-        train_child(args.folder, args.seed, args.epochs, out, args.finale, args.data, args.steps)
+        train_child(args.folder, args.seed, args.epochs, out, args.finale, args.data, args.steps,
+                    args.scratch)
     out.close()
     return 0
 

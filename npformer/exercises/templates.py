@@ -24,7 +24,8 @@ def template(exercise, folder="DIR"):
     head = (f"# npformer exercise {exercise.key} of {len({e.number for e in EXERCISES})}: "
             f"{exercise.title}.\n"
             f"# Write {', '.join(exercise.writes)} below, then check it with\n"
-            f"#     npformer exercises check {folder} {exercise.name}\n")
+            f"#     npformer exercises check {folder} {exercise.name}\n"
+            f"# Leave the given forward as it is: the check holds it to npformer's first.\n")
     for line in _local_links(solution_source(exercise)).splitlines():
         match = re.match(r"def (\w+)\(", line)
         if match:

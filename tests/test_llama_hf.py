@@ -67,7 +67,8 @@ def classes(model_type):
     return {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (getattr(transformers, "Qwen3Config", None),
-                      getattr(transformers, "Qwen3ForCausalLM", None))}[model_type]
+                      getattr(transformers, "Qwen3ForCausalLM", None)),
+            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[model_type]
 
 
 _TOKENIZER = []
@@ -88,9 +89,10 @@ def tokenizer():
 
 
 def build(path, case, seed=0, save_dtype=None, shard=None, legacy_rope=False, **changes):
-    """The transformers model of ``case`` with random weights (every norm and bias moved off its
-    initial value), saved in ``path`` with the tokenizer; returns it (float32)."""
-    model_type, heads, kv, head_dim, tie, more = CASES[case]
+    """The transformers model of ``case`` (a name of ``CASES``, or a tuple as theirs: another
+    family's tests) with random weights (every norm and bias moved off its initial value), saved
+    in ``path`` with the tokenizer; returns it (float32)."""
+    model_type, heads, kv, head_dim, tie, more = CASES[case] if isinstance(case, str) else case
     tok = tokenizer()
     eos = tok.token_to_id("<|endoftext|>")
     Config, Model = classes(model_type)

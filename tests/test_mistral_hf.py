@@ -1,0 +1,177 @@
+"""The Mistral family against transformers: tiny random-weight MistralForCausalLM saved with
+save_pretrained (float32, bfloat16, sharded), loaded by ``nf.from_pretrained`` without torch,
+with a sliding window (4) shorter than the sequences (13 tokens) so that the window matters:
+the same logits (float64 against test_llama_hf's ``exact_reference``, and stock), the loss and
+every gradient, greedy tokens and cached steps past the window, and LoRA adapters both ways
+with PEFT. A ``sliding_window`` of null is full attention. Reuses test_llama_hf's helpers."""
+import json
+
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer.hf import read_model_config
+from test_llama_hf import (batch, build, exact_reference, hf_loss, stock, theirs_by_ours,
+                           tokenizer)
+from test_gpt import next_token_backward
+
+torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
+transformers = pytest.importorskip("transformers",
+                                   reason="the reference models: pip install transformers")
+
+WINDOW = 4
+# name: test_llama_hf's case tuple (model_type, heads, key/value heads, head_dim, tied, more)
+CASES = {
+    "mistral-window": ("mistral", 4, 2, None, False, {"sliding_window": WINDOW}),
+    "mistral-full-tied": ("mistral", 4, 1, None, True, {"sliding_window": None}),
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """{case: (folder, float32 transformers model)}."""
+    return {case: (path, build(path, spec, seed=20 + i))
+            for i, (case, spec) in enumerate(CASES.items())
+            for path in [tmp_path_factory.mktemp(case)]}
+
+
+def edited(folder, tmp_path, **changes):
+    """A copy of ``folder`` whose config.json has ``changes`` (None: the key removed)."""
+    for file in folder.iterdir():
+        (tmp_path / file.name).write_bytes(file.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        config.pop(key) if value is None else config.update({key: value})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def test_the_config_reads_the_window(folders, tmp_path):
+    config, _, model_type = read_model_config(folders["mistral-window"][0])
+    assert model_type == "mistral" and config.family == "mistral"
+    assert config.sliding_window == WINDOW and config.sliding_window_pattern is None
+    assert (config.norm, config.ffn, config.activation, config.positions, config.n_kv_heads) \
+        == ("rmsnorm", "gated", "silu", "rotary", 2)
+    assert not config.qkv_bias and not config.proj_bias
+    assert read_model_config(folders["mistral-full-tied"][0])[0].sliding_window is None
+    absent = edited(folders["mistral-window"][0], tmp_path, sliding_window=None)
+    assert read_model_config(absent)[0].sliding_window == 4096       # transformers' default
+
+
+@pytest.mark.parametrize("value", [0, "4", 2.5, True])
+def test_a_bad_window_is_one_error_naming_file_and_key(folders, tmp_path, value):
+    folder = edited(folders["mistral-window"][0], tmp_path, sliding_window=value)
+    with pytest.raises(ValueError, match=r"config\.json: sliding_window: expected a positive "
+                                         r"integer"):
+        nf.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype,reference,tol", [
+    (np.float64, "exact", 1e-10), (np.float64, "stock", 1e-5), (np.float32, "stock", 1e-5)])
+def test_logits_equal_transformers(folders, case, dtype, reference, tol):
+    path, hf = folders[case]
+    model = nf.from_pretrained(path, dtype=dtype)
+    ids = batch(model.config.vocab_size)                                # 13 tokens > WINDOW
+    ref = exact_reference(hf) if reference == "exact" else \
+        stock(hf, torch.float64 if dtype == np.float64 else torch.float32)
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(model.forward(ids), expected, rtol=tol, atol=tol)
+    if model.config.sliding_window is not None:                         # the window matters
+        full = model.reconfigured(sliding_window=None).forward(ids)
+        assert not np.allclose(full[:, WINDOW:], expected[:, WINDOW:], rtol=tol, atol=tol)
+        np.testing.assert_allclose(full[:, :WINDOW], expected[:, :WINDOW], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_loss_and_every_gradient_equal_transformers(folders, case):
+    path, hf = folders[case]
+    ref = exact_reference(hf)
+    model = nf.from_pretrained(path, dtype=np.float64)
+    ids = batch(model.config.vocab_size, seed=1)
+    ref_loss = hf_loss(ref, ids)
+    ref_loss.backward()
+    assert abs(next_token_backward(model, ids) - ref_loss.item()) < 1e-12
+    expected = theirs_by_ours(model, {k: p.grad.numpy() for k, p in ref.named_parameters()})
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(p.grad, expected[name], rtol=1e-8, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_greedy_tokens_and_cached_steps_past_the_window(folders, case):
+    """Greedy tokens equal transformers' generate (its own sliding cache) for 3 times the
+    window; every cached step equals the full forward over the tokens so far."""
+    path, hf = folders[case]
+    model = nf.from_pretrained(path, dtype=np.float64)
+    prompt = tokenizer().encode("hello world").ids
+    new = 3 * WINDOW
+    with torch.no_grad():
+        expected = exact_reference(hf).generate(torch.tensor([prompt]), max_new_tokens=new,
+                                                do_sample=False, eos_token_id=None,
+                                                pad_token_id=0)
+    hyp, = nf.decoding.greedy_search(model.decoder_state(np.array([prompt])), max_new_tokens=new)
+    assert hyp.ids == expected[0, len(prompt):].tolist()
+    tokens = prompt + hyp.ids
+    assert len(tokens) > 2 * WINDOW
+    state = model.decoder_state(np.array([prompt]), capacity=len(tokens))
+    full = nf.functional.log_softmax(model.forward(np.array([tokens]))[0])
+    previous = state.first_tokens()
+    for t in range(len(prompt) - 1, len(tokens) - 1):
+        np.testing.assert_allclose(state.step(previous)[0], full[t], rtol=0, atol=1e-10)
+        previous = np.array([tokens[t + 1]])
+
+
+def test_bf16_weights_load_exactly(tmp_path):
+    hf = build(tmp_path, CASES["mistral-window"], seed=5, save_dtype=torch.bfloat16)
+    model = nf.from_pretrained(tmp_path, dtype=np.float64)
+    expected = theirs_by_ours(model, {k: p.detach().double().numpy()
+                                      for k, p in hf.named_parameters()})
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(p.data, expected[name], err_msg=name)
+    ids = batch(model.config.vocab_size, seed=2)
+    with torch.no_grad():
+        reference = exact_reference(hf)(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(model.forward(ids), reference, rtol=1e-10, atol=1e-10)
+
+
+def test_sharded_weights_load(tmp_path):
+    (tmp_path / "sharded").mkdir()
+    hf = build(tmp_path / "sharded", CASES["mistral-window"], seed=6, shard="20KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    hf.save_pretrained(tmp_path / "one")
+    np.testing.assert_array_equal(
+        nf.from_pretrained(tmp_path / "sharded", dtype=np.float64).flat_params,
+        nf.from_pretrained(tmp_path / "one", dtype=np.float64).flat_params)
+
+
+def test_lora_adapters_both_ways_with_peft(folders, tmp_path):
+    """npformer's adapter loads in PEFT and continues greedily as npformer does, past the
+    window; PEFT's adapter loads in npformer with PEFT's logits, loss and every lora_A/lora_B
+    gradient (float64)."""
+    lp = pytest.importorskip("test_lora_peft")
+    from npformer import lora, lora_files
+    path, hf = folders["mistral-window"]
+    model = lora.apply(nf.from_pretrained(path, dtype=np.float64), rank=4, alpha=8.0,
+                       target_modules=lp.ALL)
+    lp.randomise(model)
+    lora_files.save_peft(model, tmp_path / "adapter", str(path))
+    reference = lp.peft.PeftModel.from_pretrained(exact_reference(hf), tmp_path / "adapter")
+    reference = reference.double().eval()
+    prompt = tokenizer().encode("hello world").ids
+    with torch.no_grad():
+        expected = reference.generate(input_ids=torch.tensor([prompt]),
+                                      max_new_tokens=3 * WINDOW, do_sample=False,
+                                      eos_token_id=None, pad_token_id=0)
+    hyp, = nf.decoding.greedy_search(model.eval().decoder_state(np.array([prompt])),
+                                     max_new_tokens=3 * WINDOW)
+    assert hyp.ids == expected[0, len(prompt):].tolist()
+    ids, _ = lp.ids_and_targets(model.config.vocab_size)
+    np.testing.assert_allclose(model.forward(ids), lp.peft_logits(reference, ids), rtol=0,
+                               atol=1e-10)
+
+    pm = lp.peft_made(hf, tmp_path)
+    loaded = lora_files.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
+    ids, targets = lp.ids_and_targets(loaded.config.vocab_size, seed=3, shape=(2, 13))
+    assert lp.agrees_with_peft(pm, loaded, ids, targets) == 2 * len(lp.ALL) * 2

@@ -22,7 +22,7 @@ import pytest
 
 import npformer as nf
 from npformer.cli.main import main
-from npformer.families import get as family, parameter_of, tensor_names
+from npformer.families import get as family, names, parameter_of, tensor_names
 from npformer.hf import read_model_config
 
 LLAMA = family("llama")
@@ -585,8 +585,8 @@ def edited(folder, tmp_path, **changes):
 
 
 @pytest.mark.parametrize("changes,match", [
-    (dict(model_type="mistral"), "model_type: expected one of gpt2, llama, qwen2, qwen3, got "
-                                 "'mistral'"),
+    (dict(model_type="no_such_family"), f"model_type: expected one of {', '.join(names())}, "
+                                        f"got 'no_such_family'"),
     (dict(hidden_size=30, head_dim=None), r"hidden_size: expected a multiple of "
                                           r"num_attention_heads=4 \(config.json gives no "
                                           r"head_dim\), got 30"),

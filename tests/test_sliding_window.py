@@ -9,7 +9,9 @@ import pytest
 import npformer as nf
 from npformer import functional as F
 from npformer.nn import MultiHeadAttention
+from test_gpt import next_token_backward
 from test_gradcheck_layers import f64_rng, module_check
+from test_kernels_blocked_attention import ATTENTION, BLOCKED, small_blocks  # noqa: F401
 
 
 def tiny(**changes):
@@ -66,6 +68,28 @@ def test_cached_steps_equal_the_forward_past_the_window(backend, pattern, prompt
     state = model.decoder_state(ids[:, :prompt_len])
     logp = [state.step(ids[:, t]) for t in range(prompt_len - 1, 12)]
     np.testing.assert_allclose(np.stack(logp, 1), expected[:, prompt_len - 1:], atol=1e-12)
+
+
+def test_the_blocked_kernels_skip_the_key_blocks_before_the_window(small_blocks):
+    blocks = BLOCKED.plan(ATTENTION._mask4(F.causal_mask(40, window=8), (1, 1, 40, 40)), 40, 40)
+    assert blocks[-1] == (32, 40, [(16, 32), (32, 40)])          # keys 25 .. 39 only
+
+
+def test_a_window_through_the_blocked_kernels_equals_the_reference(small_blocks):
+    """Logits and every gradient of a sliding-window GPT: the Numba kernels' blocked path (key
+    blocks of 16, a window of 5 over 30 positions) against the NumPy reference."""
+    ids = np.random.default_rng(4).integers(0, 11, size=(2, 30))
+    grads = {}
+    before = nf.get_backend()
+    try:
+        for name in ("numpy", "numba"):
+            nf.set_backend(name)
+            model = tiny(sliding_window=5, max_len=32)
+            grads[name] = next_token_backward(model, ids), model.flat_grads.copy()
+    finally:
+        nf.set_backend(before)
+    assert abs(grads["numba"][0] - grads["numpy"][0]) < 1e-12
+    np.testing.assert_allclose(grads["numba"][1], grads["numpy"][1], rtol=1e-9, atol=1e-12)
 
 
 def test_the_pattern_chooses_which_layers_slide():

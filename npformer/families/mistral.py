@@ -13,7 +13,9 @@ from . import llama
 
 # Hugging Face's defaults of the keys a config.json may leave out (MistralConfig's)
 DEFAULTS = dict(num_key_value_heads=8, head_dim=None, max_position_embeddings=4096 * 32)
-SLIDING_WINDOW = 4096
+SLIDING_WINDOW = 4096                     # MistralConfig's default
+# the block ``npformer lm --arch mistral`` trains: Llama's, its attention sliding
+BLOCK = {**llama.BLOCK, "sliding_window": SLIDING_WINDOW}
 
 
 def read_config(file, raw):
@@ -29,5 +31,5 @@ def read_config(file, raw):
         raise ValueError(f"{file}: {e}") from None
 
 
-FAMILY = dataclasses.replace(llama.family("mistral", "Mistral", DEFAULTS, llama.BLOCK,
+FAMILY = dataclasses.replace(llama.family("mistral", "Mistral", DEFAULTS, BLOCK,
                                           read_biases=False), read_config=read_config)

@@ -11,9 +11,8 @@ import pytest
 
 import npformer as nf
 from npformer.hf import read_model_config
-from test_llama_hf import (batch, build, exact_reference, hf_loss, stock, theirs_by_ours,
-                           tokenizer)
-from test_gpt import next_token_backward
+import test_llama_hf as llama_tests
+from test_llama_hf import batch, build, edited, exact_reference, theirs_by_ours, tokenizer
 
 torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
 transformers = pytest.importorskip("transformers",
@@ -33,17 +32,6 @@ def folders(tmp_path_factory):
     return {case: (path, build(path, spec, seed=20 + i))
             for i, (case, spec) in enumerate(CASES.items())
             for path in [tmp_path_factory.mktemp(case)]}
-
-
-def edited(folder, tmp_path, **changes):
-    """A copy of ``folder`` whose config.json has ``changes`` (None: the key removed)."""
-    for file in folder.iterdir():
-        (tmp_path / file.name).write_bytes(file.read_bytes())
-    config = json.loads((folder / "config.json").read_text())
-    for key, value in changes.items():
-        config.pop(key) if value is None else config.update({key: value})
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    return tmp_path
 
 
 def test_the_config_reads_the_window(folders, tmp_path):
@@ -66,60 +54,38 @@ def test_a_bad_window_is_one_error_naming_file_and_key(folders, tmp_path, value)
         nf.from_pretrained(folder)
 
 
+# Llama's parity tests run on these folders (they read only folders[case])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype,reference,tol", [
     (np.float64, "exact", 1e-10), (np.float64, "stock", 1e-5), (np.float32, "stock", 1e-5)])
 def test_logits_equal_transformers(folders, case, dtype, reference, tol):
-    path, hf = folders[case]
-    model = nf.from_pretrained(path, dtype=dtype)
-    ids = batch(model.config.vocab_size)                                # 13 tokens > WINDOW
-    ref = exact_reference(hf) if reference == "exact" else \
-        stock(hf, torch.float64 if dtype == np.float64 else torch.float32)
+    llama_tests.test_logits_equal_transformers(folders, case, dtype, reference, tol)
+
+
+def test_the_window_matters(folders):
+    """The same weights with full attention: the logits of the first WINDOW positions equal
+    transformers', the later ones differ."""
+    path, hf = folders["mistral-window"]
+    ids = batch(hf.config.vocab_size)                                  # 13 tokens > WINDOW
     with torch.no_grad():
-        expected = ref(torch.tensor(ids)).logits.numpy()
-    np.testing.assert_allclose(model.forward(ids), expected, rtol=tol, atol=tol)
-    if model.config.sliding_window is not None:                         # the window matters
-        full = model.reconfigured(sliding_window=None).forward(ids)
-        assert not np.allclose(full[:, WINDOW:], expected[:, WINDOW:], rtol=tol, atol=tol)
-        np.testing.assert_allclose(full[:, :WINDOW], expected[:, :WINDOW], rtol=tol, atol=tol)
+        expected = exact_reference(hf)(torch.tensor(ids)).logits.numpy()
+    full = nf.from_pretrained(path, dtype=np.float64).reconfigured(sliding_window=None)
+    got = full.forward(ids)
+    np.testing.assert_allclose(got[:, :WINDOW], expected[:, :WINDOW], rtol=1e-10, atol=1e-10)
+    assert np.abs(got[:, WINDOW:] - expected[:, WINDOW:]).min(axis=-1).max() > 1e-4
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_loss_and_every_gradient_equal_transformers(folders, case):
-    path, hf = folders[case]
-    ref = exact_reference(hf)
-    model = nf.from_pretrained(path, dtype=np.float64)
-    ids = batch(model.config.vocab_size, seed=1)
-    ref_loss = hf_loss(ref, ids)
-    ref_loss.backward()
-    assert abs(next_token_backward(model, ids) - ref_loss.item()) < 1e-12
-    expected = theirs_by_ours(model, {k: p.grad.numpy() for k, p in ref.named_parameters()})
-    for name, p in model.named_parameters():
-        np.testing.assert_allclose(p.grad, expected[name], rtol=1e-8, atol=1e-12, err_msg=name)
+    llama_tests.test_loss_and_every_gradient_equal_transformers(folders, case)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_tokens_and_cached_steps_past_the_window(folders, case):
-    """Greedy tokens equal transformers' generate (its own sliding cache) for 3 times the
-    window; every cached step equals the full forward over the tokens so far."""
-    path, hf = folders[case]
-    model = nf.from_pretrained(path, dtype=np.float64)
-    prompt = tokenizer().encode("hello world").ids
-    new = 3 * WINDOW
-    with torch.no_grad():
-        expected = exact_reference(hf).generate(torch.tensor([prompt]), max_new_tokens=new,
-                                                do_sample=False, eos_token_id=None,
-                                                pad_token_id=0)
-    hyp, = nf.decoding.greedy_search(model.decoder_state(np.array([prompt])), max_new_tokens=new)
-    assert hyp.ids == expected[0, len(prompt):].tolist()
-    tokens = prompt + hyp.ids
-    assert len(tokens) > 2 * WINDOW
-    state = model.decoder_state(np.array([prompt]), capacity=len(tokens))
-    full = nf.functional.log_softmax(model.forward(np.array([tokens]))[0])
-    previous = state.first_tokens()
-    for t in range(len(prompt) - 1, len(tokens) - 1):
-        np.testing.assert_allclose(state.step(previous)[0], full[t], rtol=0, atol=1e-10)
-        previous = np.array([tokens[t + 1]])
+    """Llama's test (10 new tokens: past the window of 4 twice over, transformers' generate
+    with its own sliding cache; every cached step equal to the full forward)."""
+    assert len(tokenizer().encode("hello world").ids) + 10 > 2 * WINDOW
+    llama_tests.test_greedy_tokens_and_cached_steps(folders, case)
 
 
 def test_bf16_weights_load_exactly(tmp_path):

@@ -336,6 +336,19 @@ def test_adamw_steps_equal_torch(folders, case):
         np.testing.assert_allclose(p.data, expected[name], rtol=1e-9, atol=1e-12, err_msg=name)
 
 
+def greedy_equals_generate(model, reference, prompt, new_tokens):
+    """npformer's greedy continuation of ``prompt`` (token ids) by ``model`` (with its caches)
+    equals ``reference``'s (a transformers or PEFT model) ``generate``; returns its tokens."""
+    with torch.no_grad():
+        expected = reference.generate(input_ids=torch.tensor([prompt]),
+                                      max_new_tokens=new_tokens, do_sample=False,
+                                      eos_token_id=None, pad_token_id=0)
+    hyp, = nf.decoding.greedy_search(model.decoder_state(np.array([prompt])),
+                                     max_new_tokens=new_tokens)
+    assert hyp.ids == expected[0, len(prompt):].tolist()
+    return hyp.ids
+
+
 @pytest.mark.parametrize("case", PARAMS)
 def test_greedy_tokens_and_cached_steps(folders, case):
     """Greedy tokens equal transformers' generate (its own cache); every cached step's
@@ -344,13 +357,7 @@ def test_greedy_tokens_and_cached_steps(folders, case):
     path, hf = folders[case]
     model = nf.from_pretrained(path, dtype=np.float64)
     prompt = tokenizer().encode("hello world").ids
-    with torch.no_grad():
-        expected = exact_reference(hf).generate(torch.tensor([prompt]), max_new_tokens=10,
-                                                do_sample=False, eos_token_id=None,
-                                                pad_token_id=0)
-    hyp, = nf.decoding.greedy_search(model.decoder_state(np.array([prompt])), max_new_tokens=10)
-    assert hyp.ids == expected[0, len(prompt):].tolist()
-    tokens = prompt + hyp.ids
+    tokens = prompt + greedy_equals_generate(model, exact_reference(hf), prompt, 10)
     state = model.decoder_state(np.array([prompt]), capacity=len(tokens))
     assert state.caches[0].keys().shape[1] == model.config.n_kv_heads
     full = nf.functional.log_softmax(model.forward(np.array([tokens]))[0])
@@ -362,9 +369,13 @@ def test_greedy_tokens_and_cached_steps(folders, case):
 
 
 def test_bf16_weights_load_exactly(tmp_path):
+    bf16_weights_load_exactly(tmp_path, "llama-gqa-llama3")
+
+
+def bf16_weights_load_exactly(tmp_path, case):
     """bfloat16 files (read through the header: float32's upper 16 bits) give the very values
-    transformers holds, and its logits."""
-    hf = build(tmp_path, "llama-gqa-llama3", seed=5, save_dtype=torch.bfloat16)
+    transformers holds, and its logits (``case``: as :func:`build` takes it)."""
+    hf = build(tmp_path, case, seed=5, save_dtype=torch.bfloat16)
     header = json.loads((tmp_path / "model.safetensors").read_bytes()[8:][:int.from_bytes(
         (tmp_path / "model.safetensors").read_bytes()[:8], "little")])
     assert {e["dtype"] for k, e in header.items() if k != "__metadata__"} == {"BF16"}

@@ -12,7 +12,7 @@ import pytest
 import npformer as nf
 from npformer.hf import read_model_config
 import test_llama_hf as llama_tests
-from test_llama_hf import batch, build, edited, exact_reference, theirs_by_ours, tokenizer
+from test_llama_hf import batch, build, edited, exact_reference, tokenizer
 
 torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
 transformers = pytest.importorskip("transformers",
@@ -89,16 +89,7 @@ def test_greedy_tokens_and_cached_steps_past_the_window(folders, case):
 
 
 def test_bf16_weights_load_exactly(tmp_path):
-    hf = build(tmp_path, CASES["mistral-window"], seed=5, save_dtype=torch.bfloat16)
-    model = nf.from_pretrained(tmp_path, dtype=np.float64)
-    expected = theirs_by_ours(model, {k: p.detach().double().numpy()
-                                      for k, p in hf.named_parameters()})
-    for name, p in model.named_parameters():
-        np.testing.assert_array_equal(p.data, expected[name], err_msg=name)
-    ids = batch(model.config.vocab_size, seed=2)
-    with torch.no_grad():
-        reference = exact_reference(hf)(torch.tensor(ids)).logits.numpy()
-    np.testing.assert_allclose(model.forward(ids), reference, rtol=1e-10, atol=1e-10)
+    llama_tests.bf16_weights_load_exactly(tmp_path, CASES["mistral-window"])
 
 
 def test_sharded_weights_load(tmp_path):
@@ -113,31 +104,16 @@ def test_sharded_weights_load(tmp_path):
 
 
 def test_lora_adapters_both_ways_with_peft(folders, tmp_path):
-    """npformer's adapter loads in PEFT and continues greedily as npformer does, past the
-    window; PEFT's adapter loads in npformer with PEFT's logits, loss and every lora_A/lora_B
-    gradient (float64)."""
+    """test_lora_peft's round trips on the windowed folder (npformer's adapter in PEFT: the same
+    logits; PEFT's in npformer: its logits, loss and every lora_A/lora_B gradient, float64),
+    then npformer's adapter continues greedily in PEFT as in npformer, past the window."""
     lp = pytest.importorskip("test_lora_peft")
-    from npformer import lora, lora_files
-    path, hf = folders["mistral-window"]
-    model = lora.apply(nf.from_pretrained(path, dtype=np.float64), rank=4, alpha=8.0,
-                       target_modules=lp.ALL)
-    lp.randomise(model)
-    lora_files.save_peft(model, tmp_path / "adapter", str(path))
+    from npformer import lora_files
+    case = "mistral-window"
+    lp.test_npformer_adapter_loads_in_peft(folders, tmp_path, case)       # -> tmp_path/adapter
+    lp.test_peft_adapter_loads_in_npformer_and_gradients_agree(folders, tmp_path, case)
+    path, hf = folders[case]
+    model = lora_files.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "adapter")
     reference = lp.peft.PeftModel.from_pretrained(exact_reference(hf), tmp_path / "adapter")
-    reference = reference.double().eval()
-    prompt = tokenizer().encode("hello world").ids
-    with torch.no_grad():
-        expected = reference.generate(input_ids=torch.tensor([prompt]),
-                                      max_new_tokens=3 * WINDOW, do_sample=False,
-                                      eos_token_id=None, pad_token_id=0)
-    hyp, = nf.decoding.greedy_search(model.eval().decoder_state(np.array([prompt])),
-                                     max_new_tokens=3 * WINDOW)
-    assert hyp.ids == expected[0, len(prompt):].tolist()
-    ids, _ = lp.ids_and_targets(model.config.vocab_size)
-    np.testing.assert_allclose(model.forward(ids), lp.peft_logits(reference, ids), rtol=0,
-                               atol=1e-10)
-
-    pm = lp.peft_made(hf, tmp_path)
-    loaded = lora_files.load_peft(nf.from_pretrained(path, dtype=np.float64), tmp_path / "peft")
-    ids, targets = lp.ids_and_targets(loaded.config.vocab_size, seed=3, shape=(2, 13))
-    assert lp.agrees_with_peft(pm, loaded, ids, targets) == 2 * len(lp.ALL) * 2
+    llama_tests.greedy_equals_generate(model.eval(), reference.double().eval(),
+                                       tokenizer().encode("hello world").ids, 3 * WINDOW)

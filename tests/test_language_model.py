@@ -321,9 +321,11 @@ def test_the_recipes_blocks_have_one_size_and_record_their_family():
     assert [migrate_arch(r) for r in ({}, {"arch": "gpt"}, {"arch": "llama"})] == \
         ["gpt2", "gpt2", "llama"]
     assert [lm_d_ff("llama", d) for d in (16, 96, 192, 200)] == [64, 256, 512, 544]
-    with pytest.raises(ValueError, match="arch: expected one of gpt2, llama, qwen2, qwen3, got "
-                                         "'mistral'"):
-        lm_model("mistral")
+    known = ", ".join(nf.families.names())                  # the registry's, in its order
+    with pytest.raises(ValueError, match=f"arch: expected one of {known}, got 'no_such_family'"):
+        lm_model("no_such_family")
+    mistral = nf.GPTConfig(vocab_size=65, **lm_model("mistral"))
+    assert (mistral.family, mistral.sliding_window) == ("mistral", 4096)
 
 
 def test_lm_arch_llama_trains_llamas_block_and_a_resume_keeps_it(text_file, tmp_path, capsys):

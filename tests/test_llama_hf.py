@@ -22,7 +22,7 @@ import pytest
 
 import npformer as nf
 from npformer.cli.main import main
-from npformer.families import get as family, parameter_of, tensor_names
+from npformer.families import get as family, names, parameter_of, tensor_names
 from npformer.hf import read_model_config
 
 LLAMA = family("llama")
@@ -67,7 +67,8 @@ def classes(model_type):
     return {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (getattr(transformers, "Qwen3Config", None),
-                      getattr(transformers, "Qwen3ForCausalLM", None))}[model_type]
+                      getattr(transformers, "Qwen3ForCausalLM", None)),
+            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[model_type]
 
 
 _TOKENIZER = []
@@ -88,9 +89,10 @@ def tokenizer():
 
 
 def build(path, case, seed=0, save_dtype=None, shard=None, legacy_rope=False, **changes):
-    """The transformers model of ``case`` with random weights (every norm and bias moved off its
-    initial value), saved in ``path`` with the tokenizer; returns it (float32)."""
-    model_type, heads, kv, head_dim, tie, more = CASES[case]
+    """The transformers model of ``case`` (a name of ``CASES``, or a tuple as theirs: another
+    family's tests) with random weights (every norm and bias moved off its initial value), saved
+    in ``path`` with the tokenizer; returns it (float32)."""
+    model_type, heads, kv, head_dim, tie, more = CASES[case] if isinstance(case, str) else case
     tok = tokenizer()
     eos = tok.token_to_id("<|endoftext|>")
     Config, Model = classes(model_type)
@@ -334,6 +336,19 @@ def test_adamw_steps_equal_torch(folders, case):
         np.testing.assert_allclose(p.data, expected[name], rtol=1e-9, atol=1e-12, err_msg=name)
 
 
+def greedy_equals_generate(model, reference, prompt, new_tokens):
+    """npformer's greedy continuation of ``prompt`` (token ids) by ``model`` (with its caches)
+    equals ``reference``'s (a transformers or PEFT model) ``generate``; returns its tokens."""
+    with torch.no_grad():
+        expected = reference.generate(input_ids=torch.tensor([prompt]),
+                                      max_new_tokens=new_tokens, do_sample=False,
+                                      eos_token_id=None, pad_token_id=0)
+    hyp, = nf.decoding.greedy_search(model.decoder_state(np.array([prompt])),
+                                     max_new_tokens=new_tokens)
+    assert hyp.ids == expected[0, len(prompt):].tolist()
+    return hyp.ids
+
+
 @pytest.mark.parametrize("case", PARAMS)
 def test_greedy_tokens_and_cached_steps(folders, case):
     """Greedy tokens equal transformers' generate (its own cache); every cached step's
@@ -342,13 +357,7 @@ def test_greedy_tokens_and_cached_steps(folders, case):
     path, hf = folders[case]
     model = nf.from_pretrained(path, dtype=np.float64)
     prompt = tokenizer().encode("hello world").ids
-    with torch.no_grad():
-        expected = exact_reference(hf).generate(torch.tensor([prompt]), max_new_tokens=10,
-                                                do_sample=False, eos_token_id=None,
-                                                pad_token_id=0)
-    hyp, = nf.decoding.greedy_search(model.decoder_state(np.array([prompt])), max_new_tokens=10)
-    assert hyp.ids == expected[0, len(prompt):].tolist()
-    tokens = prompt + hyp.ids
+    tokens = prompt + greedy_equals_generate(model, exact_reference(hf), prompt, 10)
     state = model.decoder_state(np.array([prompt]), capacity=len(tokens))
     assert state.caches[0].keys().shape[1] == model.config.n_kv_heads
     full = nf.functional.log_softmax(model.forward(np.array([tokens]))[0])
@@ -360,9 +369,13 @@ def test_greedy_tokens_and_cached_steps(folders, case):
 
 
 def test_bf16_weights_load_exactly(tmp_path):
+    bf16_weights_load_exactly(tmp_path, "llama-gqa-llama3")
+
+
+def bf16_weights_load_exactly(tmp_path, case):
     """bfloat16 files (read through the header: float32's upper 16 bits) give the very values
-    transformers holds, and its logits."""
-    hf = build(tmp_path, "llama-gqa-llama3", seed=5, save_dtype=torch.bfloat16)
+    transformers holds, and its logits (``case``: as :func:`build` takes it)."""
+    hf = build(tmp_path, case, seed=5, save_dtype=torch.bfloat16)
     header = json.loads((tmp_path / "model.safetensors").read_bytes()[8:][:int.from_bytes(
         (tmp_path / "model.safetensors").read_bytes()[:8], "little")])
     assert {e["dtype"] for k, e in header.items() if k != "__metadata__"} == {"BF16"}
@@ -583,8 +596,8 @@ def edited(folder, tmp_path, **changes):
 
 
 @pytest.mark.parametrize("changes,match", [
-    (dict(model_type="mistral"), "model_type: expected one of gpt2, llama, qwen2, qwen3, got "
-                                 "'mistral'"),
+    (dict(model_type="no_such_family"), f"model_type: expected one of {', '.join(names())}, "
+                                        f"got 'no_such_family'"),
     (dict(hidden_size=30, head_dim=None), r"hidden_size: expected a multiple of "
                                           r"num_attention_heads=4 \(config.json gives no "
                                           r"head_dim\), got 30"),

@@ -36,13 +36,18 @@ class MultiHeadAttention(Module):
     ``qk_norm``: an RMSNorm over each query and key head before the rotary turn (Qwen3), with
     ``norm_eps``.
 
+    ``window``: sliding-window self-attention (Mistral): the query at position p sees only keys
+    p - window + 1 .. p (``F.causal_mask``'s window), in the forward (combined with the ``mask``
+    given) and in cached steps, whose cache keeps every position and masks the older ones.
+    None: every key the mask allows.
+
     Shape: x (B, T, D), memory (B, S, D) or None, mask bool broadcastable to (B, H, T, S),
     True = may attend -> (B, T, D).
     """
 
     def __init__(self, d_model, n_heads, dropout=0.0, qk_dim=None, rotary=None, *, rng,
                  dtype=np.float32, v_dim=None, bias=True, out_bias=True, n_kv_heads=None,
-                 qk_norm=False, norm_eps=1e-6):
+                 qk_norm=False, norm_eps=1e-6, window=None):
         super().__init__()
         qk_dim = d_model if qk_dim is None else qk_dim
         v_dim = d_model if v_dim is None else v_dim
@@ -60,7 +65,7 @@ class MultiHeadAttention(Module):
         self.v_dim, self.n_kv_heads, self.group = v_dim, n_kv_heads, n_heads // n_kv_heads
         self.k_width = n_kv_heads * (qk_dim // n_heads)        # the key rows (qk_dim without GQA)
         self.v_width = n_kv_heads * (v_dim // n_heads)         # the value rows
-        self.rotary = rotary
+        self.rotary, self.window = rotary, window
         self.rng = rng
         rows = qk_dim + self.k_width + self.v_width
         self.in_proj_weight = Parameter(xavier_uniform(rng, (rows, d_model), dtype))
@@ -163,6 +168,9 @@ class MultiHeadAttention(Module):
         if memory is None:                                        # self-attention
             q, k, v, proj_cache = self._project_self(x)
             turn_cache = self._turn(q, k, 0)
+            if self.window is not None:                           # (1, 1, T, T)
+                window = F.causal_mask(x.shape[1], window=self.window)
+                mask = window if mask is None else mask & window
         else:                                                     # cross-attention
             q, q_cache = self._project_query(x)
             k, v, kv_cache = self._project_memory(memory)
@@ -191,13 +199,15 @@ class MultiHeadAttention(Module):
         """Self-attention of the newest positions x (R, t, D) -> (R, t, D): their keys and values
         join ``cache`` (from ``new_cache``) and each query attends to every cached position up
         to its own. One position (t = 1, a decoding step) sees the whole cache: no mask; several
-        (a language model's prompt, run in one go) see each other causally."""
+        (a language model's prompt, run in one go) see each other causally. With a ``window``,
+        each sees only the cached positions inside it (the rest masked)."""
         self._ops = ops()
         start, t = cache.length, x.shape[1]
         q, k, v, _ = self._project_self(x)                        # (R, H, t, d)
         self._turn(q, k, start)
         cache.append(k, v)
-        mask = None if t == 1 else F.causal_mask(t, start)      # (1, 1, t, start + t)
+        sliding = self.window is not None and start + t > self.window
+        mask = F.causal_mask(t, start, self.window) if t > 1 or sliding else None
         return self._attend(q, cache.keys(), cache.values(), mask)[0]
 
     def cross_step(self, x, cache, mask=None):

@@ -416,7 +416,13 @@ class GPTConfig(ModelConfig):
       Qwen3's RMSNorm over each query and key head;
     - ``qkv_bias``: the query, key and value projections add a bias; ``proj_bias``: every other
       projection does (attention output, feed-forward). GPT-2 has both, Qwen2 only the first,
-      Llama neither.
+      Llama neither;
+    - ``post_norms``: a norm also after each sub-layer, before its residual add (Gemma 2's
+      ``post_attention_layernorm`` and ``post_feedforward_layernorm``): x + norm'(f(norm(x)));
+    - ``attention_scale``: the factor of the attention scores (None: 1 / sqrt(head size); Gemma
+      2's query_pre_attn_scalar ** -0.5); ``attention_softcap`` and ``logit_softcap``: the
+      attention scores and the final logits soft-capped, cap * tanh(x / cap) (Gemma 2's
+      ``attn_logit_softcapping`` and ``final_logit_softcapping``; None: not capped).
 
     ``family``: the model family whose block and Hugging Face names the model has
     (``npformer.families``: "gpt2", "llama", "qwen2", "qwen3"), as recorded where the model was
@@ -454,6 +460,10 @@ class GPTConfig(ModelConfig):
     qk_norm: bool = False
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None
+    post_norms: bool = False
+    attention_scale: Optional[float] = None
+    attention_softcap: Optional[float] = None
+    logit_softcap: Optional[float] = None
     family: Optional[str] = None
 
     def __post_init__(self):
@@ -471,7 +481,7 @@ class GPTConfig(ModelConfig):
                              f"(which is now {now})")
         ffn = choice("ffn", FFNS, self.ffn)
         _check_layer_options(self, ("norm_first", "tie_embeddings", "qkv_bias", "proj_bias",
-                                    "qk_norm"),
+                                    "qk_norm", "post_norms"),
                              (ffn.activations, f"for ffn={self.ffn!r}"))
         choice("norm", NORMS, self.norm)
         positions = choice("positions", POSITION_KINDS, self.positions)
@@ -482,6 +492,10 @@ class GPTConfig(ModelConfig):
                                  f"key/value head serves a group of query heads), got "
                                  f"{self.n_kv_heads}")
         _put(self, "rope_theta", check_real("rope_theta", self.rope_theta, minimum=0,
+                                            min_open=True))
+        for name in ("attention_scale", "attention_softcap", "logit_softcap"):
+            if getattr(self, name) is not None:              # None: the usual 1 / sqrt, no cap
+                _put(self, name, check_real(name, getattr(self, name), minimum=0,
                                             min_open=True))
         if self.rope_scaling is not None:
             if not positions.rotates:

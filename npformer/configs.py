@@ -422,7 +422,12 @@ class GPTConfig(ModelConfig):
     - ``attention_scale``: the factor of the attention scores (None: 1 / sqrt(head size); Gemma
       2's query_pre_attn_scalar ** -0.5); ``attention_softcap`` and ``logit_softcap``: the
       attention scores and the final logits soft-capped, cap * tanh(x / cap) (Gemma 2's
-      ``attn_logit_softcapping`` and ``final_logit_softcapping``; None: not capped).
+      ``attn_logit_softcapping`` and ``final_logit_softcapping``; None: not capped);
+    - ``sliding_window``: each query sees only the last ``sliding_window`` positions, itself
+      included (Mistral's sliding-window attention; None: every earlier position);
+      ``sliding_window_pattern``: which layers slide (None: every layer; p: all but every p-th,
+      layer i, from 0, attending fully where (i + 1) % p == 0, as Hugging Face's Gemma 2
+      (p = 2) and Gemma 3 (p = 6)). :meth:`layer_window` gives one layer's window.
 
     ``family``: the model family whose block and Hugging Face names the model has
     (``npformer.families``: "gpt2", "llama", "qwen2", "qwen3"), as recorded where the model was
@@ -465,6 +470,8 @@ class GPTConfig(ModelConfig):
     attention_softcap: Optional[float] = None
     logit_softcap: Optional[float] = None
     family: Optional[str] = None
+    sliding_window: Optional[int] = None
+    sliding_window_pattern: Optional[int] = None
 
     def __post_init__(self):
         if self.family is not None and (not isinstance(self.family, str) or
@@ -505,6 +512,23 @@ class GPTConfig(ModelConfig):
         if positions.rotates and self.head_size % 2:
             raise ValueError(f"positions: {self.positions!r} turns pairs of dimensions, so "
                              f"expected an even head size, got {self.head_size}")
+        if self.sliding_window is not None:
+            _put(self, "sliding_window", check_int("sliding_window", self.sliding_window))
+        if self.sliding_window_pattern is not None:
+            _put(self, "sliding_window_pattern",
+                 check_int("sliding_window_pattern", self.sliding_window_pattern, minimum=2))
+            if self.sliding_window is None:
+                raise ValueError(f"sliding_window_pattern: chooses the layers whose attention "
+                                 f"slides, but sliding_window is None; expected None, got "
+                                 f"{self.sliding_window_pattern}")
+
+    def layer_window(self, layer):
+        """The sliding window of block ``layer`` (from 0): ``sliding_window``, or None where
+        that layer attends to every earlier position."""
+        pattern = self.sliding_window_pattern
+        if pattern is not None and (layer + 1) % pattern == 0:
+            return None
+        return self.sliding_window
 
     @property
     def head_size(self):

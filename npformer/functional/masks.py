@@ -11,11 +11,20 @@ def padding_mask(ids, pad_id):
     return (ids != pad_id)[:, None, None, :]
 
 
-def causal_mask(t, start=0):
+def causal_mask(t, start=0, window=None):
     """Query i may see keys 0..i. -> (1, 1, T, T) bool, lower triangular. With ``start``: T new
     queries at positions start .. start + T - 1 over start + T keys (the cached ones first), so
-    query i sees keys 0 .. start + i -> (1, 1, T, start + T)."""
-    return np.tril(np.ones((t, start + t), dtype=bool), k=start)[None, None]
+    query i sees keys 0 .. start + i -> (1, 1, T, start + T).
+
+    ``window`` (sliding-window attention, Mistral's ``sliding_window``): the query at position p
+    sees only the last ``window`` keys, itself included: keys k with p - k < window, as
+    transformers' ``sliding_window_overlay`` (kv_idx > q_idx - window). None: every earlier key.
+    """
+    keep = np.ones((t, start + t), dtype=bool)
+    mask = np.tril(keep, k=start)
+    if window is not None:
+        mask &= np.triu(keep, k=start - window + 1)               # p - k <= window - 1
+    return mask[None, None]
 
 
 def decoder_self_mask(tgt_ids, pad_id):

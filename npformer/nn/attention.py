@@ -38,13 +38,18 @@ class MultiHeadAttention(Module):
     the scores soft-capped to (-softcap, softcap) before the softmax (Gemma 2); either runs the
     attention itself on the reference (``npformer.functional``) whatever the backend.
 
+    ``window``: sliding-window self-attention (Mistral): the query at position p sees only keys
+    p - window + 1 .. p (``F.causal_mask``'s window), in the forward (combined with the ``mask``
+    given) and in cached steps, whose cache keeps every position and masks the older ones.
+    None: every key the mask allows.
+
     Shape: x (B, T, D), memory (B, S, D) or None, mask bool broadcastable to (B, H, T, S),
     True = may attend -> (B, T, D).
     """
 
     def __init__(self, d_model, n_heads, dropout=0.0, qk_dim=None, rotary=None, *, rng,
                  dtype=np.float32, v_dim=None, bias=True, out_bias=True, n_kv_heads=None,
-                 qk_norm=False, norm_eps=1e-6, scale=None, softcap=None):
+                 qk_norm=False, norm_eps=1e-6, scale=None, softcap=None, window=None):
         super().__init__()
         qk_dim = d_model if qk_dim is None else qk_dim
         v_dim = d_model if v_dim is None else v_dim
@@ -62,7 +67,7 @@ class MultiHeadAttention(Module):
         self.v_dim, self.n_kv_heads, self.group = v_dim, n_kv_heads, n_heads // n_kv_heads
         self.k_width = n_kv_heads * (qk_dim // n_heads)        # the key rows (qk_dim without GQA)
         self.v_width = n_kv_heads * (v_dim // n_heads)         # the value rows
-        self.rotary = rotary
+        self.rotary, self.window = rotary, window
         self.rng = rng
         # the attention's own options (Gemma 2's): only the reference's attention takes them
         self.score_options = {name: value for name, value in (("scale", scale),
@@ -172,6 +177,9 @@ class MultiHeadAttention(Module):
         if memory is None:                                        # self-attention
             q, k, v, proj_cache = self._project_self(x)
             turn_cache = self._turn(q, k, 0)
+            if self.window is not None:                           # (1, 1, T, T)
+                window = F.causal_mask(x.shape[1], window=self.window)
+                mask = window if mask is None else mask & window
         else:                                                     # cross-attention
             q, q_cache = self._project_query(x)
             k, v, kv_cache = self._project_memory(memory)
@@ -200,13 +208,15 @@ class MultiHeadAttention(Module):
         """Self-attention of the newest positions x (R, t, D) -> (R, t, D): their keys and values
         join ``cache`` (from ``new_cache``) and each query attends to every cached position up
         to its own. One position (t = 1, a decoding step) sees the whole cache: no mask; several
-        (a language model's prompt, run in one go) see each other causally."""
+        (a language model's prompt, run in one go) see each other causally. With a ``window``,
+        each sees only the cached positions inside it (the rest masked)."""
         self._ops = ops()
         start, t = cache.length, x.shape[1]
         q, k, v, _ = self._project_self(x)                        # (R, H, t, d)
         self._turn(q, k, start)
         cache.append(k, v)
-        mask = None if t == 1 else F.causal_mask(t, start)      # (1, 1, t, start + t)
+        sliding = self.window is not None and start + t > self.window
+        mask = F.causal_mask(t, start, self.window) if t > 1 or sliding else None
         return self._attend(q, cache.keys(), cache.values(), mask)[0]
 
     def cross_step(self, x, cache, mask=None):

@@ -58,9 +58,10 @@ def starting_values(norms):
 class Block(SelfAttentionBlock):
     """Causal self-attention then feed-forward, each in a residual connection (pre-norm when
     ``config.norm_first``), its parts chosen by ``config`` (a ``GPTConfig``). ``rotary``: the
-    attention's (cos, sin) tables, or None. Shape: x (B, T, D) -> (B, T, D)."""
+    attention's (cos, sin) tables, or None. ``layer``: the block's number in the stack (from 0),
+    which chooses its sliding window (``config.layer_window``). Shape: x (B, T, D) -> (B, T, D)."""
 
-    def __init__(self, config, rotary=None, *, rng, dtype):
+    def __init__(self, config, rotary=None, *, rng, dtype, layer=0):
         super().__init__()
         self.norm_first = config.norm_first
         width = config.n_heads * config.head_size
@@ -68,7 +69,8 @@ class Block(SelfAttentionBlock):
             config.d_model, config.n_heads, config.attention_dropout, qk_dim=width, rotary=rotary,
             v_dim=width, bias=config.qkv_bias, out_bias=config.proj_bias,
             n_kv_heads=config.n_kv_heads, qk_norm=config.qk_norm, norm_eps=config.layer_norm_eps,
-            scale=config.attention_scale, softcap=config.attention_softcap, rng=rng, dtype=dtype)
+            scale=config.attention_scale, softcap=config.attention_softcap,
+            window=config.layer_window(layer), rng=rng, dtype=dtype)
         self.ffn = build_ffn(config, config.activation_dropout, rng, dtype)
         self.norm1 = build_norm(config, dtype)
         self.norm2 = build_norm(config, dtype)

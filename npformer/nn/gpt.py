@@ -73,8 +73,8 @@ class GPT(Module):
                 F.rotary_tables(cfg.max_len, cfg.head_size, dtype, cfg.rope_theta,
                                 cfg.rope_scaling)
         self.embed_dropout = Dropout(cfg.dropout, rng=self.rng)
-        self.blocks = ModuleList([Block(cfg, rotary, rng=init_rng, dtype=dtype)
-                                  for _ in range(cfg.n_layers)])
+        self.blocks = ModuleList([Block(cfg, rotary, rng=init_rng, dtype=dtype, layer=i)
+                                  for i in range(cfg.n_layers)])
         self.norm = build_norm(cfg, dtype)                       # the final norm, as the blocks'
         self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False, rng=init_rng, dtype=dtype)
         if cfg.tie_embeddings:

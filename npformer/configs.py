@@ -416,7 +416,9 @@ class GPTConfig(ModelConfig):
       Qwen3's RMSNorm over each query and key head;
     - ``qkv_bias``: the query, key and value projections add a bias; ``proj_bias``: every other
       projection does (attention output, feed-forward). GPT-2 has both, Qwen2 only the first,
-      Llama neither.
+      Llama neither;
+    - ``scale_embedding``: the token vectors are scaled by sqrt(d_model) whatever the positions
+      (Gemma's; the sinusoidal positions scale them anyway).
 
     ``family``: the model family whose block and Hugging Face names the model has
     (``npformer.families``: "gpt2", "llama", "qwen2", "qwen3"), as recorded where the model was
@@ -455,6 +457,7 @@ class GPTConfig(ModelConfig):
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None
     family: Optional[str] = None
+    scale_embedding: bool = False
 
     def __post_init__(self):
         if self.family is not None and (not isinstance(self.family, str) or
@@ -471,7 +474,7 @@ class GPTConfig(ModelConfig):
                              f"(which is now {now})")
         ffn = choice("ffn", FFNS, self.ffn)
         _check_layer_options(self, ("norm_first", "tie_embeddings", "qkv_bias", "proj_bias",
-                                    "qk_norm"),
+                                    "qk_norm", "scale_embedding"),
                              (ffn.activations, f"for ffn={self.ffn!r}"))
         choice("norm", NORMS, self.norm)
         positions = choice("positions", POSITION_KINDS, self.positions)

@@ -427,7 +427,9 @@ class GPTConfig(ModelConfig):
       included (Mistral's sliding-window attention; None: every earlier position);
       ``sliding_window_pattern``: which layers slide (None: every layer; p: all but every p-th,
       layer i, from 0, attending fully where (i + 1) % p == 0, as Hugging Face's Gemma 2
-      (p = 2) and Gemma 3 (p = 6)). :meth:`layer_window` gives one layer's window.
+      (p = 2) and Gemma 3 (p = 6)). :meth:`layer_window` gives one layer's window;
+    - ``scale_embedding``: the token vectors are scaled by sqrt(d_model) whatever the positions
+      (Gemma's; the sinusoidal positions scale them anyway).
 
     ``family``: the model family whose block and Hugging Face names the model has
     (``npformer.families``: "gpt2", "llama", "qwen2", "qwen3"), as recorded where the model was
@@ -472,6 +474,7 @@ class GPTConfig(ModelConfig):
     family: Optional[str] = None
     sliding_window: Optional[int] = None
     sliding_window_pattern: Optional[int] = None
+    scale_embedding: bool = False
 
     def __post_init__(self):
         if self.family is not None and (not isinstance(self.family, str) or
@@ -488,7 +491,7 @@ class GPTConfig(ModelConfig):
                              f"(which is now {now})")
         ffn = choice("ffn", FFNS, self.ffn)
         _check_layer_options(self, ("norm_first", "tie_embeddings", "qkv_bias", "proj_bias",
-                                    "qk_norm", "post_norms"),
+                                    "qk_norm", "post_norms", "scale_embedding"),
                              (ffn.activations, f"for ffn={self.ffn!r}"))
         choice("norm", NORMS, self.norm)
         positions = choice("positions", POSITION_KINDS, self.positions)

@@ -57,7 +57,8 @@ class GPT(Module):
         # one rng: it draws the initial weights, then every dropout mask
         self.rng = init_rng = np.random.default_rng(cfg.seed)
         positions = POSITIONS[cfg.positions]                     # what they do: npformer.parts
-        scale = math.sqrt(cfg.d_model) if positions.scales_embedding else 1.0
+        scaled = positions.scales_embedding or cfg.scale_embedding
+        scale = math.sqrt(cfg.d_model) if scaled else 1.0
         self.tok_embed = Embedding(cfg.vocab_size, cfg.d_model, None, scale, rng=init_rng,
                                    dtype=dtype)
         self.pos_embed = self.positions = rotary = None

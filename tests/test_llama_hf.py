@@ -148,8 +148,9 @@ def folders(tmp_path_factory):
 # -- the reference without Hugging Face's float32 casts -----------------------------------------
 def exact_rmsnorm(self, x):
     """Hugging Face's RMSNorm in the input's dtype (stock: in float32, then cast back); Gemma's
-    gain is 1 + weight, its epsilon ``eps``."""
-    gain = 1 + self.weight if type(self).__name__ == "GemmaRMSNorm" else self.weight
+    and Gemma 2's gain is 1 + weight, their epsilon ``eps``."""
+    gain = 1 + self.weight if type(self).__name__ in ("GemmaRMSNorm", "Gemma2RMSNorm") \
+        else self.weight
     eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
     return gain * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
@@ -172,10 +173,31 @@ def exact_inv_freq(config):
     return inv
 
 
+def exact_eager(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                softcap=None, **kwargs):
+    """transformers' eager attention (Gemma 2's: the scores scaled, soft-capped, masked) with
+    the softmax in the input's dtype (stock: in float32, then cast back)."""
+    from transformers.models.gemma2.modeling_gemma2 import repeat_kv
+    key, value = (repeat_kv(x, module.num_key_value_groups) for x in (key, value))
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
 def exact_reference(model):
-    """A float64 copy of ``model`` with RMSNorm, the rotary angles and Gemma's embedding scale
-    (stock: sqrt(hidden_size) rounded to float32) computed in float64."""
+    """A float64 copy of ``model`` with RMSNorm, the rotary angles, Gemma's embedding scale
+    (stock: sqrt(hidden_size) rounded to float32) and the eager attention's softmax (Gemma
+    2's) computed in float64."""
     ref = copy.deepcopy(model).double()
+    if ref.config._attn_implementation == "eager":          # its softmax: float32 islands
+        from transformers.masking_utils import AttentionMaskInterface, eager_mask
+        transformers.AttentionInterface.register("exact_eager", exact_eager)
+        AttentionMaskInterface.register("exact_eager", eager_mask)     # its additive mask
+        ref.config._attn_implementation = "exact_eager"
     for module in ref.modules():
         kind = type(module).__name__
         if hasattr(module, "scalar_embed_scale"):
@@ -213,9 +235,10 @@ def hf_loss(ref, ids):
 
 def theirs_by_ours(model, values):
     """{npformer parameter: array} assembled from {Hugging Face name: array} through the rename
-    table (the rows of the fused parameters filled by their parts)."""
+    table of the model's family (the rows of the fused parameters filled by their parts)."""
     out = {name: np.full(p.data.shape, np.nan) for name, p in model.named_parameters()}
-    for theirs, (ours, rows) in llama_names(model.config).items():
+    names = tensor_names(family(model.config.family), model.config)
+    for theirs, (ours, rows, _) in names.items():
         out[ours][rows] = values[theirs]
     return out
 

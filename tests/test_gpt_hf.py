@@ -188,7 +188,7 @@ def rewrite_tensors(path, change):
 
 @pytest.mark.parametrize("case,match", [
     ("no config", "no config.json"),
-    ("not gpt2", "model_type: expected one of gpt2, llama, qwen2, qwen3, got 'bert'"),
+    ("not gpt2", f"model_type: expected one of {', '.join(nf.families.names())}, got 'bert'"),
     ("pickle only", "pytorch_model.bin, a pickle, which npformer never loads"),
     ("missing", r"missing \['h.1.mlp.c_fc.bias'\]"),
     ("extra", r"unexpected \['h.0.attn.rotary'\]"),

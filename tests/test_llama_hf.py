@@ -645,8 +645,8 @@ def edited(folder, tmp_path, **changes):
 
 
 @pytest.mark.parametrize("changes,match", [
-    (dict(model_type="mistral"), "model_type: expected one of gpt2, llama, qwen2, qwen3, got "
-                                 "'mistral'"),
+    (dict(model_type="bert"), f"model_type: expected one of {', '.join(nf.families.names())}, "
+                              f"got 'bert'"),
     (dict(hidden_size=30, head_dim=None), r"hidden_size: expected a multiple of "
                                           r"num_attention_heads=4 \(config.json gives no "
                                           r"head_dim\), got 30"),

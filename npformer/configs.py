@@ -416,12 +416,20 @@ class GPTConfig(ModelConfig):
       Qwen3's RMSNorm over each query and key head;
     - ``qkv_bias``: the query, key and value projections add a bias; ``proj_bias``: every other
       projection does (attention output, feed-forward). GPT-2 has both, Qwen2 only the first,
-      Llama neither.
+      Llama neither;
+    - ``post_norms``: a norm also after each sub-layer, before its residual add (Gemma 2's
+      ``post_attention_layernorm`` and ``post_feedforward_layernorm``): x + norm'(f(norm(x)));
+    - ``attention_scale``: the factor of the attention scores (None: 1 / sqrt(head size); Gemma
+      2's query_pre_attn_scalar ** -0.5); ``attention_softcap`` and ``logit_softcap``: the
+      attention scores and the final logits soft-capped, cap * tanh(x / cap) (Gemma 2's
+      ``attn_logit_softcapping`` and ``final_logit_softcapping``; None: not capped);
     - ``sliding_window``: each query sees only the last ``sliding_window`` positions, itself
       included (Mistral's sliding-window attention; None: every earlier position);
       ``sliding_window_pattern``: which layers slide (None: every layer; p: all but every p-th,
       layer i, from 0, attending fully where (i + 1) % p == 0, as Hugging Face's Gemma 2
-      (p = 2) and Gemma 3 (p = 6)). :meth:`layer_window` gives one layer's window.
+      (p = 2) and Gemma 3 (p = 6)). :meth:`layer_window` gives one layer's window;
+    - ``scale_embedding``: the token vectors are scaled by sqrt(d_model) whatever the positions
+      (Gemma's; the sinusoidal positions scale them anyway).
 
     ``family``: the model family whose block and Hugging Face names the model has
     (``npformer.families``: "gpt2", "llama", "qwen2", "qwen3"), as recorded where the model was
@@ -459,9 +467,14 @@ class GPTConfig(ModelConfig):
     qk_norm: bool = False
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None
+    post_norms: bool = False
+    attention_scale: Optional[float] = None
+    attention_softcap: Optional[float] = None
+    logit_softcap: Optional[float] = None
     family: Optional[str] = None
     sliding_window: Optional[int] = None
     sliding_window_pattern: Optional[int] = None
+    scale_embedding: bool = False
 
     def __post_init__(self):
         if self.family is not None and (not isinstance(self.family, str) or
@@ -478,7 +491,7 @@ class GPTConfig(ModelConfig):
                              f"(which is now {now})")
         ffn = choice("ffn", FFNS, self.ffn)
         _check_layer_options(self, ("norm_first", "tie_embeddings", "qkv_bias", "proj_bias",
-                                    "qk_norm"),
+                                    "qk_norm", "post_norms", "scale_embedding"),
                              (ffn.activations, f"for ffn={self.ffn!r}"))
         choice("norm", NORMS, self.norm)
         positions = choice("positions", POSITION_KINDS, self.positions)
@@ -489,6 +502,10 @@ class GPTConfig(ModelConfig):
                                  f"key/value head serves a group of query heads), got "
                                  f"{self.n_kv_heads}")
         _put(self, "rope_theta", check_real("rope_theta", self.rope_theta, minimum=0,
+                                            min_open=True))
+        for name in ("attention_scale", "attention_softcap", "logit_softcap"):
+            if getattr(self, name) is not None:              # None: the usual 1 / sqrt, no cap
+                _put(self, name, check_real(name, getattr(self, name), minimum=0,
                                             min_open=True))
         if self.rope_scaling is not None:
             if not positions.rotates:

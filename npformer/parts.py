@@ -14,9 +14,9 @@ Nothing else compares a configuration's field with a kind's name: the configurat
 fields against these tables, the model builds from them, its initialisation reads ``start``,
 ``parameter_count`` counts the modules they build, LoRA asks ``gated``.
 
-A new kind is an entry here (a new module where no existing one fits): a norm with a gain of
-1 + w, say, is an entry whose ``options`` ask the RMSNorm for that gain and whose ``start`` has
-the weight at 0. A new gated activation is a pair in ``functional.swiglu.GATED_ACTIVATIONS``.
+A new kind is an entry here (a new module where no existing one fits): Gemma's norm with a gain
+of 1 + w is an entry whose ``options`` ask the RMSNorm for that gain and whose ``start`` has the
+weight at 0. A new gated activation is a pair in ``functional.swiglu.GATED_ACTIVATIONS``.
 
 This module imports nothing of npformer's but the activation tables: a configuration (below the
 modules) can read it, and the modules read it to build.
@@ -54,6 +54,9 @@ class Part:
 NORMS = {part.name: part for part in (
     Part("layernorm", "layernorm.LayerNorm", ("weight", "bias"), {"weight": 1.0, "bias": 0.0}),
     Part("rmsnorm", "rmsnorm.RMSNorm", ("weight",), {"weight": 1.0}),   # Llama's: no shift
+    # Gemma's: a gain of 1 + w, the weight starting at 0
+    Part("rmsnorm_1p", "rmsnorm.RMSNorm", ("weight",), {"weight": 0.0},
+         options={"gain_offset": 1.0}),
 )}
 
 FFN_PARAMS = ("linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")

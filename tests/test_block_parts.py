@@ -176,13 +176,13 @@ def test_a_new_norm_kind_is_one_entry_whose_starting_values_the_init_reads(monke
             np.testing.assert_array_equal(p.data, q.data, err_msg=name)
 
 
-def test_a_norm_with_a_gain_of_one_plus_w_is_one_entry_too(monkeypatch):
-    """Gemma's RMSNorm (gain 1 + w, w starting at 0) as a part: the module's option and the
+def test_a_norm_with_a_gain_of_one_plus_w_is_one_entry_too():
+    """Gemma's RMSNorm (gain 1 + w, w starting at 0) is a part: the module's option and the
     starting value. It computes what the plain RMSNorm does at the start, and its gradients
-    check (the weight's is the gain's)."""
-    monkeypatch.setitem(parts.NORMS, "rmsnorm_1p", parts.Part(
+    check in float64 (the weight's is the gain's)."""
+    assert parts.NORMS["rmsnorm_1p"] == parts.Part(
         "rmsnorm_1p", "rmsnorm.RMSNorm", ("weight",), {"weight": 0.0},
-        options={"gain_offset": 1.0}))
+        options={"gain_offset": 1.0})
     model, usual = nf.GPT(**SMALL, norm="rmsnorm_1p"), nf.GPT(**SMALL, norm="rmsnorm")
     assert not model.norm.weight.data.any() and model.norm.gain_offset == 1.0
     ids = np.array([[1, 4, 5, 6], [3, 0, 2, 10]])

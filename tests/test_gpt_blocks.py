@@ -100,6 +100,10 @@ def small(**fields):
     dict(n_heads=4, n_kv_heads=2, head_dim=4, positions="rotary", qk_norm=True, norm="rmsnorm",
          ffn="gated", activation="silu", qkv_bias=False, proj_bias=False),  # Qwen3's block
     dict(qk_norm=True, qkv_bias=True),                  # Qwen2-style biases with head norms
+    dict(post_norms=True, norm="rmsnorm"),              # Gemma 2's norms after each sub-layer
+    # Gemma 2's attention scale and soft-caps, caps small enough that tanh bends
+    dict(attention_scale=0.7, attention_softcap=0.5, logit_softcap=0.3, positions="rotary"),
+    dict(n_heads=4, n_kv_heads=2, head_dim=4, attention_softcap=0.5, post_norms=True),
 ])
 def test_block_variants_are_fields_and_their_gradients_check(fields):
     model = small(**fields)
@@ -133,9 +137,13 @@ def test_rope_theta_sets_the_rotary_frequencies():
     (dict(ffn="geglu"), r"ffn: expected one of mlp, gated, got 'geglu'"),
     (dict(n_kv_heads=3), r"n_kv_heads: expected a divisor of n_heads=2 .*got 3"),
     (dict(n_kv_heads=0), r"n_kv_heads: expected a positive integer"),
-    (dict(norm="batchnorm"), r"norm: expected one of layernorm, rmsnorm, got 'batchnorm'"),
+    (dict(norm="batchnorm"), r"norm: expected one of layernorm, rmsnorm, .*got 'batchnorm'"),
     (dict(head_dim=0), r"head_dim: expected a positive integer"),
     (dict(rope_theta=0.0), r"rope_theta: expected"),
+    (dict(attention_softcap=0.0), r"attention_softcap: expected"),
+    (dict(logit_softcap=-1.0), r"logit_softcap: expected"),
+    (dict(attention_scale="big"), r"attention_scale: expected"),
+    (dict(post_norms="yes"), r"post_norms: expected"),
     (dict(head_dim=3, positions="rotary"), r"expected an even head size, got 3"),
     (dict(d_model=10, n_heads=4), r"d_model: expected a multiple of n_heads=4, got 10"),
 ])
@@ -155,7 +163,9 @@ def test_a_head_size_of_its_own_lifts_the_d_model_rule():
 
 @pytest.mark.parametrize("fields", [dict(), dict(n_heads=4, n_kv_heads=1, qk_norm=True),
                                     dict(n_heads=4, n_kv_heads=2, norm="rmsnorm", ffn="gated",
-                                         activation="silu")])
+                                         activation="silu"),
+                                    dict(post_norms=True, attention_scale=0.3,
+                                         attention_softcap=0.5, logit_softcap=0.3)])
 def test_the_blocks_step_protocol_gives_the_forward_pass(fields):
     """A decoder state is built from new_caches() and step(): fed one position at a time, the
     last logits equal the full forward's. With grouped key/value heads the caches hold only

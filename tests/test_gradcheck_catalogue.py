@@ -199,6 +199,23 @@ def softmax_case(rng):
     return right, pair(fill_zero, F.softmax_backward), [rnd(rng, 3, 6)]
 
 
+def softcap_cases():
+    cap = 2.0
+    forward = lambda x: F.softcap_forward(x, cap)
+
+    def outer_cap_kept(dout, t):                               # dx = dout * c (1 - t^2)
+        return dout * cap * (1 - t * t)
+
+    def identity(dout, t):                                     # the cap as if it were y = x
+        return dout
+    right = pair(forward, F.softcap_backward)
+    inputs = lambda rng: [cap * rnd(rng, 3, 5)]               # of the cap's size: tanh bends
+    return {"soft-capping: the outer cap kept, the inner 1/cap forgotten (dx = c (1 - t^2) dy)":
+                (right, pair(forward, outer_cap_kept), inputs),
+            "soft-capping: the cap treated as the identity (dx = dy)":
+                (right, pair(forward, identity), inputs)}
+
+
 def attention_cases():
     mask = F.causal_mask(4)
 
@@ -473,7 +490,7 @@ def catalogue():
                         tied_case)):
         cases[name] = (lambda make: (lambda rng: make(rng)))(make)
     for group in (embedding_cases(), dropout_cases(), layernorm_cases(), rmsnorm_cases(),
-                  swiglu_cases(), gelu_cases(), attention_cases(), mha_cases(),
+                  swiglu_cases(), gelu_cases(), softcap_cases(), attention_cases(), mha_cases(),
                   grouped_query_cases(), rotary_cases(), residual_cases(),
                   cross_entropy_cases(), lora_cases()):
         for name, (right, wrong, inputs) in group.items():
@@ -559,6 +576,9 @@ INVISIBLE = {
     "lora: dropout on the frozen term's input too, or a merged update still added":
         "a consistent function PEFT does not compute; tests/test_lora_peft.py holds the logits "
         "against PEFT's and tests/test_lora.py the merged model against the adapters",
+    "soft-capping: capping the scores after the mask instead of before":
+        "a consistent function in which the future leaks in (-inf becomes -cap); "
+        "tests/test_gemma2_hf.py holds the logits against transformers' Gemma 2",
     "multi-head attention: splitting dmemory's heads before summing layers":
         "covered by the overwrite case above when it loses terms; otherwise the same sum",
 }
@@ -606,7 +626,7 @@ def test_the_catalogue_covers_every_what_goes_wrong_paragraph():
     covered = " ".join(list(CATALOGUE) + list(SHAPE_MISTAKES) + list(INVISIBLE)).lower()
     keys = {"linear": "linear", "embedding": "embedding", "dropout": "dropout",
             "layernorm": "layernorm", "rmsnorm": "rmsnorm", "swiglu": "swiglu",
-            "activations": "gelu", "softmax": "softmax",
+            "activations": "gelu", "softmax": "softmax", "soft-capping": "soft-capping",
             "attention": "attention", "multi-head attention": "multi-head attention",
             "rotary positions": "rotary", "residual and layer order": "residual",
             "cross-entropy": "cross-entropy", "tied embeddings": "tied embeddings", "adam": "adam",

@@ -113,6 +113,22 @@ def test_silu_is_x_sigmoid_x_without_overflow():
     np.testing.assert_allclose(y, x / (1 + np.exp(-np.clip(x, -700, 700))), rtol=1e-15, atol=1e-300)
 
 
+def test_softcap_is_cap_tanh_x_over_cap_and_its_gradient_checks():
+    """Gemma 2's soft-cap: y = cap tanh(x / cap) (slope 1 at 0, never past the cap), and its
+    backward against central differences at inputs of the cap's size, where tanh bends."""
+    rng = np.random.default_rng(21)
+    cap = 3.0
+    x = cap * 2 * rnd(rng, 4, 7)
+    y, _ = F.softcap_forward(x, cap)
+    np.testing.assert_allclose(y, cap * np.tanh(x / cap), rtol=1e-15)
+    assert np.all(np.abs(F.softcap_forward(np.array([1e6, -1e6]), cap)[0]) <= cap)
+
+    def f(x):
+        out, cache = F.softcap_forward(x, cap)
+        return out, lambda d: F.softcap_backward(d, cache)
+    check(f, [x])
+
+
 @pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh"])
 def test_activations(name):
     forward, backward = F.ACTIVATIONS[name]

@@ -93,14 +93,30 @@ def build(path, case, seed=0, save_dtype=None, shard=None, legacy_rope=False, **
     family's tests) with random weights (every norm and bias moved off its initial value), saved
     in ``path`` with the tokenizer; returns it (float32)."""
     model_type, heads, kv, head_dim, tie, more = CASES[case] if isinstance(case, str) else case
+    model = save_random(path, *classes(model_type), heads, kv, head_dim, tie, seed, save_dtype,
+                        shard, **more, **changes)
+    if legacy_rope:                          # the keys of files written before transformers 5
+        config = json.loads((path / "config.json").read_text())
+        rope = config.pop("rope_parameters")
+        config["rope_theta"] = rope.pop("rope_theta")
+        config["rope_scaling"] = rope if rope.get("rope_type") != "default" else None
+        (path / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def save_random(path, Config, Model, heads, kv, head_dim, tie, seed, save_dtype=None, shard=None,
+                **more):
+    """A tiny transformers ``Model`` (hidden 32, 2 layers; ``heads`` query heads and ``kv``
+    key/value heads of ``head_dim``, tied or not; ``more`` of ``Config``'s fields) with random
+    weights (every norm and bias moved off its initial value), saved in ``path`` with the
+    tokenizer (as ``save_dtype``, in shards of ``shard``); returns it (float32)."""
     tok = tokenizer()
     eos = tok.token_to_id("<|endoftext|>")
-    Config, Model = classes(model_type)
     kwargs = dict(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=48,
                   num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv,
                   max_position_embeddings=24, tie_word_embeddings=tie, rms_norm_eps=1e-5,
                   bos_token_id=eos, eos_token_id=eos)
-    kwargs.update(**more, **changes)
+    kwargs.update(more)
     if head_dim is not None:
         kwargs["head_dim"] = head_dim
     torch.manual_seed(seed)
@@ -115,12 +131,6 @@ def build(path, case, seed=0, save_dtype=None, shard=None, legacy_rope=False, **
             for p in model.parameters():
                 p.copy_(p.to(save_dtype).float())
     tok.save(str(path / "tokenizer.json"))
-    if legacy_rope:                          # the keys of files written before transformers 5
-        config = json.loads((path / "config.json").read_text())
-        rope = config.pop("rope_parameters")
-        config["rope_theta"] = rope.pop("rope_theta")
-        config["rope_scaling"] = rope if rope.get("rope_type") != "default" else None
-        (path / "config.json").write_text(json.dumps(config))
     return model
 
 
@@ -139,8 +149,12 @@ def folders(tmp_path_factory):
 
 # -- the reference without Hugging Face's float32 casts -----------------------------------------
 def exact_rmsnorm(self, x):
-    """Hugging Face's RMSNorm in the input's dtype (stock: in float32, then cast back)."""
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+    """Hugging Face's RMSNorm in the input's dtype (stock: in float32, then cast back); Gemma's
+    and Gemma 2's gain is 1 + weight, their epsilon ``eps``."""
+    gain = 1 + self.weight if type(self).__name__ in ("GemmaRMSNorm", "Gemma2RMSNorm") \
+        else self.weight
+    eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
+    return gain * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
 def exact_inv_freq(config):
@@ -161,11 +175,35 @@ def exact_inv_freq(config):
     return inv
 
 
+def exact_eager(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                softcap=None, **kwargs):
+    """transformers' eager attention (Gemma 2's: the scores scaled, soft-capped, masked) with
+    the softmax in the input's dtype (stock: in float32, then cast back)."""
+    from transformers.models.gemma2.modeling_gemma2 import repeat_kv
+    key, value = (repeat_kv(x, module.num_key_value_groups) for x in (key, value))
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
 def exact_reference(model):
-    """A float64 copy of ``model`` with RMSNorm and the rotary angles computed in float64."""
+    """A float64 copy of ``model`` with RMSNorm, the rotary angles, Gemma's embedding scale
+    (stock: sqrt(hidden_size) rounded to float32) and the eager attention's softmax (Gemma
+    2's) computed in float64."""
     ref = copy.deepcopy(model).double()
+    if ref.config._attn_implementation == "eager":          # its softmax: float32 islands
+        from transformers.masking_utils import AttentionMaskInterface, eager_mask
+        transformers.AttentionInterface.register("exact_eager", exact_eager)
+        AttentionMaskInterface.register("exact_eager", eager_mask)     # its additive mask
+        ref.config._attn_implementation = "exact_eager"
     for module in ref.modules():
         kind = type(module).__name__
+        if hasattr(module, "scalar_embed_scale"):
+            module.embed_scale = torch.tensor(module.scalar_embed_scale, dtype=torch.float64)
         if kind.endswith("RMSNorm"):
             module.forward = types.MethodType(exact_rmsnorm, module)
         elif kind.endswith("RotaryEmbedding"):
@@ -199,9 +237,10 @@ def hf_loss(ref, ids):
 
 def theirs_by_ours(model, values):
     """{npformer parameter: array} assembled from {Hugging Face name: array} through the rename
-    table (the rows of the fused parameters filled by their parts)."""
+    table of the model's family (the rows of the fused parameters filled by their parts)."""
     out = {name: np.full(p.data.shape, np.nan) for name, p in model.named_parameters()}
-    for theirs, (ours, rows) in llama_names(model.config).items():
+    names = tensor_names(family(model.config.family), model.config)
+    for theirs, (ours, rows, _) in names.items():
         out[ours][rows] = values[theirs]
     return out
 
@@ -285,7 +324,12 @@ def test_an_empty_rope_scaling_leaves_rope_parameters_in_force(folders, tmp_path
 @pytest.mark.parametrize("dtype,reference,tol", [
     (np.float64, "exact", 1e-10), (np.float64, "stock", 1e-5), (np.float32, "stock", 1e-5)])
 def test_logits_equal_transformers(folders, case, dtype, reference, tol):
-    path, hf = folders[case]
+    logits_equal(*folders[case], dtype, reference, tol)
+
+
+def logits_equal(path, hf, dtype, reference, tol):
+    """The logits of the folder ``path`` loaded as ``dtype`` equal those of the transformers
+    model ``hf`` (``reference`` "exact": without its float32 islands; "stock") within ``tol``."""
     model = nf.from_pretrained(path, dtype=dtype)
     assert isinstance(model, nf.GPT) and not model.training
     ids = batch(model.config.vocab_size)
@@ -300,7 +344,12 @@ def test_logits_equal_transformers(folders, case, dtype, reference, tol):
 
 @pytest.mark.parametrize("case", PARAMS)
 def test_loss_and_every_gradient_equal_transformers(folders, case):
-    path, hf = folders[case]
+    loss_and_gradients_equal(*folders[case])
+
+
+def loss_and_gradients_equal(path, hf):
+    """The float64 loss and every gradient of the folder ``path`` equal those of the
+    transformers model ``hf`` without its float32 islands."""
     ref = exact_reference(hf)
     model = nf.from_pretrained(path, dtype=np.float64)
     ids = batch(model.config.vocab_size, seed=1)
@@ -351,10 +400,13 @@ def greedy_equals_generate(model, reference, prompt, new_tokens):
 
 @pytest.mark.parametrize("case", PARAMS)
 def test_greedy_tokens_and_cached_steps(folders, case):
+    greedy_and_cached_steps_equal(*folders[case])
+
+
+def greedy_and_cached_steps_equal(path, hf):
     """Greedy tokens equal transformers' generate (its own cache); every cached step's
     log-probabilities equal the full forward over the tokens so far; the caches hold only the
     key/value heads."""
-    path, hf = folders[case]
     model = nf.from_pretrained(path, dtype=np.float64)
     prompt = tokenizer().encode("hello world").ids
     tokens = prompt + greedy_equals_generate(model, exact_reference(hf), prompt, 10)
@@ -375,7 +427,12 @@ def test_bf16_weights_load_exactly(tmp_path):
 def bf16_weights_load_exactly(tmp_path, case):
     """bfloat16 files (read through the header: float32's upper 16 bits) give the very values
     transformers holds, and its logits (``case``: as :func:`build` takes it)."""
-    hf = build(tmp_path, case, seed=5, save_dtype=torch.bfloat16)
+    bf16_loads_exactly(tmp_path, build(tmp_path, case, seed=5, save_dtype=torch.bfloat16))
+
+
+def bf16_loads_exactly(tmp_path, hf):
+    """The bfloat16 folder ``tmp_path`` of the transformers model ``hf`` loads as the values
+    ``hf`` holds, and gives its logits (float64, without its float32 islands)."""
     header = json.loads((tmp_path / "model.safetensors").read_bytes()[8:][:int.from_bytes(
         (tmp_path / "model.safetensors").read_bytes()[:8], "little")])
     assert {e["dtype"] for k, e in header.items() if k != "__metadata__"} == {"BF16"}
@@ -418,7 +475,11 @@ def sharded(tmp_path_factory):
 
 
 def test_sharded_weights_load(sharded, tmp_path):
-    path, hf = sharded
+    sharded_loads(*sharded, tmp_path)
+
+
+def sharded_loads(path, hf, tmp_path):
+    """The sharded folder ``path`` of ``hf`` loads as ``hf`` saved in one file in ``tmp_path``."""
     index = json.loads((path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1 and not (path / "model.safetensors").exists()
     hf.save_pretrained(tmp_path)                         # the same weights in one file

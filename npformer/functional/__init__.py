@@ -26,6 +26,7 @@ from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, to
 from .masks import causal_mask, decoder_self_mask, padding_mask
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .rotary import rotary_backward, rotary_forward, rotary_frequencies, rotary_tables
+from .softcap import softcap_backward, softcap_forward
 from .softmax import softmax_backward, softmax_forward
 from .swiglu import (GATED_ACTIVATIONS, gated_backward, gated_forward, silu_backward, silu_forward,
                      swiglu_backward, swiglu_forward)
@@ -44,6 +45,7 @@ __all__ = [
     "position_embedding_forward", "position_rows",
     "relu_backward", "relu_forward", "rmsnorm_backward", "rmsnorm_forward",
     "rotary_backward", "rotary_forward", "rotary_frequencies", "rotary_tables",
-    "silu_backward", "silu_forward", "sinusoidal_positions", "softmax_backward", "softmax_forward",
+    "silu_backward", "silu_forward", "sinusoidal_positions", "softcap_backward", "softcap_forward",
+    "softmax_backward", "softmax_forward",
     "split_heads", "swiglu_backward", "swiglu_forward", "take_rows", "top_log_softmax",
 ]

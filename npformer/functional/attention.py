@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from .dropout import dropout_backward, dropout_forward
+from .softcap import softcap_backward, softcap_forward
 from .softmax import softmax_backward, softmax_forward
 
 
@@ -22,19 +23,30 @@ def merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
 
 
-def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
+def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False, scale=None,
+                      softcap=None):
     """out = dropout(softmax(q k^T / sqrt(d_k), mask)) v.
+
+    ``scale``: the factor of the scores (None: 1 / sqrt(d_k); Gemma 2's is
+    query_pre_attn_scalar ** -0.5); ``softcap``: the scores are soft-capped,
+    softcap * tanh(scores / softcap), before the mask and the softmax (Gemma 2's
+    attn_logit_softcapping; None: not capped).
 
     Shape: q (B, H, Tq, dk), k (B, H, Tk, dk), v (B, H, Tk, dv),
            mask bool broadcastable to (B, H, Tq, Tk), True = may attend
-           -> out (B, H, Tq, dv). ``cache`` also holds the attention weights ``probs``.
+           -> out (B, H, Tq, dv). ``cache`` also holds the attention weights ``probs``, and,
+           with ``softcap``, an eighth entry: the capped scores' tanh.
     """
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.swapaxes(-1, -2)) * scale                # (B, H, Tq, Tk)
+    capped = ()
+    if softcap is not None:
+        scores, t = softcap_forward(scores, softcap)
+        capped = (t,)
     probs, _ = softmax_forward(scores, mask)                  # (B, H, Tq, Tk); its cache is probs
     probs_d, drop_cache = dropout_forward(probs, dropout_p, rng, training)
     out = probs_d @ v                                         # (B, H, Tq, dv)
-    return out, (q, k, v, probs, probs_d, drop_cache, scale)
+    return out, (q, k, v, probs, probs_d, drop_cache, scale, *capped)
 
 
 def attention_backward(dout, cache):
@@ -44,7 +56,8 @@ def attention_backward(dout, cache):
       dP = dropout_backward(dP')     dS  = P * (dP - rowsum(dP * P))
       dq = scale * dS k              dk  = scale * dS^T q
 
-    Masked scores have P = 0, hence dS = 0: no gradient reaches masked keys.
+    Masked scores have P = 0, hence dS = 0: no gradient reaches masked keys. Soft-capped
+    scores (an eighth cache entry) have dS multiplied by the cap's derivative before the scale.
 
     dS, dq, dk and dv have their subnormal entries set to 0 (:func:`flush_subnormal`). A head
     that has learnt to attend one key gives every other key a probability near 1e-38, so dS,
@@ -55,10 +68,12 @@ def attention_backward(dout, cache):
     assist.
     Returns dq, dk, dv with the shapes of q, k, v.
     """
-    q, k, v, probs, probs_d, drop_cache, scale = cache
+    q, k, v, probs, probs_d, drop_cache, scale = cache[:7]
     dv = flush_subnormal(probs_d.swapaxes(-1, -2) @ dout)    # (B, H, Tk, dv)
     dprobs = dropout_backward(dout @ v.swapaxes(-1, -2), drop_cache)   # (B, H, Tq, Tk)
     dscores = softmax_backward(dprobs, probs)
+    if len(cache) > 7:                                        # soft-capped scores
+        dscores = softcap_backward(dscores, cache[7])
     dscores *= scale
     flush_subnormal(dscores)
     dq = flush_subnormal(dscores @ k)                         # (B, H, Tq, dk)

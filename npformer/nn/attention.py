@@ -34,7 +34,9 @@ class MultiHeadAttention(Module):
     multi-query attention). The projection then makes that many key and value heads, a decoding
     cache holds only those, and the backward sums each group's gradients into its shared head.
     ``qk_norm``: an RMSNorm over each query and key head before the rotary turn (Qwen3), with
-    ``norm_eps``.
+    ``norm_eps``. ``scale``: the factor of the scores (None: 1 / sqrt(head size)); ``softcap``:
+    the scores soft-capped to (-softcap, softcap) before the softmax (Gemma 2); either runs the
+    attention itself on the reference (``npformer.functional``) whatever the backend.
 
     ``window``: sliding-window self-attention (Mistral): the query at position p sees only keys
     p - window + 1 .. p (``F.causal_mask``'s window), in the forward (combined with the ``mask``
@@ -47,7 +49,7 @@ class MultiHeadAttention(Module):
 
     def __init__(self, d_model, n_heads, dropout=0.0, qk_dim=None, rotary=None, *, rng,
                  dtype=np.float32, v_dim=None, bias=True, out_bias=True, n_kv_heads=None,
-                 qk_norm=False, norm_eps=1e-6, window=None):
+                 qk_norm=False, norm_eps=1e-6, scale=None, softcap=None, window=None):
         super().__init__()
         qk_dim = d_model if qk_dim is None else qk_dim
         v_dim = d_model if v_dim is None else v_dim
@@ -67,6 +69,10 @@ class MultiHeadAttention(Module):
         self.v_width = n_kv_heads * (v_dim // n_heads)         # the value rows
         self.rotary, self.window = rotary, window
         self.rng = rng
+        # the attention's own options (Gemma 2's): only the reference's attention takes them
+        self.score_options = {name: value for name, value in (("scale", scale),
+                                                              ("softcap", softcap))
+                              if value is not None}
         rows = qk_dim + self.k_width + self.v_width
         self.in_proj_weight = Parameter(xavier_uniform(rng, (rows, d_model), dtype))
         self.in_proj_bias = Parameter(zeros(rows, dtype)) if bias else None
@@ -78,6 +84,7 @@ class MultiHeadAttention(Module):
         self.adapters = []                # LoRA updates of in_proj_weight's rows (npformer.lora)
         self._cache = None
         self._ops = None                  # the backend that ran forward: only its backward fits the cache
+        self._attention_ops = None        # the one that ran the attention (the reference with options)
         self.attn_weights = None          # (B, H, T, S) after each forward, for inspection/plots
 
     # -- the pieces forward and step share ------------------------------------------------------
@@ -152,13 +159,15 @@ class MultiHeadAttention(Module):
         output projection. Grouped heads are repeated to the query heads (``_share``) unless
         the backend reads them as they are for these shapes (the Numba kernels' blocked path,
         for long contexts: ``reads_grouped_kv``)."""
-        reads = getattr(self._ops, "reads_grouped_kv", None)
+        f = self._attention_ops = F if self.score_options else self._ops
+        reads = getattr(f, "reads_grouped_kv", None)
         if self.group > 1 and reads is not None and reads(q.shape, k.shape, q.itemsize):
             shared_k, shared_v = k, v                                 # (B, Hkv, S, d)
         else:
             shared_k, shared_v = self._share(k), self._share(v)      # (B, H, S, d)
-        ctx, attn_cache = self._ops.attention_forward(q, shared_k, shared_v, mask, self.dropout,
-                                                      self.rng, self.training)  # (B, H, T, dv)
+        ctx, attn_cache = f.attention_forward(q, shared_k, shared_v, mask, self.dropout,
+                                              self.rng, self.training,
+                                              **self.score_options)   # (B, H, T, dv)
         return self.out_proj.forward(F.merge_heads(ctx)), attn_cache
 
     # -- training: all positions at once ---------------------------------------------------------
@@ -232,6 +241,7 @@ class MultiHeadAttention(Module):
         backward follows the turn's."""
         is_self, proj_cache, attn_cache, turn_cache = self._cache
         f, qk, kw, h, hkv = self._ops, self.qk_dim, self.k_width, self.n_heads, self.n_kv_heads
+        fa = self._attention_ops                                   # its cache, its backward
         dctx = F.split_heads(self.out_proj.backward(dout), h)     # (B, H, T, d)
         q, k, v = attn_cache[:3]                                   # (B, H, T|S, d)
         n_b, tq, tk = q.shape[0], q.shape[2], k.shape[2]
@@ -242,13 +252,13 @@ class MultiHeadAttention(Module):
             dv = F.split_heads(dqkv[..., qk + kw:], hkv)
             per_kv_head = k.shape[1] == hkv                      # no repeat: dk, dv per kv head
             if per_kv_head and self.q_norm is None:                # straight into dqkv
-                f.attention_backward_into(dctx, attn_cache, dq, dk, dv)
+                fa.attention_backward_into(dctx, attn_cache, dq, dk, dv)
                 if turn_cache is not None:
                     f.rotary_backward(dq, turn_cache, out=dq)
                     f.rotary_backward(dk, turn_cache, out=dk)
             else:
                 dq_h, dk_h, dv_h = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-                f.attention_backward_into(dctx, attn_cache, dq_h, dk_h, dv_h)
+                fa.attention_backward_into(dctx, attn_cache, dq_h, dk_h, dv_h)
                 dk_h, dv[...] = self._gather(dk_h), self._gather(dv_h)   # (B, Hkv, T, d)
                 if turn_cache is not None:
                     f.rotary_backward(dq_h, turn_cache, out=dq_h)
@@ -262,12 +272,12 @@ class MultiHeadAttention(Module):
         dq = np.empty((n_b, tq, qk), dtype=q.dtype)                            # (B, T, qk)
         dkv = np.empty((n_b, tk, kw + self.v_width), dtype=q.dtype)            # (B, S, kw + vw)
         if k.shape[1] == hkv:                                      # dk, dv per kv head
-            f.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h),
+            fa.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h),
                                       F.split_heads(dkv[..., :kw], hkv),
                                       F.split_heads(dkv[..., kw:], hkv))
         else:
             dk_h, dv_h = np.empty_like(k), np.empty_like(v)
-            f.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h), dk_h, dv_h)
+            fa.attention_backward_into(dctx, attn_cache, F.split_heads(dq, h), dk_h, dv_h)
             F.split_heads(dkv[..., :kw], hkv)[...] = self._gather(dk_h)
             F.split_heads(dkv[..., kw:], hkv)[...] = self._gather(dv_h)
         dx = projection_backward(f, dq, q_cache, None if gw is None else gw[:qk],

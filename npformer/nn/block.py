@@ -16,6 +16,7 @@ Parameters, in ``named_parameters()`` order (each family's names for them in
                        (gated: (2 d_ff, D), the gate's rows then the up projection's)
     ffn.linear2.weight (D, d_ff), ffn.linear2.bias (D,)                         [proj_bias]
     norm1.weight (D,), norm1.bias (D,), norm2.weight (D,), norm2.bias (D,)   [RMSNorm: no bias]
+    post_norm1.weight (D,), post_norm2.weight (D,), (biases)                    [post_norms]
 """
 import importlib
 
@@ -68,16 +69,21 @@ class Block(SelfAttentionBlock):
             config.d_model, config.n_heads, config.attention_dropout, qk_dim=width, rotary=rotary,
             v_dim=width, bias=config.qkv_bias, out_bias=config.proj_bias,
             n_kv_heads=config.n_kv_heads, qk_norm=config.qk_norm, norm_eps=config.layer_norm_eps,
+            scale=config.attention_scale, softcap=config.attention_softcap,
             window=config.layer_window(layer), rng=rng, dtype=dtype)
         self.ffn = build_ffn(config, config.activation_dropout, rng, dtype)
         self.norm1 = build_norm(config, dtype)
         self.norm2 = build_norm(config, dtype)
+        if config.post_norms:                 # each sub-layer's output normed before its add
+            self.post_norm1 = build_norm(config, dtype)
+            self.post_norm2 = build_norm(config, dtype)
         self.dropout1 = Dropout(config.dropout, rng=rng)
         self.dropout2 = Dropout(config.dropout, rng=rng)
 
     def norms(self):
         """The block's norms (their parts give their parameters' starting values)."""
-        return [self.norm1, self.norm2]
+        return [norm for norm in (self.norm1, self.norm2, self.post_norm1, self.post_norm2)
+                if norm is not None]
 
     def residual_projections(self):
         """The two matrices that end a residual branch (GPT-2 scales their initial weights by

@@ -14,15 +14,20 @@ class SelfAttentionBlock(Module):
     """What a block of self-attention then feed-forward does with its parts, each wrapped in a
     residual connection: a subclass builds ``self_attn``, ``ffn``, ``norm1``, ``norm2``,
     ``dropout1``, ``dropout2`` and sets ``norm_first`` (``EncoderLayer`` from sizes, a
-    decoder-only model's ``Block`` from its configuration).
+    decoder-only model's ``Block`` from its configuration), and may build ``post_norm1`` and
+    ``post_norm2``: a norm of each sub-layer's output before its residual add (Gemma 2's).
 
     Shape: x (B, S, D), mask bool (B, 1, 1, S) -> (B, S, D).
     """
 
+    post_norm1 = post_norm2 = None
+
     def _sublayers(self, x, self_attention):
         """The residual order, the same for forward and step."""
-        x = residual_forward(x, self_attention, self.norm1, self.dropout1, self.norm_first)
-        return residual_forward(x, self.ffn.forward, self.norm2, self.dropout2, self.norm_first)
+        x = residual_forward(x, then(self_attention, self.post_norm1), self.norm1, self.dropout1,
+                             self.norm_first)
+        return residual_forward(x, then(self.ffn.forward, self.post_norm2), self.norm2,
+                                self.dropout2, self.norm_first)
 
     def forward(self, x, mask=None):
         return self._sublayers(x, lambda h: self.self_attn.forward(h, mask=mask))
@@ -38,9 +43,20 @@ class SelfAttentionBlock(Module):
         return self._sublayers(x, lambda h: self.self_attn.step(h, cache))
 
     def backward(self, dy):
-        dx = residual_backward(dy, self.ffn.backward, self.norm2, self.dropout2, self.norm_first)
-        return residual_backward(dx, self.self_attn.backward, self.norm1, self.dropout1,
-                                 self.norm_first)
+        dx = residual_backward(dy, first(self.post_norm2, self.ffn.backward), self.norm2,
+                               self.dropout2, self.norm_first)
+        return residual_backward(dx, first(self.post_norm1, self.self_attn.backward), self.norm1,
+                                 self.dropout1, self.norm_first)
+
+
+def then(sublayer, norm):
+    """``sublayer`` followed by ``norm`` (a sub-layer's post-norm; None: ``sublayer`` itself)."""
+    return sublayer if norm is None else lambda h: norm.forward(sublayer(h))
+
+
+def first(norm, sublayer_backward):
+    """The backward of :func:`then`: ``norm``'s backward, then the sub-layer's."""
+    return sublayer_backward if norm is None else lambda d: sublayer_backward(norm.backward(d))
 
 
 class EncoderLayer(SelfAttentionBlock):

@@ -57,7 +57,8 @@ class GPT(Module):
         # one rng: it draws the initial weights, then every dropout mask
         self.rng = init_rng = np.random.default_rng(cfg.seed)
         positions = POSITIONS[cfg.positions]                     # what they do: npformer.parts
-        scale = math.sqrt(cfg.d_model) if positions.scales_embedding else 1.0
+        scaled = positions.scales_embedding or cfg.scale_embedding
+        scale = math.sqrt(cfg.d_model) if scaled else 1.0
         self.tok_embed = Embedding(cfg.vocab_size, cfg.d_model, None, scale, rng=init_rng,
                                    dtype=dtype)
         self.pos_embed = self.positions = rotary = None
@@ -84,6 +85,7 @@ class GPT(Module):
         self.flatten_parameters()
         self.eos_id = None               # the end-of-text token, where the weights' files name one
         self._logits_shape = None
+        self._cap_cache = None           # the logits' soft-cap, between forward and backward
         self._backward_done = False
 
     def _init_weights(self, rng):
@@ -152,7 +154,16 @@ class GPT(Module):
         x = self.embed(ids, start=caches[0].length)                   # (R, t, D)
         for block, cache in zip(self.blocks, caches):
             x = block.step(x, cache)
-        return self.generator.forward(self.norm.forward(x)[:, -1]) if logits else None
+        return self.head(self.norm.forward(x)[:, -1]) if logits else None
+
+    def head(self, h):
+        """The logits (..., V) of the final norm's output h (..., D): the output projection,
+        then the soft-cap where the configuration has one (``logit_softcap``, Gemma 2's)."""
+        logits = self.generator.forward(h)
+        self._cap_cache = None
+        if self.config.logit_softcap is not None:
+            logits, self._cap_cache = F.softcap_forward(logits, self.config.logit_softcap)
+        return logits
 
     def decoder_state(self, prompt, eos_id=None, capacity=None, slide=False):
         """A ``LanguageModelState`` prefilled with ``prompt`` (R, P): what
@@ -169,7 +180,7 @@ class GPT(Module):
         for block in self.blocks:
             x = block.forward(x, mask)
         h = self.norm.forward(x)                                         # (B, T, D)
-        logits = self.generator.forward(h)                               # (B, T, V)
+        logits = self.head(h)                                            # (B, T, V)
         self._logits_shape = logits.shape
         self._backward_done = False
         return logits
@@ -187,6 +198,8 @@ class GPT(Module):
                              "activations serve one backward, so call forward again")
         check_array("dlogits", dlogits, self._logits_shape)
         self._backward_done = True
+        if self._cap_cache is not None:                         # the soft-cap's backward first
+            dlogits = F.softcap_backward(dlogits, self._cap_cache)
         dh = self.generator.backward(dlogits)                   # (B, T, D)
         dx = self.norm.backward(dh)
         for block in reversed(self.blocks):

@@ -1,0 +1,136 @@
+"""The Gemma family (Gemma 1) in the Hugging Face format against transformers' GemmaForCausalLM:
+tiny random-weight models saved with save_pretrained (float32, bfloat16, sharded), loaded by
+``nf.from_pretrained``: the same logits (float64 and float32), loss and every gradient, greedy
+tokens and cached steps, and a LoRA adapter that PEFT loads and continues identically. Gemma's
+block is Llama's with an RMSNorm gain of 1 + w, GeGLU with the tanh GELU and the token vectors
+scaled by sqrt(hidden_size); tied, with a head_dim apart from hidden_size / heads.
+
+Hugging Face computes the RMSNorm, the rotary angles and the embedding scale in float32 even in
+a float64 model: float64 is held at 1e-10 against test_llama_hf's ``exact_reference`` (those
+islands removed) and at 1e-5 against stock transformers. The helpers are test_llama_hf's."""
+
+import numpy as np
+import pytest
+
+import npformer as nf
+from npformer import lora, lora_files
+from npformer.cli.main import main
+from npformer.hf import read_model_config
+from npformer.training.checkpointing import load_model_checkpoint
+
+torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
+transformers = pytest.importorskip("transformers",
+                                   reason="the reference models: pip install transformers")
+pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
+pytest.importorskip("tokenizers", reason="extra hf: pip install 'npformer[hf]'")
+from test_llama_hf import (bf16_loads_exactly, edited, exact_reference,  # noqa: E402
+                           greedy_and_cached_steps_equal, logits_equal, loss_and_gradients_equal,
+                           save_random, sharded_loads)
+
+# (heads, key/value heads, head_dim, tied): grouped heads, a head_dim apart from 32 / 4 = 8
+CASES = {"gemma-gqa": (4, 2, 12, True), "gemma-untied-mqa": (4, 1, 8, False)}
+
+
+def build(path, case, seed=0, **options):
+    return save_random(path, transformers.GemmaConfig, transformers.GemmaForCausalLM,
+                       *CASES[case], seed, hidden_act="gelu_pytorch_tanh", **options)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """{case: (folder, float32 transformers model)}."""
+    return {case: (path, build(path, case, seed=20 + i)) for i, case in enumerate(CASES)
+            for path in [tmp_path_factory.mktemp(case)]}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_config_is_gemmas_block(folders, case):
+    path, hf = folders[case]
+    config, eos, model_type = read_model_config(path)
+    heads, kv, head_dim, tie = CASES[case]
+    assert model_type == config.family == "gemma"
+    assert (config.norm, config.ffn, config.activation, config.positions) == \
+        ("rmsnorm_1p", "gated", "gelu_tanh", "rotary")
+    assert config.scale_embedding and not (config.qkv_bias or config.proj_bias)
+    assert (config.n_heads, config.n_kv_heads, config.head_size, config.tie_embeddings) == \
+        (heads, kv, head_dim, tie)
+    assert hf.model.embed_tokens.scalar_embed_scale == config.d_model ** 0.5
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype,reference,tol", [
+    (np.float64, "exact", 1e-10), (np.float64, "stock", 1e-5), (np.float32, "stock", 1e-5)])
+def test_logits_equal_transformers(folders, case, dtype, reference, tol):
+    logits_equal(*folders[case], dtype, reference, tol)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_loss_and_every_gradient_equal_transformers(folders, case):
+    loss_and_gradients_equal(*folders[case])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_greedy_tokens_and_cached_steps(folders, case):
+    greedy_and_cached_steps_equal(*folders[case])
+
+
+def test_bf16_weights_load_exactly(tmp_path):
+    bf16_loads_exactly(tmp_path, build(tmp_path, "gemma-gqa", seed=5,
+                                       save_dtype=torch.bfloat16))
+
+
+def test_sharded_weights_load(tmp_path):
+    hf = build(tmp_path / "sharded", "gemma-untied-mqa", seed=2, shard="20KB")
+    sharded_loads(tmp_path / "sharded", hf, tmp_path / "whole")
+
+
+def test_an_npformer_adapter_loads_in_peft_and_continues_identically(folders, tmp_path):
+    """An adapter trained in npformer over every projection, saved as PEFT's files: PEFT loads
+    it and gives the same logits, loss and gradient of every lora_A and lora_B (float64)."""
+    peft = pytest.importorskip("peft", reason="the PEFT round trip: pip install peft")
+    from test_lora_peft import ALL, agrees_with_peft, ids_and_targets, randomise
+    path, hf = folders["gemma-gqa"]
+    model = lora.apply(nf.from_pretrained(path, dtype=np.float64), rank=4, alpha=8.0,
+                       target_modules=ALL)
+    randomise(model)
+    lora_files.save_peft(model, tmp_path / "adapter", str(path))
+    pm = peft.PeftModel.from_pretrained(exact_reference(hf), tmp_path / "adapter",
+                                        is_trainable=True).double()
+    assert agrees_with_peft(pm, model, *ids_and_targets(model.config.vocab_size, seed=4)) == \
+        2 * len(ALL) * 2
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"hidden_act": "silu"}, r"hidden_act: expected 'gelu_pytorch_tanh' .* got 'silu'"),
+    ({"hidden_activation": "relu"}, r"hidden_activation: expected .* got 'relu'"),
+    ({"attention_bias": True}, r"attention_bias: .*expected false, got True"),
+    ({"use_bidirectional_attention": True}, r"use_bidirectional_attention: .*got True"),
+])
+def test_a_bad_config_is_one_error_naming_file_and_field(folders, tmp_path, changes, match):
+    folder = edited(folders["gemma-gqa"][0], tmp_path, **changes)
+    with pytest.raises(ValueError, match=r"config\.json: " + match):
+        nf.from_pretrained(folder)
+
+
+def test_older_activation_keys_read_as_transformers_reads_them(folders, tmp_path):
+    """Gemma's first config.json files say hidden_act "gelu" (read as the tanh GELU, as
+    transformers does) or give hidden_activation; a file without either takes the default."""
+    path, _ = folders["gemma-gqa"]
+    for i, changes in enumerate(({"hidden_act": "gelu"}, {"hidden_act": None},
+                                 {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "x"})):
+        config, _, _ = read_model_config(edited(path, tmp_path / str(i), **changes))
+        assert config.activation == "gelu_tanh"
+
+
+def test_lm_trains_gemmas_block(tmp_path, capsys):
+    """``npformer lm --arch gemma`` is a recipe block: a few steps of a character model whose
+    configuration records the family and Gemma's fields."""
+    data = tmp_path / "text.txt"
+    data.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    assert main(["lm", "--data", str(data), "--arch", "gemma", "--out", str(tmp_path / "run"),
+                 "--layers", "1", "--d-model", "16", "--n-heads", "2", "--context", "16",
+                 "--max-steps", "2", "--batch-size", "2"]) == 0
+    assert "a GPT with Gemma's block of" in capsys.readouterr().out
+    config = load_model_checkpoint(str(tmp_path / "run" / "last")).model.config
+    assert (config.family, config.norm, config.activation, config.scale_embedding) == \
+        ("gemma", "rmsnorm_1p", "gelu_tanh", True)

@@ -114,7 +114,8 @@ def test_a_bad_config_is_one_error_naming_file_and_field(folders, tmp_path, chan
 
 def test_older_activation_keys_read_as_transformers_reads_them(folders, tmp_path):
     """Gemma's first config.json files say hidden_act "gelu" (read as the tanh GELU, as
-    transformers does) or give hidden_activation; a file without either takes the default."""
+    transformers does); later ones give hidden_activation, which wins where given
+    (transformers 4's rule); a file without either takes the default."""
     path, _ = folders["gemma-gqa"]
     for i, changes in enumerate(({"hidden_act": "gelu"}, {"hidden_act": None},
                                  {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "x"})):
@@ -134,3 +135,11 @@ def test_lm_trains_gemmas_block(tmp_path, capsys):
     config = load_model_checkpoint(str(tmp_path / "run" / "last")).model.config
     assert (config.family, config.norm, config.activation, config.scale_embedding) == \
         ("gemma", "rmsnorm_1p", "gelu_tanh", True)
+
+
+def test_a_file_that_leaves_keys_out_takes_gemmas_defaults(folders, tmp_path):
+    """GemmaConfig's defaults, not Llama's: tied embeddings, heads of 256."""
+    folder = edited(folders["gemma-untied-mqa"][0], tmp_path, tie_word_embeddings=None,
+                    head_dim=None, max_position_embeddings=None)
+    config, _, _ = read_model_config(folder)
+    assert (config.tie_embeddings, config.head_size, config.max_len) == (True, 256, 8192)

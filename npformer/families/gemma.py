@@ -16,9 +16,9 @@ from .llama import family
 BLOCK = dict(norm="rmsnorm_1p", ffn="gated", activation="gelu_tanh", qkv_bias=False,
              proj_bias=False, scale_embedding=True)
 # Hugging Face's defaults (GemmaConfig's: Gemma 7B's) of the fields a config.json may leave out
-DEFAULTS = dict(num_key_value_heads=16, head_dim=256, max_position_embeddings=8192,
-                attention_bias=False)
-# config.json's names of the tanh GELU: transformers reads the older "gelu" as it too
+DEFAULTS = dict(num_key_value_heads=16, head_dim=256, max_position_embeddings=8192)
+# config.json's names of the tanh GELU: transformers reads the first files' "gelu" as it too;
+# a hidden_activation, where given, wins over hidden_act (transformers 4's rule)
 TANH_GELU = ("gelu_pytorch_tanh", "gelu")
 OWN_KEYS = ("hidden_act", "hidden_activation", "attention_bias", "use_bidirectional_attention")
 

@@ -12,7 +12,7 @@ decoder-only GPT) with hand-derived backward passes.
     gpt = nf.GPT(vocab_size=65, d_model=128, n_heads=4, d_ff=512, n_layers=4, max_len=256)
     logits = gpt.forward(ids)                                    # (B, T, V), causal
     gpt2 = nf.GPT.from_pretrained("path/to/gpt2")                # Hugging Face folder (extra hf)
-    llm = nf.from_pretrained("path/to/SmolLM2-135M")             # gpt2, llama, qwen2, qwen3
+    llm = nf.from_pretrained("path/to/SmolLM2-135M")             # any npformer.families one
     nf.lora.apply(llm, rank=8, alpha=16, target_modules=["q_proj", "v_proj"])   # LoRA
 """
 from . import functional, interop, lora, nn, optim

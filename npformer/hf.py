@@ -37,7 +37,7 @@ def _config_json(path):
 
 def read_model_config(path, warn=True):
     """``(GPTConfig, eos ids, model_type)`` of a folder's ``config.json``, for every family
-    (``npformer.families``: gpt2, llama, qwen2, qwen3; any other ``model_type`` is refused,
+    (``npformer.families``, one module each; any other ``model_type`` is refused,
     naming it). The eos ids are an int, a tuple of ints (Llama 3 ends with any of several) or
     None, as the family's end-id rule finds them; an id the model cannot produce is left out
     (:func:`~npformer.families.producible_ends`, which warns with ``warn``: False where the

@@ -1,5 +1,5 @@
 """``npformer lm``: train a character-level GPT on a text file, or fine-tune a Hugging Face model
-(GPT-2, Llama, Qwen2, Qwen3) on one.
+(any family of ``npformer.families``) on one.
 
     npformer download tinyshakespeare
     npformer lm --data tinyshakespeare --out runs/shakespeare

@@ -1,5 +1,5 @@
-"""``npformer sample``: continue a prompt with a language model: GPT-2, Llama, Qwen2 or Qwen3 from
-a Hugging Face folder, or a checkpoint of ``npformer lm``.
+"""``npformer sample``: continue a prompt with a language model: a Hugging Face folder of any
+family of ``npformer.families``, or a checkpoint of ``npformer lm``.
 
     npformer sample --hf path/to/gpt2 --prompt "Hello, I'm a language model," --max-new-tokens 40
     npformer sample --hf path/to/SmolLM2-135M --prompt "The capital of France is" --greedy

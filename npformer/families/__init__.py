@@ -1,4 +1,4 @@
-"""Model families: what GPT-2, Llama, Qwen2 and Qwen3 *are*, one small module each, declared as
+"""Model families: what each family (GPT-2, Llama, Mistral, Qwen, Gemma, ...) *is*, one small module each, declared as
 data (:class:`~npformer.families.base.Family`): the block fields, the reading of config.json
 with its defaults, one tensor map (Hugging Face name -> npformer parameter, rows, transposed),
 the end ids, the PEFT target names and the display name. The loader, LoRA's Hugging Face

@@ -114,8 +114,8 @@ class GPT(Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype=np.float32):
-        """The model of a Hugging Face folder (GPT-2, Llama, Qwen2, Qwen3: any family of
-        ``npformer.families``), read without PyTorch by :func:`npformer.hf.from_pretrained`
+        """The model of a Hugging Face folder (any family of ``npformer.families``), read
+        without PyTorch by :func:`npformer.hf.from_pretrained`
         (every tensor checked by name and shape, GPT-2's Conv1D weights transposed), in eval
         mode; the folder's end-of-text id becomes ``model.eos_id``. ``dtype``: float32, or
         float64 for checks."""

@@ -308,7 +308,7 @@ def resolve_tokenizer(loaded):
 
 
 def load_pretrained(path, dtype=np.float32):
-    """(GPT, TextTokenizer) of a Hugging Face folder (GPT-2, Llama, Qwen2 or Qwen3:
+    """(GPT, TextTokenizer) of a Hugging Face folder (any family of ``npformer.families``:
     ``npformer.hf.from_pretrained``): the tokenizer is read first and checked against
     config.json's vocab_size (``TextTokenizer.check_fits``) before any weight is read. The
     model's ``eos_id`` is the folder's end-of-text id, or a tuple of them (Llama 3)."""
@@ -327,8 +327,9 @@ def _pretrained(path, dtype):
 
 
 def _initial_model(init_from):
-    """(model, tokenizer, base) of ``init_from``: a Hugging Face folder (config.json: GPT-2,
-    Llama, Qwen2, Qwen3) or an npformer GPT checkpoint (a path, or a run folder: its best).
+    """(model, tokenizer, base) of ``init_from``: a Hugging Face folder (config.json of any
+    family of ``npformer.families``) or an npformer GPT checkpoint (a path, or a run folder: its
+    best).
     ``base``: where the weights came from, as a LoRA run records its base: {"folder"
     (absolute), "kind" ("hf" or "npformer"), "model_type" (config.json's; None for a
     checkpoint)}. A path whose name is not UTF-8 text is refused first: the run's checkpoints

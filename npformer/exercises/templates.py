@@ -1,6 +1,14 @@
 """``npformer exercises start``: the learner's files, made from the reference solutions by
 replacing each ``# --- your code ---`` ... ``# --- end of your code ---`` block with
-``raise NotImplementedError``, and written into a folder without ever replacing a file there."""
+``raise NotImplementedError``, and written into a folder without ever replacing a file there.
+
+A forward the learner is given that is the library's own is not copied into the solution: the
+solution imports it with a ``# given, its docstring:`` comment, the docstring on the next line,
+and the learner's file holds its text, written out from npformer.functional with that short
+docstring (:func:`solution_source`)."""
+import ast
+import importlib
+import inspect
 import json
 import os
 import re
@@ -12,10 +20,27 @@ from .derivations import derivations
 
 BEGIN, END = "# --- your code ---", "# --- end of your code ---"
 HERE = Path(__file__).resolve().parent
+GIVEN = re.compile(r'^from (npformer\.functional\.\w+) import (\w+)  # given, its docstring:\n'
+                   r'# "(.*)"$', re.M)
 
 
 def solution_source(exercise):
-    return (HERE / "solutions" / f"{exercise.module}.py").read_text(encoding="utf-8")
+    """The text of ``exercise``'s solved file: the solution's, each ``# given`` import written
+    out as the function it imports."""
+    text = (HERE / "solutions" / f"{exercise.module}.py").read_text(encoding="utf-8")
+    return GIVEN.sub(_given_function, text)
+
+
+def _given_function(match):
+    """The source of the function a ``# given`` import names, with the docstring it gives."""
+    module, name, doc = match.groups()
+    source = inspect.getsource(getattr(importlib.import_module(module), name)).rstrip("\n")
+    docstring = ast.parse(source).body[0].body[0]
+    if not (isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant)):
+        raise ValueError(f"{module}.{name}: a given function needs a docstring to replace")
+    lines = source.splitlines()
+    lines[docstring.lineno - 1:docstring.end_lineno] = [f'    """{doc}"""']
+    return "\n".join(lines)
 
 
 def template(exercise, folder="DIR"):

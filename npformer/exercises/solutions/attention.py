@@ -23,16 +23,5 @@ from npformer.functional.attention import attention_forward  # given, its docstr
 # "Returns (out, cache); the cache's fourth entry is the attention weights P."
 
 
-def attention_backward(dout, cache):
-    """dout (B, H, Tq, dv) -> dq (B, H, Tq, dk), dk (B, H, Tk, dk), dv (B, H, Tk, dv)."""
-    q, k, v, probs, probs_d, drop_cache, scale = cache
-    # --- your code ---
-    dv = flush_subnormal(probs_d.swapaxes(-1, -2) @ dout)    # (B, H, Tk, dv)
-    dprobs = dropout_backward(dout @ v.swapaxes(-1, -2), drop_cache)   # (B, H, Tq, Tk)
-    dscores = softmax_backward(dprobs, probs)
-    dscores *= scale
-    flush_subnormal(dscores)
-    dq = flush_subnormal(dscores @ k)                         # (B, H, Tq, dk)
-    dk = flush_subnormal(dscores.swapaxes(-1, -2) @ q)        # (B, H, Tk, dk)
-    return dq, dk, dv
-    # --- end of your code ---
+from npformer.functional.attention import attention_backward  # yours, its docstring:
+# "dout (B, H, Tq, dv) -> dq (B, H, Tq, dk), dk (B, H, Tk, dk), dv (B, H, Tk, dv)."

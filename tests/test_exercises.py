@@ -29,11 +29,18 @@ def solve(folder, names=None):
 
 def write(folder, name, code):
     """The learner's file of exercise ``name``: the reference solution's module, with ``code``
-    (a wrong backward, say) defined after it."""
+    (a wrong backward, say) defined after it; or, ``code`` a tuple of (old, new) pairs, the
+    solution's text with each ``old`` (found once) replaced by ``new``."""
     e = find(name)
-    (Path(folder) / e.file).write_text(
-        f"from npformer.exercises.solutions.{e.module} import *\n"
-        f"import numpy as np\n" + textwrap.dedent(code))
+    if isinstance(code, tuple):
+        text = solution_source(e)
+        for old, new in code:
+            assert text.count(old) == 1, (name, old)
+            text = text.replace(old, new)
+    else:
+        text = (f"from npformer.exercises.solutions.{e.module} import *\n"
+                f"import numpy as np\n" + textwrap.dedent(code))
+    (Path(folder) / e.file).write_text(text)
 
 
 @pytest.fixture
@@ -114,6 +121,10 @@ def test_the_reference_solutions_pass(solved, capsys):
 
 # -- each documented mistake, with its hint -------------------------------------------------------
 
+# the reference Adam step's last five lines, the bias-corrected update that mistakes replace
+ADAM_UPDATE = ("    step_size = lr / (1.0 - beta1 ** t)\n    denom = np.sqrt(v)\n"
+               "    denom /= math.sqrt(1.0 - beta2 ** t)\n    denom += eps\n"
+               "    p -= step_size * (m / denom)\n")
 MISTAKES = {
     "linear: dW = X^T dY (transposed)": ("linear", """
         def linear_backward(dout, cache):
@@ -282,121 +293,34 @@ MISTAKES = {
             dx, dw_in, db_in = linear_backward(dqkv, in_cache)
             return dx, dw_in, db_in, dw_out, db_out
         """, "merged back to (B, T, D)"),
-    "residual: post-norm's identity path carries dout": ("residual", """
-        def residual_backward(dout, cache):
-            norm_first, norm_cache, f_cache = cache
-            if norm_first:
-                dh, dw, db = linear_backward(dout, f_cache)
-                dx, dgamma, dbeta = layernorm_backward(dh, norm_cache)
-                return dx + dout, dw, db, dgamma, dbeta
-            dz, dgamma, dbeta = layernorm_backward(dout, norm_cache)
-            dx, dw, db = linear_backward(dz, f_cache)
-            return dx + dout, dw, db, dgamma, dbeta
-        """, "not dout itself"),
-    "cross-entropy: not divided by the count": ("cross_entropy", """
-        def cross_entropy_backward(dout, cache):
-            logp, t, valid, count, eps = cache
-            n, vocab = logp.shape
-            grad = np.exp(logp) - eps / vocab
-            grad[np.arange(n), t] -= 1.0 - eps
-            return grad * (valid * dout)[:, None]
-        """, "divide by their count"),
-    "cross-entropy: smoothing's eps / V forgotten": ("cross_entropy", """
-        def cross_entropy_backward(dout, cache):
-            logp, t, valid, count, eps = cache
-            n, vocab = logp.shape
-            if count == 0:
-                return np.zeros_like(logp)
-            grad = np.exp(logp)
-            grad[np.arange(n), t] -= 1.0 - eps
-            return grad * (valid * dout / count)[:, None]
-        """, "eps / V on every class"),
-    "adam: the corrected moments stored": ("adam", """
-        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
-            if weight_decay:
-                if decoupled:
-                    p *= 1.0 - lr * weight_decay
-                else:
-                    g = g + weight_decay * p
-            m += (1.0 - beta1) * (g - m)
-            v *= beta2
-            v += (1.0 - beta2) * g * g
-            m /= 1.0 - beta1 ** t
-            v /= 1.0 - beta2 ** t
-            p -= lr * m / (np.sqrt(v) + eps)
-        """, "stored bias-corrected"),
-    "adam: the paper's efficient form": ("adam", """
-        import math
-        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
-            if weight_decay:
-                if decoupled:
-                    p *= 1.0 - lr * weight_decay
-                else:
-                    g = g + weight_decay * p
-            m += (1.0 - beta1) * (g - m)
-            v *= beta2
-            v += (1.0 - beta2) * g * g
-            p -= lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t) * m / (np.sqrt(v) + eps)
-        """, "efficient"),
+    "residual: post-norm's identity path carries dout": ("residual", (
+        ("return dx + dz,", "return dx + dout,"),), "not dout itself"),
+    "cross-entropy: not divided by the count": ("cross_entropy", (
+        ("(valid * (dout / count))", "(valid * dout)"),), "divide by their count"),
+    "cross-entropy: smoothing's eps / V forgotten": ("cross_entropy", (
+        ("    if eps:\n        grad -= eps / vocab\n", ""),), "eps / V on every class"),
+    "adam: the corrected moments stored": ("adam", (
+        (ADAM_UPDATE, "    m /= 1.0 - beta1 ** t\n    v /= 1.0 - beta2 ** t\n"
+                      "    p -= lr * m / (np.sqrt(v) + eps)\n"),), "stored bias-corrected"),
+    "adam: the paper's efficient form": ("adam", (
+        (ADAM_UPDATE, "    p -= lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t) * m / "
+                      "(np.sqrt(v) + eps)\n"),), "efficient"),
     "adam: L2 and decoupled decay swapped": ("adam", """
         from npformer.exercises.solutions.adam import adam_step as right
         def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
             right(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, not decoupled)
         """, "AdamW (decoupled) shrinks"),
-    "residual: the identity path dropped": ("residual", """
-        def residual_backward(dout, cache):
-            norm_first, norm_cache, f_cache = cache
-            if norm_first:
-                dh, dw, db = linear_backward(dout, f_cache)
-                dx, dgamma, dbeta = layernorm_backward(dh, norm_cache)
-                return dx, dw, db, dgamma, dbeta
-            dz, dgamma, dbeta = layernorm_backward(dout, norm_cache)
-            dx, dw, db = linear_backward(dz, f_cache)
-            return dx, dw, db, dgamma, dbeta
-        """, "identity path"),
-    "cross-entropy: divided by all rows, ignored ones included": ("cross_entropy", """
-        def cross_entropy_backward(dout, cache):
-            logp, t, valid, count, eps = cache
-            n, vocab = logp.shape
-            grad = np.exp(logp) - eps / vocab
-            grad[np.arange(n), t] -= 1.0 - eps
-            return grad * (valid * dout / n)[:, None]
-        """, "divided by every row"),
-    "cross-entropy: ignored rows keep a gradient": ("cross_entropy", """
-        def cross_entropy_backward(dout, cache):
-            logp, t, valid, count, eps = cache
-            n, vocab = logp.shape
-            if count == 0:
-                return np.zeros_like(logp)
-            grad = np.exp(logp) - eps / vocab
-            grad[np.arange(n), t] -= 1.0 - eps
-            return grad * dout / count
-        """, "ignored rows must get zero"),
-    "adam: no bias correction": ("adam", """
-        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
-            if weight_decay:
-                if decoupled:
-                    p *= 1.0 - lr * weight_decay
-                else:
-                    g = g + weight_decay * p
-            m += (1.0 - beta1) * (g - m)
-            v *= beta2
-            v += (1.0 - beta2) * g * g
-            p -= lr * m / (np.sqrt(v) + eps)
-        """, "bias correction"),
-    "adam: eps inside the square root": ("adam", """
-        import math
-        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
-            if weight_decay:
-                if decoupled:
-                    p *= 1.0 - lr * weight_decay
-                else:
-                    g = g + weight_decay * p
-            m += (1.0 - beta1) * (g - m)
-            v *= beta2
-            v += (1.0 - beta2) * g * g
-            p -= lr / (1.0 - beta1 ** t) * (m / (np.sqrt(v + eps) / math.sqrt(1.0 - beta2 ** t)))
-        """, "outside the square root"),
+    "residual: the identity path dropped": ("residual", (
+        ("return dx + dout,", "return dx,"), ("return dx + dz,", "return dx,")), "identity path"),
+    "cross-entropy: divided by all rows, ignored ones included": ("cross_entropy", (
+        ("(valid * (dout / count))", "(valid * (dout / n))"),), "divided by every row"),
+    "cross-entropy: ignored rows keep a gradient": ("cross_entropy", (
+        ("(valid * (dout / count))", "(dout / count + 0 * valid)"),), "ignored rows must get zero"),
+    "adam: no bias correction": ("adam", (
+        (ADAM_UPDATE, "    p -= lr * m / (np.sqrt(v) + eps)\n"),), "bias correction"),
+    "adam: eps inside the square root": ("adam", (
+        ("denom = np.sqrt(v)", "denom = np.sqrt(v + eps)"), ("    denom += eps\n", "")),
+        "outside the square root"),
 }
 
 
@@ -677,7 +601,7 @@ def test_a_learners_keyboard_interrupt_or_memory_error_is_one_line(folder, capfd
 
 FORWARD_CHANGES = {
     "attention: the scale 1 instead of 1/sqrt(d_k) (the backward reads it from the cache)": (
-        "attention", ("scale = 1.0 / math.sqrt(q.shape[-1])", "scale = 1.0")),
+        "attention", (("scale = 1.0 / math.sqrt(q.shape[-1])", "scale = 1.0"),)),
     "linear: the bias left out of the forward, db = 0": ("linear", """
         def linear_forward(x, w, b=None):
             x2 = x.reshape(-1, x.shape[-1])
@@ -709,14 +633,9 @@ FORWARD_CHANGES = {
 
 def change_forward(folder, change):
     """Write the learner's file of ``change`` (of FORWARD_CHANGES): code after the reference
-    solution's, or the solution with one line edited (old, new); returns the exercise's name."""
+    solution's, or the solution with one line edited ((old, new),); returns the exercise's name."""
     name, code = FORWARD_CHANGES[change]
-    if isinstance(code, tuple):
-        text = solution_source(find(name))
-        assert code[0] in text
-        (Path(folder) / find(name).file).write_text(text.replace(code[0], code[1]))
-    else:
-        write(folder, name, code)
+    write(folder, name, code)
     return name
 
 

@@ -15,7 +15,6 @@ from npformer.exercises import gpt_finale
 from npformer.exercises.learner import LearnerError
 from npformer.exercises.gpt import Text
 from npformer.exercises.namespace import FINALES
-from npformer.exercises.templates import solution_source
 from test_exercises import MISTAKES, folder, solved, write  # noqa: F401  (the fixtures)
 from test_exercises_gpt import SHAKESPEARE, TINY
 
@@ -39,12 +38,9 @@ def finale(folder, capsys):
 def inline_softmax_attention(folder):
     """The attention file as the learner writes it after reading the attention derivation: the
     softmax backward written out inline, softmax_backward never called."""
-    e = find("attention")
-    source = solution_source(e)
-    call = "    dscores = softmax_backward(dprobs, probs)\n"
-    assert call in source
-    (folder / e.file).write_text(source.replace(
-        call, "    dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True))\n"))
+    write(folder, "attention", (("    dscores = softmax_backward(dprobs, probs)\n",
+                                 "    dscores = probs * (dprobs - (dprobs * probs).sum(-1, "
+                                 "keepdims=True))\n"),))
 
 
 def used(out, status):
@@ -72,14 +68,8 @@ def test_embedding_that_loses_duplicates_is_blamed_and_the_fit_explained(solved,
 
 
 def test_layernorm_without_the_mean_path_is_blamed(solved, capsys):
-    write(solved, "layernorm", """
-        def layernorm_backward(dout, cache):
-            xhat, rstd, gamma = cache
-            g = dout * gamma
-            d = xhat.shape[-1]
-            dx = rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))   # no d(mu) path
-            return dx, (dout * xhat).reshape(-1, d).sum(0), dout.reshape(-1, d).sum(0)
-        """)
+    write(solved, "layernorm", (                                   # no d(mu) path
+        ("g - g.mean(axis=-1, keepdims=True)\n                 - xhat", "g - xhat"),))
     code, out = finale(solved, capsys)
     assert code == 1, out
     assert re.search(r"look at \S*norm\S*: your layernorm_backward disagrees", out), out

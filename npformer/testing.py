@@ -36,6 +36,15 @@ def assert_gradients(fn, inputs, **kwargs):
     return result
 
 
+def pair_fn(forward, backward):
+    """The ``fn`` that ``gradcheck`` takes for a functional pair: ``forward(*xs)`` returns
+    ``(out, cache)``; the backward it hands back is ``backward(dout, cache)``."""
+    def fn(*xs):
+        out, cache = forward(*xs)
+        return out, lambda d: backward(d, cache)
+    return fn
+
+
 def module_function(module, forward, backward, n_inputs):
     """The ``fn`` that ``gradcheck`` takes for a module: called with the module's ``n_inputs``
     activations and then every named parameter's array (which the checker perturbs in place, so

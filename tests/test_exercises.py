@@ -237,20 +237,10 @@ MISTAKES = {
             act, up, silu_cache = cache
             return np.concatenate([dout * act, silu_backward(dout * up, silu_cache)], axis=-1)
         """, "exchanged"),
-    "attention: the scale forgotten": ("attention", """
-        def attention_backward(dout, cache):
-            q, k, v, probs, probs_d, drop, scale = cache
-            dv = probs_d.swapaxes(-1, -2) @ dout
-            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs)
-            return ds @ k, ds.swapaxes(-1, -2) @ q, dv
-        """, "scale was forgotten"),
-    "attention: dv from P before dropout": ("attention", """
-        def attention_backward(dout, cache):
-            q, k, v, probs, probs_d, drop, scale = cache
-            dv = probs.swapaxes(-1, -2) @ dout
-            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs) * scale
-            return ds @ k, ds.swapaxes(-1, -2) @ q, dv
-        """, "P'^T dout"),
+    "attention: the scale forgotten": ("attention", (("    dscores *= scale\n", ""),),
+                                       "scale was forgotten"),
+    "attention: dv from P before dropout": ("attention", (
+        ("probs_d.swapaxes(-1, -2) @ dout", "probs.swapaxes(-1, -2) @ dout"),), "P'^T dout"),
     "softmax: the factor p forgotten (masked entries get a gradient)": ("softmax", """
         def softmax_backward(dout, cache):
             return dout - (dout * cache).sum(axis=-1, keepdims=True)
@@ -269,20 +259,11 @@ MISTAKES = {
         def dropout_backward(dout, cache):
             return np.zeros_like(dout)
         """, "all zeros"),
-    "attention: the scale applied twice": ("attention", """
-        def attention_backward(dout, cache):
-            q, k, v, probs, probs_d, drop, scale = cache
-            dv = probs_d.swapaxes(-1, -2) @ dout
-            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs) * scale
-            return scale * (ds @ k), scale * (ds.swapaxes(-1, -2) @ q), dv
-        """, "once too often"),
-    "attention: P' passed to the softmax backward": ("attention", """
-        def attention_backward(dout, cache):
-            q, k, v, probs, probs_d, drop, scale = cache
-            dv = probs_d.swapaxes(-1, -2) @ dout
-            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs_d) * scale
-            return ds @ k, ds.swapaxes(-1, -2) @ q, dv
-        """, "the softmax backward got P'"),
+    "attention: the scale applied twice": ("attention", (
+        ("    dscores *= scale\n", "    dscores *= scale * scale\n"),), "once too often"),
+    "attention: P' passed to the softmax backward": ("attention", (
+        ("softmax_backward(dprobs, probs)", "softmax_backward(dprobs, probs_d)"),),
+        "the softmax backward got P'"),
     "multi-head attention: heads merged without the transpose": ("multi_head_attention", """
         def mha_backward(dout, cache):
             in_cache, attn_cache, out_cache, n_heads = cache

@@ -32,19 +32,14 @@ tokenizers = pytest.importorskip("tokenizers", reason="extra hf: pip install 'np
 pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
 
 torch.set_num_threads(1)
-TEXT = ["the quick brown fox jumps over the lazy dog", "hello world, hello npformer",
-        "a man in an orange hat starring at something ."] * 20
+
+from test_llama_hf import TEXT, tokenizer  # noqa: E402  (after the skips: it needs torch)
 
 
 def make_folder(path, tie=True, activation="gelu_new", seed=0):
-    """A GPT-2 of 2 blocks, d_model 32, 4 heads, context 24, with its tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXT, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    """A GPT-2 of 2 blocks, d_model 32, 4 heads, context 24, with its tokenizer.json (the Llama
+    tests' byte-level BPE)."""
+    tok = tokenizer()
     vocab = tok.get_vocab_size()
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)

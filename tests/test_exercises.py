@@ -138,31 +138,13 @@ MISTAKES = {
             d = dout.reshape(-1, dout.shape[-1])
             return (d @ w).reshape(x_shape), d.T @ x2, dout.sum(axis=0)
         """, "sum over all the leading axes"),
-    "embedding: dw[ids] += dout": ("embedding", """
-        def embedding_backward(dout, cache, padding_idx=None):
-            ids, shape, scale = cache
-            dw = np.zeros(shape)
-            dw[ids.reshape(-1)] += dout.reshape(-1, shape[1]) * scale
-            if padding_idx is not None:
-                dw[padding_idx] = 0
-            return dw
-        """, "np.add.at"),
-    "embedding: the scale forgotten": ("embedding", """
-        def embedding_backward(dout, cache, padding_idx=None):
-            ids, shape, scale = cache
-            dw = np.zeros(shape)
-            np.add.at(dw, ids.reshape(-1), dout.reshape(-1, shape[1]))
-            if padding_idx is not None:
-                dw[padding_idx] = 0
-            return dw
-        """, "multiply by the forward's scale"),
-    "embedding: the padding row gets a gradient": ("embedding", """
-        def embedding_backward(dout, cache, padding_idx=None):
-            ids, shape, scale = cache
-            dw = np.zeros(shape)
-            np.add.at(dw, ids.reshape(-1), dout.reshape(-1, shape[1]) * scale)
-            return dw
-        """, "padding row must get no gradient"),
+    "embedding: dw[ids] += dout": ("embedding", (
+        ("np.add.at(dw, flat_ids, flat_dout)", "dw[flat_ids] += flat_dout"),), "np.add.at"),
+    "embedding: the scale forgotten": ("embedding", (
+        ("    if scale != 1.0:\n        dw *= scale\n", ""),), "multiply by the forward's scale"),
+    "embedding: the padding row gets a gradient": ("embedding", (
+        ("    if padding_idx is not None:\n        dw[padding_idx] = 0\n", ""),),
+        "padding row must get no gradient"),
     "dropout: the 1/(1-p) scale forgotten": ("dropout", """
         def dropout_backward(dout, cache):
             if cache is None:

@@ -33,7 +33,7 @@ pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'"
 
 torch.set_num_threads(1)
 
-from test_llama_hf import TEXT, tokenizer  # noqa: E402  (after the skips: it needs torch)
+from test_llama_hf import TEXT, fine_tune, tokenizer  # noqa: E402  (after the skips: it needs torch)
 
 
 def make_folder(path, tie=True, activation="gelu_new", seed=0):
@@ -297,12 +297,7 @@ def test_lm_fine_tunes_gpt2_with_its_tokenizer_and_sample_reads_the_run(folder, 
     the same windows), the run keeps the tokenizer.json, and ``npformer sample --checkpoint``
     continues a prompt with the fine-tuned model."""
     path, hf_model, tok = folder
-    data = tmp_path / "text.txt"
-    data.write_text("\n".join(TEXT) + "\n", encoding="utf-8")
-    out = tmp_path / "run"
-    assert main(["lm", "--data", str(data), "--init-from", str(path), "--out", str(out),
-                 "--context", "16", "--batch-size", "2", "--max-steps", "2", "--eval-every", "2",
-                 "--sample-tokens", "5", "--quiet"]) == 0
+    data, out = fine_tune(path, tmp_path, sample_tokens=5)
     assert (out / "tokenizer.json").read_bytes() == (path / "tokenizer.json").read_bytes()
     ids = tok.encode(data.read_text(encoding="utf-8")).ids
     valid = ids[len(ids) - round(len(ids) * 0.1):]

@@ -87,6 +87,18 @@ def tokenizer():
     return _TOKENIZER[0]
 
 
+def fine_tune(path, tmp_path, sample_tokens):
+    """``npformer lm --init-from path`` for two steps of 2 windows of 16 on TEXT (one line each),
+    validated at step 2; returns the text file and the run folder."""
+    data = tmp_path / "text.txt"
+    data.write_text("\n".join(TEXT) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["lm", "--data", str(data), "--init-from", str(path), "--out", str(out),
+                 "--context", "16", "--batch-size", "2", "--max-steps", "2", "--eval-every", "2",
+                 "--sample-tokens", str(sample_tokens), "--quiet"]) == 0
+    return data, out
+
+
 def build(path, case, seed=0, save_dtype=None, shard=None, legacy_rope=False, **changes):
     """The transformers model of ``case`` with random weights (every norm and bias moved off its
     initial value), saved in ``path`` with the tokenizer; returns it (float32)."""
@@ -552,12 +564,7 @@ def test_sample_and_lm_commands_run_every_type(folders, tmp_path, capsys, case):
     assert main(["sample", "--hf", str(path), "--prompt", "hello world", "--max-new-tokens", "6",
                  "--greedy"]) == 0
     assert capsys.readouterr().out.startswith("hello world")
-    data = tmp_path / "text.txt"
-    data.write_text("\n".join(TEXT) + "\n", encoding="utf-8")
-    out = tmp_path / "run"
-    assert main(["lm", "--data", str(data), "--init-from", str(path), "--out", str(out),
-                 "--context", "16", "--batch-size", "2", "--max-steps", "2", "--eval-every", "2",
-                 "--sample-tokens", "4", "--quiet"]) == 0
+    data, out = fine_tune(path, tmp_path, sample_tokens=4)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["event"] == "eval"] == [2]
     assert (out / "tokenizer.json").is_file()

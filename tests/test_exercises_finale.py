@@ -15,6 +15,7 @@ from npformer.exercises import gpt_finale
 from npformer.exercises.learner import LearnerError
 from npformer.exercises.gpt import Text
 from npformer.exercises.namespace import FINALES
+from npformer.exercises.templates import solution_source
 from test_exercises import MISTAKES, folder, solved, write  # noqa: F401  (the fixtures)
 from test_exercises_gpt import SHAKESPEARE, TINY
 
@@ -152,6 +153,16 @@ UNSEEN = {            # the mistake: the finales that never exercise it, and why
 PLANTED = [(m, f) for m in sorted(MISTAKES) for f in FINALES if MISTAKES[m][0] in FINALES[f]]
 
 
+def mistaken(exercise, code):
+    """The functions of ``exercise.writes`` that a MISTAKES entry's ``code`` plants a mistake in:
+    those it defines, or (edits of the solution) those whose text an edit changes."""
+    if isinstance(code, str):
+        return set(re.findall(r"def (\w+)\(", code)) & set(exercise.writes)
+    text = solution_source(exercise)
+    return {re.findall(r"^def (\w+)\(", text[:text.index(old)], re.M)[-1] for old, _ in code} & \
+        set(exercise.writes)
+
+
 @pytest.mark.parametrize("mistake,finale", PLANTED)
 def test_no_planted_mistake_is_counted_as_trained_and_blame_names_it(solved, mistake, finale):
     name, code, _ = MISTAKES[mistake]
@@ -159,7 +170,7 @@ def test_no_planted_mistake_is_counted_as_trained_and_blame_names_it(solved, mis
         pytest.skip(f"tiny Shakespeare is not at {SHAKESPEARE}")
     write(solved, name, code)
     exercise = find(name)
-    planted = set(re.findall(r"def (\w+)\(", code)) & set(exercise.writes)   # the mistaken ones
+    planted = mistaken(exercise, code)
     try:
         if finale == "toy":
             findings, usage = preflight(modules_of(solved), 0, None, None)

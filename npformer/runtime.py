@@ -2,11 +2,11 @@
 
 It owns four things, and nothing outside this module changes them:
 
-1. **The cores** (:mod:`npformer.cores`, re-exported here). :func:`available_cores` counts the cores this process may really use: its CPU
+1. **The cores.** :func:`available_cores` counts the cores this process may really use: its CPU
    affinity (``os.sched_getaffinity``, not ``os.cpu_count``), the cgroup CPU quota of a container
    (``cpu.max`` or ``cpu.cfs_quota_us``), and the caps a user set (``NPFORMER_NUM_THREADS``,
    ``OMP_NUM_THREADS``, ``NUMBA_NUM_THREADS``). A cap above the cores gets one warning and the
-   cores win.
+   cores win. (These and the policy below are :mod:`npformer.cores`'s, re-exported here.)
 2. **The thread policy** (:class:`ThreadPolicy`, a pure function of the cores): the Numba kernels'
    ``prange`` loops on every core, and as many Python worker threads (this thread and
    ``cores - 1`` helpers, which block when idle) sharing the parts of parallel work: attention's

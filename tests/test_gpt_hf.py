@@ -33,7 +33,7 @@ pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'"
 
 torch.set_num_threads(1)
 
-from test_llama_hf import TEXT, fine_tune, tokenizer  # noqa: E402  (after the skips: it needs torch)
+from test_llama_hf import TEXT, fine_tune, tokenizer  # noqa: E402  (after the skips: needs torch)
 
 
 def make_folder(path, tie=True, activation="gelu_new", seed=0):

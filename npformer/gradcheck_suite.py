@@ -18,7 +18,7 @@ from .gradcheck import (ATOL, RTOL, STATUSES, GradcheckResult, gradcheck as _gra
                         relative_text)
 from .nn import (GPT, DecoderLayer, EncoderLayer, FeedForward, LayerNorm, Linear,
                  MultiHeadAttention, Transformer)
-from .testing import module_function
+from .testing import module_function, pair_fn
 
 
 @dataclass
@@ -30,14 +30,6 @@ class CheckRow:
 
 def _rnd(rng, *shape):
     return rng.standard_normal(shape)
-
-
-def _fn_check(forward, backward):
-    """Wrap a functional forward/backward pair for ``gradcheck``."""
-    def f(*xs):
-        out, cache = forward(*xs)
-        return out, lambda d: backward(d, cache)
-    return f
 
 
 def _module_check_any(module, forward, backward, x_inputs, names, max_entries=None, seed=0,
@@ -152,26 +144,26 @@ def _checks(max_entries, fast=False):
             max_entries=max_entries)
 
     return [
-        ("linear", lambda: gradcheck(_fn_check(F.linear_forward, F.linear_backward),
+        ("linear", lambda: gradcheck(pair_fn(F.linear_forward, F.linear_backward),
                                      [_rnd(rng, 2, 3, 5), _rnd(rng, 4, 5), _rnd(rng, 4)],
                                      names=["x", "weight", "bias"])),
         ("embedding", lambda: gradcheck(embedding, [_rnd(rng, 5, 6)], names=["weight"])),
-        ("layernorm", lambda: gradcheck(_fn_check(F.layernorm_forward, F.layernorm_backward),
+        ("layernorm", lambda: gradcheck(pair_fn(F.layernorm_forward, F.layernorm_backward),
                                         [_rnd(rng, 3, 4, 7), 1 + 0.1 * _rnd(rng, 7), _rnd(rng, 7)],
                                         names=["x", "gamma", "beta"])),
-        ("rmsnorm", lambda: gradcheck(_fn_check(F.rmsnorm_forward, F.rmsnorm_backward),
+        ("rmsnorm", lambda: gradcheck(pair_fn(F.rmsnorm_forward, F.rmsnorm_backward),
                                       [_rnd(rng, 3, 4, 7), 1 + 0.1 * _rnd(rng, 7)],
                                       names=["x", "gamma"])),
-        ("swiglu", lambda: gradcheck(_fn_check(F.swiglu_forward, F.swiglu_backward),
+        ("swiglu", lambda: gradcheck(pair_fn(F.swiglu_forward, F.swiglu_backward),
                                      [_rnd(rng, 3, 2, 10)], names=["gate | up"])),
-        ("geglu", lambda: gradcheck(_fn_check(lambda h: F.gated_forward(h, "gelu_tanh"),
+        ("geglu", lambda: gradcheck(pair_fn(lambda h: F.gated_forward(h, "gelu_tanh"),
                                               F.gated_backward),
                                     [_rnd(rng, 3, 2, 10)], names=["gate | up"])),
-        ("relu", lambda: gradcheck(_fn_check(F.relu_forward, F.relu_backward), [relu_x.copy()],
+        ("relu", lambda: gradcheck(pair_fn(F.relu_forward, F.relu_backward), [relu_x.copy()],
                                    names=["x"])),
-        ("gelu", lambda: gradcheck(_fn_check(F.gelu_forward, F.gelu_backward), [_rnd(rng, 4, 9)],
+        ("gelu", lambda: gradcheck(pair_fn(F.gelu_forward, F.gelu_backward), [_rnd(rng, 4, 9)],
                                    names=["x"])),
-        ("gelu_tanh", lambda: gradcheck(_fn_check(F.gelu_tanh_forward, F.gelu_tanh_backward),
+        ("gelu_tanh", lambda: gradcheck(pair_fn(F.gelu_tanh_forward, F.gelu_tanh_backward),
                                         [_rnd(rng, 4, 9)], names=["x"])),
         ("learned positions", lambda: gradcheck(positions, [_rnd(rng, 2, 3, 5), _rnd(rng, 6, 5)],
                                                 names=["x", "weight"])),

@@ -36,6 +36,15 @@ def assert_gradients(fn, inputs, **kwargs):
     return result
 
 
+def pair_fn(forward, backward):
+    """The ``fn`` that ``gradcheck`` takes for a functional pair: ``forward(*xs)`` returns
+    ``(out, cache)``; the backward it hands back is ``backward(dout, cache)``."""
+    def fn(*xs):
+        out, cache = forward(*xs)
+        return out, lambda d: backward(d, cache)
+    return fn
+
+
 def module_function(module, forward, backward, n_inputs):
     """The ``fn`` that ``gradcheck`` takes for a module: called with the module's ``n_inputs``
     activations and then every named parameter's array (which the checker perturbs in place, so
@@ -134,20 +143,28 @@ def check_model(model, batch, label_smoothing=0.0, fast=True, **kwargs):
     results = {}
     with model.evaluating():
         for smoothing in (label_smoothing, other):
-            def fn(*_, smoothing=smoothing):
-                logits = forward()
-                loss, dlogits = cross_entropy(logits, targets, ignore_index=ignore_index,
-                                              label_smoothing=smoothing)
-
-                def backward(dloss):
-                    model.zero_grad()
-                    model.backward(dlogits * dloss)
-                    return tuple(p.grad[rows].copy() for p, rows in views)
-                return np.array(loss), backward
+            fn = loss_function(model, forward, targets, views, ignore_index, smoothing)
             label = "loss" if smoothing == 0 else f"loss, label smoothing {smoothing:g}"
             results[label] = gradcheck(fn, [p.data[rows] for p, rows in views], names=names,
                                        fast=fast, **kwargs)
     return ModelCheckResult(results)
+
+
+def loss_function(model, forward, targets, views, ignore_index, label_smoothing):
+    """The ``fn`` that ``gradcheck`` takes for a model's cross-entropy loss: ``forward()`` gives
+    the logits (N, V) of ``targets`` (N,); the backward it hands back runs the model's backward
+    and returns a copy of the gradient of each (parameter, rows) of ``views``."""
+    def fn(*_):
+        logits = forward()
+        loss, dlogits = cross_entropy(logits, targets, ignore_index=ignore_index,
+                                      label_smoothing=label_smoothing)
+
+        def backward(dloss):
+            model.zero_grad()
+            model.backward(dlogits * dloss)
+            return tuple(p.grad[rows].copy() for p, rows in views)
+        return np.array(loss), backward
+    return fn
 
 
 def _model_call(model, batch):

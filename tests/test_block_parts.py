@@ -26,12 +26,11 @@ from npformer.cli.main import main
 from npformer.configs import GPTConfig
 from npformer.nn.feedforward import GatedFeedForward
 from npformer.training.checkpointing import load_model_checkpoint
+from test_language_model import text_file  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = Path(__file__).parent / "data" / "runs_recorded_with_swiglu"
 EXPECTED = json.loads((RECORDED / "expected.json").read_text())
-TEXT = "".join(f"{w} the quick brown fox, line {i % 7}.\n" for i, w in
-               enumerate(["ROMEO:", "JULIET:", "Nurse:", "Friar:"] * 30))
 RUN = ["--arch", "llama", "--n-kv-heads", "1", "--d-model", "8", "--n-heads", "2", "--layers",
        "1", "--context", "8", "--batch-size", "4", "--warmup-steps", "1", "--eval-every", "2",
        "--sample-tokens", "4", "--quiet"]
@@ -46,13 +45,6 @@ def _other_machine():
         return (f"the recorded bits are those of BLAS {EXPECTED['machine']['blas']}, here "
                 f"{facts['blas']}")
     return same_bits.other_cpu(facts, EXPECTED)
-
-
-@pytest.fixture
-def text(tmp_path):
-    path = tmp_path / "input.txt"
-    path.write_text(TEXT, encoding="utf-8")
-    return path
 
 
 def test_a_configuration_recorded_with_swiglu_loads_as_gated_silu():
@@ -73,18 +65,18 @@ def test_a_configuration_recorded_with_swiglu_loads_as_gated_silu():
 
 
 def test_a_run_recorded_with_swiglu_resumes_with_the_bits_of_the_code_that_recorded_it(
-        text, tmp_path):
+        text_file, tmp_path):
     why = _other_machine()
     if why:
         pytest.skip(why)
     out = tmp_path / "resumed"
-    assert main(["lm", "--data", str(text), "--resume", str(RECORDED / "last"), "--max-steps",
-                 "3", "--quiet", "--out", str(out)]) == 0
+    assert main(["lm", "--data", str(text_file), "--resume", str(RECORDED / "last"),
+                 "--max-steps", "3", "--quiet", "--out", str(out)]) == 0
     assert same_bits.weights_sha256(str(out / "last")) == EXPECTED["resumed_sha256"]
 
 
 def test_a_lora_run_on_a_base_recorded_with_swiglu_resumes_with_the_bits_of_before(
-        text, tmp_path):
+        text_file, tmp_path):
     """A LoRA run whose base (./last) and whose own configuration were recorded with ffn
     "swiglu": both migrate, they still match, and the run goes on as the code that recorded it
     did. (Its checkpoint names the base by the absolute path it had; the copy written here,
@@ -99,17 +91,17 @@ def test_a_lora_run_on_a_base_recorded_with_swiglu_resumes_with_the_bits_of_befo
     save_checkpoint(run, arrays, meta)
     assert same_bits.weights_sha256(str(run)) == EXPECTED["lora_recorded_sha256"]
     out = tmp_path / "resumed"
-    assert main(["lm", "--data", str(text), "--resume", str(run), "--max-steps", "3",
+    assert main(["lm", "--data", str(text_file), "--resume", str(run), "--max-steps", "3",
                  "--quiet", "--out", str(out)]) == 0
     assert same_bits.weights_sha256(str(out / "last")) == EXPECTED["lora_resumed_sha256"]
 
 
-def test_a_new_llama_run_has_the_bits_of_the_code_before(text, tmp_path):
+def test_a_new_llama_run_has_the_bits_of_the_code_before(text_file, tmp_path):
     why = _other_machine()
     if why:
         pytest.skip(why)
     out = tmp_path / "new"
-    assert main(["lm", "--data", str(text), *RUN, "--max-steps", "2", "--out", str(out)]) == 0
+    assert main(["lm", "--data", str(text_file), *RUN, "--max-steps", "2", "--out", str(out)]) == 0
     assert same_bits.weights_sha256(str(out / "last")) == EXPECTED["recorded_sha256"]
     config = load_model_checkpoint(str(out / "last")).model.config
     assert (config.ffn, config.activation) == ("gated", "silu")

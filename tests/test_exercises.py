@@ -30,11 +30,18 @@ def solve(folder, names=None):
 
 def write(folder, name, code):
     """The learner's file of exercise ``name``: the reference solution's module, with ``code``
-    (a wrong backward, say) defined after it."""
+    (a wrong backward, say) defined after it; or, ``code`` a tuple of (old, new) pairs, the
+    solution's text with each ``old`` (found once) replaced by ``new``."""
     e = find(name)
-    (Path(folder) / e.file).write_text(
-        f"from npformer.exercises.solutions.{e.module} import *\n"
-        f"import numpy as np\n" + textwrap.dedent(code))
+    if isinstance(code, tuple):
+        text = solution_source(e)
+        for old, new in code:
+            assert text.count(old) == 1, (name, old)
+            text = text.replace(old, new)
+    else:
+        text = (f"from npformer.exercises.solutions.{e.module} import *\n"
+                f"import numpy as np\n" + textwrap.dedent(code))
+    (Path(folder) / e.file).write_text(text)
 
 
 @pytest.fixture
@@ -115,6 +122,10 @@ def test_the_reference_solutions_pass(solved, capsys):
 
 # -- each documented mistake, with its hint -------------------------------------------------------
 
+# the reference Adam step's last five lines, the bias-corrected update that mistakes replace
+ADAM_UPDATE = ("    step_size = lr / (1.0 - beta1 ** t)\n    denom = np.sqrt(v)\n"
+               "    denom /= math.sqrt(1.0 - beta2 ** t)\n    denom += eps\n"
+               "    p -= step_size * (m / denom)\n")
 MISTAKES = {
     "linear: dW = X^T dY (transposed)": ("linear", """
         def linear_backward(dout, cache):
@@ -128,31 +139,13 @@ MISTAKES = {
             d = dout.reshape(-1, dout.shape[-1])
             return (d @ w).reshape(x_shape), d.T @ x2, dout.sum(axis=0)
         """, "sum over all the leading axes"),
-    "embedding: dw[ids] += dout": ("embedding", """
-        def embedding_backward(dout, cache, padding_idx=None):
-            ids, shape, scale = cache
-            dw = np.zeros(shape)
-            dw[ids.reshape(-1)] += dout.reshape(-1, shape[1]) * scale
-            if padding_idx is not None:
-                dw[padding_idx] = 0
-            return dw
-        """, "np.add.at"),
-    "embedding: the scale forgotten": ("embedding", """
-        def embedding_backward(dout, cache, padding_idx=None):
-            ids, shape, scale = cache
-            dw = np.zeros(shape)
-            np.add.at(dw, ids.reshape(-1), dout.reshape(-1, shape[1]))
-            if padding_idx is not None:
-                dw[padding_idx] = 0
-            return dw
-        """, "multiply by the forward's scale"),
-    "embedding: the padding row gets a gradient": ("embedding", """
-        def embedding_backward(dout, cache, padding_idx=None):
-            ids, shape, scale = cache
-            dw = np.zeros(shape)
-            np.add.at(dw, ids.reshape(-1), dout.reshape(-1, shape[1]) * scale)
-            return dw
-        """, "padding row must get no gradient"),
+    "embedding: dw[ids] += dout": ("embedding", (
+        ("np.add.at(dw, flat_ids, flat_dout)", "dw[flat_ids] += flat_dout"),), "np.add.at"),
+    "embedding: the scale forgotten": ("embedding", (
+        ("    if scale != 1.0:\n        dw *= scale\n", ""),), "multiply by the forward's scale"),
+    "embedding: the padding row gets a gradient": ("embedding", (
+        ("    if padding_idx is not None:\n        dw[padding_idx] = 0\n", ""),),
+        "padding row must get no gradient"),
     "dropout: the 1/(1-p) scale forgotten": ("dropout", """
         def dropout_backward(dout, cache):
             if cache is None:
@@ -227,20 +220,10 @@ MISTAKES = {
             act, up, silu_cache = cache
             return np.concatenate([dout * act, silu_backward(dout * up, silu_cache)], axis=-1)
         """, "exchanged"),
-    "attention: the scale forgotten": ("attention", """
-        def attention_backward(dout, cache):
-            q, k, v, probs, probs_d, drop, scale = cache
-            dv = probs_d.swapaxes(-1, -2) @ dout
-            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs)
-            return ds @ k, ds.swapaxes(-1, -2) @ q, dv
-        """, "scale was forgotten"),
-    "attention: dv from P before dropout": ("attention", """
-        def attention_backward(dout, cache):
-            q, k, v, probs, probs_d, drop, scale = cache
-            dv = probs.swapaxes(-1, -2) @ dout
-            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs) * scale
-            return ds @ k, ds.swapaxes(-1, -2) @ q, dv
-        """, "P'^T dout"),
+    "attention: the scale forgotten": ("attention", (("    dscores *= scale\n", ""),),
+                                       "scale was forgotten"),
+    "attention: dv from P before dropout": ("attention", (
+        ("probs_d.swapaxes(-1, -2) @ dout", "probs.swapaxes(-1, -2) @ dout"),), "P'^T dout"),
     "softmax: the factor p forgotten (masked entries get a gradient)": ("softmax", """
         def softmax_backward(dout, cache):
             return dout - (dout * cache).sum(axis=-1, keepdims=True)
@@ -259,20 +242,11 @@ MISTAKES = {
         def dropout_backward(dout, cache):
             return np.zeros_like(dout)
         """, "all zeros"),
-    "attention: the scale applied twice": ("attention", """
-        def attention_backward(dout, cache):
-            q, k, v, probs, probs_d, drop, scale = cache
-            dv = probs_d.swapaxes(-1, -2) @ dout
-            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs) * scale
-            return scale * (ds @ k), scale * (ds.swapaxes(-1, -2) @ q), dv
-        """, "once too often"),
-    "attention: P' passed to the softmax backward": ("attention", """
-        def attention_backward(dout, cache):
-            q, k, v, probs, probs_d, drop, scale = cache
-            dv = probs_d.swapaxes(-1, -2) @ dout
-            ds = softmax_backward(dropout_backward(dout @ v.swapaxes(-1, -2), drop), probs_d) * scale
-            return ds @ k, ds.swapaxes(-1, -2) @ q, dv
-        """, "the softmax backward got P'"),
+    "attention: the scale applied twice": ("attention", (
+        ("    dscores *= scale\n", "    dscores *= scale * scale\n"),), "once too often"),
+    "attention: P' passed to the softmax backward": ("attention", (
+        ("softmax_backward(dprobs, probs)", "softmax_backward(dprobs, probs_d)"),),
+        "the softmax backward got P'"),
     "multi-head attention: heads merged without the transpose": ("multi_head_attention", """
         def mha_backward(dout, cache):
             in_cache, attn_cache, out_cache, n_heads = cache
@@ -283,121 +257,34 @@ MISTAKES = {
             dx, dw_in, db_in = linear_backward(dqkv, in_cache)
             return dx, dw_in, db_in, dw_out, db_out
         """, "merged back to (B, T, D)"),
-    "residual: post-norm's identity path carries dout": ("residual", """
-        def residual_backward(dout, cache):
-            norm_first, norm_cache, f_cache = cache
-            if norm_first:
-                dh, dw, db = linear_backward(dout, f_cache)
-                dx, dgamma, dbeta = layernorm_backward(dh, norm_cache)
-                return dx + dout, dw, db, dgamma, dbeta
-            dz, dgamma, dbeta = layernorm_backward(dout, norm_cache)
-            dx, dw, db = linear_backward(dz, f_cache)
-            return dx + dout, dw, db, dgamma, dbeta
-        """, "not dout itself"),
-    "cross-entropy: not divided by the count": ("cross_entropy", """
-        def cross_entropy_backward(dout, cache):
-            logp, t, valid, count, eps = cache
-            n, vocab = logp.shape
-            grad = np.exp(logp) - eps / vocab
-            grad[np.arange(n), t] -= 1.0 - eps
-            return grad * (valid * dout)[:, None]
-        """, "divide by their count"),
-    "cross-entropy: smoothing's eps / V forgotten": ("cross_entropy", """
-        def cross_entropy_backward(dout, cache):
-            logp, t, valid, count, eps = cache
-            n, vocab = logp.shape
-            if count == 0:
-                return np.zeros_like(logp)
-            grad = np.exp(logp)
-            grad[np.arange(n), t] -= 1.0 - eps
-            return grad * (valid * dout / count)[:, None]
-        """, "eps / V on every class"),
-    "adam: the corrected moments stored": ("adam", """
-        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
-            if weight_decay:
-                if decoupled:
-                    p *= 1.0 - lr * weight_decay
-                else:
-                    g = g + weight_decay * p
-            m += (1.0 - beta1) * (g - m)
-            v *= beta2
-            v += (1.0 - beta2) * g * g
-            m /= 1.0 - beta1 ** t
-            v /= 1.0 - beta2 ** t
-            p -= lr * m / (np.sqrt(v) + eps)
-        """, "stored bias-corrected"),
-    "adam: the paper's efficient form": ("adam", """
-        import math
-        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
-            if weight_decay:
-                if decoupled:
-                    p *= 1.0 - lr * weight_decay
-                else:
-                    g = g + weight_decay * p
-            m += (1.0 - beta1) * (g - m)
-            v *= beta2
-            v += (1.0 - beta2) * g * g
-            p -= lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t) * m / (np.sqrt(v) + eps)
-        """, "efficient"),
+    "residual: post-norm's identity path carries dout": ("residual", (
+        ("return dx + dz,", "return dx + dout,"),), "not dout itself"),
+    "cross-entropy: not divided by the count": ("cross_entropy", (
+        ("(valid * (dout / count))", "(valid * dout)"),), "divide by their count"),
+    "cross-entropy: smoothing's eps / V forgotten": ("cross_entropy", (
+        ("    if eps:\n        grad -= eps / vocab\n", ""),), "eps / V on every class"),
+    "adam: the corrected moments stored": ("adam", (
+        (ADAM_UPDATE, "    m /= 1.0 - beta1 ** t\n    v /= 1.0 - beta2 ** t\n"
+                      "    p -= lr * m / (np.sqrt(v) + eps)\n"),), "stored bias-corrected"),
+    "adam: the paper's efficient form": ("adam", (
+        (ADAM_UPDATE, "    p -= lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t) * m / "
+                      "(np.sqrt(v) + eps)\n"),), "efficient"),
     "adam: L2 and decoupled decay swapped": ("adam", """
         from npformer.exercises.solutions.adam import adam_step as right
         def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
             right(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, not decoupled)
         """, "AdamW (decoupled) shrinks"),
-    "residual: the identity path dropped": ("residual", """
-        def residual_backward(dout, cache):
-            norm_first, norm_cache, f_cache = cache
-            if norm_first:
-                dh, dw, db = linear_backward(dout, f_cache)
-                dx, dgamma, dbeta = layernorm_backward(dh, norm_cache)
-                return dx, dw, db, dgamma, dbeta
-            dz, dgamma, dbeta = layernorm_backward(dout, norm_cache)
-            dx, dw, db = linear_backward(dz, f_cache)
-            return dx, dw, db, dgamma, dbeta
-        """, "identity path"),
-    "cross-entropy: divided by all rows, ignored ones included": ("cross_entropy", """
-        def cross_entropy_backward(dout, cache):
-            logp, t, valid, count, eps = cache
-            n, vocab = logp.shape
-            grad = np.exp(logp) - eps / vocab
-            grad[np.arange(n), t] -= 1.0 - eps
-            return grad * (valid * dout / n)[:, None]
-        """, "divided by every row"),
-    "cross-entropy: ignored rows keep a gradient": ("cross_entropy", """
-        def cross_entropy_backward(dout, cache):
-            logp, t, valid, count, eps = cache
-            n, vocab = logp.shape
-            if count == 0:
-                return np.zeros_like(logp)
-            grad = np.exp(logp) - eps / vocab
-            grad[np.arange(n), t] -= 1.0 - eps
-            return grad * dout / count
-        """, "ignored rows must get zero"),
-    "adam: no bias correction": ("adam", """
-        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
-            if weight_decay:
-                if decoupled:
-                    p *= 1.0 - lr * weight_decay
-                else:
-                    g = g + weight_decay * p
-            m += (1.0 - beta1) * (g - m)
-            v *= beta2
-            v += (1.0 - beta2) * g * g
-            p -= lr * m / (np.sqrt(v) + eps)
-        """, "bias correction"),
-    "adam: eps inside the square root": ("adam", """
-        import math
-        def adam_step(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay, decoupled):
-            if weight_decay:
-                if decoupled:
-                    p *= 1.0 - lr * weight_decay
-                else:
-                    g = g + weight_decay * p
-            m += (1.0 - beta1) * (g - m)
-            v *= beta2
-            v += (1.0 - beta2) * g * g
-            p -= lr / (1.0 - beta1 ** t) * (m / (np.sqrt(v + eps) / math.sqrt(1.0 - beta2 ** t)))
-        """, "outside the square root"),
+    "residual: the identity path dropped": ("residual", (
+        ("return dx + dout,", "return dx,"), ("return dx + dz,", "return dx,")), "identity path"),
+    "cross-entropy: divided by all rows, ignored ones included": ("cross_entropy", (
+        ("(valid * (dout / count))", "(valid * (dout / n))"),), "divided by every row"),
+    "cross-entropy: ignored rows keep a gradient": ("cross_entropy", (
+        ("(valid * (dout / count))", "(dout / count + 0 * valid)"),), "ignored rows must get zero"),
+    "adam: no bias correction": ("adam", (
+        (ADAM_UPDATE, "    p -= lr * m / (np.sqrt(v) + eps)\n"),), "bias correction"),
+    "adam: eps inside the square root": ("adam", (
+        ("denom = np.sqrt(v)", "denom = np.sqrt(v + eps)"), ("    denom += eps\n", "")),
+        "outside the square root"),
 }
 
 
@@ -678,7 +565,7 @@ def test_a_learners_keyboard_interrupt_or_memory_error_is_one_line(folder, capfd
 
 FORWARD_CHANGES = {
     "attention: the scale 1 instead of 1/sqrt(d_k) (the backward reads it from the cache)": (
-        "attention", ("scale = 1.0 / math.sqrt(q.shape[-1])", "scale = 1.0")),
+        "attention", (("scale = 1.0 / math.sqrt(q.shape[-1])", "scale = 1.0"),)),
     "linear: the bias left out of the forward, db = 0": ("linear", """
         def linear_forward(x, w, b=None):
             x2 = x.reshape(-1, x.shape[-1])
@@ -710,14 +597,9 @@ FORWARD_CHANGES = {
 
 def change_forward(folder, change):
     """Write the learner's file of ``change`` (of FORWARD_CHANGES): code after the reference
-    solution's, or the solution with one line edited (old, new); returns the exercise's name."""
+    solution's, or the solution with one line edited ((old, new),); returns the exercise's name."""
     name, code = FORWARD_CHANGES[change]
-    if isinstance(code, tuple):
-        text = solution_source(find(name))
-        assert code[0] in text
-        (Path(folder) / find(name).file).write_text(text.replace(code[0], code[1]))
-    else:
-        write(folder, name, code)
+    write(folder, name, code)
     return name
 
 
@@ -826,14 +708,8 @@ def test_finale_with_the_reference_solutions_matches_npformer_toy(solved, tmp_pa
 
 
 def test_finale_with_a_subtle_bug_names_the_layer_to_look_at(solved, capsys):
-    write(solved, "layernorm", """
-        def layernorm_backward(dout, cache):
-            xhat, rstd, gamma = cache
-            g = dout * gamma
-            d = xhat.shape[-1]
-            dx = rstd * (g - g.mean(axis=-1, keepdims=True))      # the variance term forgotten
-            return dx, (dout * xhat).reshape(-1, d).sum(0), dout.reshape(-1, d).sum(0)
-        """)
+    write(solved, "layernorm", (                                   # the variance term forgotten
+        ("\n                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))", ")"),))
     assert main(["exercises", "check", str(solved), "--train", "--epochs", "1", "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "training anyway, although layernorm fails its checks" in out

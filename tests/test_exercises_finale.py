@@ -39,12 +39,9 @@ def finale(folder, capsys):
 def inline_softmax_attention(folder):
     """The attention file as the learner writes it after reading the attention derivation: the
     softmax backward written out inline, softmax_backward never called."""
-    e = find("attention")
-    source = solution_source(e)
-    call = "    dscores = softmax_backward(dprobs, probs)\n"
-    assert call in source
-    (folder / e.file).write_text(source.replace(
-        call, "    dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True))\n"))
+    write(folder, "attention", (("    dscores = softmax_backward(dprobs, probs)\n",
+                                 "    dscores = probs * (dprobs - (dprobs * probs).sum(-1, "
+                                 "keepdims=True))\n"),))
 
 
 def used(out, status):
@@ -72,14 +69,8 @@ def test_embedding_that_loses_duplicates_is_blamed_and_the_fit_explained(solved,
 
 
 def test_layernorm_without_the_mean_path_is_blamed(solved, capsys):
-    write(solved, "layernorm", """
-        def layernorm_backward(dout, cache):
-            xhat, rstd, gamma = cache
-            g = dout * gamma
-            d = xhat.shape[-1]
-            dx = rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))   # no d(mu) path
-            return dx, (dout * xhat).reshape(-1, d).sum(0), dout.reshape(-1, d).sum(0)
-        """)
+    write(solved, "layernorm", (                                   # no d(mu) path
+        ("g - g.mean(axis=-1, keepdims=True)\n                 - xhat", "g - xhat"),))
     code, out = finale(solved, capsys)
     assert code == 1, out
     assert re.search(r"look at \S*norm\S*: your layernorm_backward disagrees", out), out
@@ -162,6 +153,16 @@ UNSEEN = {            # the mistake: the finales that never exercise it, and why
 PLANTED = [(m, f) for m in sorted(MISTAKES) for f in FINALES if MISTAKES[m][0] in FINALES[f]]
 
 
+def mistaken(exercise, code):
+    """The functions of ``exercise.writes`` that a MISTAKES entry's ``code`` plants a mistake in:
+    those it defines, or (edits of the solution) those whose text an edit changes."""
+    if isinstance(code, str):
+        return set(re.findall(r"def (\w+)\(", code)) & set(exercise.writes)
+    text = solution_source(exercise)
+    return {re.findall(r"^def (\w+)\(", text[:text.index(old)], re.M)[-1] for old, _ in code} & \
+        set(exercise.writes)
+
+
 @pytest.mark.parametrize("mistake,finale", PLANTED)
 def test_no_planted_mistake_is_counted_as_trained_and_blame_names_it(solved, mistake, finale):
     name, code, _ = MISTAKES[mistake]
@@ -169,7 +170,7 @@ def test_no_planted_mistake_is_counted_as_trained_and_blame_names_it(solved, mis
         pytest.skip(f"tiny Shakespeare is not at {SHAKESPEARE}")
     write(solved, name, code)
     exercise = find(name)
-    planted = set(re.findall(r"def (\w+)\(", code)) & set(exercise.writes)   # the mistaken ones
+    planted = mistaken(exercise, code)
     try:
         if finale == "toy":
             findings, usage = preflight(modules_of(solved), 0, None, None)

@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 
 from npformer.cli.exercises import run_gpt
-from npformer.exercises import find
 from npformer.exercises.child import MEMORY
 from npformer.exercises.finale import modules_of
 from npformer.exercises.gpt import CONFIG, Text
 from npformer.exercises.gpt_finale import preflight
-from npformer.exercises.templates import solution_source
 from test_exercises import folder, one_line_error, solved, write  # noqa: F401  (the fixtures)
 
 SHAKESPEARE = (Path(__file__).resolve().parent.parent.parent
@@ -100,12 +98,8 @@ def test_a_wrong_linear_inside_a_right_mha_blames_the_linear(solved):
 
 @needs_text
 def test_an_inline_silu_leaves_silu_backward_unused(solved):
-    e = find("swiglu")
-    source = solution_source(e)
-    call = "silu_backward(dout * up, silu_cache)"
-    assert call in source
-    (solved / e.file).write_text(source.replace(
-        call, "(lambda g, c: g * (c[1] * (1.0 + c[0] * (1.0 - c[1]))))(dout * up, silu_cache)"))
+    write(solved, "swiglu", (("silu_backward(dout * up, silu_cache)", "(lambda g, c: g * (c[1] "
+                              "* (1.0 + c[0] * (1.0 - c[1]))))(dout * up, silu_cache)"),))
     findings, usage = usage_of(solved)
     assert not findings
     assert usage["silu_backward"].status == "not used"

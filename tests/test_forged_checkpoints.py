@@ -97,27 +97,28 @@ def resume(run, *extra):
                  "--max-steps", "4", *extra])
 
 
-def test_a_negative_step_is_refused(run, capsys):
-    """Before: the run resumed at step -5 and ran the updates up to --max-steps from there."""
-    resave(run / "last", lambda meta: meta["training"].update(step=-5))
+def refused_on_resume(run, capsys, edit, expected):
+    """``edit`` (of the checkpoint's meta) made to run/last: the resume fails in one line,
+    ``checkpoint .../last: expected``, and changes no file of the run."""
+    resave(run / "last", edit)
     before = snapshot(run)
     capsys.readouterr()
     assert resume(run) == 1
     err = one_line_error(capsys)
-    assert f"checkpoint {run / 'last'}: training.step: expected a non-negative integer, got -5" \
-        in err, err
+    assert f"checkpoint {run / 'last'}: {expected}" in err, err
     assert snapshot(run) == before
+
+
+def test_a_negative_step_is_refused(run, capsys):
+    """Before: the run resumed at step -5 and ran the updates up to --max-steps from there."""
+    refused_on_resume(run, capsys, lambda meta: meta["training"].update(step=-5),
+                      "training.step: expected a non-negative integer, got -5")
 
 
 def test_a_training_state_without_its_config_is_refused(run, capsys):
     """Before: the run resumed with the default schedule instead of its own."""
-    resave(run / "last", lambda meta: meta["training"].pop("config"))
-    before = snapshot(run)
-    capsys.readouterr()
-    assert resume(run) == 1
-    err = one_line_error(capsys)
-    assert f"checkpoint {run / 'last'}: training.config: missing" in err, err
-    assert snapshot(run) == before
+    refused_on_resume(run, capsys, lambda meta: meta["training"].pop("config"),
+                      "training.config: missing")
 
 
 def _set(key, value):
@@ -169,13 +170,7 @@ FORGED = [
 @pytest.mark.parametrize("key, value, expected", FORGED,
                          ids=[f"{k}={v if v is not _set.DROP else 'missing'}" for k, v, _ in FORGED])
 def test_each_field_of_the_training_state_is_checked_on_resume(run, capsys, key, value, expected):
-    resave(run / "last", _set(key, value))
-    before = snapshot(run)
-    capsys.readouterr()
-    assert resume(run) == 1
-    err = one_line_error(capsys)
-    assert f"checkpoint {run / 'last'}: {expected}" in err, err
-    assert snapshot(run) == before
+    refused_on_resume(run, capsys, _set(key, value), expected)
 
 
 def test_the_unforged_run_resumes(run, capsys):

@@ -32,19 +32,14 @@ tokenizers = pytest.importorskip("tokenizers", reason="extra hf: pip install 'np
 pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
 
 torch.set_num_threads(1)
-TEXT = ["the quick brown fox jumps over the lazy dog", "hello world, hello npformer",
-        "a man in an orange hat starring at something ."] * 20
+
+from test_llama_hf import TEXT, fine_tune, tokenizer  # noqa: E402  (after the skips: needs torch)
 
 
 def make_folder(path, tie=True, activation="gelu_new", seed=0):
-    """A GPT-2 of 2 blocks, d_model 32, 4 heads, context 24, with its tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXT, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    """A GPT-2 of 2 blocks, d_model 32, 4 heads, context 24, with its tokenizer.json (the Llama
+    tests' byte-level BPE)."""
+    tok = tokenizer()
     vocab = tok.get_vocab_size()
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)
@@ -302,12 +297,7 @@ def test_lm_fine_tunes_gpt2_with_its_tokenizer_and_sample_reads_the_run(folder, 
     the same windows), the run keeps the tokenizer.json, and ``npformer sample --checkpoint``
     continues a prompt with the fine-tuned model."""
     path, hf_model, tok = folder
-    data = tmp_path / "text.txt"
-    data.write_text("\n".join(TEXT) + "\n", encoding="utf-8")
-    out = tmp_path / "run"
-    assert main(["lm", "--data", str(data), "--init-from", str(path), "--out", str(out),
-                 "--context", "16", "--batch-size", "2", "--max-steps", "2", "--eval-every", "2",
-                 "--sample-tokens", "5", "--quiet"]) == 0
+    data, out = fine_tune(path, tmp_path, sample_tokens=5)
     assert (out / "tokenizer.json").read_bytes() == (path / "tokenizer.json").read_bytes()
     ids = tok.encode(data.read_text(encoding="utf-8")).ids
     valid = ids[len(ids) - round(len(ids) * 0.1):]

@@ -15,20 +15,13 @@ import pytest
 
 import npformer as nf
 from npformer import functional as F
+from npformer.testing import pair_fn
 
 ROOT2PI = math.sqrt(2 / math.pi)
 
 
 def rnd(rng, *shape):
     return rng.standard_normal(shape)
-
-
-def pair(forward, backward):
-    """fn for gradcheck from a forward and a backward(dout, cache)."""
-    def fn(*xs):
-        out, cache = forward(*xs)
-        return out, lambda d: backward(d, cache)
-    return fn
 
 
 # -- the wrong backwards, one per mistake -----------------------------------------------------
@@ -39,7 +32,7 @@ def linear_case(rng):
     def wrong(dy, cache):
         dx, dw, db = F.linear_backward(dy, cache)
         return dx, dw.T, db
-    return pair(F.linear_forward, F.linear_backward), pair(F.linear_forward, wrong), \
+    return pair_fn(F.linear_forward, F.linear_backward), pair_fn(F.linear_forward, wrong), \
         [rnd(rng, 2, 3, 4), rnd(rng, 4, 4), rnd(rng, 4)]
 
 
@@ -55,10 +48,10 @@ def embedding_cases():
 
     def no_scale(dout, cache):
         return F.embedding_backward(dout, cache) / cache[2]
-    right = pair(forward, F.embedding_backward)
+    right = pair_fn(forward, F.embedding_backward)
     inputs = lambda rng: [rnd(rng, 4, 3)]
-    return {"embedding: dw[ids] += dout overwrites repeated ids": (right, pair(forward, overwrite), inputs),
-            "embedding: the scale s forgotten in the backward": (right, pair(forward, no_scale), inputs)}
+    return {"embedding: dw[ids] += dout overwrites repeated ids": (right, pair_fn(forward, overwrite), inputs),
+            "embedding: the scale s forgotten in the backward": (right, pair_fn(forward, no_scale), inputs)}
 
 
 def positions_case(rng):
@@ -71,7 +64,7 @@ def positions_case(rng):
         dw = np.zeros_like(dw)
         dw[start:start + t] = dout[0]
         return dx, dw
-    return pair(forward, F.position_embedding_backward), pair(forward, first_row), \
+    return pair_fn(forward, F.position_embedding_backward), pair_fn(forward, first_row), \
         [rnd(rng, 3, 4, 5), rnd(rng, 6, 5)]
 
 
@@ -87,10 +80,10 @@ def dropout_cases():
     def no_scale(dout, cache):
         keep, _ = cache
         return dout * keep
-    right = pair(forward, F.dropout_backward)
+    right = pair_fn(forward, F.dropout_backward)
     inputs = lambda rng: [rnd(rng, 4, 8)]
-    return {"dropout: a new mask drawn in the backward": (right, pair(forward, new_mask), inputs),
-            "dropout: the scale 1/(1-p) forgotten in the backward": (right, pair(forward, no_scale), inputs)}
+    return {"dropout: a new mask drawn in the backward": (right, pair_fn(forward, new_mask), inputs),
+            "dropout: the scale 1/(1-p) forgotten in the backward": (right, pair_fn(forward, no_scale), inputs)}
 
 
 def layernorm_cases():
@@ -111,15 +104,15 @@ def layernorm_cases():
             _, dg, db = F.layernorm_backward(dy, cache)
             return dx * rstd, dg, db
         return backward
-    right = pair(F.layernorm_forward, F.layernorm_backward)
+    right = pair_fn(F.layernorm_forward, F.layernorm_backward)
     inputs = lambda rng: [rnd(rng, 3, 4, 6), 1 + 0.3 * rnd(rng, 6), rnd(rng, 6)]
     return {
         "layernorm: mu and sigma treated as constants (dx = r g)":
-            (right, pair(F.layernorm_forward, constants), inputs),
+            (right, pair_fn(F.layernorm_forward, constants), inputs),
         "layernorm: the mean term of mu kept, sigma's dropped":
-            (right, pair(F.layernorm_forward, one_mean_term("mean")), inputs),
+            (right, pair_fn(F.layernorm_forward, one_mean_term("mean")), inputs),
         "layernorm: sigma's term kept, the mean of dxhat dropped":
-            (right, pair(F.layernorm_forward, one_mean_term("sigma")), inputs),
+            (right, pair_fn(F.layernorm_forward, one_mean_term("sigma")), inputs),
     }
 
 
@@ -133,12 +126,12 @@ def rmsnorm_cases():
         g = dout * gamma
         dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
         return dx, F.rmsnorm_backward(dout, cache)[1]
-    right = pair(F.rmsnorm_forward, F.rmsnorm_backward)
+    right = pair_fn(F.rmsnorm_forward, F.rmsnorm_backward)
     inputs = lambda rng: [rnd(rng, 3, 4, 6), 1 + 0.3 * rnd(rng, 6)]
     return {"rmsnorm: r treated as a constant (dx = r g)":
-                (right, pair(F.rmsnorm_forward, constant_r), inputs),
+                (right, pair_fn(F.rmsnorm_forward, constant_r), inputs),
             "rmsnorm: LayerNorm's mean term kept (-mean(g))":
-                (right, pair(F.rmsnorm_forward, layernorm_mean), inputs)}
+                (right, pair_fn(F.rmsnorm_forward, layernorm_mean), inputs)}
 
 
 def swiglu_cases():
@@ -149,12 +142,12 @@ def swiglu_cases():
     def sigmoid_only(dout, cache):                             # silu' taken as sigmoid(gate)
         act, up, (gate, s) = cache
         return np.concatenate([dout * up * s, dout * act], axis=-1)
-    right = pair(F.swiglu_forward, F.swiglu_backward)
+    right = pair_fn(F.swiglu_forward, F.swiglu_backward)
     inputs = lambda rng: [rnd(rng, 3, 2, 8)]
     return {"swiglu: the gate's and the up projection's gradients swapped":
-                (right, pair(F.swiglu_forward, swapped), inputs),
+                (right, pair_fn(F.swiglu_forward, swapped), inputs),
             "swiglu: silu's derivative taken as sigmoid (the product rule's x s (1 - s) lost)":
-                (right, pair(F.swiglu_forward, sigmoid_only), inputs)}
+                (right, pair_fn(F.swiglu_forward, sigmoid_only), inputs)}
 
 
 def gelu_cases():
@@ -181,9 +174,9 @@ def gelu_cases():
     inputs = lambda rng: [2 * rnd(rng, 4, 9)]
     return {
         "gelu: the exact (erf) forward with the tanh form's derivative":
-            (pair(erf_forward, erf_derivative), pair(erf_forward, tanh_derivative), inputs),
+            (pair_fn(erf_forward, erf_derivative), pair_fn(erf_forward, tanh_derivative), inputs),
         "gelu: the tanh form's forward with the exact (erf) derivative":
-            (pair(tanh_forward, tanh_derivative), pair(tanh_forward, erf_derivative), inputs),
+            (pair_fn(tanh_forward, tanh_derivative), pair_fn(tanh_forward, erf_derivative), inputs),
     }
 
 
@@ -195,8 +188,8 @@ def softmax_case(rng):
     def fill_zero(s):
         p, _ = F.softmax_forward(np.where(mask, s, 0.0))
         return p, p
-    right = pair(lambda s: F.softmax_forward(s, mask), F.softmax_backward)
-    return right, pair(fill_zero, F.softmax_backward), [rnd(rng, 3, 6)]
+    right = pair_fn(lambda s: F.softmax_forward(s, mask), F.softmax_backward)
+    return right, pair_fn(fill_zero, F.softmax_backward), [rnd(rng, 3, 6)]
 
 
 def softcap_cases():
@@ -245,16 +238,16 @@ def attention_cases():
         q, k, probs, probs_d, drop_cache, scale, dv, dprobs_d = parts(dout, cache)
         ds = F.softmax_backward(F.dropout_backward(dprobs_d, drop_cache), probs) * scale
         return ds @ k, ds @ q, dv
-    right = pair(forward, F.attention_backward)
+    right = pair_fn(forward, F.attention_backward)
     inputs = lambda rng: [rnd(rng, 2, 2, 4, 3), rnd(rng, 2, 2, 4, 3), rnd(rng, 2, 2, 4, 5)]
     return {
         "attention: P' (after dropout) passed to the softmax backward":
-            (right, pair(forward, dropped_probs), inputs),
-        "attention: the scale c forgotten in the backward": (right, pair(forward, scale_times(0)), inputs),
+            (right, pair_fn(forward, dropped_probs), inputs),
+        "attention: the scale c forgotten in the backward": (right, pair_fn(forward, scale_times(0)), inputs),
         "attention: the scale c applied to dS and again to dQ":
-            (right, pair(forward, scale_times(2)), inputs),
+            (right, pair_fn(forward, scale_times(2)), inputs),
         "attention: dK = c dS Q without the transpose (self-attention, Tq = Tk)":
-            (right, pair(forward, no_transpose), inputs),
+            (right, pair_fn(forward, no_transpose), inputs),
     }
 
 
@@ -298,10 +291,10 @@ def mha_cases():
     inputs_fused = lambda rng: [rnd(rng, 2, 3, 4), rnd(rng, 12, 4)]
     return {
         "multi-head attention: dmemory overwritten instead of added over layers":
-            (pair(two_reads, memory_backward(True)), pair(two_reads, memory_backward(False)),
+            (pair_fn(two_reads, memory_backward(True)), pair_fn(two_reads, memory_backward(False)),
              inputs_mem),
         "multi-head attention: a gradient built in pieces assigned (=) instead of added":
-            (pair(fused, fused_backward(True)), pair(fused, fused_backward(False)), inputs_fused),
+            (pair_fn(fused, fused_backward(True)), pair_fn(fused, fused_backward(False)), inputs_fused),
     }
 
 
@@ -321,9 +314,9 @@ def grouped_query_cases():
     inputs = lambda rng: [rnd(rng, 2, 2, 3, 4), rnd(rng, 2, 1, 3, 4), rnd(rng, 2, 1, 3, 4)]
     summed = backward(lambda d: d.sum(axis=1, keepdims=True))
     return {"grouped-query attention: a shared head's gradient from its group's first head only":
-                (pair(forward, summed), pair(forward, backward(lambda d: d[:, :1])), inputs),
+                (pair_fn(forward, summed), pair_fn(forward, backward(lambda d: d[:, :1])), inputs),
             "grouped-query attention: the group's gradients averaged, not summed":
-                (pair(forward, summed), pair(forward, backward(lambda d: d.mean(axis=1, keepdims=True))),
+                (pair_fn(forward, summed), pair_fn(forward, backward(lambda d: d.mean(axis=1, keepdims=True))),
                  inputs)}
 
 
@@ -344,11 +337,11 @@ def rotary_cases():
     def no_offset(dout, cache):                               # the tables read from position 0
         _, cache0 = F.rotary_forward(np.zeros_like(dout), cos, sin, start=0)
         return F.rotary_backward(dout, cache0)
-    right = pair(forward, F.rotary_backward)
+    right = pair_fn(forward, F.rotary_backward)
     inputs = lambda rng: [rnd(rng, 2, 2, 3, 4)]
     return {"rotary: the backward pairs (2i, 2i+1), the forward (i, i + d/2)":
-                (right, pair(forward, interleaved), inputs),
-            "rotary: the offset start forgotten in the backward": (right, pair(forward, no_offset), inputs)}
+                (right, pair_fn(forward, interleaved), inputs),
+            "rotary: the offset start forgotten in the backward": (right, pair_fn(forward, no_offset), inputs)}
 
 
 def residual_cases():
@@ -402,11 +395,11 @@ def residual_cases():
     inputs = lambda rng: [rnd(rng, 2, 3, 4), rnd(rng, 4, 4), 1 + 0.3 * rnd(rng, 4), rnd(rng, 4)]
     return {
         "residual: the identity term dropped (pre-norm)":
-            (pair(pre, pre_backward(True)), pair(pre, pre_backward(False)), inputs),
+            (pair_fn(pre, pre_backward(True)), pair_fn(pre, pre_backward(False)), inputs),
         "residual: post-norm feeds dy instead of dz to the identity path":
-            (pair(post, post_backward("dsum")), pair(post, post_backward("dz")), inputs),
+            (pair_fn(post, post_backward("dsum")), pair_fn(post, post_backward("dz")), inputs),
         "residual: sub-layers' backwards run in forward order":
-            (pair(two, two_backward("reverse")), pair(two, two_backward("forward")),
+            (pair_fn(two, two_backward("reverse")), pair_fn(two, two_backward("forward")),
              lambda rng: [rnd(rng, 2, 3, 4), rnd(rng, 4, 4), rnd(rng, 4, 4)]),
     }
 
@@ -429,11 +422,11 @@ def cross_entropy_cases():
         logp, safe, valid, count, eps = cache
         everything = (logp, safe, np.ones_like(valid), count, eps)
         return backward(dloss, everything)
-    right = pair(forward, backward)
+    right = pair_fn(forward, backward)
     inputs = lambda rng: [rnd(rng, 6, 7)]
     return {"cross-entropy: divided by all rows (padding included), not the real tokens":
-                (right, pair(forward, by_all_rows), inputs),
-            "cross-entropy: ignored rows keep softmax - q": (right, pair(forward, ignored_rows_kept), inputs)}
+                (right, pair_fn(forward, by_all_rows), inputs),
+            "cross-entropy: ignored rows keep softmax - q": (right, pair_fn(forward, ignored_rows_kept), inputs)}
 
 
 def tied_case(rng):
@@ -453,7 +446,7 @@ def tied_case(rng):
             dw_emb = F.embedding_backward(dt * (1 - np.tanh(h) ** 2), c_emb)
             return dw_emb + dw_gen if add else dw_gen          # `grad = ...`: the last one wins
         return b
-    return pair(forward, backward(True)), pair(forward, backward(False)), [rnd(rng, 4, 4)]
+    return pair_fn(forward, backward(True)), pair_fn(forward, backward(False)), [rnd(rng, 4, 4)]
 
 
 def lora_cases():
@@ -472,11 +465,11 @@ def lora_cases():
     def frozen_dx_only(dy, cache):
         _, da, db = F.lora_backward(dy, cache)
         return F.linear_input_backward(dy, cache[0]), da, db
-    right = pair(forward, F.lora_backward)
+    right = pair_fn(forward, F.lora_backward)
     inputs = lambda rng: [rnd(rng, 2, 3, 6), rnd(rng, 2, 6), rnd(rng, 5, 2)]
     return {"lora: the scale alpha / r applied to dB but not to dA":
-                (right, pair(forward, unscaled_da), inputs),
-            "lora: the adapter's share of dx forgotten": (right, pair(forward, frozen_dx_only),
+                (right, pair_fn(forward, unscaled_da), inputs),
+            "lora: the adapter's share of dx forgotten": (right, pair_fn(forward, frozen_dx_only),
                                                            inputs)}
 
 
@@ -505,18 +498,18 @@ CATALOGUE = catalogue()
 # (or NumPy refuses the product before the backward returns).
 SHAPE_MISTAKES = {
     "linear: db = dy.sum(axis=0) on a 3-D dy leaves (T, D_out)":
-        (pair(F.linear_forward, lambda dy, c: (*F.linear_backward(dy, c)[:2], dy.sum(axis=0))),
+        (pair_fn(F.linear_forward, lambda dy, c: (*F.linear_backward(dy, c)[:2], dy.sum(axis=0))),
          lambda rng: [rnd(rng, 2, 3, 4), rnd(rng, 5, 4), rnd(rng, 5)], "the gradient of input2 has shape"),
     "linear: dW = X^T dY for a non-square (out, in) weight":
-        (pair(F.linear_forward, lambda dy, c: (F.linear_backward(dy, c)[0], F.linear_backward(dy, c)[1].T,
+        (pair_fn(F.linear_forward, lambda dy, c: (F.linear_backward(dy, c)[0], F.linear_backward(dy, c)[1].T,
                                                F.linear_backward(dy, c)[2])),
          lambda rng: [rnd(rng, 2, 3, 4), rnd(rng, 5, 4), rnd(rng, 5)], "the gradient of input1 has shape"),
     "layernorm: dgamma summed over the batch axis only":
-        (pair(F.layernorm_forward, lambda dy, c: (*F.layernorm_backward(dy, c)[:1],
+        (pair_fn(F.layernorm_forward, lambda dy, c: (*F.layernorm_backward(dy, c)[:1],
                                                   (dy * c[0]).sum(axis=0), dy.sum(axis=(0, 1)))),
          lambda rng: [rnd(rng, 2, 3, 4), np.ones(4), np.zeros(4)], "the gradient of input1 has shape"),
     "attention: dK = c dS Q without the transpose (cross-attention, Tq != Tk)":
-        (pair(lambda q, k, v: F.attention_forward(q, k, v),
+        (pair_fn(lambda q, k, v: F.attention_forward(q, k, v),
               lambda d, c: (lambda dq, dk, dv: (dq, (F.softmax_backward(d @ c[2].swapaxes(-1, -2), c[3])
                                                      * c[6]) @ c[0], dv))(*F.attention_backward(d, c))),
          lambda rng: [rnd(rng, 1, 2, 3, 4), rnd(rng, 1, 2, 5, 4), rnd(rng, 1, 2, 5, 4)],

@@ -5,7 +5,7 @@ import pytest
 
 import npformer as nf
 from npformer import functional as F
-from npformer.testing import check_module
+from npformer.testing import check_module, pair_fn
 from npformer.nn import (DecoderLayer, Embedding, EncoderLayer, FeedForward, LayerNorm, Linear,
                          MultiHeadAttention, PositionEmbedding)
 
@@ -135,10 +135,7 @@ def test_activations(name):
     x = np.random.default_rng(3).standard_normal((4, 9))
     x[np.abs(x) < 1e-3] = 0.5                                   # keep ReLU away from its kink
 
-    def f(x):
-        out, cache = forward(x)
-        return out, lambda d: backward(d, cache)
-    check(f, [x])
+    check(pair_fn(forward, backward), [x])
 
 
 def test_gelu_matches_erf_definition():

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import npformer as nf
+from npformer.testing import loss_function
 
 PAD = 0
 
@@ -36,19 +37,12 @@ def model_gradcheck(model, smoothing, max_entries=12, masked=False):
         arrays.append((p, rows))
     rng_state = model.rng.bit_generator.state
 
-    def f(*_):
+    def forward():
         model.rng.bit_generator.state = rng_state        # the same dropout masks every call
-        logits = model.forward(src, tgt_in, logits_mask=scored)
-        targets = tgt_out if scored is None else tgt_out[scored]
-        loss, dlogits = nf.cross_entropy(logits, targets, ignore_index=PAD,
-                                         label_smoothing=smoothing)
+        return model.forward(src, tgt_in, logits_mask=scored)
 
-        def backward(dloss):
-            model.zero_grad()
-            model.backward(dlogits * dloss)
-            return tuple(p.grad[rows].copy() for p, rows in arrays)
-        return np.array(loss), backward
-
+    targets = tgt_out if scored is None else tgt_out[scored]
+    f = loss_function(model, forward, targets, arrays, PAD, smoothing)
     result = nf.gradcheck(f, [p.data[rows] for p, rows in arrays],
                           max_entries=max_entries, names=names)
     assert result.ok, str(result)

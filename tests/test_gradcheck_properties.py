@@ -14,7 +14,8 @@ import npformer as nf
 from npformer import functional as F
 from npformer.nn import (DecoderLayer, Embedding, EncoderLayer, FeedForward, LayerNorm, Linear,
                          MultiHeadAttention, PositionEmbedding)
-from npformer.testing import causal_masks, float_arrays, module_function, padding_masks, shapes
+from npformer.testing import (causal_masks, float_arrays, module_function, padding_masks,
+                              pair_fn, shapes)
 
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -32,13 +33,6 @@ def check(data, fn, inputs, names=None, probe_from=None):
     assert result.ok, str(result)
 
 
-def pair(forward, backward):
-    def fn(*xs):
-        out, cache = forward(*xs)
-        return out, lambda d: backward(d, cache)
-    return fn
-
-
 def arr(data, shape, **kw):
     return data.draw(float_arrays(shape, **kw))
 
@@ -50,8 +44,8 @@ def arr(data, shape, **kw):
 def test_linear(data, shape, n_out, bias):
     x, w = arr(data, shape), arr(data, (n_out, shape[-1]))
     inputs = [x, w] + ([arr(data, (n_out,))] if bias else [])
-    check(data, pair(F.linear_forward, F.linear_backward) if bias else
-          pair(F.linear_forward, lambda d, c: F.linear_backward(d, c)[:2]), inputs)
+    check(data, pair_fn(F.linear_forward, F.linear_backward) if bias else
+          pair_fn(F.linear_forward, lambda d, c: F.linear_backward(d, c)[:2]), inputs)
 
 
 @SETTINGS
@@ -60,7 +54,7 @@ def test_linear(data, shape, n_out, bias):
 def test_embedding(data, b, t, v, scale):
     ids = data.draw(st.lists(st.integers(0, v - 1), min_size=b * t, max_size=b * t))
     ids = np.array(ids).reshape(b, t)
-    check(data, pair(lambda w: F.embedding_forward(ids, w, scale), F.embedding_backward),
+    check(data, pair_fn(lambda w: F.embedding_forward(ids, w, scale), F.embedding_backward),
           [arr(data, (v, 3))])
 
 
@@ -68,7 +62,7 @@ def test_embedding(data, b, t, v, scale):
 @given(data=st.data(), shape=shapes(3, 3, 1, 4), start=st.integers(0, 2))
 def test_learned_positions(data, shape, start):
     table = arr(data, (shape[1] + start + 1, shape[2]))
-    check(data, pair(lambda x, w: F.position_embedding_forward(x, w, start),
+    check(data, pair_fn(lambda x, w: F.position_embedding_forward(x, w, start),
                      F.position_embedding_backward), [arr(data, shape), table])
 
 
@@ -76,7 +70,7 @@ def test_learned_positions(data, shape, start):
 @given(data=st.data(), shape=shapes(1, 3, 2, 6))
 def test_layernorm(data, shape):
     x = arr(data, shape)
-    check(data, pair(F.layernorm_forward, F.layernorm_backward),
+    check(data, pair_fn(F.layernorm_forward, F.layernorm_backward),
           [x, arr(data, shape[-1:]), arr(data, shape[-1:])], probe_from=x)
 
 
@@ -90,16 +84,16 @@ def test_activation_dropout(data, shape, name, p, key):
 
     def forward(h):
         return F.activation_dropout_forward(h, name, p, np.random.default_rng(key), training=True)
-    check(data, pair(forward, F.activation_dropout_backward), [x], probe_from=x)
+    check(data, pair_fn(forward, F.activation_dropout_backward), [x], probe_from=x)
 
 
 @SETTINGS
 @given(data=st.data(), shape=shapes(2, 2, 1, 5), p=st.floats(0.0, 0.9), key=st.integers(0, 1000))
 def test_dropout_and_dropout_add(data, shape, p, key):
     x, y = arr(data, shape), arr(data, shape)
-    check(data, pair(lambda x: F.dropout_forward(x, p, np.random.default_rng(key), training=True),
+    check(data, pair_fn(lambda x: F.dropout_forward(x, p, np.random.default_rng(key), training=True),
                      F.dropout_backward), [x], probe_from=x)
-    check(data, pair(lambda x, y: F.dropout_add_forward(x, y, p, np.random.default_rng(key),
+    check(data, pair_fn(lambda x, y: F.dropout_add_forward(x, y, p, np.random.default_rng(key),
                                                          training=True),
                      F.dropout_add_backward), [x, y], probe_from=y)
 
@@ -111,7 +105,7 @@ def test_masked_softmax(data, rows, k):
     mask = np.array(data.draw(st.lists(st.booleans(), min_size=rows * k, max_size=rows * k)))
     mask = mask.reshape(rows, k)
     s = arr(data, (rows, k))
-    check(data, pair(lambda s: F.softmax_forward(s, mask), F.softmax_backward), [s], probe_from=s)
+    check(data, pair_fn(lambda s: F.softmax_forward(s, mask), F.softmax_backward), [s], probe_from=s)
 
 
 @SETTINGS
@@ -123,7 +117,7 @@ def test_attention(data, b, h, t, d, causal, p):
 
     def forward(q, k, v):
         return F.attention_forward(q, k, v, mask, p, np.random.default_rng(5), training=True)
-    check(data, pair(forward, F.attention_backward), [q, k, v], probe_from=v)
+    check(data, pair_fn(forward, F.attention_backward), [q, k, v], probe_from=v)
 
 
 @SETTINGS
@@ -131,7 +125,7 @@ def test_attention(data, b, h, t, d, causal, p):
 def test_rotary(data, t, half, start):
     cos, sin = F.rotary_tables(t + start, 2 * half, np.float64)
     x = arr(data, (2, 1, t, 2 * half))
-    check(data, pair(lambda x: F.rotary_forward(x, cos, sin, start=start), F.rotary_backward),
+    check(data, pair_fn(lambda x: F.rotary_forward(x, cos, sin, start=start), F.rotary_backward),
           [x], probe_from=x)
 
 
@@ -145,7 +139,7 @@ def test_cross_entropy(data, n, v, smoothing):
     def forward(z):
         loss, cache = F.cross_entropy_forward(z, targets, 0, smoothing)
         return np.array(loss), cache
-    check(data, pair(forward, lambda d, c: F.cross_entropy_backward(float(d), c)),
+    check(data, pair_fn(forward, lambda d, c: F.cross_entropy_backward(float(d), c)),
           [arr(data, (n, v))])
 
 

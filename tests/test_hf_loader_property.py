@@ -189,9 +189,14 @@ def forge_header(file, kind, a, b):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edit=st.one_of(config_edits, index_edits, header_edits))
 def test_an_edited_folder_loads_or_is_refused_naming_its_file(originals, tmp_path, edit):
-    kind = edit[0]
-    source = originals / ("sharded" if kind.startswith("index") else "single")
-    path = tmp_path / "folder"
+    source = originals / ("sharded" if edit[0].startswith("index") else "single")
+    loads_or_is_refused(source, tmp_path / "folder", edit, load)
+
+
+def loads_or_is_refused(source, path, edit, load):
+    """The folder ``source`` copied to ``path`` and ``edit``ed there (an edit JSON cannot write
+    is passed over), then ``load(path)`` in a bounded child: it gives True (finite weights) or
+    is refused by a one-line ValueError naming the folder."""
     shutil.rmtree(path, ignore_errors=True)
     shutil.copytree(source, path)
     try:

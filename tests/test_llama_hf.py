@@ -88,6 +88,18 @@ def tokenizer():
     return _TOKENIZER[0]
 
 
+def fine_tune(path, tmp_path, sample_tokens):
+    """``npformer lm --init-from path`` for two steps of 2 windows of 16 on TEXT (one line each),
+    validated at step 2; returns the text file and the run folder."""
+    data = tmp_path / "text.txt"
+    data.write_text("\n".join(TEXT) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["lm", "--data", str(data), "--init-from", str(path), "--out", str(out),
+                 "--context", "16", "--batch-size", "2", "--max-steps", "2", "--eval-every", "2",
+                 "--sample-tokens", str(sample_tokens), "--quiet"]) == 0
+    return data, out
+
+
 def build(path, case, seed=0, save_dtype=None, shard=None, legacy_rope=False, **changes):
     """The transformers model of ``case`` (a name of ``CASES``, or a tuple as theirs: another
     family's tests) with random weights (every norm and bias moved off its initial value), saved
@@ -626,12 +638,7 @@ def test_sample_and_lm_commands_run_every_type(folders, tmp_path, capsys, case):
     assert main(["sample", "--hf", str(path), "--prompt", "hello world", "--max-new-tokens", "6",
                  "--greedy"]) == 0
     assert capsys.readouterr().out.startswith("hello world")
-    data = tmp_path / "text.txt"
-    data.write_text("\n".join(TEXT) + "\n", encoding="utf-8")
-    out = tmp_path / "run"
-    assert main(["lm", "--data", str(data), "--init-from", str(path), "--out", str(out),
-                 "--context", "16", "--batch-size", "2", "--max-steps", "2", "--eval-every", "2",
-                 "--sample-tokens", "4", "--quiet"]) == 0
+    data, out = fine_tune(path, tmp_path, sample_tokens=4)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["event"] == "eval"] == [2]
     assert (out / "tokenizer.json").is_file()
@@ -863,27 +870,14 @@ def test_an_edited_folder_loads_or_is_refused_naming_its_file(folders, sharded, 
     than it maps, and 5 s): config.json's keys, the shard index and the safetensors headers
     edited at random. (max_position_embeddings is left alone: see the expected failure below.)"""
     hypothesis = pytest.importorskip("hypothesis")
-    from test_hf_loader_property import apply, run_bounded
+    from test_hf_loader_property import loads_or_is_refused
 
     @hypothesis.settings(max_examples=40, deadline=None, database=None)
     @hypothesis.given(edit=_property_edits())
     def check(edit):
-        kind = edit[0]
-        source = sharded[0] if kind.startswith("index") else folders["llama-gqa-llama3"][0]
-        path = tmp_path / "folder"
-        shutil.rmtree(path, ignore_errors=True)
-        shutil.copytree(source, path)
-        try:
-            apply(path, edit)
-        except (ValueError, TypeError):            # an edit json cannot write (a NaN key...)
-            return
-        outcome, message = run_bounded(
-            lambda: bool(np.isfinite(nf.from_pretrained(path).flat_params).all()))
-        if outcome == "ok":
-            assert message is True, "loaded weights that are not finite"
-            return
-        assert outcome == "ValueError", (edit, outcome, message)
-        assert str(path) in message and "\n" not in message, (edit, message)
+        source = sharded[0] if edit[0].startswith("index") else folders["llama-gqa-llama3"][0]
+        loads_or_is_refused(source, tmp_path / "folder", edit, lambda path: bool(
+            np.isfinite(nf.from_pretrained(path).flat_params).all()))
     check()
 
 

@@ -3,10 +3,10 @@ model_options): each is its configuration field with dashes, but for the few the
 (``--layers`` sets both stacks of a Transformer; lm's ``--context`` is the GPT's max_len). Runs
 recorded before the table resume as before.
 
-tests/data/runs_before_68 holds the last checkpoint of three tiny runs made by the code before
-the table (a ``train --dataset toy`` run, a ``toy`` run, which records no options, and an ``lm``
-run) and, in expected.json, what that code answered to a resume of each: the error naming every
-changed model option, and the options and model of a resume that changed none."""
+tests/data/runs_before_options_table holds the last checkpoint of three tiny runs made by the
+code before the table (a ``train --dataset toy`` run, a ``toy`` run, which records no options,
+and an ``lm`` run) and, in expected.json, what that code answered to a resume of each: the error
+naming every changed model option, and the options and model of a resume that changed none."""
 import argparse
 import dataclasses
 import json
@@ -25,7 +25,7 @@ from npformer.training.language_model import LM_MODEL
 from npformer.training.multi30k import MULTI30K_MODEL, TINY_MODEL
 from npformer.training.toy import TOY_MODEL
 
-OLD = Path(__file__).parent / "data" / "runs_before_68"
+OLD = Path(__file__).parent / "data" / "runs_before_options_table"
 EXPECTED = json.loads((OLD / "expected.json").read_text())
 # the text the old lm run learnt (tests/test_language_model.py's)
 TEXT = "".join(f"{w} the quick brown fox, line {i % 7}.\n" for i, w in

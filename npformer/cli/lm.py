@@ -31,7 +31,8 @@ from .common import (NoneDefaultFormatter, add_model_options, non_negative_float
                      refuse_min_lr_above_lr)
 from .model_options import LANGUAGE_MODEL
 from .parallel import add_parallel_args, join
-from .runs import same_path, apply_resume_policy, flag, plan_run_folder, refuse_inputs_in_run
+from .runs import (same_path, add_run_folder_options, apply_resume_policy, flag, plan_run_folder,
+                   refuse_inputs_in_run)
 
 LM_MADE_BY = "npformer lm"
 # what an out-of-memory error suggests (npformer.cli.main)
@@ -69,12 +70,8 @@ def add_parser(sub, name):
                    help="the UTF-8 text to learn: a file, or tinyshakespeare (the file of "
                         "'npformer download tinyshakespeare'; a file of that name in the working "
                         "folder wins)")
-    p.add_argument("--out", type=path_argument, required=True,
-                   help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
-                        "a run is refused unless --resume continues it or --overwrite replaces it")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the run in --out (its checkpoints, metrics.jsonl and "
-                        "tokenizer.json are removed, no other file)")
+    add_run_folder_options(p, removes="replace the run in --out (its checkpoints, metrics.jsonl "
+                                       "and tokenizer.json are removed, no other file)")
     p.add_argument("--resume", type=path_argument, metavar="CKPT",
                    help="continue the run of this checkpoint, bit for bit (options left out keep "
                         "the checkpoint's values; only %s may change)"

@@ -48,7 +48,7 @@ import shutil
 
 from ..dropout_rates import inner_dropout_rates
 from ..training.multi30k import checkpoint_preprocess
-from .common import refuse_output_under_a_file
+from .common import path_argument, refuse_output_under_a_file
 from .model_options import TRANSLATION_MODEL
 
 TOY_MADE_BY = "npformer toy"
@@ -79,6 +79,15 @@ _FLAGS = {"eval_every_steps": "--eval-every"}
 def flag(dest):
     """The command-line spelling of an option's destination (``layers`` -> ``--layers``)."""
     return _FLAGS.get(dest, "--" + dest.replace("_", "-"))
+
+
+def add_run_folder_options(p, removes):
+    """A training command's --out (its run folder) and --overwrite, whose help says what it
+    ``removes``."""
+    p.add_argument("--out", type=path_argument, required=True,
+                   help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
+                        "a run is refused unless --resume continues it or --overwrite replaces it")
+    p.add_argument("--overwrite", action="store_true", help=removes)
 
 
 # ----------------------------------------------------------------------------------------------

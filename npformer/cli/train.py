@@ -14,8 +14,8 @@ from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, bu
                      refuse_output_over_inputs, train_kwargs)
 from .model_options import TRANSLATION_MODEL
 from .parallel import add_parallel_args, join
-from .runs import (RECORDED_OPTIONS, TOY_MADE_BY, TRAIN_MADE_BY, apply_resume_policy, flag,
-                   plan_run_folder, refuse_inputs_in_run)
+from .runs import (RECORDED_OPTIONS, TOY_MADE_BY, TRAIN_MADE_BY, add_run_folder_options,
+                   apply_resume_policy, flag, plan_run_folder, refuse_inputs_in_run)
 
 DATASETS = ("toy", "files", "multi30k")
 # model/training options left unset take the defaults of the chosen dataset's recipe
@@ -49,12 +49,9 @@ def add_parser(sub, name):
     p.add_argument("--valid-tgt", type=path_argument)
     p.add_argument("--min-freq", type=positive_int, default=None,
                    help="vocabulary: keep words seen this often (default 2 for multi30k, else 1)")
-    p.add_argument("--out", type=path_argument, required=True,
-                   help="run directory (checkpoints, metrics.jsonl); a folder that already holds "
-                        "a run is refused unless --resume continues it or --overwrite replaces it")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the run in --out: its best/last/step_*/averaged checkpoints and "
-                        "metrics.jsonl are removed (no other file) before the new run writes")
+    add_run_folder_options(p, removes="replace the run in --out: its best/last/step_*/averaged "
+                                      "checkpoints and metrics.jsonl are removed (no other file) "
+                                      "before the new run writes")
     m = p.add_argument_group("multi30k")
     m.add_argument("--preset", default=None, choices=sorted(PRESETS),
                    help="the recipe's model, training and units (docs/multi30k.md): base (3+3 "

@@ -668,41 +668,40 @@ def _staged(name, number, title, section, cases, chain):
                     chain=chain, part="a")
 
 
+def _layer(name, number, title, section, cases, hints, prefix=None):
+    """The exercise of one layer pair: the learner writes ``PREFIX_backward`` (``prefix``: the
+    name unless given), and a finale takes ``PREFIX_forward`` and ``PREFIX_backward``."""
+    prefix = prefix or name
+    return Exercise(name, number, title, section, (f"{prefix}_backward",),
+                    (f"{prefix}_forward", f"{prefix}_backward"), cases, hints)
+
+
 EXERCISES = (
-    Exercise("linear", 1, "Linear layer", "Linear", ("linear_backward",),
-             ("linear_forward", "linear_backward"), linear_cases, LINEAR_HINTS),
-    Exercise("embedding", 2, "Token embedding", "Embedding", ("embedding_backward",),
-             ("embedding_forward", "embedding_backward"), embedding_cases, EMBEDDING_HINTS),
-    Exercise("dropout", 3, "Dropout", "Dropout", ("dropout_backward",),
-             ("dropout_forward", "dropout_backward"), dropout_cases, DROPOUT_HINTS),
+    _layer("linear", 1, "Linear layer", "Linear", linear_cases, LINEAR_HINTS),
+    _layer("embedding", 2, "Token embedding", "Embedding", embedding_cases, EMBEDDING_HINTS),
+    _layer("dropout", 3, "Dropout", "Dropout", dropout_cases, DROPOUT_HINTS),
     _staged("layernorm_staged", 4, "LayerNorm, step by step", "LayerNorm",
             staged.layernorm_staged_cases, staged.LAYERNORM),
-    Exercise("layernorm", 4, "LayerNorm", "LayerNorm", ("layernorm_backward",),
-             ("layernorm_forward", "layernorm_backward"), layernorm_cases, LAYERNORM_HINTS),
+    _layer("layernorm", 4, "LayerNorm", "LayerNorm", layernorm_cases, LAYERNORM_HINTS),
     _staged("rmsnorm_staged", 5, "RMSNorm, step by step", "RMSNorm",
             staged.rmsnorm_staged_cases, staged.RMSNORM),
-    Exercise("rmsnorm", 5, "RMSNorm", "RMSNorm", ("rmsnorm_backward",),
-             ("rmsnorm_forward", "rmsnorm_backward"), rmsnorm_cases, RMSNORM_HINTS),
+    _layer("rmsnorm", 5, "RMSNorm", "RMSNorm", rmsnorm_cases, RMSNORM_HINTS),
     _staged("attention_staged", 6, "Masked softmax and attention, step by step", "Attention",
             staged.attention_staged_cases, staged.ATTENTION),
-    Exercise("softmax", 6, "Masked softmax", "Softmax", ("softmax_backward",),
-             ("softmax_forward", "softmax_backward"), softmax_cases, SOFTMAX_HINTS),
+    _layer("softmax", 6, "Masked softmax", "Softmax", softmax_cases, SOFTMAX_HINTS),
     Exercise("swiglu", 7, "SiLU and SwiGLU", "SwiGLU", ("silu_backward", "swiglu_backward"),
              ("silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward"),
              swiglu_cases, SWIGLU_HINTS),
-    Exercise("attention", 8, "Scaled dot-product attention", "Attention", ("attention_backward",),
-             ("attention_forward", "attention_backward"), attention_cases, ATTENTION_HINTS),
-    Exercise("multi_head_attention", 9, "Multi-head attention, fused projection",
-             "Multi-head attention", ("mha_backward",), ("mha_forward", "mha_backward"),
-             mha_cases, MHA_HINTS),
-    Exercise("residual", 10, "Residual block, both orders", "Residual and layer order",
-             ("residual_backward",), ("residual_forward", "residual_backward"), residual_cases,
-             RESIDUAL_HINTS),
+    _layer("attention", 8, "Scaled dot-product attention", "Attention", attention_cases,
+           ATTENTION_HINTS),
+    _layer("multi_head_attention", 9, "Multi-head attention, fused projection",
+           "Multi-head attention", mha_cases, MHA_HINTS, prefix="mha"),
+    _layer("residual", 10, "Residual block, both orders", "Residual and layer order",
+           residual_cases, RESIDUAL_HINTS),
     _staged("cross_entropy_staged", 11, "Cross-entropy with label smoothing, step by step",
             "Cross-entropy", staged.cross_entropy_staged_cases, staged.CROSS_ENTROPY),
-    Exercise("cross_entropy", 11, "Cross-entropy, ignore_index, label smoothing", "Cross-entropy",
-             ("cross_entropy_backward",), ("cross_entropy_forward", "cross_entropy_backward"),
-             cross_entropy_cases, CE_HINTS),
+    _layer("cross_entropy", 11, "Cross-entropy, ignore_index, label smoothing", "Cross-entropy",
+           cross_entropy_cases, CE_HINTS),
     Exercise("adam", 12, "The Adam step", "Adam", ("adam_step",), ("adam_step",)),
 )
 

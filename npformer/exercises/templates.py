@@ -1,6 +1,15 @@
 """``npformer exercises start``: the learner's files, made from the reference solutions by
 replacing each ``# --- your code ---`` ... ``# --- end of your code ---`` block with
-``raise NotImplementedError``, and written into a folder without ever replacing a file there."""
+``raise NotImplementedError``, and written into a folder without ever replacing a file there.
+
+A forward the learner is given that is the library's own is not copied into the solution: the
+solution imports it with a ``# given, its docstring:`` comment, the docstring on the next line,
+and the learner's file holds its text, written out from npformer.functional with that short
+docstring (:func:`solution_source`). A backward that is the library's is imported likewise with
+``# yours``: written out, its lines after those that unpack the cache are the learner's to write."""
+import ast
+import importlib
+import inspect
 import json
 import os
 import re
@@ -12,10 +21,40 @@ from .derivations import derivations
 
 BEGIN, END = "# --- your code ---", "# --- end of your code ---"
 HERE = Path(__file__).resolve().parent
+GIVEN = re.compile(r'^from (npformer\.functional\.\w+) import (\w+)  # (given|yours), its '
+                   r'docstring:\n# "(.*)"$', re.M)
 
 
 def solution_source(exercise):
-    return (HERE / "solutions" / f"{exercise.module}.py").read_text(encoding="utf-8")
+    """The text of ``exercise``'s solved file: the solution's, each ``# given`` or ``# yours``
+    import written out as the function it imports."""
+    text = (HERE / "solutions" / f"{exercise.module}.py").read_text(encoding="utf-8")
+    return GIVEN.sub(_library_function, text)
+
+
+def _library_function(match):
+    """The source of the function a ``# given`` or ``# yours`` import names, with the docstring
+    it gives; a ``# yours`` function has all but the lines that unpack its cache between the
+    your-code markers."""
+    module, name, kind, doc = match.groups()
+    source = inspect.getsource(getattr(importlib.import_module(module), name)).rstrip("\n")
+    body = ast.parse(source).body[0].body
+    docstring = body[0]
+    if not (isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant)):
+        raise ValueError(f"{module}.{name}: a function taken from the library needs a docstring")
+    lines = source.splitlines()
+    if kind == "yours":
+        first = next(s for s in body[1:] if not _unpacks_cache(s)).lineno - 1
+        indent = lines[first][:len(lines[first]) - len(lines[first].lstrip())]
+        lines[first:] = [indent + BEGIN, *lines[first:], indent + END]
+    lines[docstring.lineno - 1:docstring.end_lineno] = [f'    """{doc}"""']
+    return "\n".join(lines)
+
+
+def _unpacks_cache(statement):
+    """Whether ``statement`` is ``... = cache``: given to the learner, not theirs to write."""
+    return isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name) and \
+        statement.value.id == "cache"
 
 
 def template(exercise, folder="DIR"):

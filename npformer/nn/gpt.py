@@ -25,7 +25,7 @@ from .embedding import Embedding
 from .finite import check_logits
 from .init import building_shapes, drawing_nothing, placeholder, table
 from .linear import Linear
-from .module import Module, ModuleList, config_of
+from .module import Module, ModuleList, model_config
 from .state import CachedState
 
 INIT_STD = 0.02          # GPT-2's initializer_range
@@ -49,9 +49,7 @@ class GPT(Module):
 
     def __init__(self, *args, **kwargs):
         super().__init__()
-        self.config = cfg = config_of(GPTConfig, args, kwargs)
-        if not building_shapes():
-            cfg.check_memory()           # a size this machine cannot hold: refused now
+        self.config = cfg = model_config(GPTConfig, args, kwargs)
         dtype = np.dtype(cfg.dtype)
         self.dtype, self.max_len, self.d_model = dtype, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask

@@ -33,6 +33,15 @@ def config_of(config_class, args, kwargs):
     return config_class(*args, **kwargs)
 
 
+def model_config(config_class, args, kwargs):
+    """:func:`config_of`'s configuration, a size this machine cannot hold refused now (unless
+    only the shapes are being built)."""
+    cfg = config_of(config_class, args, kwargs)
+    if not building_shapes():
+        cfg.check_memory()
+    return cfg
+
+
 class Parameter:
     """A trainable array and its gradient (same shape and dtype); ``grad`` is None once frozen."""
 

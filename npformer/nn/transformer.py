@@ -14,9 +14,9 @@ from .decoder import Decoder
 from .dropout import Dropout
 from .embedding import Embedding
 from .encoder import Encoder
-from .init import building_shapes, table
+from .init import table
 from .linear import Linear
-from .module import Module, config_of
+from .module import Module, model_config
 from .state import CachedState
 
 
@@ -43,9 +43,7 @@ class Transformer(Module):
         # ``Transformer(config)`` or the fields of TransformerConfig (``Transformer(7, 6,
         # d_model=64)``), every value checked there (ValueError naming it); ``config`` is what
         # checkpoints store and ``nf.build_model`` builds from
-        self.config = cfg = config_of(TransformerConfig, args, kwargs)
-        if not building_shapes():
-            cfg.check_memory()           # a size this machine cannot hold: refused now
+        self.config = cfg = model_config(TransformerConfig, args, kwargs)
         dtype = np.dtype(cfg.dtype)
         self.dtype, self.pad_id, self.max_len, self.d_model = dtype, cfg.pad_id, cfg.max_len, cfg.d_model
         # one rng: it draws the initial weights, then every dropout mask

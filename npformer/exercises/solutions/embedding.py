@@ -10,25 +10,9 @@ The ids are integers: they have no gradient.
 import numpy as np
 
 
-def embedding_forward(ids, w, scale=1.0):
-    """out = scale * w[ids]. Returns (out, cache)."""
-    out = w[ids]                                     # (B, T, D), a gather (copy)
-    if scale != 1.0:
-        out *= scale
-    return out, (ids, w.shape, scale)
+from npformer.functional.embedding import embedding_forward  # given, its docstring:
+# "out = scale * w[ids]. Returns (out, cache)."
 
 
-def embedding_backward(dout, cache, padding_idx=None):
-    """dout (B, T, D) -> dw (V, D), of dout's dtype."""
-    ids, w_shape, scale = cache
-    # --- your code ---
-    dw = np.zeros(w_shape, dtype=dout.dtype)
-    flat_ids = ids.reshape(-1)                       # (B*T,)
-    flat_dout = dout.reshape(-1, w_shape[1])         # (B*T, D)
-    np.add.at(dw, flat_ids, flat_dout)               # repeated ids accumulate
-    if scale != 1.0:
-        dw *= scale
-    if padding_idx is not None:
-        dw[padding_idx] = 0
-    return dw
-    # --- end of your code ---
+from npformer.functional.embedding import embedding_backward  # yours, its docstring:
+# "dout (B, T, D) -> dw (V, D), of dout's dtype."

@@ -15,22 +15,9 @@ g = dout * gamma, with no dms or dsq left.
 import numpy as np
 
 
-def rmsnorm_forward(x, gamma, eps=1e-6):
-    """Returns (y, cache). A half-precision x is normalised in float32 (Hugging Face's order)."""
-    work = x.astype(np.float32) if x.dtype.itemsize < 4 else x
-    rstd = 1.0 / np.sqrt((work * work).mean(axis=-1, keepdims=True) + eps)   # (..., 1)
-    xhat = work * rstd                                                        # (..., D)
-    y = xhat.astype(x.dtype, copy=False) * gamma
-    return y, (xhat, rstd, gamma, x.dtype)
+from npformer.functional.rmsnorm import rmsnorm_forward  # given, its docstring:
+# "Returns (y, cache). A half-precision x is normalised in float32 (Hugging Face's order)."
 
 
-def rmsnorm_backward(dout, cache):
-    """dout (..., D) -> dx (..., D) of x's dtype, dgamma (D,) of gamma's."""
-    xhat, rstd, gamma, dtype = cache
-    # --- your code ---
-    d = xhat.shape[-1]
-    g = dout * gamma                                                          # (..., D)
-    dx = rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))
-    dgamma = (dout * xhat).reshape(-1, d).sum(axis=0)
-    return dx.astype(dtype, copy=False), dgamma.astype(gamma.dtype, copy=False)
-    # --- end of your code ---
+from npformer.functional.rmsnorm import rmsnorm_backward  # yours, its docstring:
+# "dout (..., D) -> dx (..., D) of x's dtype, dgamma (D,) of gamma's."

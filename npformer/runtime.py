@@ -37,6 +37,7 @@ Numba's pool starts); others (glibc ``mallopt``, :func:`keep_freed_memory`) only
 The reasoning and the costs are in docs/kernels.md ("Threads and determinism").
 """
 import contextlib
+import copy
 import ctypes
 import functools
 import ctypes.util
@@ -218,22 +219,30 @@ def _set_policy(pol):
 
 
 _SETTINGS = ("policy", "blas_threads", "managed", "deterministic")
+# what decides the matrix products' variants: a calibrated table, a resumed checkpoint's choices
+# and machine features (:func:`adopt`), and the choices made so far under them
+_DISPATCH = ("table", "table_source", "adopted", "used", "rule_features")
 
 
 def snapshot():
     """The runtime's settings now (its thread policy, BLAS threads, whether it manages them,
-    deterministic mode), for :func:`restore`."""
+    deterministic mode, and what decides the products' variants: the table in force, a resumed
+    run's adopted choices and features, the choices made so far), for :func:`restore`."""
     ensure()
-    return {k: _state[k] for k in _SETTINGS}
+    saved = {k: _state[k] for k in _SETTINGS}
+    saved["dispatch"] = {k: copy.copy(_state[k]) for k in _DISPATCH}
+    return saved
 
 
 def restore(saved):
     """Put back settings :func:`snapshot` took (a test, or a caller that configured the
-    runtime for a while)."""
+    runtime for a while, or resumed a checkpoint from another machine, whose rules it adopted)."""
     with _lock:
         _set_policy(saved["policy"])
         for k in _SETTINGS[1:]:
             _state[k] = saved[k]
+        for k, value in saved.get("dispatch", {}).items():
+            _state[k] = copy.copy(value)
 
 
 def set_deterministic(flag=True):

@@ -109,6 +109,24 @@ BLAS_THREADS = ("from threadpoolctl import ThreadpoolController as C\n"
                 "def blas(): return C().select(user_api='blas').lib_controllers[0].get_num_threads()\n")
 
 
+def test_restore_puts_back_the_rules_a_resumed_checkpoint_adopted():
+    """Resuming a checkpoint from another machine adopts its choices and the machine features
+    its rules read; restore(snapshot()) puts this machine's back (a test that resumed such a
+    checkpoint left this process choosing variants as an AVX2 machine, so that the MPI test's
+    in-process reference and its fresh ranks computed different bits)."""
+    before, features = runtime.snapshot(), runtime.rule_features()
+    rec = runtime.record()
+    rec.update(features=dict(features, avx512f=not features["avx512f"], cpu="another"),
+               choices={"<f4 CC- L1x1x1": "blas"}, machine="another")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")               # "written on another CPU or BLAS"
+        runtime.adopt(rec, "a checkpoint of another machine")
+    assert runtime.rule_features() != features
+    runtime.restore(before)
+    assert runtime.rule_features() == features and runtime.snapshot() == before
+    assert "<f4 CC- L1x1x1" not in runtime.record()["choices"]
+
+
 def test_importing_npformer_changes_nothing_and_the_engine_restores_blas_threads():
     code = BLAS_THREADS + """
 import sys, numpy as np

@@ -170,7 +170,7 @@ def _checks(max_entries, fast=False):
         ("rotary positions", lambda: gradcheck(rotary, [_rnd(rng, 2, 3, 4, 4)],
                                                names=["x"])),
         ("soft-capping", lambda: gradcheck(
-            _fn_check(lambda x: F.softcap_forward(x, 2.0), F.softcap_backward),
+            pair_fn(lambda x: F.softcap_forward(x, 2.0), F.softcap_backward),
             [2.0 * _rnd(rng, 3, 5)], names=["x"])),
         ("masked softmax", lambda: gradcheck(softmax, [_rnd(rng, 3, 6)], names=["scores"])),
         ("attention (causal+padding)", lambda: gradcheck(

@@ -201,12 +201,12 @@ def softcap_cases():
 
     def identity(dout, t):                                     # the cap as if it were y = x
         return dout
-    right = pair(forward, F.softcap_backward)
+    right = pair_fn(forward, F.softcap_backward)
     inputs = lambda rng: [cap * rnd(rng, 3, 5)]               # of the cap's size: tanh bends
     return {"soft-capping: the outer cap kept, the inner 1/cap forgotten (dx = c (1 - t^2) dy)":
-                (right, pair(forward, outer_cap_kept), inputs),
+                (right, pair_fn(forward, outer_cap_kept), inputs),
             "soft-capping: the cap treated as the identity (dx = dy)":
-                (right, pair(forward, identity), inputs)}
+                (right, pair_fn(forward, identity), inputs)}
 
 
 def attention_cases():

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import npformer as nf
-from npformer import lora, lora_files
 from npformer.cli.main import main
 from npformer.hf import read_model_config
 from npformer.training.checkpointing import load_model_checkpoint
@@ -23,9 +22,9 @@ transformers = pytest.importorskip("transformers",
                                    reason="the reference models: pip install transformers")
 pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
 pytest.importorskip("tokenizers", reason="extra hf: pip install 'npformer[hf]'")
-from test_llama_hf import (bf16_loads_exactly, edited, exact_reference,  # noqa: E402
+from test_llama_hf import (bf16_loads_exactly, edited,  # noqa: E402
                            greedy_and_cached_steps_equal, logits_equal, loss_and_gradients_equal,
-                           save_random, sharded_loads)
+                           peft_continues_identically, save_random, sharded_loads)
 
 # (heads, key/value heads, head_dim, tied): grouped heads, a head_dim apart from 32 / 4 = 8
 CASES = {"gemma-gqa": (4, 2, 12, True), "gemma-untied-mqa": (4, 1, 8, False)}
@@ -85,19 +84,7 @@ def test_sharded_weights_load(tmp_path):
 
 
 def test_an_npformer_adapter_loads_in_peft_and_continues_identically(folders, tmp_path):
-    """An adapter trained in npformer over every projection, saved as PEFT's files: PEFT loads
-    it and gives the same logits, loss and gradient of every lora_A and lora_B (float64)."""
-    peft = pytest.importorskip("peft", reason="the PEFT round trip: pip install peft")
-    from test_lora_peft import ALL, agrees_with_peft, ids_and_targets, randomise
-    path, hf = folders["gemma-gqa"]
-    model = lora.apply(nf.from_pretrained(path, dtype=np.float64), rank=4, alpha=8.0,
-                       target_modules=ALL)
-    randomise(model)
-    lora_files.save_peft(model, tmp_path / "adapter", str(path))
-    pm = peft.PeftModel.from_pretrained(exact_reference(hf), tmp_path / "adapter",
-                                        is_trainable=True).double()
-    assert agrees_with_peft(pm, model, *ids_and_targets(model.config.vocab_size, seed=4)) == \
-        2 * len(ALL) * 2
+    peft_continues_identically(*folders["gemma-gqa"], tmp_path)
 
 
 @pytest.mark.parametrize("changes,match", [

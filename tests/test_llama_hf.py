@@ -490,6 +490,23 @@ def test_sharded_weights_load(sharded, tmp_path):
     sharded_loads(*sharded, tmp_path)
 
 
+def peft_continues_identically(path, hf, tmp_path):
+    """An adapter trained in npformer over every projection of the folder ``path`` (of the
+    transformers model ``hf``), saved as PEFT's files: PEFT loads it and gives the same logits,
+    loss and gradient of every lora_A and lora_B (float64)."""
+    peft = pytest.importorskip("peft", reason="the PEFT round trip: pip install peft")
+    from npformer import lora, lora_files
+    from test_lora_peft import ALL, agrees_with_peft, ids_and_targets, randomise
+    model = lora.apply(nf.from_pretrained(path, dtype=np.float64), rank=4, alpha=8.0,
+                       target_modules=ALL)
+    randomise(model)
+    lora_files.save_peft(model, tmp_path / "adapter", str(path))
+    pm = peft.PeftModel.from_pretrained(exact_reference(hf), tmp_path / "adapter",
+                                        is_trainable=True).double()
+    assert agrees_with_peft(pm, model, *ids_and_targets(model.config.vocab_size, seed=4)) == \
+        2 * len(ALL) * 2
+
+
 def sharded_loads(path, hf, tmp_path):
     """The sharded folder ``path`` of ``hf`` loads as ``hf`` saved in one file in ``tmp_path``."""
     index = json.loads((path / "model.safetensors.index.json").read_text())

@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers",
 pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
 pytest.importorskip("tokenizers", reason="extra hf: pip install 'npformer[hf]'")
 from test_llama_hf import (bf16_loads_exactly, edited,  # noqa: E402
-                           greedy_and_cached_steps_equal, logits_equal, loss_and_gradients_equal,
+                           family_folders, greedy_and_cached_steps_equal, parity_tests,
                            peft_continues_identically, save_random, sharded_loads, tokenizer)
 
 # (heads, key/value heads, head_dim, tied, Gemma 2's keys): a window of 4 positions, shorter
@@ -50,9 +50,7 @@ def build(path, case, seed=0, **options):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """{case: (folder, float32 transformers model)}."""
-    return {case: (path, build(path, case, seed=30 + i)) for i, case in enumerate(CASES)
-            for path in [tmp_path_factory.mktemp(case)]}
+    return family_folders(tmp_path_factory, CASES, build, seed=30)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -76,16 +74,9 @@ def test_the_config_is_gemma2s_block(folders, case):
     assert windows[0] == keys["sliding_window"] and windows[1] is None
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("dtype,reference,tol", [
-    (np.float64, "exact", 1e-10), (np.float64, "stock", 1e-5), (np.float32, "stock", 1e-5)])
-def test_logits_equal_transformers(folders, case, dtype, reference, tol):
-    logits_equal(*folders[case], dtype, reference, tol)
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_loss_and_every_gradient_equal_transformers(folders, case):
-    loss_and_gradients_equal(*folders[case])
+# Llama's logits and loss-and-gradient tests on these folders
+test_logits_equal_transformers, test_loss_and_every_gradient_equal_transformers = \
+    parity_tests(CASES)
 
 
 @pytest.mark.parametrize("case", CASES)

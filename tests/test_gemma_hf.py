@@ -9,7 +9,6 @@ Hugging Face computes the RMSNorm, the rotary angles and the embedding scale in 
 a float64 model: float64 is held at 1e-10 against test_llama_hf's ``exact_reference`` (those
 islands removed) and at 1e-5 against stock transformers. The helpers are test_llama_hf's."""
 
-import numpy as np
 import pytest
 
 import npformer as nf
@@ -23,7 +22,7 @@ transformers = pytest.importorskip("transformers",
 pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
 pytest.importorskip("tokenizers", reason="extra hf: pip install 'npformer[hf]'")
 from test_llama_hf import (bf16_loads_exactly, edited,  # noqa: E402
-                           greedy_and_cached_steps_equal, logits_equal, loss_and_gradients_equal,
+                           family_folders, greedy_and_cached_steps_equal, parity_tests,
                            peft_continues_identically, save_random, sharded_loads)
 
 # (heads, key/value heads, head_dim, tied): grouped heads, a head_dim apart from 32 / 4 = 8
@@ -37,9 +36,7 @@ def build(path, case, seed=0, **options):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """{case: (folder, float32 transformers model)}."""
-    return {case: (path, build(path, case, seed=20 + i)) for i, case in enumerate(CASES)
-            for path in [tmp_path_factory.mktemp(case)]}
+    return family_folders(tmp_path_factory, CASES, build, seed=20)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -56,16 +53,9 @@ def test_the_config_is_gemmas_block(folders, case):
     assert hf.model.embed_tokens.scalar_embed_scale == config.d_model ** 0.5
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("dtype,reference,tol", [
-    (np.float64, "exact", 1e-10), (np.float64, "stock", 1e-5), (np.float32, "stock", 1e-5)])
-def test_logits_equal_transformers(folders, case, dtype, reference, tol):
-    logits_equal(*folders[case], dtype, reference, tol)
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_loss_and_every_gradient_equal_transformers(folders, case):
-    loss_and_gradients_equal(*folders[case])
+# Llama's logits and loss-and-gradient tests on these folders
+test_logits_equal_transformers, test_loss_and_every_gradient_equal_transformers = \
+    parity_tests(CASES)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -490,6 +490,32 @@ def test_sharded_weights_load(sharded, tmp_path):
     sharded_loads(*sharded, tmp_path)
 
 
+LOGIT_CHECKS = [(np.float64, "exact", 1e-10), (np.float64, "stock", 1e-5),
+                (np.float32, "stock", 1e-5)]            # (npformer's dtype, transformers', atol)
+
+
+def family_folders(tmp_path_factory, cases, build, seed):
+    """{case: (folder, float32 transformers model)} of another family's ``cases``, each saved
+    by that module's ``build(path, case, seed=...)``: its ``folders`` fixture."""
+    return {case: (path, build(path, case, seed=seed + i)) for i, case in enumerate(cases)
+            for path in [tmp_path_factory.mktemp(case)]}
+
+
+def parity_tests(cases):
+    """The logits and the loss-and-gradient tests of another family's module, over its
+    ``cases`` and its ``folders`` fixture: ``test_logits_equal_transformers,
+    test_loss_and_every_gradient_equal_transformers = parity_tests(CASES)``."""
+    @pytest.mark.parametrize("case", cases)
+    @pytest.mark.parametrize("dtype,reference,tol", LOGIT_CHECKS)
+    def test_logits_equal_transformers(folders, case, dtype, reference, tol):
+        logits_equal(*folders[case], dtype, reference, tol)
+
+    @pytest.mark.parametrize("case", cases)
+    def test_loss_and_every_gradient_equal_transformers(folders, case):
+        loss_and_gradients_equal(*folders[case])
+    return test_logits_equal_transformers, test_loss_and_every_gradient_equal_transformers
+
+
 def peft_continues_identically(path, hf, tmp_path):
     """An adapter trained in npformer over every projection of the folder ``path`` (of the
     transformers model ``hf``), saved as PEFT's files: PEFT loads it and gives the same logits,

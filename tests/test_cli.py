@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import npformer as nf
-from npformer.cli.main import COMMANDS, main
+from npformer.cli.main import COMMANDS, build_parser, main
 from npformer.training.checkpointing import save_model_checkpoint
 from npformer.training.toy import toy_data
 
@@ -23,6 +23,17 @@ def test_every_command_has_help(capsys):
             main([name, "--help"])
         assert e.value.code == 0
         assert "usage: npformer " + name in capsys.readouterr().out
+
+
+def test_every_commands_description_is_whole_sentences_without_markup():
+    """Each command's --help describes it in whole sentences (a capital first, a full stop
+    last), never a docstring's "``npformer NAME``:" or its backquotes (calibrate's once showed
+    its docstring's first line, cut mid-sentence)."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, parser in sub.choices.items():
+        about = parser.description
+        assert about[0].isupper() and about.rstrip(")").endswith("."), (name, about)
+        assert "``" not in about and not about.startswith("npformer"), (name, about)
 
 
 def test_python_dash_m_npformer():

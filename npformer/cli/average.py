@@ -1,19 +1,19 @@
-"""``npformer average``: average the weights of several checkpoints of one run."""
+"""``npformer average``: write the element-wise mean of the weights of CKPT... (checkpoints of
+one run: the same config and vocabularies) to --out, an inference checkpoint. With --run DIR
+--last N, average DIR's last N step_<N> checkpoints (kept by npformer train --keep-last)."""
 import os
 
 from ..checkpoint import checkpoint_paths
 from ..training.averaging import average_checkpoints
 from ..training.trainer import step_checkpoints
-from .common import path_argument, positive_int, refuse_output_over_inputs, resolve_checkpoint
+from .common import (command_parser, path_argument, positive_int, refuse_output_over_inputs,
+                     resolve_checkpoint)
 from .runs import remove_stale_temps
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="average the weights of checkpoints (e.g. the last N of a run)",
-                       description="Write the element-wise mean of the weights of CKPT... (same "
-                                   "config and vocabularies) to --out, an inference checkpoint. "
-                                   "With --run DIR --last N, average DIR's last N step_<N> "
-                                   "checkpoints (kept by npformer train --keep-last).")
+    p = command_parser(sub, name, __doc__,
+                       "average the weights of checkpoints (e.g. the last N of a run)")
     p.add_argument("checkpoints", nargs="*", type=path_argument, metavar="CKPT")
     p.add_argument("--out", type=path_argument, required=True, metavar="AVG",
                    help="where to write the average")

@@ -15,13 +15,12 @@ from ..loss import cross_entropy
 from ..configs import TransformerConfig
 from ..registry import build_model
 from ..training.multi30k import MULTI30K_MODEL
-from .common import add_model_args, model_kwargs, path_argument, positive_int
+from .common import add_model_args, command_parser, model_kwargs, path_argument, positive_int
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="time the matrix-product variants for a model's shapes and "
-                                  "write this machine's dispatch table",
-                       description=__doc__.splitlines()[0])
+    p = command_parser(sub, name, __doc__, "time the matrix-product variants for a model's "
+                                           "shapes and write this machine's dispatch table")
     add_model_args(p, MULTI30K_MODEL)
     g = p.add_argument_group("batches")
     g.add_argument("--src-vocab", type=positive_int, default=8000)

@@ -155,6 +155,16 @@ def beam_length_penalty(args):
     return LENGTH_PENALTY if args.length_penalty is None else args.length_penalty
 
 
+def command_parser(sub, name, doc, help, **options):
+    """The parser of the command ``name`` in ``sub`` (``options``: argparse's, e.g. a
+    ``formatter_class``): ``help`` is its line in ``npformer --help``; its own ``--help`` is
+    described by ``doc``, the command module's docstring, read up to its first blank line, less
+    its leading "``npformer NAME``: " and its double backquotes. The docstring says once what
+    the command does, for the reader of the code and of the help alike."""
+    about = doc.split("\n\n")[0].split(": ", 1)[1].replace("``", "")
+    return sub.add_parser(name, help=help, description=about[0].upper() + about[1:], **options)
+
+
 class NoneDefaultFormatter(argparse.HelpFormatter):
     """Help text: an option whose default is None shows ``none_text`` instead of "None"."""
 

@@ -1,5 +1,7 @@
 """``npformer eval``: BLEU of a checkpoint on a Multi30k split, or exact match and BLEU on a pair
-of text files."""
+of text files. --dataset multi30k translates a split (the checkpoint knows its languages),
+detokenizes, and scores with sacrebleu against the raw references (lowercased BLEU first, cased
+next to it); otherwise it translates --src and compares with --ref."""
 import json
 
 from ..data.multi30k import LANGUAGES, resolve_data_dir
@@ -9,19 +11,16 @@ from ..decoding.translator import whitespace_tokenize
 from ..training.metrics import corpus_bleu, exact_match
 from ..training.multi30k import evaluate_checkpoint, make_translator
 from .common import (add_engine_arg, add_text_args, beam_length_penalty, check_writable,
-                     checkpoint_files, load_translation_model, non_negative_float, path_argument,
-                     positive_int, refuse_output_over_inputs, refuse_text_args,
-                     resolve_text_settings, write_json, write_lines)
+                     checkpoint_files, command_parser, load_translation_model,
+                     non_negative_float, path_argument, positive_int, refuse_output_over_inputs,
+                     refuse_text_args, resolve_text_settings, write_json, write_lines)
 from .runs import refuse_output_named_like_a_run_file
 
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="BLEU on a Multi30k split, or on a source/reference file pair",
-                       description="--dataset multi30k: translate a split (the checkpoint knows its "
-                                   "languages), detokenize, and score with sacrebleu against the "
-                                   "raw references (lowercased BLEU first, cased next to it). "
-                                   "Otherwise translate --src and compare with --ref.")
+    p = command_parser(sub, name, __doc__,
+                       "BLEU on a Multi30k split, or on a source/reference file pair")
     p.add_argument("--checkpoint", type=path_argument, required=True, metavar="CKPT")
     p.add_argument("--dataset", choices=["multi30k"], default=None)
     p.add_argument("--data-dir", type=path_argument, default=None,

@@ -1,6 +1,8 @@
-"""``npformer exercises``: write the backward passes yourself, have them checked, then train the
-toy translator or a character model with them (list, start DIR, check DIR [NAME], check DIR
---train [toy|gpt])."""
+"""``npformer exercises``: write each layer's backward pass yourself. One file per layer with the
+forward pass given and the backward pass to write (start DIR); a checker that compares your
+gradients with central differences and names the likely mistake (check DIR [NAME]); and a
+finale that trains the toy translator or a character model with your own backward passes
+(check DIR --train [toy|gpt])."""
 import argparse
 import math
 
@@ -9,18 +11,14 @@ from ..exercises.checker import check_folder
 from ..exercises.child import MAX_MEMORY, MAX_TIMEOUT, MEMORY, TIMEOUT, TRAIN_TIMEOUT
 from ..exercises.gpt import CONFIG
 from ..exercises.namespace import finales_of
-from .common import int_in, non_negative_int, positive_int, real_in
+from .common import command_parser, int_in, non_negative_int, positive_int, real_in
 
 HINT_LEVELS = {1: "the idea", 2: "the formula"}     # --hint LEVEL; check alone: the symptom
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="write each layer's backward pass yourself, check it, train with it",
-                       description="Exercises: one file per layer with the forward pass given and "
-                                   "the backward pass to write; a checker that compares your "
-                                   "gradients with central differences and names the likely "
-                                   "mistake; and a finale that trains the toy translator with "
-                                   "your own backward passes.")
+    p = command_parser(sub, name, __doc__,
+                       "write each layer's backward pass yourself, check it, train with it")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
     actions.add_parser("list", help="the exercises, in order").set_defaults(run=run_list)

@@ -1,12 +1,11 @@
-"""``npformer gradcheck``: run every layer's numerical gradient check and print a table."""
+"""``npformer gradcheck``: run the float64 central-difference gradient check of each layer and
+module and print a table (a learning tool)."""
 from ..gradcheck_suite import format_table, run_gradchecks
-from .common import non_negative_int
+from .common import command_parser, non_negative_int
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="check every backward pass against finite differences",
-                       description="Run the float64 central-difference gradient check of each "
-                                   "layer and module and print a table (a learning tool).")
+    p = command_parser(sub, name, __doc__, "check every backward pass against finite differences")
     p.add_argument("--only", nargs="*", metavar="NAME", help="run the checks whose name contains NAME")
     p.add_argument("--max-entries", type=non_negative_int, default=30,
                    help="entries checked per parameter of the larger modules (0: all)")

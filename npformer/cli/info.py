@@ -1,19 +1,18 @@
-"""``npformer info``: what npformer sees of this machine (cores, thread policy, BLAS, MPI) and
-the ranks x threads split it recommends for data-parallel training, with the ``mpiexec`` line."""
+"""``npformer info``: print npformer's view of this machine: the cores it may use (affinity,
+cgroup quota, thread caps), its thread policy, the BLAS, whether mpi4py and an MPI library are
+installed, and the ranks x threads split recommended for data-parallel training, with its
+``mpiexec`` line (docs/distributed.md)."""
 import importlib.util
 import json
 
 from .. import distributed, runtime
 from ..version import VERSION as __version__
+from .common import command_parser
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="show the cores, threads, BLAS and MPI npformer would use",
-                       description="Print npformer's view of this machine: the cores it may use "
-                                   "(affinity, cgroup quota, thread caps), its thread policy, the "
-                                   "BLAS, whether mpi4py and an MPI library are installed, and the "
-                                   "ranks x threads split recommended for data-parallel training "
-                                   "(docs/distributed.md).")
+    p = command_parser(sub, name, __doc__,
+                       "show the cores, threads, BLAS and MPI npformer would use")
     p.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     p.set_defaults(run=run)
 

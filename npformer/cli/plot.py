@@ -1,7 +1,8 @@
-"""``npformer plot``: loss curves from a metrics log, BLEU against minutes of Multi30k runs
-(``benchmarks/multi30k_curve.py``'s points), per-layer gradient norms against depth and
-per-head attention heatmaps, as PNG. Labels in Chinese, Japanese, Korean, Greek or Cyrillic are
-drawn with ``npformer.fonts``."""
+"""``npformer plot``: draw the training/validation loss of a run's metrics.jsonl (and validation
+BLEU against wall time when it has them: ``benchmarks/multi30k_curve.py``'s points), with
+--grad-norms each layer's gradient norm against depth, and, with --checkpoint and --sentence,
+the attention weights of every head of every layer for one translation, as PNG. Labels in
+Chinese, Japanese, Korean, Greek or Cyrillic are drawn with ``npformer.fonts``."""
 import math
 import os
 
@@ -10,17 +11,13 @@ import numpy as np
 from ..training.metrics_log import json_lines, read_metrics_log
 from ..checkpoint import checkpoint_paths
 from ..fonts import readable_text
-from .common import check_writable, path_argument, refuse_output_over_inputs, resolve_checkpoint
+from .common import (check_writable, command_parser, path_argument, refuse_output_over_inputs,
+                     resolve_checkpoint)
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="loss curves, gradient norms and attention heatmaps as PNG "
-                                  "(needs matplotlib)",
-                       description="Draw the training/validation loss of a run's metrics.jsonl "
-                                   "(and validation BLEU against wall time when it has them), "
-                                   "with --grad-norms each layer's gradient norm against depth, "
-                                   "and, with --checkpoint and --sentence, the attention weights "
-                                   "of every head of every layer for one translation.")
+    p = command_parser(sub, name, __doc__,
+                       "loss curves, gradient norms and attention heatmaps as PNG (needs matplotlib)")
     p.add_argument("--metrics", type=path_argument, metavar="JSONL",
                    help="a metrics log (e.g. runs/toy/metrics.jsonl)")
     p.add_argument("--curve", type=path_argument, metavar="JSONL", nargs="+",

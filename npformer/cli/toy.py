@@ -1,19 +1,20 @@
-"""``npformer toy``: generate the toy zh->en corpus, train, report exact match, translate examples."""
+"""``npformer toy``: generate the toy Chinese->English corpus, build vocabularies, train a small
+Transformer, report exact match on the training and held-out pairs and print example
+translations."""
 import os
 import time
 
 from ..training.toy import TOY_MODEL, TOY_TRAIN, run_toy
 from .common import (NoneDefaultFormatter, add_model_args, add_train_args, check_writable,
-                     model_kwargs, non_negative_int, path_argument, train_kwargs, write_json)
+                     command_parser, model_kwargs, non_negative_int, path_argument, train_kwargs,
+                     write_json)
 from .runs import TOY_MADE_BY, plan_run_folder, refuse_output_named_like_a_run_file
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, formatter_class=NoneDefaultFormatter,
-                       help="train the built-in Chinese->English toy model in one command",
-                       description="Generate the toy corpus, build vocabularies, train a small "
-                                   "Transformer, report exact match on the training and held-out "
-                                   "pairs and print example translations.")
+    p = command_parser(sub, name, __doc__,
+                       "train the built-in Chinese->English toy model in one command",
+                       formatter_class=NoneDefaultFormatter)
     p.add_argument("--out", type=path_argument, default="runs/toy",
                    help="run directory: best/last checkpoints and metrics.jsonl (default "
                         "%(default)s); a previous toy run there is replaced, any other run "

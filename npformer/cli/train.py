@@ -1,4 +1,7 @@
-"""``npformer train``: train on the toy corpus, on a pair of parallel text files, or on Multi30k."""
+"""``npformer train``: train a Transformer. --dataset toy uses the built-in corpus;
+--src-file/--tgt-file train on parallel text, one sentence a line, whitespace-tokenised
+(validation on --valid-src/--valid-tgt); --dataset multi30k trains on Multi30k (--data-dir,
+--src, --tgt) with the recipe of docs/multi30k.md."""
 import contextlib
 import os
 import re
@@ -10,7 +13,7 @@ from ..training.multi30k import MULTI30K_TRAIN, PREPROCESS, PRESETS, multi30k_tr
 from ..training.toy import TOY_MODEL, TOY_TRAIN, toy_trainer
 from ..training.trainer import TrainConfig, step_checkpoints
 from .common import (RecipeDefaultsFormatter, add_model_args, add_train_args, bucket_size,
-                     model_kwargs, path_argument, positive_float, positive_int,
+                     command_parser, model_kwargs, path_argument, positive_float, positive_int,
                      refuse_output_over_inputs, train_kwargs)
 from .model_options import TRANSLATION_MODEL
 from .parallel import add_parallel_args, join
@@ -34,13 +37,9 @@ _NEED_VALIDATION = ("eval_every_steps", "patience", "target", "stop_metric", "ke
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, formatter_class=RecipeDefaultsFormatter,
-                       help="train a model (toy corpus, parallel text files or Multi30k)",
-                       description="Train a Transformer. --dataset toy uses the built-in corpus; "
-                                   "--src-file/--tgt-file train on parallel text, one sentence a "
-                                   "line, whitespace-tokenised (validation on --valid-src/--valid-tgt); "
-                                   "--dataset multi30k trains on Multi30k (--data-dir, --src, --tgt) "
-                                   "with the recipe of docs/multi30k.md.")
+    p = command_parser(sub, name, __doc__,
+                       "train a model (toy corpus, parallel text files or Multi30k)",
+                       formatter_class=RecipeDefaultsFormatter)
     p.add_argument("--dataset", choices=DATASETS, default=None,
                    help="toy, files (implied by --src-file) or multi30k")
     p.add_argument("--src-file", type=path_argument)

@@ -1,4 +1,10 @@
-"""``npformer translate``: translate sentences with a trained checkpoint."""
+"""``npformer translate``: translate with a checkpoint written by ``npformer toy/train``.
+Sentences come as arguments or, if none, from stdin (one per line); translations go to stdout,
+one per line. The input is read and translated a window at a time (the sentences of one batch,
+see --batch-size), each window's translations printed before the next is read, so a long input
+needs the memory of one window and its first translations come at once. Sampled output
+(--sample) depends on the windows: the same seed gives the same output for the same
+--batch-size."""
 import sys
 import time
 
@@ -8,24 +14,15 @@ from ..data.textfile import iter_lines
 from ..decoding.search import LENGTH_PENALTY     # shown in --length-penalty's help
 from ..decoding.translator import MAX_TOKENS, format_trace
 from ..training.multi30k import translator_for
-from .common import (add_engine_arg, add_text_args, beam_length_penalty, load_translation_model,
-                     non_negative_float, non_negative_int, path_argument, positive_float,
-                     positive_int, resolve_text_settings)
+from .common import (add_engine_arg, add_text_args, beam_length_penalty, command_parser,
+                     load_translation_model, non_negative_float, non_negative_int, path_argument,
+                     positive_float, positive_int, resolve_text_settings)
 
 TEMPERATURE = 1.0                                # --sample's unless --temperature
 
 
 def add_parser(sub, name):
-    p = sub.add_parser(name, help="translate sentences (arguments, or stdin one per line)",
-                       description="Translate with a checkpoint written by `npformer toy/train`. "
-                                   "Sentences come as arguments or, if none, from stdin (one per "
-                                   "line); translations go to stdout, one per line. The input is "
-                                   "read and translated a window at a time (the sentences of "
-                                   "one batch, see --batch-size), each window's translations "
-                                   "printed before the next is read, so a long input needs the "
-                                   "memory of one window and its first translations come at "
-                                   "once. Sampled output (--sample) depends on the windows: the "
-                                   "same seed gives the same output for the same --batch-size.")
+    p = command_parser(sub, name, __doc__, "translate sentences (arguments, or stdin one per line)")
     p.add_argument("sentences", nargs="*", help="source sentences (whitespace-tokenised for toy/files "
                    "models, raw text for Multi30k models)")
     p.add_argument("--checkpoint", type=path_argument, required=True, metavar="CKPT",

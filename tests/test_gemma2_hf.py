@@ -10,24 +10,23 @@ The caps, the window and the scale are set small enough here that each changes t
 (a cap of 50 on these tiny models' scores would change nothing). Gemma 2's eager attention
 computes its softmax in float32 even in a float64 model: float64 is held at 1e-10 against
 test_llama_hf's ``exact_reference`` (that island and the others removed) and at 1e-5 against
-stock transformers. The helpers are test_llama_hf's."""
+stock transformers. The helpers are test_llama_hf's; its ``family_tests`` gives the ``folders``
+fixture and the tests every family shares."""
 
 import numpy as np
 import pytest
 
 import npformer as nf
-from npformer.cli.main import main
 from npformer.hf import read_model_config
-from npformer.training.checkpointing import load_model_checkpoint
 
 torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
 transformers = pytest.importorskip("transformers",
                                    reason="the reference models: pip install transformers")
 pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
 pytest.importorskip("tokenizers", reason="extra hf: pip install 'npformer[hf]'")
-from test_llama_hf import (bf16_loads_exactly, edited,  # noqa: E402
-                           family_folders, greedy_and_cached_steps_equal, parity_tests,
-                           peft_continues_identically, save_random, sharded_loads, tokenizer)
+from test_llama_hf import (edited, family_config, family_tests,  # noqa: E402
+                           greedy_and_cached_steps_equal, lm_trains, refused, save_random,
+                           tokenizer)
 
 # (heads, key/value heads, head_dim, tied, Gemma 2's keys): a window of 4 positions, shorter
 # than the test batches and the greedy run; caps of the scores' and the logits' own size
@@ -48,23 +47,18 @@ def build(path, case, seed=0, **options):
                        **{**keys, **options})
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    return family_folders(tmp_path_factory, CASES, build, seed=30)
+globals().update(family_tests(CASES, build, seed=30, bf16="gemma2-gqa",
+                              sharded="gemma2-untied-mqa-3-layers"))
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_config_is_gemma2s_block(folders, case):
     path, hf = folders[case]
-    config, eos, model_type = read_model_config(path)
-    heads, kv, head_dim, tie, keys = CASES[case]
-    assert model_type == config.family == "gemma2"
+    *shape, keys = CASES[case]
     assert hf.config._attn_implementation == "eager"            # Gemma 2's, for its caps
-    assert (config.norm, config.ffn, config.activation, config.positions) == \
-        ("rmsnorm_1p", "gated", "gelu_tanh", "rotary")
+    config = family_config(path, "gemma2", ("rmsnorm_1p", "gated", "gelu_tanh", "rotary"),
+                           tuple(shape))
     assert config.scale_embedding and config.post_norms
-    assert (config.n_heads, config.n_kv_heads, config.head_size, config.tie_embeddings) == \
-        (heads, kv, head_dim, tie)
     assert config.attention_scale == hf.model.layers[0].self_attn.scaling
     assert (config.attention_softcap, config.logit_softcap) == \
         (keys["attn_logit_softcapping"], keys["final_logit_softcapping"])
@@ -72,11 +66,6 @@ def test_the_config_is_gemma2s_block(folders, case):
     assert windows == [keys["sliding_window"] if kind == "sliding_attention" else None
                        for kind in hf.config.layer_types]
     assert windows[0] == keys["sliding_window"] and windows[1] is None
-
-
-# Llama's logits and loss-and-gradient tests on these folders
-test_logits_equal_transformers, test_loss_and_every_gradient_equal_transformers = \
-    parity_tests(CASES)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -101,20 +90,6 @@ def test_each_gemma2_field_changes_the_logits(folders, tmp_path):
         assert np.abs(other - base).max() > 1e-4, change
 
 
-def test_bf16_weights_load_exactly(tmp_path):
-    bf16_loads_exactly(tmp_path, build(tmp_path, "gemma2-gqa", seed=5,
-                                       save_dtype=torch.bfloat16))
-
-
-def test_sharded_weights_load(tmp_path):
-    hf = build(tmp_path / "sharded", "gemma2-untied-mqa-3-layers", seed=2, shard="20KB")
-    sharded_loads(tmp_path / "sharded", hf, tmp_path / "whole")
-
-
-def test_an_npformer_adapter_loads_in_peft_and_continues_identically(folders, tmp_path):
-    peft_continues_identically(*folders["gemma2-gqa"], tmp_path)
-
-
 @pytest.mark.parametrize("changes,match", [
     ({"attn_logit_softcapping": 0}, r"attn_logit_softcapping: expected"),
     ({"final_logit_softcapping": "big"}, r"final_logit_softcapping: expected"),
@@ -126,9 +101,7 @@ def test_an_npformer_adapter_loads_in_peft_and_continues_identically(folders, tm
     ({"hidden_activation": "relu"}, r"hidden_activation: expected .* got 'relu'"),
 ])
 def test_a_bad_config_is_one_error_naming_file_and_field(folders, tmp_path, changes, match):
-    folder = edited(folders["gemma2-gqa"][0], tmp_path, **changes)
-    with pytest.raises(ValueError, match=r"config\.json: " + match):
-        nf.from_pretrained(folder)
+    refused(folders["gemma2-gqa"][0], tmp_path, changes, match)
 
 
 def test_layer_types_as_transformers_reads_them(folders, tmp_path):
@@ -145,12 +118,6 @@ def test_layer_types_as_transformers_reads_them(folders, tmp_path):
 def test_lm_trains_gemma2s_block(tmp_path, capsys):
     """``npformer lm --arch gemma2`` is a recipe block: a few steps of a character model whose
     configuration records the family and Gemma 2's fields."""
-    data = tmp_path / "text.txt"
-    data.write_text("the quick brown fox jumps over the lazy dog. " * 40)
-    assert main(["lm", "--data", str(data), "--arch", "gemma2", "--out", str(tmp_path / "run"),
-                 "--layers", "2", "--d-model", "16", "--n-heads", "2", "--context", "16",
-                 "--max-steps", "2", "--batch-size", "2"]) == 0
-    assert "a GPT with Gemma 2's block of" in capsys.readouterr().out
-    config = load_model_checkpoint(str(tmp_path / "run" / "last")).model.config
+    config = lm_trains(tmp_path, capsys, "gemma2", layers=2)
     assert (config.family, config.norm, config.post_norms, config.attention_softcap,
             config.logit_softcap) == ("gemma2", "rmsnorm_1p", True, 50.0, 30.0)

@@ -7,23 +7,20 @@ scaled by sqrt(hidden_size); tied, with a head_dim apart from hidden_size / head
 
 Hugging Face computes the RMSNorm, the rotary angles and the embedding scale in float32 even in
 a float64 model: float64 is held at 1e-10 against test_llama_hf's ``exact_reference`` (those
-islands removed) and at 1e-5 against stock transformers. The helpers are test_llama_hf's."""
+islands removed) and at 1e-5 against stock transformers. The helpers are test_llama_hf's; its
+``family_tests`` gives the ``folders`` fixture and the tests every family shares."""
 
 import pytest
 
-import npformer as nf
-from npformer.cli.main import main
 from npformer.hf import read_model_config
-from npformer.training.checkpointing import load_model_checkpoint
 
 torch = pytest.importorskip("torch", reason="PyTorch runs the reference; install torch==2.13.0")
 transformers = pytest.importorskip("transformers",
                                    reason="the reference models: pip install transformers")
 pytest.importorskip("safetensors", reason="extra hf: pip install 'npformer[hf]'")
 pytest.importorskip("tokenizers", reason="extra hf: pip install 'npformer[hf]'")
-from test_llama_hf import (bf16_loads_exactly, edited,  # noqa: E402
-                           family_folders, greedy_and_cached_steps_equal, parity_tests,
-                           peft_continues_identically, save_random, sharded_loads)
+from test_llama_hf import (edited, family_config, family_tests,  # noqa: E402
+                           greedy_and_cached_steps_equal, lm_trains, refused, save_random)
 
 # (heads, key/value heads, head_dim, tied): grouped heads, a head_dim apart from 32 / 4 = 8
 CASES = {"gemma-gqa": (4, 2, 12, True), "gemma-untied-mqa": (4, 1, 8, False)}
@@ -34,47 +31,21 @@ def build(path, case, seed=0, **options):
                        *CASES[case], seed, hidden_act="gelu_pytorch_tanh", **options)
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    return family_folders(tmp_path_factory, CASES, build, seed=20)
+globals().update(family_tests(CASES, build, seed=20, bf16="gemma-gqa", sharded="gemma-untied-mqa"))
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_config_is_gemmas_block(folders, case):
     path, hf = folders[case]
-    config, eos, model_type = read_model_config(path)
-    heads, kv, head_dim, tie = CASES[case]
-    assert model_type == config.family == "gemma"
-    assert (config.norm, config.ffn, config.activation, config.positions) == \
-        ("rmsnorm_1p", "gated", "gelu_tanh", "rotary")
-    assert config.scale_embedding and not (config.qkv_bias or config.proj_bias)
-    assert (config.n_heads, config.n_kv_heads, config.head_size, config.tie_embeddings) == \
-        (heads, kv, head_dim, tie)
+    config = family_config(path, "gemma", ("rmsnorm_1p", "gated", "gelu_tanh", "rotary"),
+                           CASES[case])
     assert hf.model.embed_tokens.scalar_embed_scale == config.d_model ** 0.5
-
-
-# Llama's logits and loss-and-gradient tests on these folders
-test_logits_equal_transformers, test_loss_and_every_gradient_equal_transformers = \
-    parity_tests(CASES)
+    assert config.scale_embedding and not (config.qkv_bias or config.proj_bias)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_tokens_and_cached_steps(folders, case):
     greedy_and_cached_steps_equal(*folders[case])
-
-
-def test_bf16_weights_load_exactly(tmp_path):
-    bf16_loads_exactly(tmp_path, build(tmp_path, "gemma-gqa", seed=5,
-                                       save_dtype=torch.bfloat16))
-
-
-def test_sharded_weights_load(tmp_path):
-    hf = build(tmp_path / "sharded", "gemma-untied-mqa", seed=2, shard="20KB")
-    sharded_loads(tmp_path / "sharded", hf, tmp_path / "whole")
-
-
-def test_an_npformer_adapter_loads_in_peft_and_continues_identically(folders, tmp_path):
-    peft_continues_identically(*folders["gemma-gqa"], tmp_path)
 
 
 @pytest.mark.parametrize("changes,match", [
@@ -84,9 +55,7 @@ def test_an_npformer_adapter_loads_in_peft_and_continues_identically(folders, tm
     ({"use_bidirectional_attention": True}, r"use_bidirectional_attention: .*got True"),
 ])
 def test_a_bad_config_is_one_error_naming_file_and_field(folders, tmp_path, changes, match):
-    folder = edited(folders["gemma-gqa"][0], tmp_path, **changes)
-    with pytest.raises(ValueError, match=r"config\.json: " + match):
-        nf.from_pretrained(folder)
+    refused(folders["gemma-gqa"][0], tmp_path, changes, match)
 
 
 def test_older_activation_keys_read_as_transformers_reads_them(folders, tmp_path):
@@ -103,13 +72,7 @@ def test_older_activation_keys_read_as_transformers_reads_them(folders, tmp_path
 def test_lm_trains_gemmas_block(tmp_path, capsys):
     """``npformer lm --arch gemma`` is a recipe block: a few steps of a character model whose
     configuration records the family and Gemma's fields."""
-    data = tmp_path / "text.txt"
-    data.write_text("the quick brown fox jumps over the lazy dog. " * 40)
-    assert main(["lm", "--data", str(data), "--arch", "gemma", "--out", str(tmp_path / "run"),
-                 "--layers", "1", "--d-model", "16", "--n-heads", "2", "--context", "16",
-                 "--max-steps", "2", "--batch-size", "2"]) == 0
-    assert "a GPT with Gemma's block of" in capsys.readouterr().out
-    config = load_model_checkpoint(str(tmp_path / "run" / "last")).model.config
+    config = lm_trains(tmp_path, capsys, "gemma", layers=1)
     assert (config.family, config.norm, config.activation, config.scale_embedding) == \
         ("gemma", "rmsnorm_1p", "gelu_tanh", True)
 

@@ -24,6 +24,7 @@ import npformer as nf
 from npformer.cli.main import main
 from npformer.families import get as family, names, parameter_of, tensor_names
 from npformer.hf import read_model_config
+from npformer.training.checkpointing import load_model_checkpoint
 
 LLAMA = family("llama")
 
@@ -516,6 +517,42 @@ def parity_tests(cases):
     return test_logits_equal_transformers, test_loss_and_every_gradient_equal_transformers
 
 
+def family_config(folder, name, block, shape):
+    """The configuration read from ``folder``, once it is checked: config.json's model_type and
+    the configuration's family are ``name``; its (norm, ffn, activation, positions) are
+    ``block``; its (heads, key/value heads, head size, tied) are ``shape``."""
+    config, _, model_type = read_model_config(folder)
+    assert model_type == config.family == name
+    assert (config.norm, config.ffn, config.activation, config.positions) == block
+    assert (config.n_heads, config.n_kv_heads, config.head_size, config.tie_embeddings) == shape
+    return config
+
+
+def family_tests(cases, build, seed, bf16, sharded):
+    """The tests another family's module shares with this one, over its ``cases`` saved by its
+    ``build(path, case, seed=..., **options)``: its ``folders`` fixture (seeds from ``seed``),
+    the logits and the loss-and-gradient tests (:func:`parity_tests`), a bfloat16 folder of the
+    case ``bf16``, a sharded one of ``sharded``, and an npformer adapter on ``bf16``'s folder
+    that PEFT loads and continues: {name: fixture or test}, for the module's globals
+    (``globals().update(family_tests(CASES, build, ...))``)."""
+    @pytest.fixture(scope="module")
+    def folders(tmp_path_factory):
+        return family_folders(tmp_path_factory, cases, build, seed)
+
+    def test_bf16_weights_load_exactly(tmp_path):
+        bf16_loads_exactly(tmp_path, build(tmp_path, bf16, seed=5, save_dtype=torch.bfloat16))
+
+    def test_sharded_weights_load(tmp_path):
+        hf = build(tmp_path / "sharded", sharded, seed=2, shard="20KB")
+        sharded_loads(tmp_path / "sharded", hf, tmp_path / "whole")
+
+    def test_an_npformer_adapter_loads_in_peft_and_continues_identically(folders, tmp_path):
+        peft_continues_identically(*folders[bf16], tmp_path)
+    tests = (folders, *parity_tests(cases), test_bf16_weights_load_exactly,
+             test_sharded_weights_load, test_an_npformer_adapter_loads_in_peft_and_continues_identically)
+    return {test.__name__: test for test in tests}
+
+
 def peft_continues_identically(path, hf, tmp_path):
     """An adapter trained in npformer over every projection of the folder ``path`` (of the
     transformers model ``hf``), saved as PEFT's files: PEFT loads it and gives the same logits,
@@ -738,6 +775,26 @@ def test_a_bad_config_is_one_error_naming_file_and_field(folders, tmp_path, chan
         (path / "generation_config.json").unlink()
     with pytest.raises(ValueError, match=rf"^{path / 'config.json'}: {match}"):
         nf.from_pretrained(path)
+
+
+def refused(folder, tmp_path, changes, match):
+    """A copy of ``folder`` whose config.json has ``changes`` (as :func:`edited` takes them):
+    ``from_pretrained`` refuses it with one ValueError naming the file and ``match``."""
+    folder = edited(folder, tmp_path, **changes)
+    with pytest.raises(ValueError, match=r"config\.json: " + match):
+        nf.from_pretrained(folder)
+
+
+def lm_trains(tmp_path, capsys, arch, layers):
+    """``npformer lm --arch ARCH`` trains a few steps of a character model of ``layers`` blocks
+    and says which family's block it is; returns the configuration the run recorded."""
+    data = tmp_path / "text.txt"
+    data.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    assert main(["lm", "--data", str(data), "--arch", arch, "--out", str(tmp_path / "run"),
+                 "--layers", str(layers), "--d-model", "16", "--n-heads", "2", "--context", "16",
+                 "--max-steps", "2", "--batch-size", "2"]) == 0
+    assert f"a GPT with {family(arch).display}'s block of" in capsys.readouterr().out
+    return load_model_checkpoint(str(tmp_path / "run" / "last")).model.config
 
 
 def rewrite(file, change):

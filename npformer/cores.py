@@ -7,13 +7,27 @@
 (``cpu.max`` or ``cpu.cfs_quota_us``), and the caps a user set (``NPFORMER_NUM_THREADS``,
 ``OMP_NUM_THREADS``, ``NUMBA_NUM_THREADS``); :func:`thread_policy` gives each kind of work its
 threads for that many cores (:class:`ThreadPolicy`).
+
+The runtime's warning (:class:`NpformerRuntimeWarning`) is declared here, below the modules
+that warn with it (:mod:`npformer.runtime`, :mod:`npformer.dispatch_table`).
 """
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 THREAD_CAPS = ("NPFORMER_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+class NpformerRuntimeWarning(UserWarning):
+    """Warnings of the runtime: a thread setting overridden, a dispatch table ignored."""
+
+
+def runtime_warning(message):
+    """Warn ``message`` as an :class:`NpformerRuntimeWarning`, pointing at the caller of the
+    runtime function that warns."""
+    warnings.warn(message, NpformerRuntimeWarning, stacklevel=3)
 
 
 def affinity():

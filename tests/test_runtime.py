@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import npformer as nf
-from npformer import backend, runtime
+from npformer import backend, dispatch_table, runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 K = backend.load("numba")
@@ -191,8 +191,8 @@ def fresh_dispatch():
     runtime.use_table(None)
     yield
     runtime.use_table(None)
-    runtime._state["adopted"] = {}
-    runtime._state["rule_features"] = None
+    dispatch_table._state["adopted"] = {}
+    dispatch_table._state["rule_features"] = None
     M.reset()
 
 
@@ -385,6 +385,27 @@ def test_calibrate_writes_a_table_the_next_process_uses(tmp_path):
             "K = nf.backend.load('numba')\n"
             "print(nf.runtime.describe()['dispatch_table'])")
     assert run_python(code, NPFORMER_DISPATCH_TABLE=str(table))[-1] == str(table)
+
+
+def test_a_table_chosen_before_the_engines_first_use_stays_in_force(tmp_path):
+    """The default table is read on the engine's first use (``runtime.ensure``, when the kernels
+    load) unless ``use_table`` chose one before: then the kernels' loading keeps that choice
+    (none, or another file), and the default file is not read over it."""
+    default, other = tmp_path / "default.json", tmp_path / "other.json"
+    runtime.write_table(default, {"key-a": "blas"})
+    runtime.write_table(other, {"key-b": "blas"})
+
+    def in_force(choose):
+        code = ("import npformer as nf\n"
+                "from npformer import runtime\n"
+                f"{choose}\n"
+                "K = nf.backend.load('numba')\n"
+                "print(runtime.describe()['dispatch_table'], runtime.dispatch_choice('key-a'),"
+                " runtime.dispatch_choice('key-b'))")
+        return run_python(code, NPFORMER_DISPATCH_TABLE=str(default))[-1]
+    assert in_force("pass") == f"{default} blas None"
+    assert in_force("runtime.use_table(None)") == "None None None"
+    assert in_force(f"runtime.use_table(r'{other}')") == f"{other} None blas"
 
 
 # -- the same bits every run -------------------------------------------------------------------

@@ -268,8 +268,8 @@ def build(args, saved=None):
     args.context = trainer.extra["options"]["context"] = trainer.task.context   # as used
     args.sample_tokens = trainer.extra["options"]["sample_tokens"] = trainer.task.sample_tokens
     if lora is not None and saved is None:       # as applied: the family's default if not given
-        args.lora_targets = trainer.extra["options"]["lora_targets"] = \
-            list(trainer.model.lora.targets)
+        targets = list(trainer.model.lora.targets)
+        args.lora_targets = trainer.extra["options"]["lora_targets"] = targets
     return _summary(args, trainer, data)
 
 

@@ -1,6 +1,9 @@
 """npformer's runtime: how the engine uses the machine, in one place.
 
-It owns four things, and nothing outside this module changes them:
+It owns four things, and nothing outside it changes them. Their mechanics stand in modules of
+their own below this one (:mod:`npformer.cores`, :mod:`npformer.blas`,
+:mod:`npformer.dispatch_table`), whose public names it re-exports: ``npformer.runtime.X`` is
+the one place to call.
 
 1. **The cores.** :func:`available_cores` counts the cores this process may really use: its CPU
    affinity (``os.sched_getaffinity``, not ``os.cpu_count``), the cgroup CPU quota of a container
@@ -21,9 +24,9 @@ It owns four things, and nothing outside this module changes them:
    every checkpoint (:func:`record`) and a resume adopts them (:func:`adopt`). The table, its
    state and deterministic mode are :mod:`npformer.dispatch_table`'s.
 
-Each piece lives in its own module; this one holds the threads' state (policy, BLAS count,
-worker pool) and re-exports the others' public names, so ``npformer.runtime.X`` is the one
-place to call.
+This module holds the threads' state: the policy in force, the BLAS count inside npformer's
+products, the worker threads that share the parts of parallel work (:func:`run_parts`), and
+the :func:`snapshot` and :func:`restore` of every setting, the dispatch table's included.
 
 Same bits on any number of threads: every parallel kernel gives each thread disjoint outputs and
 reduces in an order fixed by the shape (fixed chunk counts, never ``n_threads`` chunks); a large

@@ -391,6 +391,15 @@ class TopTableState(TableState):
         return nf.backend.ops().top_log_softmax(self.logits(tokens), n, offset)
 
 
+def fast_path_bound(vocab):
+    """How far the active backend's decoder states may report a log-probability from the
+    reference's: 0 on the exact path, the fast path's proven bound on the Numba backend."""
+    if not hasattr(nf.backend.ops(), "top_log_softmax_bounded"):
+        return 0.0
+    from npformer.kernels.bounded_top import lse_error_bound
+    return lse_error_bound(vocab)
+
+
 def same_hypotheses(a, b):
     assert [(h.ids, h.probs, h.score, h.finished) for h in a] == \
         [(h.ids, h.probs, h.score, h.finished) for h in b]
@@ -451,9 +460,11 @@ def test_array_beam_search_equals_the_per_hypothesis_one_on_models(seed, beams, 
     got = beam_decode(model, src, beams, alpha, max_new_tokens=9)
     assert [(h.ids, h.finished) for h in got] == [(h.ids, h.finished) for h in want]
     rtol = 1e-5 if dtype == np.float32 else 1e-12
+    # the Numba backend's default fast path: each log-probability within its proven bound
+    slack = fast_path_bound(V_TGT)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g.probs, w.probs, rtol=rtol, atol=0)
-        assert g.score == pytest.approx(w.score, rel=rtol, abs=0)
+        np.testing.assert_allclose(g.probs, w.probs, rtol=rtol + 2 * slack, atol=0)
+        assert g.score == pytest.approx(w.score, rel=rtol, abs=len(g.probs) * slack)
 
 
 def test_beam_search_on_a_model_where_row_placement_rounds_differently(backend):

@@ -37,47 +37,55 @@ _F32 = np.float32
 def _tail_sum(row, m, thr):
     """sum of exp(x - m) over the entries x of ``row`` below ``thr``: exp32 of float32(d),
     d = x - m clamped at -87 as exp32 clamps it, times (1 + the part of d that float32 rounded
-    away). A vector loop: the tail of a row is most of it."""
+    away); and how many entries are NaN. A vector loop: the tail of a row is most of it."""
     total = 0.0
+    nans = 0
     for j in range(row.shape[0]):
         x = np.float64(row[j])
         d = max(x - m, -87.0)
         f = _F32(d)
         e = np.float64(exp32(f)) * (1.0 + (d - np.float64(f)))
         total += e if x < thr else 0.0
-    return total
+        nans += x != x
+    return total, nans
+
+
+BLOCK = 16                       # entries _head_and_top passes over on one block maximum
 
 
 @njit(cache=True, nogil=True)
 def _head_and_top(row, m, thr, top):
     """One scalar pass over ``row``: the sum of math.exp(x - m) in float64 over the entries x not
-    below ``thr`` (the few near the maximum), how many entries are NaN, and in ``top`` (n + 1,)
-    the ids of the n + 1 largest x, largest first, ties by the lower id. Kept apart from the
-    vector loop (a libm call keeps a whole function's loops scalar); most entries pass on one
-    comparison."""
-    n1 = top.shape[0]
+    below ``thr`` (the few near the maximum, NaN aside), and in ``top`` (n + 1,) the ids of the
+    n + 1 largest x, largest first, ties by the lower id. Kept apart from the vector loop (a
+    libm call keeps a whole function's loops scalar); a block of ``BLOCK`` entries whose
+    maximum is below both ``thr`` and the (n + 1)-th so far passes on one comparison."""
+    vocab, n1 = row.shape[0], top.shape[0]
     total = 0.0
-    nans = held = 0
+    held = 0
     floor = -np.inf                                     # x of the (n + 1)-th, once held
-    for c in range(row.shape[0]):
-        x = np.float64(row[c])
-        if not x < thr:
-            if x != x:
-                nans += 1
-                continue
-            total += math.exp(x - m)
-        if held == n1 and not x > floor:
+    low = -np.inf                                       # below both thr and floor: skipped
+    for j in range(0, vocab, BLOCK):
+        end = min(j + BLOCK, vocab)
+        if np.float64(_row_max(row[j:end], end - j, -np.inf)) < low:
             continue
-        j = held if held < n1 else n1 - 1               # insert after any equal logit
-        while j > 0 and row[top[j - 1]] < x:
-            top[j] = top[j - 1]
-            j -= 1
-        top[j] = c
-        if held < n1:
-            held += 1
-        if held == n1:
-            floor = np.float64(row[top[n1 - 1]])
-    return total, nans
+        for c in range(j, end):
+            x = np.float64(row[c])
+            if not x < thr and x == x:
+                total += math.exp(x - m)
+            if held == n1 and not x > floor:
+                continue
+            i = held if held < n1 else n1 - 1           # insert after any equal logit
+            while i > 0 and row[top[i - 1]] < x:
+                top[i] = top[i - 1]
+                i -= 1
+            top[i] = c
+            if held < n1:
+                held += 1
+            if held == n1:
+                floor = np.float64(row[top[n1 - 1]])
+                low = min(floor, thr)
+    return total
 
 
 @njit(cache=True, nogil=True)
@@ -106,8 +114,8 @@ def _top_rows_bounded(x, offset, offset_err, top, ids, logp, err, sure):
         es = offset_err[r] if with_offset else 0.0
         m = np.float64(_row_max(row, vocab, -np.inf))
         thr = m - HEAD_NATS
-        tail = _tail_sum(row, m, thr)
-        head, nans = _head_and_top(row, m, thr, top)
+        tail, nans = _tail_sum(row, m, thr)
+        head = _head_and_top(row, m, thr, top)
         total = head + tail                             # >= 1: the maximum's exp(0)
         good = (nans == 0 and math.isfinite(m) and math.isfinite(total) and total >= 1.0
                 and not s != s and s < np.inf)

@@ -1,8 +1,6 @@
 """Decoding without a float64 exp over the vocabulary (kernels/bounded_top.py): the proven bound
 on the log-probabilities, held on adversarial logits, and searches on the fast path that choose
 the exact path's tokens, redoing a batch exactly where a decision is not certain."""
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,8 +12,8 @@ from npformer import functional as F
 from npformer.decoding import FAST_PATH
 from npformer.decoding.search import beam_search, greedy_search
 
-K = backend.load("numba")
-from npformer.kernels import bounded_top as B  # noqa: E402
+K = backend.load("numba")                  # the kernels' own module, bounded_top's package
+B = K.bounded_top
 
 
 # -- the bound --------------------------------------------------------------------------------

@@ -302,7 +302,8 @@ def _beam(state, k, length_penalty, max_new):
         top_tok = np.take_along_axis(ids, top, axis=1)
         top_logp = np.take_along_axis(logp, top, axis=1)
         if fast:
-            cand_err = _sum_err(cand, np.repeat(score_err, n_top).reshape(a, -1) + err.reshape(a, -1))
+            terms_err = np.repeat(score_err, n_top).reshape(a, -1) + err.reshape(a, -1)
+            cand_err = _sum_err(cand, terms_err)                         # (A, K*N)
             _check_order(order, n_best, cand, cand_err, beam, logp)
             top_err = np.take_along_axis(cand_err, top, axis=1)
         ended, opens = _walk_candidates(top_scores, np.isin(top_tok, ends), k)

@@ -12,6 +12,8 @@ from npformer import functional as F
 from npformer.decoding import FAST_PATH
 from npformer.decoding.search import beam_search, greedy_search
 
+from thread_bits import assert_same_bits_on_threads
+
 K = backend.load("numba")                  # the kernels' own module, bounded_top's package
 B = K.bounded_top
 
@@ -119,6 +121,15 @@ def test_the_bound_on_real_logits_is_far_below_the_bound_of_any_row():
     np.testing.assert_array_equal(ids, ids_ref)
     assert (np.abs(logp - logp_ref) <= err).all()
     assert err.max() < B.lse_error_bound(5921) / 10
+
+
+def test_the_fast_path_gives_the_same_bits_on_any_thread_count():
+    """Its parts of rows are fixed by the shape, each row's arithmetic by the row alone: the
+    workers that share them change nothing."""
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((100, 700)) * 3).astype(np.float32)
+    off = -rng.random(100) * 9
+    assert_same_bits_on_threads(lambda: K.top_log_softmax_bounded(x, 10, off, off * 1e-9))
 
 
 # -- the searches -----------------------------------------------------------------------------

@@ -8,12 +8,13 @@ sampling also take a tuple of ids, stopping at any of them, as Llama 3's); it ma
 offer ``step_top(tokens, n, offset) -> ids (R, n), log-probabilities (R, n)``, a step that
 returns only each row's n best next tokens (by ``offset[r] + log p``, ties by the lower id),
 which greedy and beam search then use instead of ``step``. A state with ``exact = False``
-offers instead ``step_top_bounded(tokens, n, offset, offset_err) -> ids, logp, err, sure``: the
-same on a fast path whose log-probabilities carry error bounds ``err`` (and ``sure`` (R,) says
-whether each row's ids and order are certainly the exact path's); the searches then carry each
-hypothesis's accumulated bound, check that every decision's gaps exceed the bounds, and where
-one does not, redo the search from the start on ``state.exact_twin()`` (counted in
-``FAST_PATH``): the tokens are the exact path's either way. The searches read nothing else: no
+offers instead ``step_top_bounded(tokens, n, offset, offset_err) -> ids, logp, err, sure``:
+the same on a fast path whose log-probabilities carry error bounds ``err`` (``sure`` (R,) says
+whether each row's ids and order are certainly the exact path's; ``exact_rows`` counts the
+rows the state took from the exact path itself); the searches then carry each hypothesis's
+accumulated bound, check that every decision's gaps exceed the bounds, and where one does
+not, redo the search from the start on ``state.exact_twin()`` (counted in ``FAST_PATH``):
+the tokens are the exact path's either way. The searches read nothing else: no
 layer, no vocabulary, no source. Each returns one ``Hypothesis`` per source: the generated ids
 (without ``<bos>``/``<eos>``), the probability of every chosen token (``<eos>`` included, when
 it was produced) and the total log-probability.
@@ -54,6 +55,8 @@ def _with_fallback(search, state):
     except _Unsure:
         FAST_PATH.fallbacks += 1
         return search(state.exact_twin())
+    finally:
+        FAST_PATH.exact_rows += getattr(state, "exact_rows", 0)
 
 
 @dataclass

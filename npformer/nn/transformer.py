@@ -9,7 +9,6 @@ from .. import functional as F
 from .. import runtime
 from ..backend import ops
 from ..configs import TransformerConfig
-from ..decoding.stats import FAST_PATH
 from ..validation import check_array, check_int, check_same_batch, check_token_ids
 from .decoder import Decoder
 from .dropout import Dropout
@@ -232,6 +231,7 @@ class TranslationState(CachedState):
             raise ValueError(f"exact: expected True, False (on a backend with "
                              f"top_log_softmax_bounded: numba) or None, got {exact!r}")
         self.exact = bool(exact)
+        self.exact_rows = 0              # rows the fast path could not rank, taken exactly
         self._sources = (src, bos_id, eos_id, self.beams, capacity)   # for exact_twin
         self.model = model
         model._logits_shape = None       # its training activations are overwritten from here on
@@ -267,9 +267,10 @@ class TranslationState(CachedState):
         and their order are certainly ``step_top``'s, given ``offset_err`` (R,) >= the error of
         ``offset`` (None: exact offsets). A row the fast path cannot settle is taken from the
         exact path here when its offset is exact (greedy, a beam search's first step; counted
-        in ``npformer.decoding.FAST_PATH.exact_rows``); others are left not sure, for the
-        search to redo exactly."""
-        return self._step_top(tokens, n, offset, offset_err, _bounded_top)
+        in ``exact_rows``); others are left not sure, for the search to redo exactly."""
+        ids, logp, err, sure, redone = self._step_top(tokens, n, offset, offset_err, _bounded_top)
+        self.exact_rows += int(redone.sum())
+        return ids, logp, err, sure
 
     def exact_twin(self):
         """A new state of the same sources, at the start, on the exact path (``exact=True``):
@@ -355,7 +356,8 @@ class TranslationState(CachedState):
 def _bounded_top(logits, n, offset, offset_err):
     """The backend's ``top_log_softmax_bounded`` of logits (R, V), with the rows it cannot
     settle and whose offsets are exact (``offset_err`` 0 or None) taken from the exact
-    ``top_log_softmax`` (each row's result depends on its own logits and offset alone)."""
+    ``top_log_softmax`` (each row's result depends on its own logits and offset alone):
+    ids, logp, err, sure and which rows were so taken (R,)."""
     ids, logp, err, sure = ops().top_log_softmax_bounded(logits, n, offset, offset_err)
     redo = ~sure if offset_err is None else ~sure & (np.asarray(offset_err) == 0)
     if redo.any():
@@ -363,8 +365,7 @@ def _bounded_top(logits, n, offset, offset_err):
         ids[rows], logp[rows] = ops().top_log_softmax(
             logits[rows], n, None if offset is None else np.asarray(offset)[rows])
         err[rows], sure[rows] = 0.0, True
-        FAST_PATH.exact_rows += len(rows)
-    return ids, logp, err, sure
+    return ids, logp, err, sure, redo
 
 
 def _encode_by_length(model, src):

@@ -24,9 +24,11 @@ def test_the_tail_terms_keep_exp32s_bound_on_a_sample_of_arguments():
     """Each entry far below the maximum adds exp32(float32(d)) * (1 + the part float32 rounds
     away) to the sum: within EXP32_REL_ERROR (+ 1e-10 for the first-order correction) of
     exp(d), and at most EXP32_FLOOR from it below -87 (exp32 clamps there). Every 4099th float32
-    of [-87, 0] and float64 arguments that float32 cannot hold, through the kernel itself."""
-    bits = np.arange(np.float32(-87.0).view(np.int32), np.float32(-0.0).view(np.int32), -4099,
-                     dtype=np.int32)                              # every 4099th float32 < 0
+    of [-87, 0], every 7th of [-87, -86] (where the error is largest) and float64 arguments
+    that float32 cannot hold, through the kernel itself."""
+    top = np.float32(-87.0).view(np.int32)
+    bits = np.r_[np.arange(top, np.float32(-0.0).view(np.int32), -4099, dtype=np.int32),
+                 np.arange(top, np.float32(-86.0).view(np.int32), -7, dtype=np.int32)]
     rng = np.random.default_rng(0)
     d = np.concatenate([bits.view(np.float32).astype(np.float64), -rng.random(20000) * 87,
                         -87 - rng.random(200) * 700, [-np.inf]])

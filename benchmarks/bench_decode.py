@@ -5,7 +5,7 @@ sentences, cores and batches, in one run.
                                       [--data-dir DIR] [--split test_2016_flickr]
                                       [--methods greedy beam5] [--repeats 3] [--cores N]
                                       [--engines npformer ct2-float32 ct2-int8] [--toy] [--profile]
-                                      [--sections] [--ct2-batch greedy=500 beam5=128]
+                                      [--sections] [--exact] [--ct2-batch greedy=500 beam5=128]
                                       [--expect FILE] [--write-expected FILE]
 
 ``--data-dir`` defaults to the folder that ``npformer download multi30k`` fills
@@ -36,8 +36,11 @@ time). ``--sections`` runs one more npformer pass of each method with clocks aro
 and prints, for each, the seconds spent in: the encoder (each source length at its own width),
 the cross-attention keys and values (once per source), the decoder layers' steps, the final
 norm and output projection, the top log-softmax (``step_top``'s selection), the reordering of
-the caches, and the rest (the search's own bookkeeping, embedding, batching). Only
-``--engines npformer`` is needed for it.
+the caches, and the rest (the search's own bookkeeping, embedding, batching), and how often
+the fast path of decoding needed the exact one (``npformer.decoding.FAST_PATH``: searches
+redone exactly, rows taken exactly). Only ``--engines npformer`` is needed for it. ``--exact``
+makes npformer decode on the exact path (the float64 top log-softmax at every step) instead of
+its backend's default (Numba: the fast path, the same tokens).
 
 Output unchanged: ``--write-expected FILE`` stores a digest of npformer's tokens for every
 sentence of each method (JSON), and ``--expect FILE`` compares a later run's with them: the
@@ -109,6 +112,8 @@ def worker(args):
     sources = [s for s, _ in load_split(args.data_dir, args.split, settings["src_lang"],
                                         settings["tgt_lang"])]
     translator = make_translator(loaded, pipeline.tokenize, pipeline.tokenised_text)
+    if args.worker == "npformer" and args.exact:
+        translator.exact = True                  # the float64 top log-softmax at every step
     warnings.filterwarnings("ignore", message=".*unknown words mapped to <unk>")   # as eval does
     out = {}
     for name in args.methods:
@@ -162,6 +167,7 @@ def section_times(model, run):
     and the total. The clocks wrap the model's own objects (and the backend's
     ``top_log_softmax``, the state's ``reorder``) for this pass only."""
     from npformer.backend import ops
+    from npformer.decoding import FAST_PATH
     from npformer.nn import transformer
     spent = dict.fromkeys(SECTIONS, 0.0)
     wrapped = []                  # (owner, attribute, its own value before, or None if inherited)
@@ -185,7 +191,10 @@ def section_times(model, run):
     clock(model.decoder.norm, "forward", "norm+generator")
     clock(model.generator, "forward", "norm+generator")
     clock(ops(), "top_log_softmax", "top log-softmax")
+    if hasattr(ops(), "top_log_softmax_bounded"):
+        clock(ops(), "top_log_softmax_bounded", "top log-softmax")
     clock(transformer.TranslationState, "reorder", "reorder")
+    FAST_PATH.reset()
     try:
         start = time.perf_counter()
         run()
@@ -198,7 +207,7 @@ def section_times(model, run):
                 setattr(owner, attr, was)
     rest = total - sum(spent.values())
     return (", ".join(f"{k} {v:.2f}" for k, v in spent.items())
-            + f", rest {rest:.2f} (total {total:.2f} s)")
+            + f", rest {rest:.2f} (total {total:.2f} s); fast path: {FAST_PATH}")
 
 
 def digests(outputs):
@@ -260,6 +269,9 @@ def parse_args(argv=None):
     p.add_argument("--toy-checkpoint", default=None)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--sections", action="store_true")
+    p.add_argument("--exact", action="store_true",
+                   help="npformer decodes on the exact path (float64 top log-softmax at every "
+                        "step) instead of its backend's default")
     p.add_argument("--expect", default=None, metavar="FILE")
     p.add_argument("--write-expected", default=None, metavar="FILE")
     p.add_argument("--ct2-batch", nargs="*", default=["greedy=500", "beam5=128"],
@@ -324,6 +336,8 @@ def main():
                 cmd += ["--profile"]
             if args.sections and engine == "npformer":
                 cmd += ["--sections"]
+            if args.exact and engine == "npformer":
+                cmd += ["--exact"]
             if engine != "npformer":
                 cmd += ["--ct2-batch", *args.ct2_batch]
             done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)

@@ -179,7 +179,8 @@ def top_log_softmax(logits, n, offset=None):
     (:func:`_top_rows`) that computes the float64 key only for entries that may enter. Both run
     on parts of ``TOP_PART_ROWS`` rows, which the runtime's workers share (NumPy releases the
     GIL in its loops, the kernel is ``nogil``) and whose float64 rows stay in cache from the
-    subtraction to the sum."""
+    subtraction to the sum. (The Numba backend's decoder states call its fast path,
+    ``top_log_softmax_bounded`` in kernels/bounded_top.py, unless built with ``exact=True``.)"""
     x = np.ascontiguousarray(logits)                                   # (R, V)
     n_rows, vocab = x.shape
     n = min(int(n), vocab)

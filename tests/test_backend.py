@@ -174,7 +174,7 @@ def test_wide_heads_through_the_blocked_kernel_agree_and_gradcheck(restore_backe
 # twins where they pay and the reference's function for every other name.
 
 KERNEL_EXTRAS = {"adam_step", "embedding_backward_into", "matmul",   # no reference of the same name
-                 "reads_grouped_kv"}
+                 "reads_grouped_kv", "top_log_softmax_bounded"}
 
 
 def test_the_kernels_namespace_has_the_functional_names_and_only_the_declared_extras():

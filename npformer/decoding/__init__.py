@@ -3,7 +3,8 @@ model's own layers, stepping with key/value caches); a Translator that turns sen
 sentences."""
 from .search import (LENGTH_PENALTY, Hypothesis, beam_search, check_beam_size, greedy_search,
                      sample_search)
+from .stats import FAST_PATH
 from .translator import Translation, Translator, format_trace
 
-__all__ = ["Hypothesis", "LENGTH_PENALTY", "Translation", "Translator", "beam_search",
+__all__ = ["FAST_PATH", "Hypothesis", "LENGTH_PENALTY", "Translation", "Translator", "beam_search",
            "check_beam_size", "format_trace", "greedy_search", "sample_search"]

@@ -7,7 +7,14 @@ can hold), ``beams`` (rows per source) and ``eos_id`` (None: never stops by itse
 sampling also take a tuple of ids, stopping at any of them, as Llama 3's); it may also
 offer ``step_top(tokens, n, offset) -> ids (R, n), log-probabilities (R, n)``, a step that
 returns only each row's n best next tokens (by ``offset[r] + log p``, ties by the lower id),
-which greedy and beam search then use instead of ``step``. The searches read nothing else: no
+which greedy and beam search then use instead of ``step``. A state with ``exact = False``
+offers instead ``step_top_bounded(tokens, n, offset, offset_err) -> ids, logp, err, sure``:
+the same on a fast path whose log-probabilities carry error bounds ``err`` (``sure`` (R,) says
+whether each row's ids and order are certainly the exact path's; ``exact_rows`` counts the
+rows the state took from the exact path itself); the searches then carry each hypothesis's
+accumulated bound, check that every decision's gaps exceed the bounds, and where one does
+not, redo the search from the start on ``state.exact_twin()`` (counted in ``FAST_PATH``):
+the tokens are the exact path's either way. The searches read nothing else: no
 layer, no vocabulary, no source. Each returns one ``Hypothesis`` per source: the generated ids
 (without ``<bos>``/``<eos>``), the probability of every chosen token (``<eos>`` included, when
 it was produced) and the total log-probability.
@@ -22,8 +29,34 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..validation import check_int, check_real
+from .stats import FAST_PATH
 
 LENGTH_PENALTY = 0.6        # beam search's default alpha (GNMT's value), also the CLI's default
+ROUNDING = 2.0 ** -50       # a generous multiple of float64's unit roundoff, for the bounds
+
+
+class _Unsure(Exception):
+    """A decision of a search on the fast path that the error bounds cannot settle."""
+
+
+def _fast(state):
+    """Whether the state runs on the fast path (``step_top_bounded``, error bounds)."""
+    return getattr(state, "exact", True) is False
+
+
+def _with_fallback(search, state):
+    """``search(state)``; on a fast state, redone from the start on ``state.exact_twin()`` if
+    a decision turns out not to be certain (the tokens are then the exact path's)."""
+    if not _fast(state):
+        return search(state)
+    FAST_PATH.searches += 1
+    try:
+        return search(state)
+    except _Unsure:
+        FAST_PATH.fallbacks += 1
+        return search(state.exact_twin())
+    finally:
+        FAST_PATH.exact_rows += getattr(state, "exact_rows", 0)
 
 
 @dataclass
@@ -105,8 +138,14 @@ def _compacted(keep):
 
 def _greedy_tokens(state, prev):
     """The most probable next token of every row (the first on a tie) and its
-    log-probability: from the state's ``step_top`` where it has one (no (R, V) array), else
-    from ``step``."""
+    log-probability: from the state's ``step_top_bounded`` on the fast path (a row not
+    certainly ranked stops the search: ``_Unsure``), its ``step_top`` where it has one (no
+    (R, V) array), else from ``step``."""
+    if _fast(state):
+        ids, logp, _, sure = state.step_top_bounded(prev, 1)
+        if not sure.all():
+            raise _Unsure
+        return ids[:, 0], logp[:, 0]
     if hasattr(state, "step_top"):
         ids, logp = state.step_top(prev, 1)
         return ids[:, 0], logp[:, 0]
@@ -117,8 +156,10 @@ def _greedy_tokens(state, prev):
 
 def greedy_search(state, max_new_tokens=None, on_step=None):
     """The most probable token at every step. Returns one hypothesis per row of ``state``.
-    ``on_step(sources, ids)`` hears every step's choices as they are made."""
-    return _generate(state, _greedy_tokens, max_new_tokens, on_step=on_step)
+    ``on_step(sources, ids)`` hears every step's choices as they are made (on a fast state
+    that redoes a search exactly, the choices of the redone steps again)."""
+    return _with_fallback(
+        lambda s: _generate(s, _greedy_tokens, max_new_tokens, on_step=on_step), state)
 
 
 def sample_search(state, temperature=1.0, top_k=None, rng=None, max_new_tokens=None, top_p=None,
@@ -208,13 +249,23 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
         raise ValueError("state: beam search needs an end-of-sequence id (eos_id is None)")
     length_penalty = check_real("length_penalty", length_penalty, minimum=0)
     max_new = _check_max_new(state, max_new_tokens)
-    k = beam_size
+    return _with_fallback(lambda s: _beam(s, beam_size, length_penalty, max_new), state)
+
+
+def _beam(state, k, length_penalty, max_new):
+    """``beam_search`` on a checked state. On the fast path, every prefix also carries
+    ``score_err`` >= |its score - the exact path's| and every source's best finished hypothesis
+    ``best_err``; each decision (the order of the best candidates and the cut after them, a
+    finished hypothesis against the best one, whether a source is done, the best open prefix
+    when the room runs out) must be settled by gaps larger than the bounds, else ``_Unsure``."""
+    fast = _fast(state)
     ends = np.atleast_1d(np.asarray(state.eos_id, dtype=np.int64))     # (E,) end ids
     n_best = (len(ends) + 1) * k                 # continuations read per source and step
     b = state.batch_size // k
     active = np.arange(b)                        # sources still searching, k rows each
     # only the first beam of each source is live at the start (the others are copies)
     scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], b)             # (A*K,)
+    score_err = np.zeros(b * k)                                          # (A*K,) fast path
     seqs = np.zeros((b * k, 0), dtype=np.int64)                          # (A*K, t) tokens
     seq_probs = np.zeros((b * k, 0))                                     # (A*K, t) their probs
     prev = state.first_tokens()
@@ -226,6 +277,7 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
     # per source: finished hypotheses so far, and the best one (the first of the highest score)
     n_finished = np.zeros(b, dtype=np.int64)
     best_norm = np.full(b, -np.inf)
+    best_err = np.zeros(b)                                               # fast path
     best = [None] * b                                                    # (ids, probs)
     bound_norm = length_penalty_gnmt(max_new, length_penalty)
 
@@ -233,17 +285,30 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
         a = len(active)
         # each row's N = (E+1)K best continuations, then each source's N best of its K rows'
         # (ties: the lower row, then the lower id, as in one list of its K*V continuations)
-        ids, logp = _step_top(state, _in_rows(prev, slot), n_best, _in_rows(scores, slot))
+        if fast:
+            ids, logp, err, sure = state.step_top_bounded(
+                _in_rows(prev, slot), n_best, _in_rows(scores, slot), _in_rows(score_err, slot))
+            if not sure.all():
+                raise _Unsure
+            err = err[slot]
+        else:
+            ids, logp = _step_top(state, _in_rows(prev, slot), n_best, _in_rows(scores, slot))
         ids, logp = ids[slot], logp[slot]                                # (A*K, N) each
         n_top = ids.shape[1]
         cand = (scores[:, None] + logp).reshape(a, k * n_top)            # (A, K*N)
         beam = np.repeat(np.arange(k), n_top)                            # (K*N,) row in source
         ids, logp = ids.reshape(a, k * n_top), logp.reshape(a, k * n_top)
-        top = np.lexsort((ids, np.broadcast_to(beam, ids.shape), -cand), axis=1)[:, :n_best]
+        order = np.lexsort((ids, np.broadcast_to(beam, ids.shape), -cand), axis=1)
+        top = order[:, :n_best]
         top_scores = np.take_along_axis(cand, top, axis=1)               # (A, N) best first
         top_rows = beam[top] + (np.arange(a) * k)[:, None]               # rows of the state
         top_tok = np.take_along_axis(ids, top, axis=1)
         top_logp = np.take_along_axis(logp, top, axis=1)
+        if fast:
+            terms_err = np.repeat(score_err, n_top).reshape(a, -1) + err.reshape(a, -1)
+            cand_err = _sum_err(cand, terms_err)                         # (A, K*N)
+            _check_order(order, n_best, cand, cand_err, beam, logp)
+            top_err = np.take_along_axis(cand_err, top, axis=1)
         ended, opens = _walk_candidates(top_scores, np.isin(top_tok, ends), k)
 
         # candidates ending in <eos>: finished hypotheses; a source's first one this step is its
@@ -253,11 +318,18 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
             n_finished += np.bincount(active[src_pos], minlength=b)
             first = np.r_[True, src_pos[1:] != src_pos[:-1]]
             src_pos, cand_pos = src_pos[first], cand_pos[first]
-            norms = top_scores[src_pos, cand_pos] / length_penalty_gnmt(t + 1, length_penalty)
+            penalty = length_penalty_gnmt(t + 1, length_penalty)
+            norms = top_scores[src_pos, cand_pos] / penalty
+            norm_errs = (_quotient_err(norms, top_err[src_pos, cand_pos], penalty) if fast
+                         else np.zeros(len(norms)))
+            if fast:
+                _check_apart(norms, norm_errs, best_norm[active[src_pos]],
+                             best_err[active[src_pos]])
             better = norms > best_norm[active[src_pos]]          # ties: the earlier one stays
             rows, lps = top_rows[src_pos, cand_pos][better], top_logp[src_pos, cand_pos][better]
-            for s, norm, row, lp in zip(active[src_pos][better], norms[better], rows, lps):
-                best_norm[s] = norm
+            for s, norm, e, row, lp in zip(active[src_pos][better], norms[better],
+                                           norm_errs[better], rows, lps):
+                best_norm[s], best_err[s] = norm, e
                 best[s] = (seqs[row].tolist(), seq_probs[row].tolist() + [float(np.exp(lp))])
 
         # the K open prefixes of each source, best first; a source with fewer live candidates
@@ -268,6 +340,8 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
                             (np.arange(a) * k)[:, None]).reshape(-1)     # (A*K,)
         new_tok = np.where(live, np.take_along_axis(top_tok, pick, axis=1), ends[0]).reshape(-1)
         scores = np.where(live, np.take_along_axis(top_scores, pick, axis=1), -np.inf).reshape(-1)
+        if fast:
+            score_err = np.where(live, np.take_along_axis(top_err, pick, axis=1), 0.0).reshape(-1)
         new_probs = np.exp(np.take_along_axis(top_logp, pick, axis=1).reshape(-1))
         seqs = np.concatenate([seqs[new_rows], new_tok[:, None]], axis=1)
         seq_probs = np.concatenate([seq_probs[new_rows], new_probs[:, None]], axis=1)
@@ -275,6 +349,12 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
         # log-probabilities only fall, and with alpha >= 0 the best possible normaliser is the
         # largest length still reachable
         best_open = scores.reshape(a, k).max(axis=1)                     # (A,)
+        if fast:
+            asked = (n_finished[active] >= k) & np.isfinite(best_open)
+            limit = best_open[asked] / bound_norm
+            _check_apart(best_norm[active][asked], best_err[active][asked], limit,
+                         _quotient_err(limit, score_err.reshape(a, k).max(axis=1)[asked],
+                                       bound_norm))
         done = ((n_finished[active] >= k) & (best_norm[active] >= best_open / bound_norm)) \
             | ~np.isfinite(best_open)
         if done.all():
@@ -284,6 +364,7 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
         if done.any():                           # drop finished sentences from the batch
             rows = np.flatnonzero(np.repeat(~done, k))                   # (A'*K,)
             new_rows, scores, new_tok = new_rows[rows], scores[rows], new_tok[rows]
+            score_err = score_err[rows]
             seqs, seq_probs = seqs[rows], seq_probs[rows]
             kept = np.zeros(len(done), dtype=bool)   # their blocks go to the last running ones
             kept[group] = ~done                  # by block of the state
@@ -301,10 +382,67 @@ def beam_search(state, beam_size=4, length_penalty=LENGTH_PENALTY, max_new_token
             for s in range(b)]
     for j, s in enumerate(active):               # sentences that ran out of room
         if hyps[s] is None:
-            row = j * k + int(np.argmax(scores[j * k:(j + 1) * k]))
+            block = slice(j * k, (j + 1) * k)
+            row = j * k + int(np.argmax(scores[block]))
+            if fast:
+                others = np.arange(j * k, (j + 1) * k) != row
+                _check_apart(np.full(k - 1, scores[row]), np.full(k - 1, score_err[row]),
+                             scores[block][others], score_err[block][others])
             hyps[s] = Hypothesis(ids=seqs[row].tolist(), probs=seq_probs[row].tolist(),
                                  score=float(scores[row]), finished=False)
     return hyps
+
+
+def _sum_err(total, err):
+    """A bound on |total - the exact path's| for sums ``total`` of terms whose errors add up to
+    ``err``: theirs plus both paths' rounding; 0 where the terms are exact (the same sum on
+    both paths) or the total is -inf (on both paths)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(total) & (err > 0),
+                        err * (1 + ROUNDING) + ROUNDING * np.abs(total), 0.0)
+
+
+def _quotient_err(quotient, err, divisor):
+    """A bound on |quotient - the exact path's| for ``quotient`` = x / divisor (the same
+    divisor on both paths, >= 1) where x is within ``err`` of its exact value (0: exact)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(err > 0, err / divisor * (1 + ROUNDING) + ROUNDING * np.abs(quotient),
+                        0.0)
+
+
+def _check_apart(x, x_err, y, y_err):
+    """``_Unsure`` unless every x and y (arrays of one shape, each within its error of the exact
+    path's value) compare as their exact values do: both exact (error 0), -inf on one side or
+    both (exact on both paths), or a gap larger than both errors."""
+    with np.errstate(invalid="ignore"):
+        settled = ((np.abs(x - y) > x_err + y_err) | (x == -np.inf) | (y == -np.inf)
+                   | ((x_err == 0) & (y_err == 0)))
+    if not settled.all():
+        raise _Unsure
+
+
+def _check_order(order, n, cand, cand_err, beam, logp):
+    """``_Unsure`` unless each source's n best candidates (A, M: ``cand`` in the sorted
+    ``order``, by score, then row, then id) are certainly the exact path's n best in this order:
+    every one before the next, and the n-th before every later one. Candidate p is certainly
+    before q when both are exact (error 0: the same values and order on both paths) or -inf,
+    when the gap exceeds both errors, or when both come from one row (``beam``) and log p of p
+    is not below q's (a sure row of ``step_top_bounded`` is ranked as on the exact path,
+    whatever the row's shared error)."""
+    c = np.take_along_axis(cand, order, axis=1)
+    e = np.take_along_axis(cand_err, order, axis=1)
+    r = beam[order]
+    lp = np.take_along_axis(logp, order, axis=1)
+    n = min(n, c.shape[1])
+    pairs = [(slice(0, n - 1), slice(1, n)), (slice(n - 1, n), slice(n, None))]
+    for p, q in pairs:
+        with np.errstate(invalid="ignore"):
+            sure = (((c[:, p] == -np.inf) & (c[:, q] == -np.inf))
+                    | ((e[:, p] == 0) & (e[:, q] == 0))
+                    | (c[:, p] - c[:, q] > e[:, p] + e[:, q])
+                    | ((r[:, p] == r[:, q]) & (lp[:, p] >= lp[:, q])))
+        if not sure.all():
+            raise _Unsure
 
 
 def _in_rows(x, slot):

@@ -49,10 +49,13 @@ class Translator:
     within ``max_tokens``, its rows within ``MAX_ROWS`` (every step writes a row of logits over
     the target vocabulary for each), and at most ``batch_size`` sentences (None: no such
     limit). Short sentences thus go in large batches, whose products use the cores better, and
-    long ones in smaller batches, so a batch's decoder caches stay about the same size."""
+    long ones in smaller batches, so a batch's decoder caches stay about the same size.
+
+    ``exact``: the decoder states' choice between the exact path and the fast one (None: the
+    backend's default; see ``TranslationState``): the tokens are the same either way."""
 
     def __init__(self, model, vocabs, tokenize=whitespace_tokenize, detokenize=" ".join,
-                 batch_size=None, max_tokens=MAX_TOKENS):
+                 batch_size=None, max_tokens=MAX_TOKENS, exact=None):
         if getattr(model.config, "capability", None) != "seq2seq":
             raise ValueError(f"model: translation needs an encoder-decoder (a 'seq2seq' model), "
                              f"got a {getattr(model.config, 'arch', type(model).__name__)!r} model "
@@ -60,7 +63,7 @@ class Translator:
         Vocabularies.check_fits(vocabs, model.config.vocab_sizes(), pad_id=model.config.pad_id)
         self.batch_size = check_int("batch_size", batch_size, allow_none=True)
         self.max_tokens = check_int("max_tokens", max_tokens)
-        self.model, self.vocabs = model, vocabs
+        self.model, self.vocabs, self.exact = model, vocabs, exact
         self.tokenize, self.detokenize = tokenize, detokenize
 
     def encode_sources(self, sentences, truncate=False):
@@ -195,7 +198,7 @@ class Translator:
         (``npformer.ct2.CT2Translator`` runs an exported model here instead.)"""
         tgt = self.vocabs.tgt
         state = self.model.decoder_state(src, tgt.bos_id, tgt.eos_id, beams=beam_size,
-                                         capacity=max_new_tokens)
+                                         capacity=max_new_tokens, exact=self.exact)
         if method == "greedy":
             return greedy_search(state)
         if method == "beam":

@@ -120,10 +120,11 @@ class Transformer(Module):
         self._backward_done = False      # these activations may now serve one backward
         return logits
 
-    def decoder_state(self, src, bos_id, eos_id, beams=1, capacity=None):
+    def decoder_state(self, src, bos_id, eos_id, beams=1, capacity=None, exact=None):
         """A ``TranslationState`` of the sources ``src`` (B, S): what ``npformer.decoding``'s
-        searches run over. ``bos_id``/``eos_id`` come from the target vocabulary."""
-        return TranslationState(self, src, bos_id, eos_id, beams, capacity)
+        searches run over. ``bos_id``/``eos_id`` come from the target vocabulary; ``exact``:
+        see ``TranslationState``."""
+        return TranslationState(self, src, bos_id, eos_id, beams, capacity, exact)
 
     # -- training ----------------------------------------------------------------------------
     def forward(self, src, tgt_in, logits_mask=None):
@@ -195,9 +196,20 @@ class TranslationState(CachedState):
     fill a preallocated cache of ``capacity`` positions (default: ``min(max_len, 2 * S + 10)``).
     Every step runs the model's own layers (``DecoderLayer.step``) in eval mode, on the active
     backend.
+
+    ``exact``: how greedy and beam search read a step's best tokens. True: ``step_top``, the
+    backend's ``top_log_softmax``, the reference's float64 log-probabilities bit for bit (a
+    float64 exp of every vocabulary entry at every step). False: ``step_top_bounded``, the
+    Numba backend's ``top_log_softmax_bounded`` (float32 exp for the entries far below a row's
+    maximum), whose log-probabilities are the reference's within a proven bound; the searches
+    check every decision against the bounds and redo a batch exactly where one is not certain,
+    so the tokens are the reference's either way, and only the reported probabilities and
+    scores may differ from it, within the bound. None (default): False where the backend has
+    ``top_log_softmax_bounded`` (Numba: the tokens cost less and stay the same), else True
+    (NumPy: the reference itself).
     """
 
-    def __init__(self, model, src, bos_id, eos_id, beams=1, capacity=None):
+    def __init__(self, model, src, bos_id, eos_id, beams=1, capacity=None, exact=None):
         src = check_token_ids("src", src, model.config.src_vocab_size, model.max_len)
         vocab = model.config.tgt_vocab_size
         self.bos_id = _check_id("bos_id", bos_id, vocab)
@@ -212,6 +224,15 @@ class TranslationState(CachedState):
         if capacity > model.max_len:
             raise ValueError(f"capacity: expected at most the model's max_len={model.max_len} "
                              f"positions, got {capacity}")
+        has_bounded = hasattr(ops(), "top_log_softmax_bounded")
+        if exact is None:
+            exact = not has_bounded
+        if exact not in (True, False) or (not exact and not has_bounded):
+            raise ValueError(f"exact: expected True, False (on a backend with "
+                             f"top_log_softmax_bounded: numba) or None, got {exact!r}")
+        self.exact = bool(exact)
+        self.exact_rows = 0              # rows the fast path could not rank, taken exactly
+        self._sources = (src, bos_id, eos_id, self.beams, capacity)   # for exact_twin
         self.model = model
         model._logits_shape = None       # its training activations are overwritten from here on
         with model.evaluating():
@@ -237,26 +258,48 @@ class TranslationState(CachedState):
         ranked by ``offset[r] + log p`` (a beam's running scores; None: log p), ties by the
         lower id (``top_log_softmax`` of the backend: the (R, V) float64 arrays are never
         written on the Numba backend)."""
+        return self._step_top(tokens, n, offset, None,
+                              lambda x, n, off, _: ops().top_log_softmax(x, n, off))
+
+    def step_top_bounded(self, tokens, n, offset=None, offset_err=None):
+        """As :meth:`step_top` on the fast path (``top_log_softmax_bounded``): ids (R, n),
+        logp (R, n), err (R, n) >= |logp - step_top's logp| and sure (R,): whether the row's ids
+        and their order are certainly ``step_top``'s, given ``offset_err`` (R,) >= the error of
+        ``offset`` (None: exact offsets). A row the fast path cannot settle is taken from the
+        exact path here when its offset is exact (greedy, a beam search's first step; counted
+        in ``exact_rows``); others are left not sure, for the search to redo exactly."""
+        ids, logp, err, sure, redone = self._step_top(tokens, n, offset, offset_err, _bounded_top)
+        self.exact_rows += int(redone.sum())
+        return ids, logp, err, sure
+
+    def exact_twin(self):
+        """A new state of the same sources, at the start, on the exact path (``exact=True``):
+        what a search redoes a batch on when a decision of the fast path is not certain."""
+        return TranslationState(self.model, *self._sources, exact=True)
+
+    def _step_top(self, tokens, n, offset, offset_err, top):
+        """One step and ``top(logits, n, offset, offset_err)`` of its rows (a tuple of arrays of
+        R rows each)."""
         logits, shared = self._logits(tokens, repeat=False)
         if not shared:
-            return ops().top_log_softmax(logits, n, offset)
+            return top(logits, n, offset, offset_err)
         # a first step of one row per source: each beam's rows ranked once over the sources'
         # logits (every row's result depends on its logits and offset alone), beams of equal
         # offsets (beam search's -inf for all but the first) ranked once between them
         beams, rows = self.beams, len(logits) * self.beams
-        if offset is not None and np.shape(offset) != (rows,):      # as an unshared step
-            return ops().top_log_softmax(np.repeat(logits, beams, axis=0), n, offset)
+        if offset is not None and (np.shape(offset) != (rows,) or np.any(offset_err)):
+            return top(np.repeat(logits, beams, axis=0), n, offset, offset_err)   # unshared
         if offset is None:
-            tops, which = [ops().top_log_softmax(logits, n)], np.zeros(beams, dtype=int)
+            tops, which = [top(logits, n, None, None)], np.zeros(beams, dtype=int)
         else:                                # beam j's offsets: column j of (sources, beams)
             columns = np.asarray(offset, dtype=np.float64).reshape(len(logits), beams).T
             distinct, which = np.unique(columns, axis=0, return_inverse=True)
-            tops = [ops().top_log_softmax(logits, n, column) for column in distinct]
-        ids = np.empty((rows, tops[0][0].shape[1]), dtype=tops[0][0].dtype)
-        logp = np.empty((rows, tops[0][1].shape[1]), dtype=tops[0][1].dtype)
+            tops = [top(logits, n, column, None) for column in distinct]
+        out = tuple(np.empty((rows,) + a.shape[1:], dtype=a.dtype) for a in tops[0])
         for j, k in enumerate(which.reshape(-1)):
-            ids[j::beams], logp[j::beams] = tops[k]
-        return ids, logp
+            for whole, part in zip(out, tops[k]):
+                whole[j::beams] = part
+        return out
 
     def _logits(self, tokens, repeat=True):
         """The decoder and generator one position on: (R,) tokens -> logits (R, V) in the
@@ -308,6 +351,21 @@ class TranslationState(CachedState):
             for cache in self.memory_caches:
                 cache.reorder(kept)
             self.src_mask = self.src_mask[kept]
+
+
+def _bounded_top(logits, n, offset, offset_err):
+    """The backend's ``top_log_softmax_bounded`` of logits (R, V), with the rows it cannot
+    settle and whose offsets are exact (``offset_err`` 0 or None) taken from the exact
+    ``top_log_softmax`` (each row's result depends on its own logits and offset alone):
+    ids, logp, err, sure and which rows were so taken (R,)."""
+    ids, logp, err, sure = ops().top_log_softmax_bounded(logits, n, offset, offset_err)
+    redo = ~sure if offset_err is None else ~sure & (np.asarray(offset_err) == 0)
+    if redo.any():
+        rows = np.flatnonzero(redo)
+        ids[rows], logp[rows] = ops().top_log_softmax(
+            logits[rows], n, None if offset is None else np.asarray(offset)[rows])
+        err[rows], sure[rows] = 0.0, True
+    return ids, logp, err, sure, redo
 
 
 def _encode_by_length(model, src):

@@ -21,7 +21,9 @@ repository root against a worktree of that commit::
     python tests/same_bits.py check --tree /tmp/orig   # does this machine reproduce them at all?
 
 The bits depend on the machine (see tests/test_same_bits.py): where this one computes otherwise,
-``check`` says so and compares nothing.
+``check`` says so and compares nothing. ``run_on_threads`` needs no reference: it runs
+``THREAD_RUNS`` on 1 and on 2 threads, each count in a fresh process, for the test that holds
+the machine's own bits.
 """
 import argparse
 import contextlib
@@ -97,9 +99,9 @@ THREAD_RUNS = {
 
 # The CPU's vector instruction sets that decide the kernels' bits: LLVM vectorises (and, under
 # fastmath, reassociates) their sums as wide as the vectors go and fuses multiply-adds where FMA
-# exists, and the matrix-product dispatch rules choose other variants on AVX-512. (The kernels
-# compiled for "haswell" gave the reference's bits on this "znver4"; for plain x86-64, SSE2
-# only, other bits.)
+# exists, and the matrix-product dispatch rules choose other variants on AVX-512. (On the Zen 4
+# without AVX-512 that wrote the reference, "znver4", the kernels compiled for "haswell" gave
+# its bits too; for plain x86-64, SSE2 only, other bits.)
 def _decides_bits(feature):
     return feature in ("avx", "avx2", "fma") or feature.startswith("avx512")
 

@@ -17,11 +17,23 @@ otherwise:
 - the vector instruction sets Numba compiles the kernels for (AVX, AVX2, FMA, AVX-512): the
   kernels are compiled with fastmath's reassociation and contraction, so the vector width orders
   their sums and FMA rounds their products once; and the matrix-product dispatch rules choose
-  other variants on an AVX-512 CPU. (Compiled for "haswell" instead of this "znver4", both
-  AVX2 + FMA, they gave the same bits; for plain x86-64, SSE2 only, other bits.)
+  other variants on an AVX-512 CPU. The reference was written on a Zen 4 that exposed AVX2 and
+  FMA but not AVX-512 (Numba's CPU "znver4"; compiled for "haswell" instead, the kernels gave
+  the same bits; for plain x86-64, SSE2 only, other bits). On a CPU with AVX-512, such as a
+  Zen 5 ("znver5"), the reference runs skip.
 
 Where it fails on another machine, ``python tests/same_bits.py check --tree <worktree of
 4b70321>`` tells whether the code before issue 68 gives the reference's bits there at all.
+
+Where they skip, the machine still holds its own bits: the thread test runs
+``same_bits.THREAD_RUNS`` (the toy run over 2 epochs, and ``npformer lm`` with Llama's block
+on batches large enough for the kernels' parallel twins) in two fresh processes, on 1 and on 2
+threads, with the machine's own BLAS kernels, and requires every logged loss and the final
+weights' sha256 to agree, and the run on 2 threads to have run kernels and parts on both. It
+needs no reference, so it runs on every machine with 2 cores. That a resumed run equals an
+uninterrupted one on the machine is tests/test_runtime.py's (the toy model saved on 2 threads
+and resumed on 1, in fresh processes) and tests/test_language_model.py's and
+tests/test_training.py's. docs/reliability.md has the table of which test skips where.
 
 A run whose data (../shared/data/multi30k, ../shared/data/tinyshakespeare) is absent skips.
 """

@@ -21,7 +21,9 @@ repository root against a worktree of that commit::
     python tests/same_bits.py check --tree /tmp/orig   # does this machine reproduce them at all?
 
 The bits depend on the machine (see tests/test_same_bits.py): where this one computes otherwise,
-``check`` says so and compares nothing.
+``check`` says so and compares nothing. ``run_on_threads`` needs no reference: it runs
+``THREAD_RUNS`` on 1 and on 2 threads, each count in a fresh process, for the test that holds
+the machine's own bits.
 """
 import argparse
 import contextlib
@@ -80,18 +82,38 @@ RUNS = {
                     prefix_of="tiny-200"),
 }
 
+# The runs that tests/test_same_bits.py repeats on 1 and on 2 threads, each in a fresh process,
+# and requires to agree to the bit on whatever machine it is (no reference needed): the toy
+# recipe's quick run above (encoder and decoder, dropout, label smoothing, greedy decoding), and
+# `npformer lm` with Llama's block (RMSNorm, SwiGLU, rotary positions, grouped heads), its
+# batches (B, T, D) = (32, 64, 64) large enough for the kernels' parallel twins and attention's
+# parts to run on both threads (the small lm run above runs serially but for the products).
+THREAD_RUNS = {
+    "toy-2-epochs": RUNS["toy-2-epochs"],
+    "lm-llama-30": dict(argv=["lm", "--data", "{text}", "--max-steps", "30", "--quiet",
+                              "--arch", "llama", "--layers", "1", "--d-model", "64",
+                              "--n-heads", "4", "--n-kv-heads", "2", "--context", "64",
+                              "--batch-size", "32", "--eval-every", "15", "--sample-tokens", "16"],
+                        data="text", quick=True),
+}
+
 # The CPU's vector instruction sets that decide the kernels' bits: LLVM vectorises (and, under
 # fastmath, reassociates) their sums as wide as the vectors go and fuses multiply-adds where FMA
-# exists, and the matrix-product dispatch rules choose other variants on AVX-512. (The kernels
-# compiled for "haswell" gave the reference's bits on this "znver4"; for plain x86-64, SSE2
-# only, other bits.)
+# exists, and the matrix-product dispatch rules choose other variants on AVX-512. (On the Zen 4
+# without AVX-512 that wrote the reference, "znver4", the kernels compiled for "haswell" gave
+# its bits too; for plain x86-64, SSE2 only, other bits.)
 def _decides_bits(feature):
     return feature in ("avx", "avx2", "fma") or feature.startswith("avx512")
 
 
+def spec(name):
+    """Run ``name``'s entry in RUNS or THREAD_RUNS."""
+    return RUNS[name] if name in RUNS else THREAD_RUNS[name]
+
+
 def missing_data(name):
     """Why run ``name`` cannot run here (its data is absent), or None."""
-    need = RUNS[name]["data"]
+    need = spec(name)["data"]
     if need == "multi30k" and not (MULTI30K / "train.de.gz").is_file():
         return f"Multi30k data not found at {MULTI30K} (see shared/data/multi30k/README.md)"
     if need == "text" and not TEXT.is_file():
@@ -101,15 +123,16 @@ def missing_data(name):
 
 def command_line(name, out):
     fill = {"out": str(out), "multi30k": str(MULTI30K), "text": str(TEXT)}
-    return [a.format(**fill) for a in RUNS[name]["argv"]] + ["--out", str(out)] + _pinned(name)
+    return [a.format(**fill) for a in spec(name)["argv"]] + ["--out", str(out)] + _pinned(name)
 
 
 def _pinned(name):
     """Options that keep a run the program it was, where the code running it has them: since
     issue 69, ``npformer lm`` builds Llama's block by default, and ``--arch gpt`` the GPT-2
     block the reference's runs trained (the code before issue 68 has no --arch, and needs
-    none)."""
-    if RUNS[name]["argv"][0] != "lm":
+    none). A run that names its --arch keeps it."""
+    argv = spec(name)["argv"]
+    if argv[0] != "lm" or "--arch" in argv:
         return []
     from npformer.training import language_model
     return ["--arch", "gpt"] if hasattr(language_model, "LM_ARCH") else []
@@ -193,30 +216,72 @@ def run(name, out):
     return {**summarise(out), "seconds": round(time.perf_counter() - start, 1)}
 
 
+def count_threaded_work():
+    """Count, from now on in this process, the work that ran on more than one thread: the
+    parallel twins of the Numba kernels (work of at least ``SERIAL_BELOW`` elements, the rule of
+    kernels/_jit.py) and ``runtime.run_parts`` calls shared between several threads (a
+    product's cells or row parts, attention's parts). Returns the dict of counts it fills in.
+    A thread test whose runs never ran anything on two threads proves nothing; these say."""
+    from npformer import runtime
+    from npformer.kernels import _jit
+    counts = {"parallel_kernels": 0, "shared_parts": 0}
+    kernel_call, run_parts = _jit.ParallelKernel.__call__, runtime.run_parts
+
+    def counted_kernel(self, *args):
+        if runtime.kernel_threads() != 1 and self.work(*args) >= _jit.SERIAL_BELOW:
+            counts["parallel_kernels"] += 1
+        return kernel_call(self, *args)
+
+    def counted_parts(fn, parts, max_workers=None):
+        parts = list(parts)
+        if min(len(parts), runtime.workers(), max_workers or len(parts)) > 1:
+            counts["shared_parts"] += 1
+        return run_parts(fn, parts, max_workers)
+    _jit.ParallelKernel.__call__, runtime.run_parts = counted_kernel, counted_parts
+    return counts
+
+
 def child_main(argv):
     """``python tests/same_bits.py --child [--tree DIR] RESULT NAME...``: the runs, in order, in
-    this process; their summaries and the machine's facts written to RESULT as JSON."""
+    this process; their summaries, the machine's facts and the threads they ran on (the
+    runtime's policy, and the work that ran on more than one thread) written to RESULT as JSON."""
     p = argparse.ArgumentParser()
     p.add_argument("--tree", default=str(ROOT))
     p.add_argument("result")
     p.add_argument("names", nargs="+")
     args = p.parse_args(argv)
     use_tree(args.tree)
-    results = {}
+    from npformer import runtime
+    counts = count_threaded_work()
+    results, threaded = {}, {}
     with tempfile.TemporaryDirectory(prefix="same-bits-") as tmp:
         for name in args.names:
+            counts.update(dict.fromkeys(counts, 0))
             results[name] = run(name, Path(tmp) / name)
+            threaded[name] = dict(counts)
     facts = machine_facts()                           # after the runs: the BLAS is loaded
-    Path(args.result).write_text(json.dumps({"machine": facts, "runs": results}))
+    policy = runtime.describe()
+    threads = {"kernel_threads": policy["kernel_threads"], "workers": policy["workers"],
+               "threaded_work": threaded}
+    Path(args.result).write_text(json.dumps({"machine": facts, "threads": threads,
+                                             "runs": results}))
 
 
-# -- the parent: a child process with the reference's BLAS kernel ------------------------------
-def child_env(tmp):
-    """The environment of the process that runs the recipes: OpenBLAS's reference kernels, no
-    calibrated dispatch table (a file that does not exist), the default backend and runtime."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NPFORMER_BACKEND", "NPFORMER_RUNTIME", "NPFORMER_DISPATCH_TABLE")}
-    env["OPENBLAS_CORETYPE"] = BLAS_KERNEL
+# -- the parent: child processes with the reference's BLAS kernel, or on a given thread count --
+def child_env(tmp, threads=None):
+    """The environment of the process that runs the recipes: no calibrated dispatch table (a
+    file that does not exist), the default backend and runtime; and OpenBLAS's reference kernels,
+    or, given ``threads``, the machine's own BLAS kernels and the runtime on that many threads
+    (``NPFORMER_NUM_THREADS``, the other thread caps left out)."""
+    from npformer.cores import THREAD_CAPS
+    drop = {"NPFORMER_BACKEND", "NPFORMER_RUNTIME", "NPFORMER_DISPATCH_TABLE"}
+    if threads is not None:
+        drop |= {"OPENBLAS_CORETYPE", *THREAD_CAPS}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if threads is None:
+        env["OPENBLAS_CORETYPE"] = BLAS_KERNEL
+    else:
+        env["NPFORMER_NUM_THREADS"] = str(threads)
     env["NPFORMER_DISPATCH_TABLE"] = str(Path(tmp) / "no-dispatch-table.json")
     return env
 
@@ -230,16 +295,35 @@ def run_in_children(groups, tree=ROOT, timeout=None):
     """Run each group of runs in a child process of its own, the children side by side (a
     recipe's data preparation is one thread's work, so two overlap on two cores; the bits do not
     depend on the threads); (machine facts, {name: summary})."""
+    children = _run_children([(names, None) for names in groups], tree, timeout)
+    runs = {}
+    for child in children:
+        runs.update(child["runs"])
+    return children[0]["machine"], runs
+
+
+def run_on_threads(names, counts=(1, 2), timeout=None):
+    """Run ``names`` once per thread count in ``counts``, each count in a fresh child process
+    of its own (side by side) on the machine's own BLAS kernels; {count: what its child wrote:
+    "machine", "threads" (the policy it ran on, and each run's work that ran on several
+    threads: count_threaded_work's counts) and "runs", {name: summary}}."""
+    children = _run_children([(names, n) for n in counts], ROOT, timeout)
+    return dict(zip(counts, children))
+
+
+def _run_children(specs, tree, timeout):
+    """Run each (names, threads) of ``specs`` in a child process (child_env's), side by side;
+    what each wrote, in order. Raises if one fails or they saw different machines."""
     with tempfile.TemporaryDirectory(prefix="same-bits-") as tmp:
         children = []
-        for i, names in enumerate(groups):
+        for i, (names, threads) in enumerate(specs):
             result = Path(tmp) / f"result{i}.json"
             log = open(Path(tmp) / f"log{i}.txt", "w+")
             proc = subprocess.Popen([sys.executable, __file__, "--child", "--tree", str(tree),
-                                     str(result), *names], env=child_env(tmp), stdout=log,
-                                    stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+                                     str(result), *names], env=child_env(tmp, threads),
+                                    stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
             children.append((names, result, log, proc))
-        facts, runs, failed = [], {}, []
+        written, failed = [], []
         for names, result, log, proc in children:
             try:
                 code = proc.wait(timeout)
@@ -252,14 +336,13 @@ def run_in_children(groups, tree=ROOT, timeout=None):
             if code != 0:
                 failed.append(f"the runs {names} failed (exit {code}):\n{output[-6000:]}")
                 continue
-            data = json.loads(result.read_text())
-            facts.append(data["machine"])
-            runs.update(data["runs"])
+            written.append(json.loads(result.read_text()))
     if failed:
         raise RuntimeError("\n".join(failed))
+    facts = [child["machine"] for child in written]
     if any(f != facts[0] for f in facts):
         raise RuntimeError(f"the child processes saw different machines: {facts}")
-    return facts[0], runs
+    return written
 
 
 def other_blas(facts):

@@ -17,11 +17,23 @@ otherwise:
 - the vector instruction sets Numba compiles the kernels for (AVX, AVX2, FMA, AVX-512): the
   kernels are compiled with fastmath's reassociation and contraction, so the vector width orders
   their sums and FMA rounds their products once; and the matrix-product dispatch rules choose
-  other variants on an AVX-512 CPU. (Compiled for "haswell" instead of this "znver4", both
-  AVX2 + FMA, they gave the same bits; for plain x86-64, SSE2 only, other bits.)
+  other variants on an AVX-512 CPU. The reference was written on a Zen 4 that exposed AVX2 and
+  FMA but not AVX-512 (Numba's CPU "znver4"; compiled for "haswell" instead, the kernels gave
+  the same bits; for plain x86-64, SSE2 only, other bits). On a CPU with AVX-512, such as a
+  Zen 5 ("znver5"), the reference runs skip.
 
 Where it fails on another machine, ``python tests/same_bits.py check --tree <worktree of
 4b70321>`` tells whether the code before issue 68 gives the reference's bits there at all.
+
+Where they skip, the machine still holds its own bits: the thread test runs
+``same_bits.THREAD_RUNS`` (the toy run over 2 epochs, and ``npformer lm`` with Llama's block
+on batches large enough for the kernels' parallel twins) in two fresh processes, on 1 and on 2
+threads, with the machine's own BLAS kernels, and requires every logged loss and the final
+weights' sha256 to agree, and the run on 2 threads to have run kernels and parts on both. It
+needs no reference, so it runs on every machine with 2 cores. That a resumed run equals an
+uninterrupted one on the machine is tests/test_runtime.py's (the toy model saved on 2 threads
+and resumed on 1, in fresh processes) and tests/test_language_model.py's and
+tests/test_training.py's. docs/reliability.md has the table of which test skips where.
 
 A run whose data (../shared/data/multi30k, ../shared/data/tinyshakespeare) is absent skips.
 """
@@ -36,6 +48,7 @@ REFERENCE = same_bits.load_reference()
 QUICK = [name for name, spec in same_bits.RUNS.items() if spec["quick"]]
 FULL = [name for name, spec in same_bits.RUNS.items() if not spec["quick"]]
 FULL_SWITCH = "NPFORMER_SAME_BITS"               # "full": run the full recipes too
+THREADS = list(same_bits.THREAD_RUNS)
 
 
 def _other_machine():
@@ -100,6 +113,42 @@ def test_a_full_run_keeps_the_bits_of_the_code_before_issue_68(name):
         pytest.skip(same_bits.missing_data(name))
     facts, runs = _compare([[name]])
     _assert_same_bits(name, facts, runs[name])
+
+
+@pytest.fixture(scope="module")
+def thread_runs():
+    """The thread runs whose data is here, on 1 and on 2 threads, each count in a fresh child
+    process on the machine's own BLAS kernels: {count: what its child wrote}."""
+    # the cores of the affinity mask and cgroup quota (the children run without the thread caps)
+    cores = runtime.available_cores(quota=runtime.cgroup_cpu_limit(), environ={})[0]
+    if cores < 2:
+        pytest.skip(f"comparing 1 and 2 threads needs 2 cores; the affinity and cgroup quota "
+                    f"give {cores}")
+    here = [name for name in THREADS if not same_bits.missing_data(name)]
+    if not here:
+        pytest.skip("no thread run has its data here")
+    return same_bits.run_on_threads(here, (1, 2), timeout=1800)
+
+
+@pytest.mark.parametrize("name", THREADS)
+def test_a_run_gives_the_same_bits_on_1_and_2_threads_in_fresh_processes(name, thread_runs):
+    """On any machine, whether or not it can check the reference's bits: a real recipe run in
+    two fresh processes, on 1 and on 2 threads, logs the same losses and leaves the same
+    weights, to the bit; and the run on 2 threads did run kernels and parts on both."""
+    if same_bits.missing_data(name):
+        pytest.skip(same_bits.missing_data(name))
+    one, two = thread_runs[1], thread_runs[2]
+    assert (one["threads"]["kernel_threads"], one["threads"]["workers"]) == (1, 1)
+    assert (two["threads"]["kernel_threads"], two["threads"]["workers"]) == (2, 2)
+    work = two["threads"]["threaded_work"][name]
+    assert work["parallel_kernels"] > 0 and work["shared_parts"] > 0, (
+        f"{name} ran nothing on two threads ({work}): it cannot show a thread-count dependence")
+    assert one["threads"]["threaded_work"][name] == {"parallel_kernels": 0, "shared_parts": 0}
+    got, expected = two["runs"][name], one["runs"][name]
+    changed = same_bits.differences(name, got, expected)
+    assert not changed, "\n".join(["on 2 threads (got) and on 1 (expected):"] + changed)
+    assert got["train_losses"] or got["evals"], f"{name}: no loss was logged"
+    assert "last" in got["weights_sha256"], f"{name}: no last checkpoint"
 
 
 def test_the_reference_holds_every_run_as_its_command_line_is_today():

@@ -64,12 +64,20 @@ caller's buffers (the self-attention module passes three slices of one (B, T, 3D
 and those outputs come from :mod:`npformer.aligned`'s pool (arrays of 4 MiB and more), so the
 next step reuses their memory instead of having it mapped afresh (a page fault per page).
 
+Grouped key/value heads (k, v with Hkv heads, H / Hkv = G query heads each) are read in place,
+never repeated: each product runs over the batch axes (b*Hkv, G), the queries of a key/value
+head's group side by side (:func:`_by_group`) and its keys or values read through a stride of 0
+(:func:`_shared`), so every product reads the numbers it would read on repeated heads. The
+backward writes each query head's dk, dv into a part's scratch and sums a group's into its
+key/value head inside the same part, in the heads' order (:func:`_sum_groups`); parts over
+heads hold whole groups. The bits are those of repeated heads, on any number of threads.
+
 Long contexts take :mod:`npformer.kernels.blocked_attention` instead (FlashAttention's online
 softmax over key blocks; the backward recomputes the scores block by block): it keeps no
 B*H*Tq*Tk array at all, only the output and two numbers per query row. The rule reads the shape
 alone (:func:`use_blocked`): at least ``BLOCKED_MIN_KEYS`` keys and ``BLOCKED_MIN_QUERIES``
-queries, or scores of ``BLOCKED_MIN_BYTES`` and more, or grouped key/value heads (k, v with
-fewer heads than q, which only the blocked path takes). Its cache has None where this one holds
+queries, or scores of ``BLOCKED_MIN_BYTES`` and more (grouped key/value heads as their
+query heads' shapes would go). Its cache has None where this one holds
 P and P' (``cache[3]``, the attention weights a module exposes for plots), and the backward
 below recognises it. Shorter sequences (every recipe's, T <= 128) take the path above, unchanged.
 """

@@ -149,7 +149,8 @@ def _copied(b, copy):
     is read with the same stride 0: a shared head is never copied once per query head."""
     if b.ndim == 4 and b.shape[1] > 1 and b.strides[1] == 0:
         once = copy(b[:, :1])
-        return np.lib.stride_tricks.as_strided(once, b.shape, (once.strides[0], 0) + once.strides[2:])
+        return np.lib.stride_tricks.as_strided(once, b.shape,
+                                               (once.strides[0], 0) + once.strides[2:])
     return copy(b)
 
 

@@ -444,18 +444,35 @@ def _per_query_head(x, group):
     return empty_aligned((b * hkv, group, m, n), x.dtype)
 
 
-def _sum_groups(per_head, x, group):
-    """x (b, Hkv, Tk, d) = each group's per-query-head gradients (b*Hkv, G, Tk, d) summed in
-    the heads' order, ((h_0 + h_1) + h_2) + ..., inside one part, so that no sum depends on the
-    parts or the threads (the order of NumPy's sum over the heads of repeated keys). Group 1:
-    per_head is x, nothing to do."""
+@kernel(fastmath=False)                 # no reassociation: the order of the sum is the point
+def _sum_flushed(per_head, x, tiny):
+    """x[i, a] = the sum over g of per_head[i * Hkv + a, g], each term's subnormal entries
+    (below ``tiny`` in magnitude) first set to 0, added in the order g = 0, 1, ... Shapes: x
+    (b, Hkv, m, n), any strides; per_head (b*Hkv, G, m, n)."""
+    n_b, n_kv, n_m, n_n = x.shape
+    zero = tiny - tiny
+    for i in range(n_b):
+        for a in range(n_kv):
+            r = i * n_kv + a
+            for t in range(n_m):
+                for j in range(n_n):
+                    y = per_head[r, 0, t, j]
+                    x[i, a, t, j] = zero if abs(y) < tiny else y
+                for g in range(1, per_head.shape[1]):
+                    for j in range(n_n):
+                        y = per_head[r, g, t, j]
+                        x[i, a, t, j] += zero if abs(y) < tiny else y
+
+
+def _sum_groups(per_head, x, group, tiny):
+    """x (b, Hkv, Tk, d) = each group's per-query-head gradients (b*Hkv, G, Tk, d), subnormals
+    set to 0 (as each head's own gradient), summed in the heads' order ((h_0 + h_1) + h_2) + ...,
+    in one pass inside one part, so that no sum depends on the parts or the threads (the order
+    of NumPy's sum over the heads of repeated keys). Group 1: per_head is x, only flushed."""
     if group == 1:
-        return
-    b, hkv = x.shape[:2]
-    heads = per_head.reshape((b, hkv) + per_head.shape[1:])         # (b, Hkv, G, Tk, d)
-    x[...] = heads[:, :, 0]
-    for g in range(1, heads.shape[2]):
-        x += heads[:, :, g]
+        _flush_subnormal(x, tiny)
+    else:
+        _sum_flushed(per_head, x, tiny)
 
 
 def _run(parts, parallel, fn):
@@ -602,11 +619,10 @@ def attention_backward_into(dout, cache, dq, dk, dv):
     def finish(part, dq_g, dk_h, dv_h):
         """Subnormals -> 0 (of each query head's dk, dv: the reference's order), dq into place,
         each group's dk and dv summed into its key/value head's."""
-        for grad in (dq_g, dk_h, dv_h):
-            _flush_subnormal(grad, tiny)
+        _flush_subnormal(dq_g, tiny)
         _put_back(dq_g, _part(dq, part, group))
-        _sum_groups(dk_h, _part(dk, part), group)
-        _sum_groups(dv_h, _part(dv, part), group)
+        _sum_groups(dk_h, _part(dk, part), group, tiny)
+        _sum_groups(dv_h, _part(dv, part), group, tiny)
 
     def backward_part(part):
         p, p_d = _part(probs, part, group), _part(probs_d, part, group)

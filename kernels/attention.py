@@ -393,7 +393,7 @@ def _by_group(x, group):
     """Query heads (b, H, m, n) in the batch axes of a grouped product: (b*Hkv, G, m, n), the G
     query heads of each key/value head side by side (query head h = G*a + g is entry (a, g)). A
     view where x's heads follow one another in memory, else a contiguous copy of x (a part's
-    queries or output gradient, as strided views of the projection's output are). Group 1: x."""
+    output gradient, a strided view of the output projection's gradient). Group 1: x."""
     if group == 1:
         return x
     b, h, m, n = x.shape
@@ -515,7 +515,8 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     Shape: q (B, H, Tq, dk), k (B, Hkv, Tk, dk), v (B, Hkv, Tk, dv), mask bool broadcastable to
     (B, H, Tq, Tk), True = may attend -> out (B, H, Tq, dv). Hkv = H, or a divisor of H (grouped
     key/value heads: query head i reads key/value head i // (H / Hkv), in place: no head is
-    repeated, each product reads its key/value head with a zero stride, :func:`_shared`). The
+    repeated, each product reads its key/value head with a zero stride, :func:`_shared`; the
+    cache then holds a contiguous copy of q, whose heads the products read group by group). The
     dropout mask is drawn from ``rng`` exactly as the reference draws it, so both backends see
     the same masks. Long sequences (:func:`use_blocked`) keep no probabilities: ``cache[3]`` is
     None there.
@@ -529,6 +530,8 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     mask4 = _mask4(mask, full)                                       # (B|1, H|1, Tq|1, Tk)
     if use_blocked(q.shape, k.shape, q.itemsize):
         return blocked_attention.attention_forward(q, k, v, mask4, dropout_p, rng, training)
+    if group > 1 and not _merges(q):          # the products read a group's queries side by
+        q = np.ascontiguousarray(q)           # side: copied once, kept for the backward's too
     bias = np.where(mask4, dtype(0.0), dtype(-np.inf))
     blocks = _row_blocks(mask4, tq, tk)                              # None: every key computed
     scale = 1.0 / math.sqrt(d_k)
@@ -546,7 +549,7 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     kt = k.swapaxes(-1, -2)                                          # (B, H, dk, Tk) view
 
     # Grouped heads: each product's batch axes are (b*Hkv, G), query-head operands through
-    # _by_group (views; the queries a copy per part), key/value ones through _shared (stride 0).
+    # _by_group (views of P, P' and of q's copy), key/value ones through _shared (stride 0).
     def forward_part(part):
         p, p_d = _part(probs, part, group), _part(probs_d, part, group)
         o = _part(out_bhtd, part, group)

@@ -6,7 +6,7 @@ cross-entropy, embedding scatter-add, dropout and the residual sum with it, the 
 block's activation + dropout, RMSNorm, SwiGLU, rotary positions, the decoding cache's row
 movers), and three
 names have no reference of the same name (``EXTRAS``: the Adam update, ``matmul``, and
-``reads_grouped_kv``, which tells the attention module where the kernel reads grouped
+``reads_grouped_kv``, which tells the attention module that the kernels read grouped
 key/value heads without repeating them; a backend without it repeats them). Every
 other name falls back to the reference's own function (``__getattr__`` below): the masks, the
 head reshapes, learned positions (an addition and a sum over the batch). Every matrix product

@@ -60,7 +60,7 @@ def grouped_run(q, k, v, mask, dropout, dout):
 
 CASES = [(1, 2, 7, "none", 0.0), (2, 2, 33, "padding", 0.0), (3, 3, 64, "causal", 0.0),
          (2, 3, 100, "causal", 0.2), (2, 6, 130, "causal", 0.0), (1, 6, 96, "causal", 0.2),
-         (3, 2, 1, "none", 0.0), (2, 3, 40, "padding", 0.2)]
+         (3, 2, 1, "none", 0.0), (2, 3, 40, "padding", 0.2), (1, 2, 100, "causal", 0.0)]
 
 
 @pytest.mark.parametrize("b, group, t, kind, dropout", CASES)
@@ -95,6 +95,18 @@ def test_grouped_heads_give_the_bits_of_repeated_heads(b, group, t, kind, dropou
     for a, e in zip(got, expected):
         assert a.shape == e.shape
         assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(e).tobytes()
+
+
+def test_parts_over_heads_hold_whole_groups():
+    """One batch element: the parts count key/value heads, each once, so a part holds every
+    query head of its key/value heads and computes their whole gradient."""
+    for shape, group in (((1, 6, 100, 100), 2), ((1, 8, 64, 64), 4), ((1, 6, 96, 96), 6)):
+        parts, parallel = ATTENTION._parts(shape, 4, group=group)
+        assert [i for _, lo, hi in parts for i in range(lo, hi)] == list(range(shape[1] // group))
+        assert all(axis == 1 for axis, _, _ in parts)
+        assert parallel == (shape[1] // group > 1)
+        q = np.zeros(shape)
+        assert sum(ATTENTION._part(q, p, group).shape[1] for p in parts) == shape[1]
 
 
 @pytest.mark.parametrize("blocks", [False, True])

@@ -81,13 +81,14 @@ def test_grouped_kernel_matches_the_reference(b, group, t, kind, dropout, dtype)
 
 
 @pytest.mark.parametrize("b, group, t, kind, dropout", CASES)
-def test_grouped_heads_give_the_bits_of_repeated_heads(b, group, t, kind, dropout):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grouped_heads_give_the_bits_of_repeated_heads(b, group, t, kind, dropout, dtype):
     """Each product reads the same numbers as on repeated heads and dk, dv are summed over a
     group in the heads' order (NumPy's sum over the repeated heads): the same bits, at any
     thread count."""
-    q, k, v, rng = inputs(b, 6, group, t, t, 8, np.float32, seed=t + 1)
+    q, k, v, rng = inputs(b, 6, group, t, t, 8, dtype, seed=t + 1)
     mask = mask_of(kind, b, t, t, rng)
-    dout = rng.standard_normal((b, 6, t, 8)).astype(np.float32)
+    dout = rng.standard_normal((b, 6, t, 8)).astype(dtype)
     got = assert_same_bits_on_threads(lambda: grouped_run(q, k, v, mask, dropout, dout))
     out, probs, dq, dk, dv = grouped_run(q, repeated(k, group), repeated(v, group), mask,
                                          dropout, dout)

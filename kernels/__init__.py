@@ -6,7 +6,7 @@ cross-entropy, embedding scatter-add, dropout and the residual sum with it, the 
 block's activation + dropout, RMSNorm, SwiGLU, rotary positions, the decoding cache's row
 movers), and four
 names have no reference of the same name (``EXTRAS``: the Adam update, ``matmul``,
-``reads_grouped_kv``, which tells the attention module where the kernel reads grouped
+``reads_grouped_kv``, which tells the attention module that the kernels read grouped
 key/value heads without repeating them; a backend without it repeats them, and
 ``top_log_softmax_bounded``, decoding's fast path with error bounds; a backend without it
 decodes on the exact path). Every

@@ -64,12 +64,20 @@ caller's buffers (the self-attention module passes three slices of one (B, T, 3D
 and those outputs come from :mod:`npformer.aligned`'s pool (arrays of 4 MiB and more), so the
 next step reuses their memory instead of having it mapped afresh (a page fault per page).
 
+Grouped key/value heads (k, v with Hkv heads, H / Hkv = G query heads each) are read in place,
+never repeated: each product runs over the batch axes (b*Hkv, G), the queries of a key/value
+head's group side by side (:func:`_by_group`) and its keys or values read through a stride of 0
+(:func:`_shared`), so every product reads the numbers it would read on repeated heads. The
+backward writes each query head's dk, dv into a part's scratch and sums a group's into its
+key/value head inside the same part, in the heads' order (:func:`_sum_groups`); parts over
+heads hold whole groups. The bits are those of repeated heads, on any number of threads.
+
 Long contexts take :mod:`npformer.kernels.blocked_attention` instead (FlashAttention's online
 softmax over key blocks; the backward recomputes the scores block by block): it keeps no
 B*H*Tq*Tk array at all, only the output and two numbers per query row. The rule reads the shape
 alone (:func:`use_blocked`): at least ``BLOCKED_MIN_KEYS`` keys and ``BLOCKED_MIN_QUERIES``
-queries, or scores of ``BLOCKED_MIN_BYTES`` and more, or grouped key/value heads (k, v with
-fewer heads than q, which only the blocked path takes). Its cache has None where this one holds
+queries, or scores of ``BLOCKED_MIN_BYTES`` and more (grouped key/value heads as their
+query heads' shapes would go). Its cache has None where this one holds
 P and P' (``cache[3]``, the attention weights a module exposes for plots), and the backward
 below recognises it. Shorter sequences (every recipe's, T <= 128) take the path above, unchanged.
 """
@@ -304,7 +312,7 @@ def _mask4(mask, full):
     return np.ascontiguousarray(np.broadcast_to(mask_b, mask_b.shape[:3] + (full[3],)))
 
 
-def _parts(shape, itemsize, blocks=None):
+def _parts(shape, itemsize, blocks=None, group=1):
     """How the heads are divided: (parts, parallel). parts lists (axis, lo, hi), axis 0 = B or
     1 = H (when B = 1); each part's scores take about CHUNK_BYTES, so they stay in the core's L2
     cache from the product that writes them to the one that reads them, and there are at least
@@ -313,14 +321,18 @@ def _parts(shape, itemsize, blocks=None):
 
     With row ``blocks`` (:func:`_row_blocks`) a part's scores are computed block by block: its
     parts hold about BLOCK_CHUNK_BYTES of computed scores (fewer, larger parts: each now makes
-    several calls per product, and what must stay in L2 is one block's scores)."""
+    several calls per product, and what must stay in L2 is one block's scores).
+
+    Grouped key/value heads (``group`` query heads each): a part over heads holds whole groups,
+    so that one part computes all of a key/value head's gradient; lo, hi then count key/value
+    heads (:func:`_part`)."""
     n_b, n_h, tq, tk = shape
-    axis, n = (0, n_b) if n_b > 1 else (1, n_h)
+    axis, n = (0, n_b) if n_b > 1 else (1, n_h // group)
     if blocks is None:
         chunk, per_head = CHUNK_BYTES, tq * tk
     else:
         chunk, per_head = BLOCK_CHUNK_BYTES, sum((r1 - r0) * c1 for r0, r1, c1 in blocks)
-    step = max(1, chunk // max(1, per_head * itemsize * (n_h if axis == 0 else 1)))
+    step = max(1, chunk // max(1, per_head * itemsize * (n_h if axis == 0 else group)))
     parallel = n >= 2 and n_b * n_h * tq * tk >= SPLIT_MIN
     if parallel:
         step = min(step, -(-n // 2))
@@ -362,12 +374,105 @@ def _key_blocks(blocks):
     return keys
 
 
-def _part(x, part):
-    """x restricted to one part: x[lo:hi] along the part's axis (a size-1, broadcast axis stays)."""
+def _part(x, part, group=1):
+    """x restricted to one part: x[lo:hi] along the part's axis (a size-1, broadcast axis stays).
+    A part over heads counts key/value heads: an array of query heads (``group`` per key/value
+    head) gives its heads lo * group .. hi * group - 1."""
     axis, lo, hi = part
     if x.shape[axis] == 1:
         return x
-    return x[lo:hi] if axis == 0 else x[:, lo:hi]
+    return x[lo:hi] if axis == 0 else x[:, lo * group:hi * group]
+
+
+def _merges(x):
+    """Whether x's (batch, head) axes merge into one axis without a copy."""
+    return x.shape[0] == 1 or x.strides[0] == x.strides[1] * x.shape[1]
+
+
+def _by_group(x, group):
+    """Query heads (b, H, m, n) in the batch axes of a grouped product: (b*Hkv, G, m, n), the G
+    query heads of each key/value head side by side (query head h = G*a + g is entry (a, g)). A
+    view where x's heads follow one another in memory, else a contiguous copy of x (a part's
+    output gradient, a strided view of the output projection's gradient). Group 1: x."""
+    if group == 1:
+        return x
+    b, h, m, n = x.shape
+    return (x if _merges(x) else np.ascontiguousarray(x)).reshape(b * h // group, group, m, n)
+
+
+def _written_by_group(x, group):
+    """An output of query heads (b, H, m, n) in the batch axes of a grouped product: the view of
+    :func:`_by_group` where there is one, else a scratch array that :func:`_put_back` copies
+    into x afterwards. Group 1: x."""
+    if group == 1 or _merges(x):
+        return _by_group(x, group)
+    b, h, m, n = x.shape
+    return empty_aligned((b * h // group, group, m, n), x.dtype)
+
+
+def _put_back(written, x):
+    """x = what :func:`_written_by_group` gave for it, where that was not a view of x."""
+    if not np.may_share_memory(written, x):
+        x[...] = written.reshape(x.shape)
+
+
+def _shared(x, group):
+    """Key or value heads (b, Hkv, m, n) read in place by their groups of query heads:
+    (b*Hkv, G, m, n) whose G axis has stride 0, so that each head serves its G query heads in the
+    products without being repeated (no (b, H, m, n) copy; where a product's variant copies its
+    operand, it copies the Hkv heads once: kernels/matmul.py's ``_copied``). Heads that do not
+    merge with the batch axis are first copied, at Hkv heads, in their own orientation (k^T stays
+    a transposed view: BLAS's one-row products sum in an order that follows it). Group 1: x."""
+    if group == 1:
+        return x
+    b, hkv, m, n = x.shape
+    if not _merges(x):
+        transposed = x.strides[-1] != x.itemsize
+        x = (np.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2) if transposed
+             else np.ascontiguousarray(x))
+    heads = x.reshape(b * hkv, m, n)                                 # a view
+    return np.lib.stride_tricks.as_strided(                          # (never written through)
+        heads, (b * hkv, group, m, n), (heads.strides[0], 0) + heads.strides[1:])
+
+
+def _per_query_head(x, group):
+    """Where a part's products write dk or dv of each query head before the group sums: x itself
+    (group 1: one query head per key/value head), else a (b*Hkv, G, Tk, d) scratch array."""
+    if group == 1:
+        return x
+    b, hkv, m, n = x.shape
+    return empty_aligned((b * hkv, group, m, n), x.dtype)
+
+
+@kernel(fastmath=False)                 # no reassociation: the order of the sum is the point
+def _sum_flushed(per_head, x, tiny):
+    """x[i, a] = the sum over g of per_head[i * Hkv + a, g], each term's subnormal entries
+    (below ``tiny`` in magnitude) first set to 0, added in the order g = 0, 1, ... Shapes: x
+    (b, Hkv, m, n), any strides; per_head (b*Hkv, G, m, n)."""
+    n_b, n_kv, n_m, n_n = x.shape
+    zero = tiny - tiny
+    for i in range(n_b):
+        for a in range(n_kv):
+            r = i * n_kv + a
+            for t in range(n_m):
+                for j in range(n_n):
+                    y = per_head[r, 0, t, j]
+                    x[i, a, t, j] = zero if abs(y) < tiny else y
+                for g in range(1, per_head.shape[1]):
+                    for j in range(n_n):
+                        y = per_head[r, g, t, j]
+                        x[i, a, t, j] += zero if abs(y) < tiny else y
+
+
+def _sum_groups(per_head, x, group, tiny):
+    """x (b, Hkv, Tk, d) = each group's per-query-head gradients (b*Hkv, G, Tk, d), subnormals
+    set to 0 (as each head's own gradient), summed in the heads' order ((h_0 + h_1) + h_2) + ...,
+    in one pass inside one part, so that no sum depends on the parts or the threads (the order
+    of NumPy's sum over the heads of repeated keys). Group 1: per_head is x, only flushed."""
+    if group == 1:
+        _flush_subnormal(x, tiny)
+    else:
+        _sum_flushed(per_head, x, tiny)
 
 
 def _run(parts, parallel, fn):
@@ -387,21 +492,21 @@ def _flat(x, shape):
 
 
 def use_blocked(q_shape, k_shape, itemsize):
-    """Whether attention of these shapes takes the blocked path (shapes alone decide)."""
+    """Whether attention of these shapes takes the blocked path (shapes alone decide; grouped
+    key/value heads take the path their query heads' shapes would)."""
     n_b, n_h, tq, _ = q_shape
     tk = k_shape[2]
-    return (k_shape[1] != n_h or (tk >= BLOCKED_MIN_KEYS and tq >= BLOCKED_MIN_QUERIES)
+    return ((tk >= BLOCKED_MIN_KEYS and tq >= BLOCKED_MIN_QUERIES)
             or n_b * n_h * tq * tk * itemsize >= BLOCKED_MIN_BYTES)
 
 
 def reads_grouped_kv(q_shape, kv_shape, itemsize):
     """Whether a module with grouped key/value heads should hand ``attention_forward`` its kv
-    heads as they are (k, v (B, Hkv, Tk, d)) instead of repeated to the query heads: where
-    the repeated heads would take the blocked path anyway (long contexts), which reads a group's
-    shared head for all its query heads and returns dk, dv per kv head, with no copies. Elsewhere
-    the fused path, which needs as many kv heads as query heads, stays faster."""
-    n_b, n_h, _, _ = q_shape
-    return use_blocked(q_shape, (n_b, n_h) + tuple(kv_shape[2:]), itemsize)
+    heads as they are (k, v (B, Hkv, Tk, d)) instead of repeated to the query heads: always.
+    Both paths read a group's shared head in place for all its query heads and return dk, dv
+    per kv head (the fused path: :func:`_shared`, :func:`_sum_groups`; the blocked one:
+    :mod:`npformer.kernels.blocked_attention`)."""
+    return True
 
 
 def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=False):
@@ -409,7 +514,9 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
 
     Shape: q (B, H, Tq, dk), k (B, Hkv, Tk, dk), v (B, Hkv, Tk, dv), mask bool broadcastable to
     (B, H, Tq, Tk), True = may attend -> out (B, H, Tq, dv). Hkv = H, or a divisor of H (grouped
-    key/value heads: query head i reads key/value head i // (H / Hkv); blocked path only). The
+    key/value heads: query head i reads key/value head i // (H / Hkv), in place: no head is
+    repeated, each product reads its key/value head with a zero stride, :func:`_shared`; the
+    cache then holds a contiguous copy of q, whose heads the products read group by group). The
     dropout mask is drawn from ``rng`` exactly as the reference draws it, so both backends see
     the same masks. Long sequences (:func:`use_blocked`) keep no probabilities: ``cache[3]`` is
     None there.
@@ -418,10 +525,13 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     n_b, n_h, tq, d_k = q.shape
     tk, d_v = k.shape[2], v.shape[3]
     full = (n_b, n_h, tq, tk)
+    group = n_h // k.shape[1]                                        # query heads per kv head
     dtype = q.dtype.type
     mask4 = _mask4(mask, full)                                       # (B|1, H|1, Tq|1, Tk)
     if use_blocked(q.shape, k.shape, q.itemsize):
         return blocked_attention.attention_forward(q, k, v, mask4, dropout_p, rng, training)
+    if group > 1 and not _merges(q):          # the products read a group's queries side by
+        q = np.ascontiguousarray(q)           # side: copied once, kept for the backward's too
     bias = np.where(mask4, dtype(0.0), dtype(-np.inf))
     blocks = _row_blocks(mask4, tq, tk)                              # None: every key computed
     scale = 1.0 / math.sqrt(d_k)
@@ -438,34 +548,44 @@ def attention_forward(q, k, v, mask=None, dropout_p=0.0, rng=None, training=Fals
     out_bhtd = out.transpose(0, 2, 1, 3)                             # (B, H, Tq, dv) view
     kt = k.swapaxes(-1, -2)                                          # (B, H, dk, Tk) view
 
+    # Grouped heads: each product's batch axes are (b*Hkv, G), query-head operands through
+    # _by_group (views of P, P' and of q's copy), key/value ones through _shared (stride 0).
     def forward_part(part):
-        p, p_d = _part(probs, part), _part(probs_d, part)
-        matmul(_part(q, part), _part(kt, part), out=p, candidates=THREAD_SAFE)   # (B,H,Tq,Tk)
+        p, p_d = _part(probs, part, group), _part(probs_d, part, group)
+        o = _part(out_bhtd, part, group)
+        o_g = _written_by_group(o, group)
+        matmul(_by_group(_part(q, part, group), group), _shared(_part(kt, part), group),
+               out=_by_group(p, group), candidates=THREAD_SAFE)     # (B,H,Tq,Tk)
         heads = (p.shape[0] * p.shape[1], tq * tk)                   # (B*H, Tq*Tk) views
-        _softmax_rows(_flat(p, heads), _part(bias, part), p.shape[1], dtype(scale),
+        _softmax_rows(_flat(p, heads), _part(bias, part, group), p.shape[1], dtype(scale),
                       dtype(-np.inf), q.dtype == np.float32,
-                      _flat(_part(keep, part), heads) if use_dropout else _TRUE_2D,
+                      _flat(_part(keep, part, group), heads) if use_dropout else _TRUE_2D,
                       drop_scale, use_dropout, _flat(p_d, heads))    # probs (B, H, Tq, Tk)
-        matmul(p_d, _part(v, part), out=_part(out_bhtd, part), candidates=THREAD_SAFE)  # (B,H,Tq,dv)
+        matmul(_by_group(p_d, group), _shared(_part(v, part), group), out=o_g,
+               candidates=THREAD_SAFE)                               # (B,H,Tq,dv)
+        _put_back(o_g, o)
 
     def forward_blocks(part):                  # row block by row block, keys [0, c1) only
-        p, p_d, o = _part(probs, part), _part(probs_d, part), _part(out_bhtd, part)
-        q_p, v_p = _part(q, part), _part(v, part)
-        kt_p = np.ascontiguousarray(_part(kt, part))                 # (b, H, dk, Tk), once
+        p, p_d = _part(probs, part, group), _part(probs_d, part, group)
+        o = _part(out_bhtd, part, group)
+        o_g, p_g, pd_g = _written_by_group(o, group), _by_group(p, group), _by_group(p_d, group)
+        q_p, v_p = _by_group(_part(q, part, group), group), _shared(_part(v, part), group)
+        kt_p = _shared(np.ascontiguousarray(_part(kt, part)), group)   # (b, Hkv, dk, Tk), once
         heads = (p.shape[0] * p.shape[1], tq, tk)                    # (b*H, Tq, Tk) views
-        keep_p = _flat(_part(keep, part), heads) if use_dropout else _TRUE_3D
+        keep_p = _flat(_part(keep, part, group), heads) if use_dropout else _TRUE_3D
         for r0, r1, c1 in blocks:
-            matmul(q_p[:, :, r0:r1], kt_p[..., :c1], out=p[:, :, r0:r1, :c1],
+            matmul(q_p[:, :, r0:r1], kt_p[..., :c1], out=p_g[:, :, r0:r1, :c1],
                    candidates=THREAD_SAFE)                           # S block  (b,H,R,c1)
-            _softmax_block(_flat(p, heads), _part(bias, part), p.shape[1], r0, r1, c1,
+            _softmax_block(_flat(p, heads), _part(bias, part, group), p.shape[1], r0, r1, c1,
                            dtype(scale), dtype(-np.inf), q.dtype == np.float32, keep_p,
                            drop_scale, use_dropout, _flat(p_d, heads))  # P, P' rows (0 from c1)
-            matmul(p_d[:, :, r0:r1, :c1], v_p[:, :, :c1], out=o[:, :, r0:r1],
+            matmul(pd_g[:, :, r0:r1, :c1], v_p[:, :, :c1], out=o_g[:, :, r0:r1],
                    candidates=THREAD_SAFE)                           # out rows (b,H,R,dv)
+        _put_back(o_g, o)
     if blocks is None:
-        _run(*_parts(full, q.itemsize), forward_part)
+        _run(*_parts(full, q.itemsize, group=group), forward_part)
     else:
-        _run(*_parts(full, q.itemsize, blocks), forward_blocks)
+        _run(*_parts(full, q.itemsize, blocks, group), forward_blocks)
     return out_bhtd, (q, k, v, probs, probs_d, drop_cache, scale, blocks)
 
 
@@ -489,60 +609,78 @@ def attention_backward_into(dout, cache, dq, dk, dv):
     else:
         (keep, drop_scale), use_dropout = drop_cache, True
     dout = dout.astype(q.dtype, copy=False)
-    vt = v.swapaxes(-1, -2)                                          # (B, H, dv, Tk) view
+    vt = v.swapaxes(-1, -2)                                          # (B, Hkv, dv, Tk) view
     tiny = np.finfo(q.dtype).tiny             # dS, dq, dk, dv: subnormals -> 0, as the reference
+    group = n_h // k.shape[1]                                        # query heads per kv head
+
+    def targets(part):
+        """A part's dq in the products' batch axes, and where they write dk, dv of each query
+        head (grouped heads: scratch that :func:`finish` sums into dk, dv)."""
+        return (_written_by_group(_part(dq, part, group), group),
+                _per_query_head(_part(dk, part), group), _per_query_head(_part(dv, part), group))
+
+    def finish(part, dq_g, dk_h, dv_h):
+        """Subnormals -> 0 (of each query head's dk, dv: the reference's order), dq into place,
+        each group's dk and dv summed into its key/value head's."""
+        _flush_subnormal(dq_g, tiny)
+        _put_back(dq_g, _part(dq, part, group))
+        _sum_groups(dk_h, _part(dk, part), group, tiny)
+        _sum_groups(dv_h, _part(dv, part), group, tiny)
 
     def backward_part(part):
-        p, p_d, g = _part(probs, part), _part(probs_d, part), _part(dout, part)
-        matmul(p_d.swapaxes(-1, -2), g, out=_part(dv, part),
+        p, p_d = _part(probs, part, group), _part(probs_d, part, group)
+        g = _by_group(_part(dout, part, group), group)
+        dq_g, dk_h, dv_h = targets(part)
+        matmul(_by_group(p_d, group).swapaxes(-1, -2), g, out=dv_h,
                candidates=THREAD_SAFE)                               # dv = P'^T dout (B,H,Tk,dv)
-        ds = matmul(g, _part(vt, part), candidates=THREAD_SAFE)     # dP' = dout v^T (B,H,Tq,Tk)
+        ds = matmul(g, _shared(_part(vt, part), group),
+                    candidates=THREAD_SAFE)                          # dP' = dout v^T (B,H,Tq,Tk)
         rows = (ds.size // tk, tk)
         _softmax_rows_backward(_flat(ds, rows), _flat(p, rows),
-                               _flat(_part(keep, part), rows) if use_dropout else _TRUE_2D,
+                               _flat(_part(keep, part, group), rows) if use_dropout else _TRUE_2D,
                                drop_scale, use_dropout, q.dtype.type(scale), tiny)   # dS
-        matmul(ds, _part(k, part), out=_part(dq, part),
+        matmul(ds, _shared(_part(k, part), group), out=dq_g,
                candidates=THREAD_SAFE)                               # dq = dS k      (B,H,Tq,dk)
-        matmul(ds.swapaxes(-1, -2), _part(q, part), out=_part(dk, part),
+        matmul(ds.swapaxes(-1, -2), _by_group(_part(q, part, group), group), out=dk_h,
                candidates=THREAD_SAFE)                               # dk = dS^T q    (B,H,Tk,dk)
-        for grad in (dq, dk, dv):
-            _flush_subnormal(_part(grad, part), tiny)
+        finish(part, dq_g, dk_h, dv_h)
 
     def backward_blocks(part):
         """dv per key block [k0, k1) over the rows r0 .. Tq-1 that may attend it; dP', dS and dq
         per row block [r0, r1) over keys [0, c1); then dk per key block (it reads the dS of
-        rows from r0 on, all done by then). Every entry of dq, dk, dv is one product's,
-        computed once: nothing is accumulated across calls."""
-        p, p_d, g = _part(probs, part), _part(probs_d, part), _part(dout, part)
-        q_p, k_p = _part(q, part), _part(k, part)
-        dq_p, dk_p, dv_p = _part(dq, part), _part(dk, part), _part(dv, part)
-        vt_p = np.ascontiguousarray(_part(vt, part))                 # (b, H, dv, Tk), once
+        rows from r0 on, all done by then). Every entry of dq, and of each query head's dk and
+        dv, is one product's, computed once: nothing is accumulated across calls."""
+        p, p_d = _part(probs, part, group), _part(probs_d, part, group)
+        g = _by_group(_part(dout, part, group), group)
+        q_p, k_p = _by_group(_part(q, part, group), group), _shared(_part(k, part), group)
+        dq_g, dk_h, dv_h = targets(part)
+        vt_p = _shared(np.ascontiguousarray(_part(vt, part)), group)   # (b, Hkv, dv, Tk), once
         ds = empty_aligned(p.shape, q.dtype)                 # dP', then dS: written where read
+        ds_g, pd_g = _by_group(ds, group), _by_group(p_d, group)
         heads = (p.shape[0] * p.shape[1], tq, tk)                    # (b*H, Tq, Tk) views
-        keep_p = _flat(_part(keep, part), heads) if use_dropout else _TRUE_3D
+        keep_p = _flat(_part(keep, part, group), heads) if use_dropout else _TRUE_3D
         for k0, k1, r0 in key_blocks:                               # keys [k0, k1): rows r0..
-            matmul(p_d[:, :, r0:, k0:k1].swapaxes(-1, -2), g[:, :, r0:], out=dv_p[:, :, k0:k1],
+            matmul(pd_g[:, :, r0:, k0:k1].swapaxes(-1, -2), g[:, :, r0:], out=dv_h[:, :, k0:k1],
                    candidates=THREAD_SAFE)                           # dv = P'^T dout (b,H,C,dv)
         for r0, r1, c1 in blocks:                                    # query rows [r0, r1)
-            matmul(g[:, :, r0:r1], vt_p[..., :c1], out=ds[:, :, r0:r1, :c1],
+            matmul(g[:, :, r0:r1], vt_p[..., :c1], out=ds_g[:, :, r0:r1, :c1],
                    candidates=THREAD_SAFE)                           # dP' = dout v^T (b,H,R,c1)
             _softmax_block_backward(_flat(ds, heads), _flat(p, heads), keep_p, r0, r1, c1,
                                     drop_scale, use_dropout, q.dtype.type(scale), tiny)
-            matmul(ds[:, :, r0:r1, :c1], k_p[:, :, :c1], out=dq_p[:, :, r0:r1],
+            matmul(ds_g[:, :, r0:r1, :c1], k_p[:, :, :c1], out=dq_g[:, :, r0:r1],
                    candidates=THREAD_SAFE)                           # dq = dS k      (b,H,R,dk)
         for k0, k1, r0 in key_blocks:
-            matmul(ds[:, :, r0:, k0:k1].swapaxes(-1, -2), q_p[:, :, r0:], out=dk_p[:, :, k0:k1],
+            matmul(ds_g[:, :, r0:, k0:k1].swapaxes(-1, -2), q_p[:, :, r0:], out=dk_h[:, :, k0:k1],
                    candidates=THREAD_SAFE)                           # dk = dS^T q    (b,H,C,dk)
-        dk_p[:, :, end:] = 0                                         # keys no query attends
-        dv_p[:, :, end:] = 0
-        for grad in (dq_p, dk_p, dv_p):
-            _flush_subnormal(grad, tiny)
+        dk_h[:, :, end:] = 0                                         # keys no query attends
+        dv_h[:, :, end:] = 0
+        finish(part, dq_g, dk_h, dv_h)
     if blocks is None:
-        _run(*_parts(probs.shape, q.itemsize), backward_part)
+        _run(*_parts(probs.shape, q.itemsize, group=group), backward_part)
     else:
         key_blocks = _key_blocks(blocks)
         end = key_blocks[-1][1] if key_blocks else 0
-        _run(*_parts(probs.shape, q.itemsize, blocks), backward_blocks)
+        _run(*_parts(probs.shape, q.itemsize, blocks, group), backward_blocks)
     return dq, dk, dv
 
 

@@ -140,7 +140,18 @@ def _blas(a, b, out):
 
 
 def _blas_contiguous(a, b, out):
-    return np.matmul(np.ascontiguousarray(a), np.ascontiguousarray(b), out=out)
+    return np.matmul(np.ascontiguousarray(a), _copied(b, np.ascontiguousarray), out=out)
+
+
+def _copied(b, copy):
+    """copy(b); where b's second batch axis has stride 0 (attention's key/value heads, each read
+    in place by its group of query heads), only b's distinct matrices are copied, and the copy
+    is read with the same stride 0: a shared head is never copied once per query head."""
+    if b.ndim == 4 and b.shape[1] > 1 and b.strides[1] == 0:
+        once = copy(b[:, :1])
+        return np.lib.stride_tricks.as_strided(once, b.shape,
+                                               (once.strides[0], 0) + once.strides[2:])
+    return copy(b)
 
 
 def _numba(a, b, out):
@@ -201,9 +212,7 @@ def _aligned_rows(b):
     unit = b.shape[-1] == 1 or b.strides[-1] == b.itemsize
     if unit and (b.ndim > 2 or rows_aligned(b)):
         return b
-    copy = empty_aligned(b.shape, b.dtype, aligned_rows=True)
-    copy_rows(b, copy)
-    return copy
+    return _copied(b, lambda x: copy_rows(x, empty_aligned(x.shape, x.dtype, aligned_rows=True)))
 
 
 def _numba_blocked(a, b, out):

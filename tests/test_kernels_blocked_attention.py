@@ -192,7 +192,8 @@ def test_the_dispatch_rule_reads_the_shape_alone():
     assert use((4, 6, 2048, 32), (4, 6, 2048, 32), 4)
     assert use((1, 6, 64, 32), (1, 6, 600, 32), 4)                # a prompt over a long cache
     assert use((4096, 8, 128, 32), (4096, 8, 128, 32), 8)         # 4 GiB of float64 scores
-    assert use((2, 6, 10, 32), (2, 2, 10, 32), 4)                 # grouped heads: blocked only
+    assert not use((2, 6, 10, 32), (2, 2, 10, 32), 4)             # grouped heads: as the query
+    assert use((1, 6, 64, 32), (1, 2, 600, 32), 4)                # heads' shapes would go
 
 
 def test_short_sequences_keep_the_fused_path_and_its_weights():
@@ -248,9 +249,9 @@ def test_a_gpt_step_through_the_blocked_path_equals_the_fused_one(monkeypatch, k
     finally:
         nf.set_backend(before)
     assert all(w is None for w in weights_b) and all(w is not None for w in weights_f)
-    # grouped heads: the blocked path reads the shared kv heads as they are (no repeat, dk and
-    # dv per kv head); the fused path reads them repeated to the 4 query heads
-    assert heads_b == [kw.get("n_kv_heads", 4)] * 2 and heads_f == [4, 4]
+    # grouped heads: both paths read the shared kv heads as they are (no repeat, dk and dv per
+    # kv head)
+    assert heads_b == heads_f == [kw.get("n_kv_heads", 4)] * 2
     close(logits_b, logits_f, 1e-12)
     for a, b in zip(params_b, params_f):
         close(a, b, 1e-10)

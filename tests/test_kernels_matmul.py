@@ -44,6 +44,29 @@ def test_every_candidate_equals_numpy(batch, m, k, n, la, lb, dtype, seed):
                                    err_msg=name)
 
 
+@pytest.mark.parametrize("layout", ["C", "T"])
+@pytest.mark.parametrize("dtype", list(TOL))
+def test_an_operand_shared_at_stride_0_is_copied_once_and_keeps_the_bits(layout, dtype):
+    """Attention's key/value heads, each read by its group of query heads: b (X, G, K, N) with
+    stride 0 along G. Each variant attention may take (``THREAD_SAFE``) gives the bits it gives
+    on the repeated operand, and those that copy b copy each distinct matrix once (the copy
+    keeps the stride 0)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 3, 5, 8)).astype(dtype)
+    heads = operand(rng, (4, 1, 8, 40), dtype, layout)                  # (X, 1, K, N)
+    shared = np.lib.stride_tricks.as_strided(heads, (4, 3, 8, 40),
+                                             heads.strides[:1] + (0,) + heads.strides[2:])
+    repeated = np.repeat(heads, 3, axis=1)                               # same layout, copied
+    if layout == "T":
+        repeated = np.repeat(heads.swapaxes(-1, -2), 3, axis=1).swapaxes(-1, -2)
+    for name in M.THREAD_SAFE:
+        fn = M.VARIANTS[name]
+        assert fn(a, shared, None).tobytes() == fn(a, repeated, None).tobytes(), name
+    for copy in (np.ascontiguousarray, lambda x: x.copy()):
+        once = M._copied(shared, copy)
+        assert once.strides[1] == 0 and np.array_equal(once, shared)
+
+
 def test_deterministic_dispatch_reads_no_clock_and_follows_the_rules(monkeypatch):
     """The default mode: the first product of a shape is computed by the rules' variant, and
     nothing is timed (a clock read here would fail the test)."""

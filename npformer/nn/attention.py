@@ -131,7 +131,8 @@ class MultiHeadAttention(Module):
     def _share(self, kv):
         """Key or value heads (B, Hkv, T, d) -> (B, H, T, d): each repeated for its group of
         query heads (query head i reads key/value head i // group, as Hugging Face's
-        ``repeat_kv``). Without grouping, kv itself."""
+        ``repeat_kv``), for a backend whose attention takes as many key/value heads as query
+        heads (the NumPy reference: the readable formulation). Without grouping, kv itself."""
         return kv if self.group == 1 else np.repeat(kv, self.group, axis=1)
 
     def _gather(self, d_shared):
@@ -157,8 +158,8 @@ class MultiHeadAttention(Module):
     def _attend(self, q, k, v, mask):
         """Heads-split q (B, H, T, dk), k and v (B, Hkv, S, d) -> out (B, T, D) through the
         output projection. Grouped heads are repeated to the query heads (``_share``) unless
-        the backend reads them as they are for these shapes (the Numba kernels' blocked path,
-        for long contexts: ``reads_grouped_kv``)."""
+        the backend reads them as they are (``reads_grouped_kv``: the Numba kernels, in
+        training and in cached steps alike, with no copy, and sum dk, dv over each group)."""
         f = self._attention_ops = F if self.score_options else self._ops
         reads = getattr(f, "reads_grouped_kv", None)
         if self.group > 1 and reads is not None and reads(q.shape, k.shape, q.itemsize):

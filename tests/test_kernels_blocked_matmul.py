@@ -207,7 +207,7 @@ def _cuts(draw, total):
     return [0] + sorted(c for c in inner if 0 < c < total) + [total]
 
 
-@settings(deadline=None, max_examples=60)
+@settings(deadline=None, max_examples=40)
 @given(m=st.integers(1, 150), k=st.sampled_from([1, 7, 64, 255, 256, 257, 600]),
        n=st.integers(32, 200), la=st.sampled_from("CTS"), lb=st.sampled_from("CTR"),
        dtype=st.sampled_from(list(TOL)), data=st.data())

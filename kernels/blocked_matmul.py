@@ -231,6 +231,9 @@ def run_blocked(a, b, out, tile_rows=None, k_chunk=K_CHUNK):
     if b.shape[-1] % BLOCK_COLS:
         k_chunk = kk                                       # overlapping panels: no chunks
     a4, b4, out4, zero = _as_4d(a), _as_4d(b), _as_4d(out), a.dtype.type(0)
+    if kk <= k_chunk:                        # one chunk (attention's products): no views to make
+        _blocked_gemm(a4, b4, out4, zero, tile_rows or _tile_rows(kk, a.itemsize), False)
+        return out
     for k0 in range(0, kk, k_chunk):
         k1 = min(k0 + k_chunk, kk)
         rows = tile_rows or _tile_rows(k1 - k0, a.itemsize)

@@ -56,6 +56,7 @@ MEASURE_LIMIT = 1 << 22          # multiply-adds per matrix (M * K * N); see the
 _BUCKET = 256                    # large products: one decision per size bucket
 TRIAL_LIMIT = 1 << 28            # multiply-adds of a whole batched product worth a trial
 TRIALS = 3                       # timed calls per candidate (the fastest counts)
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))     # (a dtype compares faster with dtypes)
 
 def _product_work(a, b, out):
     """A batched product's work for the serial-twin choice (kernels/_jit.py), in elements'
@@ -171,7 +172,7 @@ def _thin_offered(a, b):
     C-contiguous), float operands."""
     return (a.ndim == 2 and 2 <= a.shape[0] < THIN_ROWS and a.shape[1] >= 1
             and a.shape[0] * a.shape[1] * b.shape[1] <= THIN_MAX_MACS
-            and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)
+            and a.dtype == b.dtype and a.dtype in _FLOATS
             and _layout(b) == "T" and b.T.flags.c_contiguous)
 
 
@@ -192,7 +193,7 @@ def _numba_thin(a, b, out):
 def _blocked_offered(a, b):
     """Whether the blocked kernel can take a @ b (copying b or going through a temporary out
     where needed): float operands, at most two batch axes, M, K >= 1, N >= 32."""
-    return (a.dtype == b.dtype and a.dtype in (np.float32, np.float64) and a.ndim <= 4
+    return (a.dtype == b.dtype and a.dtype in _FLOATS and a.ndim <= 4
             and b.shape[-1] >= BLOCK_COLS and a.shape[-2] >= 1 and a.shape[-1] >= 1)
 
 
@@ -322,11 +323,18 @@ def product_key(a, b, out=None, candidates=None):
     ``THREAD_SAFE`` variants. E.g. ``"<f4 CT- L2048x256x768"``,
     ``"<f4 RTR 64x8x15x32@64x8x32x15 safe"``."""
     layouts = _layout(a) + _layout(b) + ("-" if out is None else _layout(out))
-    if a.ndim == 2 and a.shape[0] * a.shape[1] * b.shape[1] > MEASURE_LIMIT:
-        shapes = f"L{_bucket(a.shape[0])}x{_bucket(a.shape[1])}x{_bucket(b.shape[1])}"
+    return _key_text(a.dtype.str, layouts, a.shape, b.shape, candidates is not None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_text(dtype, layouts, a_shape, b_shape, safe):
+    """:func:`product_key`'s text, remembered: attention asks for the same few keys thousands
+    of times a step, and formatting one costs more than looking it up."""
+    if len(a_shape) == 2 and a_shape[0] * a_shape[1] * b_shape[1] > MEASURE_LIMIT:
+        shapes = f"L{_bucket(a_shape[0])}x{_bucket(a_shape[1])}x{_bucket(b_shape[1])}"
     else:
-        shapes = "x".join(map(str, a.shape)) + "@" + "x".join(map(str, b.shape))
-    return f"{a.dtype.str} {layouts} {shapes}" + (" safe" if candidates is not None else "")
+        shapes = "x".join(map(str, a_shape)) + "@" + "x".join(map(str, b_shape))
+    return f"{dtype} {layouts} {shapes}" + (" safe" if safe else "")
 
 
 def _is_large(a, b):

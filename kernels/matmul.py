@@ -47,7 +47,7 @@ from npformer import runtime
 from npformer.aligned import empty_aligned, rows_aligned
 
 from ._jit import kernel
-from ._product_operands import check_operands
+from ._product_operands import FLOAT_DTYPES, check_operands
 from ._simd import LANES
 from .blocked_matmul import BLOCK_COLS, BLOCK_ROWS, panels, run_blocked, run_cell
 from .transpose import copy_rows
@@ -56,7 +56,6 @@ MEASURE_LIMIT = 1 << 22          # multiply-adds per matrix (M * K * N); see the
 _BUCKET = 256                    # large products: one decision per size bucket
 TRIAL_LIMIT = 1 << 28            # multiply-adds of a whole batched product worth a trial
 TRIALS = 3                       # timed calls per candidate (the fastest counts)
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))     # (a dtype compares faster with dtypes)
 
 def _product_work(a, b, out):
     """A batched product's work for the serial-twin choice (kernels/_jit.py), in elements'
@@ -172,7 +171,7 @@ def _thin_offered(a, b):
     C-contiguous), float operands."""
     return (a.ndim == 2 and 2 <= a.shape[0] < THIN_ROWS and a.shape[1] >= 1
             and a.shape[0] * a.shape[1] * b.shape[1] <= THIN_MAX_MACS
-            and a.dtype == b.dtype and a.dtype in _FLOATS
+            and a.dtype == b.dtype and a.dtype in FLOAT_DTYPES
             and _layout(b) == "T" and b.T.flags.c_contiguous)
 
 
@@ -193,7 +192,7 @@ def _numba_thin(a, b, out):
 def _blocked_offered(a, b):
     """Whether the blocked kernel can take a @ b (copying b or going through a temporary out
     where needed): float operands, at most two batch axes, M, K >= 1, N >= 32."""
-    return (a.dtype == b.dtype and a.dtype in _FLOATS and a.ndim <= 4
+    return (a.dtype == b.dtype and a.dtype in FLOAT_DTYPES and a.ndim <= 4
             and b.shape[-1] >= BLOCK_COLS and a.shape[-2] >= 1 and a.shape[-1] >= 1)
 
 

@@ -55,6 +55,8 @@ from ._simd import LANES, vadd, vfma, vload, vsplat, vstore
 BLOCK_ROWS = 4
 BLOCK_COLS = 2 * LANES           # two vectors per row
 TILE_BYTES = 1 << 16             # rows of a per tile: about this many bytes of a (L2-resident)
+ALIAS_BYTES = 1 << 10            # a transposed a whose steps lie a multiple of this apart is
+                                 # packed: they fall in at most 4 of the 64 sets of a 4 KiB L1 way
 K_CHUNK = 256                    # deepest b panel: 256 x 32 float32 = 32 KB, within L1 (64 KB
                                  # for float64, within L2)
 
@@ -139,8 +141,17 @@ def _blocked_gemm(a, b, out, zero, tile_rows, accumulate):
                                       acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31)
 
 
+@njit(inline="always", cache=True)
+def _block_steps(a, ap, blk, r0, r1, r2, r3, s, k0):
+    """a[r_i, s] for the 4 rows of a block: from the packed tile ``ap`` where one is given
+    (None: no packing, a branch Numba removes while compiling)."""
+    if ap is not None:
+        return ap[blk, s - k0, 0], ap[blk, s - k0, 1], ap[blk, s - k0, 2], ap[blk, s - k0, 3]
+    return a[r0, s], a[r1, s], a[r2, s], a[r3, s]
+
+
 @kernel
-def _cell_gemm(a, b, out, zero, row0, row1, panel0, panel1, tile_rows, k_chunk, bp):
+def _cell_gemm(a, b, out, zero, row0, row1, panel0, panel1, tile_rows, k_chunk, bp, ap):
     """out[row0:row1, the columns of panels panel0 .. panel1 - 1] (=) a @ b: one cell of a 2-D
     product; a (M, K) and b (K, N) any strides, out (M, N) with unit stride along its rows.
 
@@ -151,8 +162,11 @@ def _cell_gemm(a, b, out, zero, row0, row1, panel0, panel1, tile_rows, k_chunk, 
     chunk, the cell's panels of b are first copied into ``bp`` (panel1 - panel0, k_chunk, 32),
     C-contiguous and aligned, as GotoBLAS packs them. A panel then is k_chunk rows of 128 bytes
     (float32) one after the other, whatever b's strides: no copy of ``w.T`` beforehand, and no
-    rows 4 KiB apart (N = 1024) competing for the same few cache sets. A panel of 32 columns
-    starts at ``min(32 p, N - 32)``."""
+    rows 4 KiB apart (N = 1024) competing for the same few cache sets. The same holds for a
+    transposed ``a`` whose steps s lie a multiple of ``ALIAS_BYTES`` apart (``dY.T`` of a weight
+    gradient, dY 1024 wide): given ``ap`` (tile_rows // 4, k_chunk, 4), each tile's blocks are
+    copied there once, instead of being read from those few sets again for every panel; None:
+    a is read in place. A panel of 32 columns starts at ``min(32 p, N - 32)``."""
     kk, n = b.shape
     row_stride = out.strides[0] // out.itemsize
     for k0 in range(0, kk, k_chunk):
@@ -164,16 +178,23 @@ def _cell_gemm(a, b, out, zero, row0, row1, panel0, panel1, tile_rows, k_chunk, 
                     bp[i, s - k0, j] = b[s, c + j]
         for tile in range(row0, row1, tile_rows):
             tile_end = min(tile + tile_rows, row1)
+            if ap is not None:                # ap[blk, s - k0, i] = a[r_i, s], block by block
+                for blk, row in enumerate(range(tile, tile_end, BLOCK_ROWS)):
+                    r0, r1, r2, r3 = _block_rows(row, tile, tile_end)
+                    for s in range(k0, k1):
+                        ap[blk, s - k0, 0], ap[blk, s - k0, 1] = a[r0, s], a[r1, s]
+                        ap[blk, s - k0, 2], ap[blk, s - k0, 3] = a[r2, s], a[r3, s]
             for i in range(panel1 - panel0):
                 c = min((panel0 + i) * BLOCK_COLS, n - BLOCK_COLS)
-                for row in range(tile, tile_end, BLOCK_ROWS):
+                for blk, row in enumerate(range(tile, tile_end, BLOCK_ROWS)):
                     r0, r1, r2, r3 = _block_rows(row, tile, tile_end)
                     acc00 = acc01 = acc10 = acc11 = vsplat(zero)
                     acc20 = acc21 = acc30 = acc31 = vsplat(zero)
                     for s in range(k0, k1):
                         b_row = (i * k_chunk + s - k0) * BLOCK_COLS
+                        a0, a1, a2, a3 = _block_steps(a, ap, blk, r0, r1, r2, r3, s, k0)
                         acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31 = _fma_block(
-                            a[r0, s], a[r1, s], a[r2, s], a[r3, s],
+                            a0, a1, a2, a3,
                             vload(bp, b_row), vload(bp, b_row + LANES),
                             acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31)
                     _finish_block(out, c, row_stride, row, r0, r1, r2, r3, k0 > 0,
@@ -279,5 +300,7 @@ def run_cell(a, b, out, rows, panel_range):
     k_chunk = min(chunk_rows(kk, n), kk)
     tile_rows = _tile_rows(k_chunk, a.itemsize)
     bp = empty_aligned((p1 - p0, k_chunk, BLOCK_COLS), a.dtype)
-    _cell_gemm(a, b, out, a.dtype.type(0), r0, r1, p0, p1, tile_rows, k_chunk, bp)
+    packed = a.strides[1] > a.strides[0] and a.strides[1] % ALIAS_BYTES == 0
+    ap = empty_aligned((tile_rows // BLOCK_ROWS, k_chunk, BLOCK_ROWS), a.dtype) if packed else None
+    _cell_gemm(a, b, out, a.dtype.type(0), r0, r1, p0, p1, tile_rows, k_chunk, bp, ap)
     return out

@@ -210,20 +210,23 @@ def _cuts(draw, total):
 @settings(deadline=None, max_examples=40)
 @given(m=st.integers(1, 150), k=st.sampled_from([1, 7, 64, 255, 256, 257, 600]),
        n=st.integers(32, 200), la=st.sampled_from("CTS"), lb=st.sampled_from("CTR"),
-       dtype=st.sampled_from(list(TOL)), data=st.data())
-def test_any_cells_give_the_bits_of_the_blocked_kernel(m, k, n, la, lb, dtype, data):
+       dtype=st.sampled_from(list(TOL)), pack=st.booleans(), data=st.data())
+def test_any_cells_give_the_bits_of_the_blocked_kernel(m, k, n, la, lb, dtype, pack, data):
     """``run_cell`` over any cutting of the rows and the 32-column panels (bounds anywhere, not
     only those ``blocked_grid`` picks) gives every element the bits of ``run_blocked`` on b's
     aligned copy, the scheme before cells: the same chunks of K, the same operations. K around
-    ``K_CHUNK``, N a multiple of 32 or not, a transposed or strided, b = w.T."""
+    ``K_CHUNK``, N a multiple of 32 or not, a transposed or strided, b = w.T; a transposed a
+    read in place or packed tile by tile (``pack``: as if every stride were ``ALIAS_BYTES``')."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     a, b = rows_view(rng, (m, k), dtype, la), rows_view(rng, (k, n), dtype, lb)
     expected = B.run_blocked(a, M._aligned_rows(b), empty_aligned((m, n), dtype))
     out = rows_view(rng, (m, n), dtype, "R")                       # rows of a wider array
     rows, panels = _cuts(data.draw, m), _cuts(data.draw, B.panels(n))
-    for r0, r1 in zip(rows, rows[1:]):
-        for p0, p1 in zip(panels, panels[1:]):
-            B.run_cell(a, b, out, (r0, r1), (p0, p1))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(B, "ALIAS_BYTES", np.dtype(dtype).itemsize if pack else B.ALIAS_BYTES)
+        for r0, r1 in zip(rows, rows[1:]):
+            for p0, p1 in zip(panels, panels[1:]):
+                B.run_cell(a, b, out, (r0, r1), (p0, p1))
     np.testing.assert_array_equal(out, expected)
 
 

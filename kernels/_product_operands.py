@@ -2,6 +2,8 @@
 blocked kernel's public wrapper (``blocked_matmul``), which adds only its own conditions."""
 import numpy as np
 
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))   # (faster to compare than the types)
+
 
 def check_operands(a, b, out, who):
     """Raise ValueError, naming ``who`` and the argument, unless a (..., M, K) @ b (..., K, N)
@@ -10,7 +12,7 @@ def check_operands(a, b, out, who):
     if a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
         raise ValueError(f"{who}: expected a (..., M, K) and b (..., K, N) with the same batch "
                          f"shape, got {a.shape} and {b.shape}")
-    if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
+    if a.dtype != b.dtype or a.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{who}: expected a and b both float32 or both float64, got {a.dtype} "
                          f"and {b.dtype}")
     expected = a.shape[:-1] + (b.shape[-1],)

@@ -32,8 +32,16 @@ view); ``b`` and ``out`` with unit stride along their last axis (rows are read a
 vectors), best 64-byte aligned (``npformer.aligned.empty_aligned``). The wrapper
 :func:`blocked_matmul` checks this; the matmul dispatcher offers the kernel as
 ``"numba-blocked"``. Serial and ``nogil``: attention's parts run it on several Python threads
-at once, and the dispatcher gives each worker thread a part of a large product's rows (every row
-is computed the same way whichever part holds it).
+at once.
+
+A 2-D product (a linear layer's) is computed in **cells** by :func:`_cell_gemm`: a range of rows
+times a range of panels, which the dispatcher's worker threads share. A cell packs its panels of
+b, chunk by chunk, into a contiguous aligned buffer first (GotoBLAS's packing), so ``b`` may have
+any strides (``w.T`` needs no copy beforehand) and a panel's rows lie one after the other in
+memory, whatever the row stride of b (rows 4 KiB apart, N = 1024 float32, would all compete for
+the same few cache sets). Each element of out is still one fused multiply-add per s from zero
+over each chunk of K, the chunks added in order: the bits :func:`run_blocked` gives it, whatever
+the cells (``tests/test_kernels_blocked_matmul.py`` holds the two schemes equal bit for bit).
 """
 import numpy as np
 from numba import njit
@@ -47,6 +55,8 @@ from ._simd import LANES, vadd, vfma, vload, vsplat, vstore
 BLOCK_ROWS = 4
 BLOCK_COLS = 2 * LANES           # two vectors per row
 TILE_BYTES = 1 << 16             # rows of a per tile: about this many bytes of a (L2-resident)
+ALIAS_BYTES = 1 << 10            # a transposed a whose steps lie a multiple of this apart is
+                                 # packed: they fall in at most 4 of the 64 sets of a 4 KiB L1 way
 K_CHUNK = 256                    # deepest b panel: 256 x 32 float32 = 32 KB, within L1 (64 KB
                                  # for float64, within L2)
 
@@ -60,6 +70,41 @@ def _finish_row(out, at, acc0, acc1, accumulate, owned):
             acc0, acc1 = vadd(acc0, vload(out, at)), vadd(acc1, vload(out, at + LANES))
         vstore(out, at, acc0)
         vstore(out, at + LANES, acc1)
+
+
+@njit(inline="always", cache=True)
+def _block_rows(row, tile, tile_end):
+    """The 4 rows r0 <= r1 <= r2 <= r3 of the block starting at ``row`` of the tile
+    [tile, tile_end): moved back to end at the tile's last row, the last row repeated where the
+    tile has fewer than 4 (see the module docstring)."""
+    r0 = max(min(row, tile_end - BLOCK_ROWS), tile)
+    return r0, min(r0 + 1, tile_end - 1), min(r0 + 2, tile_end - 1), min(r0 + 3, tile_end - 1)
+
+
+@njit(inline="always", fastmath=FASTMATH, cache=True)
+def _fma_block(a0, a1, a2, a3, b0, b1, acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31):
+    """One step s of a block: acc[i][j] += a_i * b_j for the 4 rows' a[r_i, s] and the two
+    vectors of b[s, c:c+32]; each accumulator by one fused multiply-add."""
+    x = vsplat(a0)
+    acc00, acc01 = vfma(x, b0, acc00), vfma(x, b1, acc01)
+    x = vsplat(a1)
+    acc10, acc11 = vfma(x, b0, acc10), vfma(x, b1, acc11)
+    x = vsplat(a2)
+    acc20, acc21 = vfma(x, b0, acc20), vfma(x, b1, acc21)
+    x = vsplat(a3)
+    acc30, acc31 = vfma(x, b0, acc30), vfma(x, b1, acc31)
+    return acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31
+
+
+@njit(inline="always", fastmath=FASTMATH, cache=True)
+def _finish_block(out, at, row_stride, row, r0, r1, r2, r3, accumulate,
+                  acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31):
+    """Store a block's 4 rows (:func:`_finish_row`) at element ``at`` of out's row 0, rows
+    ``row_stride`` elements apart; rows before ``row`` belong to the block before."""
+    _finish_row(out, at + r0 * row_stride, acc00, acc01, accumulate, r0 >= row)
+    _finish_row(out, at + r1 * row_stride, acc10, acc11, accumulate, r1 >= row and r1 > r0)
+    _finish_row(out, at + r2 * row_stride, acc20, acc21, accumulate, r2 >= row and r2 > r1)
+    _finish_row(out, at + r3 * row_stride, acc30, acc31, accumulate, r3 >= row and r3 > r2)
 
 
 @kernel
@@ -83,30 +128,77 @@ def _blocked_gemm(a, b, out, zero, tile_rows, accumulate):
                 for col in range(0, n, BLOCK_COLS):
                     c = min(col, n - BLOCK_COLS)               # columns c .. c + 31
                     for row in range(tile, tile_end, BLOCK_ROWS):
-                        r0 = max(min(row, tile_end - BLOCK_ROWS), tile)     # rows r0 .. r3
-                        r1 = min(r0 + 1, tile_end - 1)
-                        r2, r3 = min(r0 + 2, tile_end - 1), min(r0 + 3, tile_end - 1)
+                        r0, r1, r2, r3 = _block_rows(row, tile, tile_end)
                         acc00 = acc01 = acc10 = acc11 = vsplat(zero)
                         acc20 = acc21 = acc30 = acc31 = vsplat(zero)
                         for s in range(kk):
                             b_row = b_head + s * bs2 + c
-                            b0, b1 = vload(b, b_row), vload(b, b_row + LANES)   # b[s, c:c+32]
-                            x = vsplat(a[g, h, r0, s])
-                            acc00, acc01 = vfma(x, b0, acc00), vfma(x, b1, acc01)
-                            x = vsplat(a[g, h, r1, s])
-                            acc10, acc11 = vfma(x, b0, acc10), vfma(x, b1, acc11)
-                            x = vsplat(a[g, h, r2, s])
-                            acc20, acc21 = vfma(x, b0, acc20), vfma(x, b1, acc21)
-                            x = vsplat(a[g, h, r3, s])
-                            acc30, acc31 = vfma(x, b0, acc30), vfma(x, b1, acc31)
-                        at = out_head + c                     # rows before `row` are stored
-                        _finish_row(out, at + r0 * os2, acc00, acc01, accumulate, r0 >= row)
-                        _finish_row(out, at + r1 * os2, acc10, acc11, accumulate,
-                                    r1 >= row and r1 > r0)
-                        _finish_row(out, at + r2 * os2, acc20, acc21, accumulate,
-                                    r2 >= row and r2 > r1)
-                        _finish_row(out, at + r3 * os2, acc30, acc31, accumulate,
-                                    r3 >= row and r3 > r2)
+                            acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31 = _fma_block(
+                                a[g, h, r0, s], a[g, h, r1, s], a[g, h, r2, s], a[g, h, r3, s],
+                                vload(b, b_row), vload(b, b_row + LANES),     # b[s, c:c+32]
+                                acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31)
+                        _finish_block(out, out_head + c, os2, row, r0, r1, r2, r3, accumulate,
+                                      acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31)
+
+
+@njit(inline="always", cache=True)
+def _block_steps(a, ap, blk, r0, r1, r2, r3, s, k0):
+    """a[r_i, s] for the 4 rows of a block: from the packed tile ``ap`` where one is given
+    (None: no packing, a branch Numba removes while compiling)."""
+    if ap is not None:
+        return ap[blk, s - k0, 0], ap[blk, s - k0, 1], ap[blk, s - k0, 2], ap[blk, s - k0, 3]
+    return a[r0, s], a[r1, s], a[r2, s], a[r3, s]
+
+
+@kernel
+def _cell_gemm(a, b, out, zero, row0, row1, panel0, panel1, tile_rows, k_chunk, bp, ap):
+    """out[row0:row1, the columns of panels panel0 .. panel1 - 1] (=) a @ b: one cell of a 2-D
+    product; a (M, K) and b (K, N) any strides, out (M, N) with unit stride along its rows.
+
+    Every element is the sum :func:`_blocked_gemm` computes, by the same operations in the
+    same order: over each chunk of ``k_chunk`` rows of K, one fused multiply-add per s from
+    zero, the chunk's sum then added to what the chunks before stored; and the loops are its
+    loops (chunk of K; tile of ``tile_rows`` rows; panel; block of 4 rows). What differs: per
+    chunk, the cell's panels of b are first copied into ``bp`` (panel1 - panel0, k_chunk, 32),
+    C-contiguous and aligned, as GotoBLAS packs them. A panel then is k_chunk rows of 128 bytes
+    (float32) one after the other, whatever b's strides: no copy of ``w.T`` beforehand, and no
+    rows 4 KiB apart (N = 1024) competing for the same few cache sets. The same holds for a
+    transposed ``a`` whose steps s lie a multiple of ``ALIAS_BYTES`` apart (``dY.T`` of a weight
+    gradient, dY 1024 wide): given ``ap`` (tile_rows // 4, k_chunk, 4), each tile's blocks are
+    copied there once, instead of being read from those few sets again for every panel; None:
+    a is read in place. A panel of 32 columns starts at ``min(32 p, N - 32)``."""
+    kk, n = b.shape
+    row_stride = out.strides[0] // out.itemsize
+    for k0 in range(0, kk, k_chunk):
+        k1 = min(k0 + k_chunk, kk)
+        for i in range(panel1 - panel0):
+            c = min((panel0 + i) * BLOCK_COLS, n - BLOCK_COLS)
+            for s in range(k0, k1):
+                for j in range(BLOCK_COLS):
+                    bp[i, s - k0, j] = b[s, c + j]
+        for tile in range(row0, row1, tile_rows):
+            tile_end = min(tile + tile_rows, row1)
+            if ap is not None:                # ap[blk, s - k0, i] = a[r_i, s], block by block
+                for blk, row in enumerate(range(tile, tile_end, BLOCK_ROWS)):
+                    r0, r1, r2, r3 = _block_rows(row, tile, tile_end)
+                    for s in range(k0, k1):
+                        ap[blk, s - k0, 0], ap[blk, s - k0, 1] = a[r0, s], a[r1, s]
+                        ap[blk, s - k0, 2], ap[blk, s - k0, 3] = a[r2, s], a[r3, s]
+            for i in range(panel1 - panel0):
+                c = min((panel0 + i) * BLOCK_COLS, n - BLOCK_COLS)
+                for blk, row in enumerate(range(tile, tile_end, BLOCK_ROWS)):
+                    r0, r1, r2, r3 = _block_rows(row, tile, tile_end)
+                    acc00 = acc01 = acc10 = acc11 = vsplat(zero)
+                    acc20 = acc21 = acc30 = acc31 = vsplat(zero)
+                    for s in range(k0, k1):
+                        b_row = (i * k_chunk + s - k0) * BLOCK_COLS
+                        a0, a1, a2, a3 = _block_steps(a, ap, blk, r0, r1, r2, r3, s, k0)
+                        acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31 = _fma_block(
+                            a0, a1, a2, a3,
+                            vload(bp, b_row), vload(bp, b_row + LANES),
+                            acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31)
+                    _finish_block(out, c, row_stride, row, r0, r1, r2, r3, k0 > 0,
+                                  acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31)
 
 
 def _rows_unit_stride(x):
@@ -160,6 +252,9 @@ def run_blocked(a, b, out, tile_rows=None, k_chunk=K_CHUNK):
     if b.shape[-1] % BLOCK_COLS:
         k_chunk = kk                                       # overlapping panels: no chunks
     a4, b4, out4, zero = _as_4d(a), _as_4d(b), _as_4d(out), a.dtype.type(0)
+    if kk <= k_chunk:                        # one chunk (attention's products): no views to make
+        _blocked_gemm(a4, b4, out4, zero, tile_rows or _tile_rows(kk, a.itemsize), False)
+        return out
     for k0 in range(0, kk, k_chunk):
         k1 = min(k0 + k_chunk, kk)
         rows = tile_rows or _tile_rows(k1 - k0, a.itemsize)
@@ -181,3 +276,31 @@ def blocked_matmul(a, b, out=None, tile_rows=None, k_chunk=K_CHUNK):
     if out is None:
         out = empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype)
     return run_blocked(a, b, out, tile_rows, k_chunk)
+
+
+def chunk_rows(k, n):
+    """The rows of K summed per chunk in a product of N columns: ``K_CHUNK``, or all of K where
+    N is not a multiple of 32 (an overlapped column would be added twice)."""
+    return K_CHUNK if n % BLOCK_COLS == 0 else k
+
+
+def panels(n):
+    """How many 32-column panels cover N columns (the last one moved back to end at N)."""
+    return -(-n // BLOCK_COLS)
+
+
+def run_cell(a, b, out, rows, panel_range):
+    """One cell of a 2-D product by :func:`_cell_gemm`: out[r0:r1, the panels' columns] = a @ b
+    for ``rows`` = (r0, r1) and ``panel_range`` = (p0, p1), every element with the bits
+    :func:`run_blocked` gives it (the same chunks of K, the same operations). No checks: a
+    (M, K), b (K, N) of one float dtype, N >= 32, K >= 1, out (M, N) with unit-stride rows,
+    overlapping neither."""
+    (r0, r1), (p0, p1) = rows, panel_range
+    kk, n = b.shape
+    k_chunk = min(chunk_rows(kk, n), kk)
+    tile_rows = _tile_rows(k_chunk, a.itemsize)
+    bp = empty_aligned((p1 - p0, k_chunk, BLOCK_COLS), a.dtype)
+    packed = a.strides[1] > a.strides[0] and a.strides[1] % ALIAS_BYTES == 0
+    ap = empty_aligned((tile_rows // BLOCK_ROWS, k_chunk, BLOCK_ROWS), a.dtype) if packed else None
+    _cell_gemm(a, b, out, a.dtype.type(0), r0, r1, p0, p1, tile_rows, k_chunk, bp, ap)
+    return out

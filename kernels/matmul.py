@@ -15,8 +15,9 @@ transposed views, whether ``out`` is a strided view, the shapes) and the dispatc
   whose rows are strided, such as ``w.T`` or ``k^T``, is first copied into cache-line aligned
   rows). It pays on attention's many small products, where BLAS's per-matrix cost dominates,
   and wherever the BLAS runs narrower vector kernels than the CPU has (an OpenBLAS pinned to its
-  AVX2 "Haswell" kernels on an AVX-512 CPU). A large 2-D product runs in row parts on the
-  runtime's worker threads.
+  AVX2 "Haswell" kernels on an AVX-512 CPU). A 2-D product runs in cells (rows x panels of
+  32 columns, :func:`blocked_grid`) on the runtime's worker threads, each cell packing its own
+  panels of b (``w.T`` included: no copy beforehand).
 
 Variants round differently, so which one computes a product is part of a run's numerics. In
 deterministic mode (the default) no clock decides: the variant is the one recorded by a resumed
@@ -28,8 +29,9 @@ measurements; ``npformer calibrate`` writes them into a table).
 Threads never change the bits. A large 2-D product is cut into cells fixed by its shape
 (:func:`product_grid`), which the runtime's worker threads share, each cell by single-threaded
 BLAS: a BLAS given several threads divides a product by their number, and OpenBLAS's AVX-512
-float64 kernels round the edges of each share differently. The blocked kernel computes every row
-of the result the same way whichever part holds it, so its row parts are simply one per worker.
+float64 kernels round the edges of each share differently. The blocked kernel computes every
+element of the result the same way whichever cell holds it, so its cells are sized to the shape
+and to the number of workers (:func:`blocked_grid`): one per worker.
 
 Products of more than ``MEASURE_LIMIT`` multiply-adds per matrix skip the row-parallel
 ``"numba"`` kernel (no cache blocking), and their key rounds the sizes up to multiples of 256
@@ -45,8 +47,9 @@ from npformer import runtime
 from npformer.aligned import empty_aligned, rows_aligned
 
 from ._jit import kernel
-from ._product_operands import check_operands
-from .blocked_matmul import BLOCK_COLS, run_blocked
+from ._product_operands import FLOAT_DTYPES, check_operands
+from ._simd import LANES
+from .blocked_matmul import BLOCK_COLS, BLOCK_ROWS, panels, run_blocked, run_cell
 from .transpose import copy_rows
 
 MEASURE_LIMIT = 1 << 22          # multiply-adds per matrix (M * K * N); see the module docstring
@@ -179,7 +182,7 @@ def _thin_offered(a, b):
     C-contiguous), float operands."""
     return (a.ndim == 2 and 2 <= a.shape[0] < THIN_ROWS and a.shape[1] >= 1
             and a.shape[0] * a.shape[1] * b.shape[1] <= THIN_MAX_MACS
-            and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)
+            and a.dtype == b.dtype and a.dtype in FLOAT_DTYPES
             and _layout(b) == "T" and b.T.flags.c_contiguous)
 
 
@@ -200,7 +203,7 @@ def _numba_thin(a, b, out):
 def _blocked_offered(a, b):
     """Whether the blocked kernel can take a @ b (copying b or going through a temporary out
     where needed): float operands, at most two batch axes, M, K >= 1, N >= 32."""
-    return (a.dtype == b.dtype and a.dtype in (np.float32, np.float64) and a.ndim <= 4
+    return (a.dtype == b.dtype and a.dtype in FLOAT_DTYPES and a.ndim <= 4
             and b.shape[-1] >= BLOCK_COLS and a.shape[-2] >= 1 and a.shape[-1] >= 1)
 
 
@@ -217,10 +220,14 @@ def _aligned_rows(b):
 
 def _numba_blocked(a, b, out):
     """The register-blocked kernel, on operands as :func:`matmul` checked them (an ``out``
-    overlapping neither a nor b); a b whose rows are strided (``w.T`` of a linear layer) or do
-    not start cache lines is copied first, and an ``out`` with strided rows receives a copy."""
+    overlapping neither a nor b), on the calling thread: a 2-D product as one cell
+    (:func:`_blocked_cells`); a batch of matrices by :func:`run_blocked`, its b first copied
+    where its rows are strided (``w.T`` of a linear layer) or do not start cache lines, and an
+    ``out`` with strided rows receiving a copy."""
     if not _blocked_offered(a, b):
         return _blas(a, b, out)
+    if a.ndim == 2:
+        return _blocked_cells(a, b, out, None, 1)
     b = _aligned_rows(b)
     if out is None:
         return run_blocked(a, b, empty_aligned(a.shape[:-1] + (b.shape[-1],), a.dtype))
@@ -231,22 +238,65 @@ def _numba_blocked(a, b, out):
 
 
 def _numba_blocked_parts(a, b, out, bias=None):
-    """The blocked kernel with the rows of a 2-D product split between the runtime's worker
-    threads. Each row of the result is computed the same way whichever part holds it, so the
-    bits do not depend on the number of parts. ``bias`` as :func:`matmul`'s."""
-    if a.ndim != 2 or not _blocked_offered(a, b) or runtime.workers() < 2 or a.shape[0] < 64:
+    """The blocked kernel with a 2-D product's cells (:func:`blocked_grid`) shared by the
+    runtime's worker threads. Each element of the result is computed the same way whichever
+    cell holds it, so the bits do not depend on the number of workers. ``bias`` as
+    :func:`matmul`'s."""
+    if a.ndim != 2 or not _blocked_offered(a, b):
         return _add_bias(_numba_blocked(a, b, out), bias)
-    b = _aligned_rows(b)
-    if out is None or (out.shape[-1] > 1 and out.strides[-1] != out.itemsize):
-        target = empty_aligned((a.shape[0], b.shape[1]), a.dtype)
+    return _blocked_cells(a, b, out, bias, runtime.workers())
+
+
+def blocked_grid(m, k, n, workers):
+    """(row bounds, panel bounds) of the cells a 2-D product (M, K) @ (K, N) is cut into for the
+    blocked kernel on ``workers`` threads, a panel being 32 columns (the last one moved back to
+    end at N). Any cutting gives the same bits (:func:`npformer.kernels.blocked_matmul.run_cell`),
+    so the cells are sized to the shape and the workers: one cell per worker, no more than one
+    per ``PART_MACS`` multiply-adds, as pr row ranges x pc panel ranges. Of those, the one whose
+    largest cell costs least: its multiply-adds, plus the elements it packs (its rows of a and
+    its panels of b, all of K) at ``LANES`` multiply-adds each (a scalar copy against a vector
+    fused multiply-add). Row bounds are multiples of 4 (whole blocks), a cell holds 4 rows or
+    more; where N is not a multiple of 32 the last cell holds the last two panels, so that the
+    moved-back panel overlaps only its own cell's columns."""
+    n_panels = panels(n)
+    units = n_panels - 1 if n % BLOCK_COLS and n_panels > 1 else n_panels   # the last: 2 panels
+    count = max(1, min(workers, m * k * n // PART_MACS))
+    best = (None, 1, 1)
+    for pr in range(1, count + 1):
+        pc = count // pr
+        if pr > 1 and m // pr < BLOCK_ROWS or pc > units:
+            continue
+        rows, cols = -(-m // pr), -(-units // pc) * BLOCK_COLS      # the largest cell
+        cost = rows * cols * k + LANES * (rows * k + k * cols)
+        if best[0] is None or cost < best[0]:
+            best = (cost, pr, pc)
+    _, pr, pc = best
+    rows = [0] + [m * i // pr // BLOCK_ROWS * BLOCK_ROWS for i in range(1, pr)] + [m]
+    cols = [0] + [units * i // pc for i in range(1, pc)] + [n_panels]
+    return rows, cols
+
+
+def _blocked_cells(a, b, out, bias, workers):
+    """a @ b (+ bias) of 2-D operands, cell by cell (:func:`blocked_grid` for ``workers``) over
+    the runtime's workers, each cell's columns of the bias added by the worker that computed
+    it; an ``out`` with strided rows (or None) receives the result through an aligned array."""
+    m, n = a.shape[0], b.shape[1]
+    target = out
+    if out is None or (n > 1 and out.strides[-1] != out.itemsize):
+        target = empty_aligned((m, n), a.dtype)
+    rows, cols = blocked_grid(m, a.shape[1], n, workers)
+
+    def cell(r0, r1, p0, p1):
+        run_cell(a, b, target, (r0, r1), (p0, p1))
+        if bias is not None:
+            c0, c1 = p0 * BLOCK_COLS, min(p1 * BLOCK_COLS, n)
+            target[r0:r1, c0:c1] += bias[c0:c1]
+    cells = [functools.partial(cell, r0, r1, p0, p1)
+             for r0, r1 in zip(rows, rows[1:]) for p0, p1 in zip(cols, cols[1:])]
+    if len(cells) == 1:
+        cells[0]()
     else:
-        target = out
-    m = a.shape[0]
-    n = min(runtime.workers(), m // 32)
-    bounds = [m * i // n for i in range(n + 1)]
-    runtime.run_parts(lambda i: _add_bias(run_blocked(a[bounds[i]:bounds[i + 1]], b,
-                                                      target[bounds[i]:bounds[i + 1]]), bias),
-                      range(n))
+        runtime.run_parts(_run_part, cells)
     if out is not None and target is not out:
         out[...] = target
         return out
@@ -281,11 +331,18 @@ def product_key(a, b, out=None, candidates=None):
     ``THREAD_SAFE`` variants. E.g. ``"<f4 CT- L2048x256x768"``,
     ``"<f4 RTR 64x8x15x32@64x8x32x15 safe"``."""
     layouts = _layout(a) + _layout(b) + ("-" if out is None else _layout(out))
-    if a.ndim == 2 and a.shape[0] * a.shape[1] * b.shape[1] > MEASURE_LIMIT:
-        shapes = f"L{_bucket(a.shape[0])}x{_bucket(a.shape[1])}x{_bucket(b.shape[1])}"
+    return _key_text(a.dtype.str, layouts, a.shape, b.shape, candidates is not None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_text(dtype, layouts, a_shape, b_shape, safe):
+    """:func:`product_key`'s text, remembered: attention asks for the same few keys thousands
+    of times a step, and formatting one costs more than looking it up."""
+    if len(a_shape) == 2 and a_shape[0] * a_shape[1] * b_shape[1] > MEASURE_LIMIT:
+        shapes = f"L{_bucket(a_shape[0])}x{_bucket(a_shape[1])}x{_bucket(b_shape[1])}"
     else:
-        shapes = "x".join(map(str, a.shape)) + "@" + "x".join(map(str, b.shape))
-    return f"{a.dtype.str} {layouts} {shapes}" + (" safe" if candidates is not None else "")
+        shapes = "x".join(map(str, a_shape)) + "@" + "x".join(map(str, b_shape))
+    return f"{dtype} {layouts} {shapes}" + (" safe" if safe else "")
 
 
 def _is_large(a, b):
@@ -334,9 +391,9 @@ def rule(names, features, large=False, b_layout="C", batched=False, n_cols=0):
       "Haswell" or "Zen" does: the blocked kernel wherever it is offered (16-lane vectors
       against 8).
     - A CPU with AVX-512 and a BLAS that uses it: the blocked kernel for large products whose b
-      has contiguous rows (its row parts share the workers at no cost, where BLAS's cells
-      each pack b again); BLAS for the rest (a transposed b would first be copied, and a small
-      product is too small to split).
+      has contiguous rows (its cells share the workers, where BLAS's cells each pack b again);
+      BLAS for the rest (a small product is too small to split; a transposed b was copied
+      first when this rule was set, and the rule stays: the variant is part of a run's bits).
     - Anything else (AVX2 CPUs, where the kernel's 16-lane vectors take two registers each, or a
       BLAS that threadpoolctl cannot name): BLAS."""
     if "numba-thin" in names:
@@ -447,7 +504,7 @@ def _add_bias(out, bias):
 
 def _run_main(name, a, b, out, bias=None):
     """A product on the calling thread's behalf: a large 2-D one in cells fixed by its shape
-    (BLAS) or in row parts (the blocked kernel) over the runtime's workers; BLAS on npformer's
+    (BLAS) or in cells sized to the workers (the blocked kernel) over the runtime's workers; BLAS on npformer's
     thread count (one) in every case. ``bias`` as :func:`matmul`'s."""
     cells = _main_cells(name, a, b, out, bias)
     if cells is not None:

@@ -1,5 +1,7 @@
 """The register-blocked per-head matmul kernel (``npformer.kernels.blocked_matmul``), its 16-lane
 vector intrinsics, and how the matmul dispatcher offers it."""
+import contextlib
+import hashlib
 import importlib
 
 import numpy as np
@@ -186,3 +188,138 @@ def test_an_out_that_is_an_input_gets_the_product_on_a_first_call(nondeterminist
     out = a if alias == "a" else b
     assert M.matmul(a, b, out=out) is out
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-10)
+
+
+@contextlib.contextmanager
+def _workers(n):
+    """npformer's runtime on ``n`` worker threads (one Numba thread) inside the block."""
+    before = runtime.policy()
+    runtime._state["policy"] = runtime.thread_policy(n, numba_max=1)
+    try:
+        yield
+    finally:
+        runtime._state["policy"] = before
+
+
+def _cuts(draw, total):
+    """Sorted distinct bounds 0 < ... < total cutting range(total) (hypothesis)."""
+    inner = draw(st.lists(st.integers(1, max(1, total - 1)), max_size=4, unique=True))
+    return [0] + sorted(c for c in inner if 0 < c < total) + [total]
+
+
+@settings(deadline=None, max_examples=40)
+@given(m=st.integers(1, 150), k=st.sampled_from([1, 7, 64, 255, 256, 257, 600]),
+       n=st.integers(32, 200), la=st.sampled_from("CTS"), lb=st.sampled_from("CTR"),
+       dtype=st.sampled_from(list(TOL)), pack=st.booleans(), data=st.data())
+def test_any_cells_give_the_bits_of_the_blocked_kernel(m, k, n, la, lb, dtype, pack, data):
+    """``run_cell`` over any cutting of the rows and the 32-column panels (bounds anywhere, not
+    only those ``blocked_grid`` picks) gives every element the bits of ``run_blocked`` on b's
+    aligned copy, the scheme before cells: the same chunks of K, the same operations. K around
+    ``K_CHUNK``, N a multiple of 32 or not, a transposed or strided, b = w.T; a transposed a
+    read in place or packed tile by tile (``pack``: as if every stride were ``ALIAS_BYTES``')."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    a, b = rows_view(rng, (m, k), dtype, la), rows_view(rng, (k, n), dtype, lb)
+    expected = B.run_blocked(a, M._aligned_rows(b), empty_aligned((m, n), dtype))
+    out = rows_view(rng, (m, n), dtype, "R")                       # rows of a wider array
+    rows, panels = _cuts(data.draw, m), _cuts(data.draw, B.panels(n))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(B, "ALIAS_BYTES", np.dtype(dtype).itemsize if pack else B.ALIAS_BYTES)
+        for r0, r1 in zip(rows, rows[1:]):
+            for p0, p1 in zip(panels, panels[1:]):
+                B.run_cell(a, b, out, (r0, r1), (p0, p1))
+    np.testing.assert_array_equal(out, expected)
+
+
+@settings(deadline=None, max_examples=200)
+@given(m=st.integers(1, 5000), k=st.integers(1, 5000), n=st.integers(32, 5000),
+       workers=st.integers(1, 64))
+def test_blocked_grid_cuts_the_product_into_cells_for_the_workers(m, k, n, workers):
+    """At most one cell per worker and per ``PART_MACS``; row bounds on whole blocks of 4 rows,
+    each cell 4 rows or more (unless M < 4); where N is not a multiple of 32 the moved-back
+    last panel shares its cell with the panel it overlaps."""
+    rows, panels = M.blocked_grid(m, k, n, workers)
+    assert rows[0] == 0 and rows[-1] == m and panels[0] == 0 and panels[-1] == B.panels(n)
+    assert all(r % B.BLOCK_ROWS == 0 for r in rows[:-1])
+    assert all(r1 - r0 >= min(m, B.BLOCK_ROWS) for r0, r1 in zip(rows, rows[1:]))
+    assert all(p1 > p0 for p0, p1 in zip(panels, panels[1:]))
+    cells = (len(rows) - 1) * (len(panels) - 1)
+    assert cells <= max(1, min(workers, m * k * n // M.PART_MACS))
+    if n % B.BLOCK_COLS and B.panels(n) > 1:
+        assert panels[-1] - panels[-2] >= 2
+
+
+def test_few_rows_and_many_columns_share_the_workers(monkeypatch):
+    """A weight gradient of few rows (dW = dY^T X of a 192-wide layer, K = 8192 tokens) is
+    cut along its columns: both workers compute, and the bits are one worker's. (The row parts
+    before cells gave a product of fewer than 64 rows to one worker.)"""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((4096, 40)).astype(np.float32).T            # dY^T: 40 rows
+    b = rng.standard_normal((4096, 512)).astype(np.float32)
+    with _workers(1):
+        alone = M._run_main("numba-blocked", a, b, None)
+    handed = []
+    run_parts = runtime.run_parts
+    monkeypatch.setattr(runtime, "run_parts",
+                        lambda fn, parts, *args: (handed.append(len(parts)), run_parts(fn, parts, *args))[1])
+    with _workers(2):
+        np.testing.assert_array_equal(M._run_main("numba-blocked", a, b, None), alone)
+    assert handed == [2]
+
+
+def test_a_transposed_weight_is_packed_by_the_cells_not_copied_first(monkeypatch):
+    """x @ w.T of a linear layer: the cells read w.T's panels straight into their packed
+    buffers; no copy of the whole weight is made beforehand (one pass over w fewer per call)."""
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((300, 96)).astype(np.float32), rng.standard_normal((200, 96)).astype(np.float32)
+    expected = B.run_blocked(x, M._aligned_rows(w.T), empty_aligned((300, 200), np.float32))
+    monkeypatch.setattr(M, "copy_rows", lambda *args: pytest.fail("w.T copied before the product"))
+    with _workers(2):
+        np.testing.assert_array_equal(M._run_main("numba-blocked", x, w.T, None), expected)
+
+
+# The llama-char step's products (64 x 128 tokens, d_model 192, 6 heads over 2 key/value heads,
+# SwiGLU of 512, vocabulary 65): forward x @ w.T, backward dX = dY @ w and dW = dY^T @ x, and
+# attention's per-head products; two float64 ones. The digests are those of the code before the
+# cells (commit 3e031ce), on 1 and 2 workers alike: runs recorded by it resume bit for bit.
+LLAMA_CHAR_PRODUCTS = [
+    ("qkv", (8192, 192), "C", (192, 320), "T", "float32", "e57fd5f2bf4b7ffa"),
+    ("attention output", (8192, 192), "C", (192, 192), "T", "float32", "10294ff7f03ab6c2"),
+    ("gate and up", (8192, 192), "C", (192, 1024), "T", "float32", "92315f6d0750917c"),
+    ("down", (8192, 512), "C", (512, 192), "T", "float32", "d362222c1338d9a6"),
+    ("head", (8192, 192), "C", (192, 65), "T", "float32", "939da426e60e8074"),
+    ("dX of gate and up", (8192, 1024), "C", (1024, 192), "C", "float32", "ab9ca1653a9f74dd"),
+    ("dX of down", (8192, 192), "C", (192, 512), "C", "float32", "365f2cbd424e8165"),
+    ("dX of head", (8192, 65), "C", (65, 192), "C", "float32", "923a60ae3f2d93c5"),
+    ("dW of gate and up", (1024, 8192), "T", (8192, 192), "C", "float32", "3aee791297f693bc"),
+    ("dW of down", (192, 8192), "T", (8192, 512), "C", "float32", "1d93b78cb4ab0a25"),
+    ("dW of qkv", (320, 8192), "T", (8192, 192), "C", "float32", "ab10ec2f1686f3d0"),
+    ("dW of head", (65, 8192), "T", (8192, 192), "C", "float32", "f4eb2e2933b92673"),
+    ("q k^T per head", (8, 6, 128, 32), "C", (8, 6, 32, 128), "T", "float32", "3a88f97fdc315500"),
+    ("P v per head", (8, 6, 128, 128), "C", (8, 6, 128, 32), "C", "float32", "634163f254c19acd"),
+    ("float64 dW", (200, 700), "T", (700, 96), "C", "float64", "22da0506c70a68d3"),
+    ("float64 odd", (301, 300), "C", (300, 70), "T", "float64", "818890e22687775b"),
+]
+
+
+def llama_char_operands(label, a_shape, a_layout, b_shape, b_layout, dtype):
+    """The operands of one of ``LLAMA_CHAR_PRODUCTS``: normal numbers seeded by the label, "T" a
+    transposed view of a C-contiguous array."""
+    rng = np.random.default_rng(sum(map(ord, label)))
+
+    def make(shape, layout):
+        if layout == "T":
+            return rng.standard_normal(shape[:-2] + shape[::-1][:2]).astype(dtype).swapaxes(-1, -2)
+        return rng.standard_normal(shape).astype(dtype)
+    return make(a_shape, a_layout), make(b_shape, b_layout)
+
+
+@pytest.mark.parametrize("spec", LLAMA_CHAR_PRODUCTS, ids=[s[0] for s in LLAMA_CHAR_PRODUCTS])
+def test_llama_char_products_keep_the_bits_of_the_scheme_before_cells(spec):
+    """The blocked kernel's products of the llama-char step give, on 1 and 2 workers, the very
+    bits the code before the cells gave (digests of the results)."""
+    *operands, digest = spec
+    a, b = llama_char_operands(*operands)
+    for workers in (1, 2):
+        with _workers(workers):
+            out = M._run_main("numba-blocked", a, b, None)
+        assert hashlib.sha256(np.ascontiguousarray(out).tobytes()).hexdigest()[:16] == digest

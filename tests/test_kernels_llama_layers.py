@@ -96,6 +96,26 @@ def test_swiglu_backward_recomputes_the_forwards_sigmoid_to_the_bit():
             np.testing.assert_array_equal(dh[:, 500:], out)
 
 
+def test_rmsnorm_caches_x_and_no_normalised_copy():
+    """The forward writes y and two per-row factors only: its cache holds x itself (no copy of
+    a contiguous x) and vectors of one value per row, and no (N, D) array of its own."""
+    x = np.random.default_rng(4).standard_normal((3, 4, 10)).astype(np.float32)
+    _, cache = K.rmsnorm_forward(x, np.ones(10, dtype=np.float32))
+    rows = [a for a in cache if isinstance(a, np.ndarray) and a.size == x.size]
+    assert len(rows) == 1 and np.shares_memory(rows[0], x)
+
+
+def test_rmsnorm_backward_recomputes_the_forwards_xhat_to_the_bit():
+    """With gamma = 1 the forward's y is xhat, and on one row with dout = 1 the backward's
+    dgamma is that row's xhat as the backward computed it again: the two agree bit for bit."""
+    for dtype in (np.float32, np.float64):
+        for d in (7, 192):
+            x = (np.random.default_rng(d).standard_normal((1, d)) * 5).astype(dtype)
+            y, cache = K.rmsnorm_forward(x, np.ones(d, dtype=dtype))
+            _, dgamma = K.rmsnorm_backward(np.ones_like(x), cache)
+            np.testing.assert_array_equal(dgamma, y[0])
+
+
 def test_swiglu_rmsnorm_and_rotary_give_the_same_bits_on_any_thread_count():
     """Sizes above the kernels' serial threshold, so the parallel twins run."""
     rng = np.random.default_rng(3)

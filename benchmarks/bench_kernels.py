@@ -70,18 +70,30 @@ def cases(np, F, K, dtype):
         return run
     yield "attention fwd+bwd B=64 H=6 T=S=128 d=32, causal, dropout 0.1", att_causal(F), att_causal(K)
 
-    # a character GPT's rotary positions, as its attention runs them: q and k turned in place
-    # inside the fused projection's output (B=32, T=128, 3 x 192), then their gradients back
+    # a character GPT's rotary positions, as its attention runs them: q and k turned in place,
+    # in one pass over their columns of the fused projection's output (B=32, T=128, 3 x 192),
+    # then their gradients back
     qkv, cos, sin = randn(32, 128, 576), *F.rotary_tables(128, 32, dtype)
-    q_k = [F.split_heads(qkv[..., i * 192:(i + 1) * 192], 6) for i in (0, 1)]   # (B, H, T, d)
+    q_k = F.split_heads(qkv[..., :2 * 192], 12)                      # (B, 6 + 6, T, d)
 
     def rotary(ops):
         def run():
-            for view in q_k:
-                _, cache = ops.rotary_forward(view, cos, sin, 0, out=view)
-                ops.rotary_backward(view, cache, out=view)
+            _, cache = ops.rotary_forward(q_k, cos, sin, 0, out=q_k)
+            ops.rotary_backward(q_k, cache, out=q_k)
         return run
-    yield "rotary fwd+bwd, q and k (32, 6, 128, 32) in place", rotary(F), rotary(K)
+    yield "rotary fwd+bwd, q and k (32, 6 + 6, 128, 32) in place", rotary(F), rotary(K)
+
+    # llama-char's RMSNorm (8192 rows of 192) and SwiGLU (its (8192, 2 x 512) projection)
+    xr, gr_, dr = randn(64 * 128, 192), randn(192), randn(64 * 128, 192)
+    hs, ds = randn(64 * 128, 1024), randn(64 * 128, 512)
+
+    def rms(ops):
+        return lambda: ops.rmsnorm_backward(dr, ops.rmsnorm_forward(xr, gr_)[1])
+
+    def swiglu(ops):
+        return lambda: ops.swiglu_backward(ds, ops.swiglu_forward(hs)[1])
+    yield "RMSNorm fwd+bwd (8192, 192)", rms(F), rms(K)
+    yield "SwiGLU fwd+bwd (8192, 2 x 512)", swiglu(F), swiglu(K)
 
     n, dm = 128 * 15, 256
     x, g, bta, dy = randn(n, dm), randn(dm), randn(dm), randn(n, dm)

@@ -105,6 +105,50 @@ def test_the_parallel_kernel_matches_the_reference():
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_attention_turns_queries_and_keys_in_one_pass_over_the_projection(qk_norm):
+    """Self-attention turns its q and k heads (and their gradients back) with one call over the
+    projection's q and k columns, a (B, H + Hkv, T, d) view, where nothing stands between the
+    projection and the turn; with per-head norms, q and k apart. The results stay the
+    reference's: the turn is element-wise."""
+    calls = {"rotary_forward": [], "rotary_backward": []}
+
+    def counting(name):
+        def run(x, *args, **kwargs):
+            calls[name].append(x.shape)
+            return getattr(F, name)(x, *args, **kwargs)
+        return run
+    tables = F.rotary_tables(6, 4, np.float64)
+    x, dout = rnd(0, 2, 5, 12), rnd(1, 2, 5, 12)
+    results = []
+    for functions in ({}, {name: counting(name) for name in calls}):
+        attention = nf.nn.MultiHeadAttention(12, 3, rotary=tables, n_kv_heads=1, qk_norm=qk_norm,
+                                             rng=np.random.default_rng(2), dtype=np.float64)
+        with backend.using(functions, "counting"):
+            out = attention.forward(x, mask=F.causal_mask(5))
+            results.append((out, attention.backward(dout), attention.in_proj_weight.grad))
+    for got, expected in zip(results[1], results[0]):
+        np.testing.assert_array_equal(got, expected)
+    expected = [(2, 3, 5, 4), (2, 1, 5, 4)] if qk_norm else [(2, 4, 5, 4)]
+    assert calls == {"rotary_forward": expected, "rotary_backward": expected}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_kernels_serial_and_parallel_twins_give_the_same_bits(dtype):
+    """Attention turns q and k in one call over both: that call can take the parallel twin
+    where separate calls took the serial one, and no bit may change with it."""
+    from npformer.kernels import rotary
+    cos, sin = F.rotary_tables(40, 32, dtype)
+    c, s = cos[3:40], sin[3:40]
+    qkv = rnd(4, 3, 37, 5 * 32, dtype=dtype) * 10                      # (B, T, 5 d)
+    x = F.split_heads(qkv, 5)                                          # (B, 5, T, d), strided
+    for sign in (dtype(1), dtype(-1)):
+        serial, parallel = np.empty_like(x), np.empty_like(x)
+        rotary._turn.serial(x, c, s, sign, serial)
+        rotary._turn.dispatcher(x, c, s, sign, parallel)
+        np.testing.assert_array_equal(parallel, serial)
+
+
 def test_attention_refuses_tables_of_another_head_size():
     with pytest.raises(ValueError, match=r"rotary: expected tables of 2 pairs \(half the head "
                                          r"size\), got 3"):

@@ -95,16 +95,21 @@ class MultiHeadAttention(Module):
         bias = self.in_proj_bias.grad if grad else self.in_proj_bias.data   # grad None: frozen
         return bias if rows is None or bias is None else bias[rows]
 
-    def _project_self(self, x):
-        """x (B, T, D) -> q (B, H, T, dk), k (B, Hkv, T, dk), v (B, Hkv, T, dv): one product
-        (then the per-head norms of q and k, where the attention has them)."""
+    def _project_self(self, x, start):
+        """x (B, T, D) at positions start .. start + T - 1 -> q (B, H, T, dk), k (B, Hkv, T, dk),
+        v (B, Hkv, T, dv): one product, then the per-head norms of q and k where the attention
+        has them, then the rotary turn (:meth:`_turn`). Returns q, k, v, the projection's cache
+        and the turn's."""
         qk, kw, h, hkv = self.qk_dim, self.k_width, self.n_heads, self.n_kv_heads
         qkv, cache = self._ops.linear_forward(x, self.in_proj_weight.data, self._bias(None))
-        add_adapters(qkv, x, self.adapters)
+        add_adapters(qkv, x, self.adapters)                              # (B, T, qk + kw + vw)
         q, k = F.split_heads(qkv[..., :qk], h), F.split_heads(qkv[..., qk:qk + kw], hkv)
         if self.q_norm is not None:
             q, k = self.q_norm.forward(q), self.k_norm.forward(k)
-        return q, k, F.split_heads(qkv[..., qk + kw:], hkv), cache        # (B, T, qk + kw + vw)
+            turn_cache = self._turn((q, k), start)
+        else:                                  # q and k side by side in qkv: turned in one pass
+            turn_cache = self._turn((F.split_heads(qkv[..., :qk + kw], h + hkv),), start)
+        return q, k, F.split_heads(qkv[..., qk + kw:], hkv), cache, turn_cache
 
     def _project_query(self, x):
         """x (B, T, D) -> q (B, H, T, dk), the query third of the projection."""
@@ -144,16 +149,24 @@ class MultiHeadAttention(Module):
             return d_shared
         return d_shared.reshape(b, self.n_kv_heads, self.group, t, d).sum(axis=2)
 
-    def _turn(self, q, k, start):
-        """Rotary positions: q and k (B, H, T, dk), at positions start .. start + T - 1, turned
-        in place (views of the projection's output, which nothing else keeps). Returns the
-        cache of the turn (None without rotary positions)."""
+    def _turn(self, heads, start):
+        """Rotary positions: each of ``heads`` (B, n, T, dk), at positions start .. start + T - 1,
+        turned in place. The queries' and keys' heads, or, where they are still views of the
+        projection's output (which nothing else keeps), both as one (B, H + Hkv, T, dk) view of
+        its q and k columns: one pass over the projection's rows. Returns the cache of the turn
+        (None without rotary positions)."""
         if self.rotary is None:
             return None
         cos, sin = self.rotary
-        _, cache = self._ops.rotary_forward(q, cos, sin, start, out=q)
-        self._ops.rotary_forward(k, cos, sin, start, out=k)
+        for x in heads:
+            _, cache = self._ops.rotary_forward(x, cos, sin, start, out=x)
         return cache
+
+    def _turn_back(self, dheads, turn_cache):
+        """The turn's backward, in place on each of ``dheads`` (as :meth:`_turn`'s ``heads``)."""
+        if turn_cache is not None:
+            for dx in dheads:
+                self._ops.rotary_backward(dx, turn_cache, out=dx)
 
     def _attend(self, q, k, v, mask):
         """Heads-split q (B, H, T, dk), k and v (B, Hkv, S, d) -> out (B, T, D) through the
@@ -176,8 +189,7 @@ class MultiHeadAttention(Module):
         self._ops = ops()                 # NumPy reference or Numba kernels (npformer.backend)
         turn_cache = None
         if memory is None:                                        # self-attention
-            q, k, v, proj_cache = self._project_self(x)
-            turn_cache = self._turn(q, k, 0)
+            q, k, v, proj_cache, turn_cache = self._project_self(x, 0)
             if self.window is not None:                           # (1, 1, T, T)
                 window = F.causal_mask(x.shape[1], window=self.window)
                 mask = window if mask is None else mask & window
@@ -213,8 +225,7 @@ class MultiHeadAttention(Module):
         each sees only the cached positions inside it (the rest masked)."""
         self._ops = ops()
         start, t = cache.length, x.shape[1]
-        q, k, v, _ = self._project_self(x)                        # (R, H, t, d)
-        self._turn(q, k, start)
+        q, k, v, _, _ = self._project_self(x, start)              # (R, H, t, d)
         cache.append(k, v)
         sliding = self.window is not None and start + t > self.window
         mask = F.causal_mask(t, start, self.window) if t > 1 or sliding else None
@@ -251,22 +262,20 @@ class MultiHeadAttention(Module):
             dqkv = np.empty((n_b, tq, qk + kw + self.v_width), dtype=q.dtype)
             dq, dk = F.split_heads(dqkv[..., :qk], h), F.split_heads(dqkv[..., qk:qk + kw], hkv)
             dv = F.split_heads(dqkv[..., qk + kw:], hkv)
+            dqk = F.split_heads(dqkv[..., :qk + kw], h + hkv)      # dq and dk side by side
             per_kv_head = k.shape[1] == hkv                      # no repeat: dk, dv per kv head
             if per_kv_head and self.q_norm is None:                # straight into dqkv
                 fa.attention_backward_into(dctx, attn_cache, dq, dk, dv)
-                if turn_cache is not None:
-                    f.rotary_backward(dq, turn_cache, out=dq)
-                    f.rotary_backward(dk, turn_cache, out=dk)
             else:
                 dq_h, dk_h, dv_h = np.empty_like(q), np.empty_like(k), np.empty_like(v)
                 fa.attention_backward_into(dctx, attn_cache, dq_h, dk_h, dv_h)
                 dk_h, dv[...] = self._gather(dk_h), self._gather(dv_h)   # (B, Hkv, T, d)
-                if turn_cache is not None:
-                    f.rotary_backward(dq_h, turn_cache, out=dq_h)
-                    f.rotary_backward(dk_h, turn_cache, out=dk_h)
-                if self.q_norm is not None:
+                if self.q_norm is not None:                # the turn back, then the norms'
+                    self._turn_back((dq_h, dk_h), turn_cache)
                     dq_h, dk_h = self.q_norm.backward(dq_h), self.k_norm.backward(dk_h)
                 dq[...], dk[...] = dq_h, dk_h
+            if self.q_norm is None:                        # turned back in one pass in dqkv
+                self._turn_back((dqk,), turn_cache)
             return projection_backward(f, dqkv, proj_cache, gw, self._bias(None, grad=True),
                                        self.adapters)
         q_cache, kv_cache = proj_cache

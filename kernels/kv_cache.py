@@ -1,22 +1,62 @@
 """The decoding cache's row movers (``take_rows``, ``move_rows``), as
 :mod:`npformer.functional.kv_cache`, each in one parallel pass over the rows it writes.
+
+A cache's rows are views ``buf[:, :, :t]`` of a buffer (B, H, T_max, d): each row holds, per
+head, one run of t * d consecutive elements (the first t positions). The kernels copy those
+runs through a one-dimensional view of the memory the rows span, so that every run is a
+contiguous loop LLVM vectorises, where indexing the strided 4-D view element by element copies
+at a fraction of the memory's speed. Views of any other layout go to the NumPy reference.
 """
 import numpy as np
-from numba import prange
+from numba import njit, prange
+from numpy.lib.stride_tricks import as_strided
+
+from npformer.functional import kv_cache as _reference
 
 from ._jit import kernel
 
 
-@kernel(parallel=True, work=2)
-def _take_rows(x, index, out):
-    """out[r] = x[index[r]] for 4-D x, out (rows of a cache; views, strided between rows)."""
-    n, n_h, t, d = out.shape
-    for r in prange(n):
-        src = index[r]
+def _runs(x):
+    """(flat, row, head) for a 4-D x (B, H, t, d) whose every x[b, h] is one run of t * d
+    consecutive elements: ``flat`` the 1-D view of the memory from x's first element to its
+    last, ``row`` and ``head`` the strides of x's first two axes in elements (x[b, h] starts at
+    flat[b * row + h * head]; the runs one after the other, apart); None for any other layout,
+    or an empty x."""
+    n_b, n_h, t, d = x.shape
+    size = x.itemsize
+    if x.size == 0 or (d > 1 and x.strides[3] != size) or (t > 1 and x.strides[2] != d * size):
+        return None
+    row = x.strides[0] // size if n_b > 1 else 0
+    head = x.strides[1] // size if n_h > 1 else 0
+    if (n_b > 1 and x.strides[0] % size) or (n_h > 1 and x.strides[1] % size) or \
+            (n_h > 1 and head < t * d) or (n_b > 1 and row < (n_h - 1) * head + t * d):
+        return None                              # (runs that overlap, or go backwards)
+    span = (n_b - 1) * row + (n_h - 1) * head + t * d              # x's first to last element
+    return as_strided(x, shape=(span,), strides=(size,)), row, head
+
+
+@njit(inline="always", cache=True)
+def _copy(src, dst):
+    """dst[c] = src[c] over two 1-D views of one length (runs that never overlap). Indexed from
+    0 by the loop, never by an offset added to it: Numba then knows no index is negative and
+    the loop vectorises (``x[b + c]`` on the flat view stays element by element)."""
+    for c in range(len(dst)):
+        dst[c] = src[c]
+
+
+def _taken(x, x_row, x_head, out, out_row, out_head, n_h, n, index):
+    """_take_runs's work: the elements it writes."""
+    return len(index) * n_h * n
+
+
+@kernel(parallel=True, work=_taken)
+def _take_runs(x, x_row, x_head, out, out_row, out_head, n_h, n, index):
+    """Row r of out = row index[r] of x: n_h runs of n elements each (flat views, ``_runs``)."""
+    for r in prange(len(index)):
+        src, dst = index[r] * x_row, r * out_row
         for h in range(n_h):
-            for j in range(t):
-                for c in range(d):
-                    out[r, h, j, c] = x[src, h, j, c]
+            a, b = src + h * x_head, dst + h * out_head
+            _copy(x[a:a + n], out[b:b + n])
 
 
 def take_rows(x, index, out):
@@ -28,26 +68,27 @@ def take_rows(x, index, out):
     if len(index) and (index.min() < 0 or index.max() >= len(x)):
         raise ValueError(f"take_rows: index: expected rows in [0, {len(x)}), got "
                          f"{index.min()}..{index.max()}")
-    if out.size:
-        _take_rows(x, np.ascontiguousarray(index, dtype=np.int64), out)
+    src, dst = _runs(x), _runs(out)
+    if src is None or dst is None or x.dtype != out.dtype:
+        return _reference.take_rows(x, index, out)
+    _, n_h, t, d = x.shape
+    _take_runs(*src, *dst, n_h, t * d, np.ascontiguousarray(index, dtype=np.int64))
     return out
 
 
-def _moved(x, src, dst):
-    """_move_rows's work: the elements of the rows it writes."""
-    return len(dst) * (x.size // len(x))
+def _moved(x, row, head, n_h, n, src, dst):
+    """_move_runs's work: the elements it writes."""
+    return len(dst) * n_h * n
 
 
 @kernel(parallel=True, work=_moved)
-def _move_rows(x, src, dst):
-    """x[dst[i]] = x[src[i]] for 4-D x (a cache's rows; a view, strided between rows)."""
-    _, n_h, t, d = x.shape
+def _move_runs(x, row, head, n_h, n, src, dst):
+    """Row dst[i] = row src[i], in place: n_h runs of n elements each (a flat view, ``_runs``)."""
     for i in prange(len(dst)):
-        s, r = src[i], dst[i]
+        s, r = src[i] * row, dst[i] * row
         for h in range(n_h):
-            for j in range(t):
-                for c in range(d):
-                    x[r, h, j, c] = x[s, h, j, c]
+            a, b = s + h * head, r + h * head
+            _copy(x[a:a + n], x[b:b + n])
 
 
 def move_rows(x, src, dst):
@@ -66,6 +107,9 @@ def move_rows(x, src, dst):
     if written[src].any():
         raise ValueError("move_rows: a row of dst is also in src (it would be read after it "
                          "is written)")
-    if len(src) and x.size:
-        _move_rows(x, src, dst)
+    runs = _runs(x)
+    if not len(src) or runs is None:
+        return _reference.move_rows(x, src, dst) if len(src) else x
+    _, n_h, t, d = x.shape
+    _move_runs(*runs, n_h, t * d, src, dst)
     return x

@@ -189,6 +189,37 @@ def test_move_rows_refuses_a_row_it_would_read_after_writing(backend):
             nf.backend.ops().move_rows(x, np.array([1, 0]), np.array([0, 1]))
 
 
+LAYOUTS = {                                     # (B, H, T, d) buffer -> a 4-D view of it
+    "cache rows": lambda buf: buf[:, :, :10],                   # the first t positions
+    "whole buffer": lambda buf: buf,
+    "one position": lambda buf: buf[:, :, 3:4],
+    "one head": lambda buf: buf[:, 1:2, :10],
+    "every other dimension": lambda buf: buf[:, :, :10, ::2],
+    "heads reversed": lambda buf: buf[:, ::-1, :10],
+    "heads inside positions": lambda buf: buf.reshape(buf.shape[0], -1, *buf.shape[1::2])
+                                            .transpose(0, 2, 1, 3),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("rows", [12, 256])         # 256: enough work for the parallel kernels
+def test_the_row_movers_equal_the_reference_on_every_layout(layout, rows):
+    kernels, reference = nf.backend.load("numba"), nf.backend.load("numpy")
+    rng = np.random.default_rng(rows)
+    buf = rng.standard_normal((rows, 4, 16, 32)).astype(np.float32)
+    src, dst = np.arange(0, rows, 2), np.arange(1, rows, 2)[::-1].copy()
+    index = rng.integers(0, rows, rows + 3)
+    moved = [buf.copy(), buf.copy()]
+    for ops, copy in zip((kernels, reference), moved):
+        ops.move_rows(LAYOUTS[layout](copy), src, dst)
+    np.testing.assert_array_equal(moved[0], moved[1])             # the rows and nothing else
+    x = LAYOUTS[layout](buf)
+    outs = [np.full((rows + 3,) + buf.shape[1:], np.nan, np.float32) for _ in range(2)]
+    for ops, out in zip((kernels, reference), outs):
+        ops.take_rows(x, index, LAYOUTS[layout](out))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_bad_use_of_a_state_is_a_clear_error():
     model = make_model()
     src = sources(np.random.default_rng(4), 2, 3)

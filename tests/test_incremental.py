@@ -220,6 +220,21 @@ def test_the_row_movers_equal_the_reference_on_every_layout(layout, rows):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_beam_search_gives_the_same_bits_on_any_thread_count(backend):
+    """The row movers' parallel kernels and the products share their work between threads:
+    every token, probability and score stays the same on 1 and 2 threads."""
+    from thread_bits import assert_same_bits_on_threads
+    model = nf.Transformer(13, 40, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                           n_decoder_layers=2, dropout=0.0, max_len=16, seed=3)
+    src = np.random.default_rng(5).integers(3, 13, size=(24, 6))
+
+    def run():
+        hyps = beam_search(model.decoder_state(src, bos_id=1, eos_id=2, beams=3), 3,
+                           max_new_tokens=8)
+        return [np.array(h.ids + h.probs + [h.score]) for h in hyps]
+    assert_same_bits_on_threads(run)
+
+
 def test_bad_use_of_a_state_is_a_clear_error():
     model = make_model()
     src = sources(np.random.default_rng(4), 2, 3)

@@ -42,7 +42,7 @@ def test_profile_covers_every_method_given(monkeypatch, capsys):
     args = bench.parse_args(["--data-dir", "unused", "--methods", "greedy", "beam5",
                              "--repeats", "1", "--profile", "--worker", "npformer"])
     bench.worker(args)
+    assert calls.count(("beam", 5)) == 3                # warm-up, one timed pass, the profile
     err = capsys.readouterr().err
     assert "greedy: cProfile of one pass" in err
     assert "beam5: cProfile of one pass" in err
-    assert calls.count(("beam", 5)) == 3                # warm-up, one timed pass, the profile

@@ -31,9 +31,10 @@ the cores the process may use.
 
 ``--toy`` also times npformer translating 1,000 sentences of the toy zh->en corpus greedily (the
 model of ``npformer toy``, trained here with its defaults unless ``--toy-checkpoint`` names one).
-``--profile`` prints where npformer's greedy pass spends its time (cProfile, 25 functions by own
-time). ``--sections`` runs one more npformer pass of each method with clocks around its parts
-and prints, for each, the seconds spent in: the encoder (each source length at its own width),
+``--profile`` prints where npformer's pass of each method of ``--methods`` spends its time
+(cProfile, 25 functions by own time, each profile headed by its method's name). ``--sections``
+runs one more npformer pass of each method with clocks around its parts and prints, for each,
+the seconds spent in: the encoder (each source length at its own width),
 the cross-attention keys and values (once per source), the decoder layers' steps, the final
 norm and output projection, the top log-softmax (``step_top``'s selection), the reordering of
 the caches, and the rest (the search's own bookkeeping, embedding, batching), and how often
@@ -129,12 +130,8 @@ def worker(args):
             seconds.append(time.perf_counter() - start)
         if args.sections and args.worker == "npformer":
             print(f"{name}: " + section_times(loaded.model, run), file=sys.stderr)
-        if args.profile and args.worker == "npformer" and method == "greedy":
-            import cProfile
-            import pstats
-            prof = cProfile.Profile()
-            prof.runcall(run)
-            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+        if args.profile and args.worker == "npformer":
+            profile_pass(name, run)
         out[name] = {"seconds": seconds, "tokens": sum(len(r.tokens) + r.finished for r in results),
                      "output": [r.tokens for r in results]}
         if args.worker != "npformer":
@@ -156,6 +153,18 @@ def worker(args):
     if args.toy_checkpoint and args.worker == "npformer":
         out["toy"] = toy_seconds(args.toy_checkpoint, args.repeats)
     print(json.dumps(out))
+
+
+def profile_pass(name, run, stream=None, limit=25):
+    """One more ``run()`` under cProfile: the ``limit`` functions of most own time, after a line
+    naming the method ``name``, on ``stream`` (None: stderr)."""
+    import cProfile
+    import pstats
+    stream = sys.stderr if stream is None else stream
+    prof = cProfile.Profile()
+    prof.runcall(run)
+    print(f"{name}: cProfile of one pass, {limit} functions by own time", file=stream)
+    pstats.Stats(prof, stream=stream).sort_stats("tottime").print_stats(limit)
 
 
 SECTIONS = ("encoder", "cross k/v", "decoder layers", "norm+generator", "top log-softmax",

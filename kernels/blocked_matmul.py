@@ -150,6 +150,23 @@ def _block_steps(a, ap, blk, r0, r1, r2, r3, s, k0):
     return a[r0, s], a[r1, s], a[r2, s], a[r3, s]
 
 
+@njit(inline="always", cache=True)
+def _pack_panel(b, bp, i, c, k0, k1):
+    """bp[i, s - k0, :] = b[s, c:c+32] for the steps of the chunk [k0, k1): two vectors a
+    step where b's rows have unit stride (x of a weight gradient), else element by element
+    (``w.T``, whose columns are the weight's rows)."""
+    row_stride = b.strides[0] // b.itemsize
+    if b.strides[1] == b.itemsize:
+        for s in range(k0, k1):
+            at = (i * bp.shape[1] + s - k0) * BLOCK_COLS
+            vstore(bp, at, vload(b, s * row_stride + c))
+            vstore(bp, at + LANES, vload(b, s * row_stride + c + LANES))
+    else:
+        for s in range(k0, k1):
+            for j in range(BLOCK_COLS):
+                bp[i, s - k0, j] = b[s, c + j]
+
+
 @kernel
 def _cell_gemm(a, b, out, zero, row0, row1, panel0, panel1, tile_rows, k_chunk, bp, ap):
     """out[row0:row1, the columns of panels panel0 .. panel1 - 1] (=) a @ b: one cell of a 2-D
@@ -173,9 +190,7 @@ def _cell_gemm(a, b, out, zero, row0, row1, panel0, panel1, tile_rows, k_chunk, 
         k1 = min(k0 + k_chunk, kk)
         for i in range(panel1 - panel0):
             c = min((panel0 + i) * BLOCK_COLS, n - BLOCK_COLS)
-            for s in range(k0, k1):
-                for j in range(BLOCK_COLS):
-                    bp[i, s - k0, j] = b[s, c + j]
+            _pack_panel(b, bp, i, c, k0, k1)
         for tile in range(row0, row1, tile_rows):
             tile_end = min(tile + tile_rows, row1)
             if ap is not None:                # ap[blk, s - k0, i] = a[r_i, s], block by block

@@ -316,7 +316,8 @@ def run_cell(a, b, out, rows, panel_range):
     k_chunk = min(chunk_rows(kk, n), kk)
     tile_rows = _tile_rows(k_chunk, a.itemsize)
     bp = empty_aligned((p1 - p0, k_chunk, BLOCK_COLS), a.dtype)
-    packed = a.strides[1] > a.strides[0] and a.strides[1] % ALIAS_BYTES == 0
+    packed = (p1 - p0 > 1                           # a panel after the first to read it back
+              and a.strides[1] > a.strides[0] and a.strides[1] % ALIAS_BYTES == 0)
     ap = empty_aligned((tile_rows // BLOCK_ROWS, k_chunk, BLOCK_ROWS), a.dtype) if packed else None
     _cell_gemm(a, b, out, a.dtype.type(0), r0, r1, p0, p1, tile_rows, k_chunk, bp, ap)
     return out

@@ -255,6 +255,28 @@ def test_cells_pack_their_operands_without_changing_a_bit(b_rows, cuts):
     np.testing.assert_array_equal(out, expected)
 
 
+def test_a_cell_packs_a_only_where_a_panel_reads_the_packed_tile_back(monkeypatch):
+    """An aliased dY.T is packed for the cell's second and later panels: a cell of one panel
+    (as many workers cut a 192-wide weight gradient) allocates and fills no packed tile; a
+    cell of two does. Both give the bits of the scheme before cells."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((300, 256)).astype(np.float32)[:, :40].T      # steps 1 KiB apart
+    b = rng.standard_normal((300, 64)).astype(np.float32)
+    expected = B.run_blocked(a, b, empty_aligned((40, 64), np.float32))
+    shapes = []
+    allocate = B.empty_aligned
+    monkeypatch.setattr(B, "empty_aligned", lambda shape, *args, **kw: (
+        shapes.append(shape), allocate(shape, *args, **kw))[1])
+    out = empty_aligned((40, 64), np.float32)
+    B.run_cell(a, b, out, (0, 40), (0, 1))
+    B.run_cell(a, b, out, (0, 40), (1, 2))
+    assert all(shape[-1] == B.BLOCK_COLS for shape in shapes)            # b's panels only
+    np.testing.assert_array_equal(out, expected)
+    B.run_cell(a, b, out, (0, 40), (0, 2))
+    assert any(shape[-1] == B.BLOCK_ROWS for shape in shapes)
+    np.testing.assert_array_equal(out, expected)
+
+
 @settings(deadline=None, max_examples=200)
 @given(m=st.integers(1, 5000), k=st.integers(1, 5000), n=st.integers(32, 5000),
        workers=st.integers(1, 64))

@@ -142,12 +142,34 @@ def _blocked_gemm(a, b, out, zero, tile_rows, accumulate):
 
 
 @njit(inline="always", cache=True)
-def _block_steps(a, ap, blk, r0, r1, r2, r3, s, k0):
-    """a[r_i, s] for the 4 rows of a block: from the packed tile ``ap`` where one is given
-    (None: no packing, a branch Numba removes while compiling)."""
-    if ap is not None:
+def _block_steps(a, ap, packed, blk, r0, r1, r2, r3, s, k0):
+    """a[r_i, s] for the 4 rows of a block: from the packed tile ``ap`` once ``packed``; else
+    from a, stored into ``ap`` where one is given (None: no packing, a branch Numba removes
+    while compiling), so that the tile is packed by its first panel's pass."""
+    if ap is not None and packed:
         return ap[blk, s - k0, 0], ap[blk, s - k0, 1], ap[blk, s - k0, 2], ap[blk, s - k0, 3]
-    return a[r0, s], a[r1, s], a[r2, s], a[r3, s]
+    x0, x1, x2, x3 = a[r0, s], a[r1, s], a[r2, s], a[r3, s]
+    if ap is not None:
+        ap[blk, s - k0, 0], ap[blk, s - k0, 1] = x0, x1
+        ap[blk, s - k0, 2], ap[blk, s - k0, 3] = x2, x3
+    return x0, x1, x2, x3
+
+
+@njit(inline="always", cache=True)
+def _pack_panel(b, bp, i, c, k0, k1):
+    """bp[i, s - k0, :] = b[s, c:c+32] for the steps of the chunk [k0, k1): two vectors a
+    step where b's rows have unit stride (x of a weight gradient), else element by element
+    (``w.T``, whose columns are the weight's rows)."""
+    row_stride = b.strides[0] // b.itemsize
+    if b.strides[1] == b.itemsize:
+        for s in range(k0, k1):
+            at = (i * bp.shape[1] + s - k0) * BLOCK_COLS
+            vstore(bp, at, vload(b, s * row_stride + c))
+            vstore(bp, at + LANES, vload(b, s * row_stride + c + LANES))
+    else:
+        for s in range(k0, k1):
+            for j in range(BLOCK_COLS):
+                bp[i, s - k0, j] = b[s, c + j]
 
 
 @kernel
@@ -164,26 +186,20 @@ def _cell_gemm(a, b, out, zero, row0, row1, panel0, panel1, tile_rows, k_chunk, 
     (float32) one after the other, whatever b's strides: no copy of ``w.T`` beforehand, and no
     rows 4 KiB apart (N = 1024) competing for the same few cache sets. The same holds for a
     transposed ``a`` whose steps s lie a multiple of ``ALIAS_BYTES`` apart (``dY.T`` of a weight
-    gradient, dY 1024 wide): given ``ap`` (tile_rows // 4, k_chunk, 4), each tile's blocks are
-    copied there once, instead of being read from those few sets again for every panel; None:
-    a is read in place. A panel of 32 columns starts at ``min(32 p, N - 32)``."""
+    gradient, dY 1024 wide): given ``ap`` (tile_rows // 4, k_chunk, 4), the first panel's
+    pass over a tile reads a in place and stores each block's steps there as it goes (the
+    stores ride along with the multiply-adds: no pass of its own), and the other panels read
+    the packed tile instead of those few sets; None: a is read in place. A panel of 32 columns
+    starts at ``min(32 p, N - 32)``."""
     kk, n = b.shape
     row_stride = out.strides[0] // out.itemsize
     for k0 in range(0, kk, k_chunk):
         k1 = min(k0 + k_chunk, kk)
         for i in range(panel1 - panel0):
             c = min((panel0 + i) * BLOCK_COLS, n - BLOCK_COLS)
-            for s in range(k0, k1):
-                for j in range(BLOCK_COLS):
-                    bp[i, s - k0, j] = b[s, c + j]
+            _pack_panel(b, bp, i, c, k0, k1)
         for tile in range(row0, row1, tile_rows):
             tile_end = min(tile + tile_rows, row1)
-            if ap is not None:                # ap[blk, s - k0, i] = a[r_i, s], block by block
-                for blk, row in enumerate(range(tile, tile_end, BLOCK_ROWS)):
-                    r0, r1, r2, r3 = _block_rows(row, tile, tile_end)
-                    for s in range(k0, k1):
-                        ap[blk, s - k0, 0], ap[blk, s - k0, 1] = a[r0, s], a[r1, s]
-                        ap[blk, s - k0, 2], ap[blk, s - k0, 3] = a[r2, s], a[r3, s]
             for i in range(panel1 - panel0):
                 c = min((panel0 + i) * BLOCK_COLS, n - BLOCK_COLS)
                 for blk, row in enumerate(range(tile, tile_end, BLOCK_ROWS)):
@@ -192,7 +208,7 @@ def _cell_gemm(a, b, out, zero, row0, row1, panel0, panel1, tile_rows, k_chunk, 
                     acc20 = acc21 = acc30 = acc31 = vsplat(zero)
                     for s in range(k0, k1):
                         b_row = (i * k_chunk + s - k0) * BLOCK_COLS
-                        a0, a1, a2, a3 = _block_steps(a, ap, blk, r0, r1, r2, r3, s, k0)
+                        a0, a1, a2, a3 = _block_steps(a, ap, i > 0, blk, r0, r1, r2, r3, s, k0)
                         acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31 = _fma_block(
                             a0, a1, a2, a3,
                             vload(bp, b_row), vload(bp, b_row + LANES),
@@ -300,7 +316,8 @@ def run_cell(a, b, out, rows, panel_range):
     k_chunk = min(chunk_rows(kk, n), kk)
     tile_rows = _tile_rows(k_chunk, a.itemsize)
     bp = empty_aligned((p1 - p0, k_chunk, BLOCK_COLS), a.dtype)
-    packed = a.strides[1] > a.strides[0] and a.strides[1] % ALIAS_BYTES == 0
+    packed = (p1 - p0 > 1                           # a panel after the first to read it back
+              and a.strides[1] > a.strides[0] and a.strides[1] % ALIAS_BYTES == 0)
     ap = empty_aligned((tile_rows // BLOCK_ROWS, k_chunk, BLOCK_ROWS), a.dtype) if packed else None
     _cell_gemm(a, b, out, a.dtype.type(0), r0, r1, p0, p1, tile_rows, k_chunk, bp, ap)
     return out

@@ -230,6 +230,53 @@ def test_any_cells_give_the_bits_of_the_blocked_kernel(m, k, n, la, lb, dtype, p
     np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.parametrize("b_rows", ["C", "R", "reversed"])
+@pytest.mark.parametrize("cuts", [([0, 150], [0, 3]), ([0, 52, 150], [0, 1, 3])],
+                         ids=["one cell", "cells of 1 and 2 panels"])
+def test_cells_pack_their_operands_without_changing_a_bit(b_rows, cuts):
+    """How a cell packs its operands changes no bit. b's panels are copied a vector at a time
+    where b's rows have unit stride: rows of a C array, rows starting off a cache line (R), rows
+    in reverse order (a negative row stride). A transposed a whose steps lie 1 KiB apart (dY.T,
+    dY 256 wide) is packed during each tile's first panel and read back by the others: 150 rows
+    are three tiles, K = 600 three chunks, a cell of one panel packs and reads nothing back."""
+    rng = np.random.default_rng(5)
+    m, k, n = 150, 600, 96
+    a = rng.standard_normal((k, 256)).astype(np.float32)[:, :m].T
+    b = rows_view(rng, (k, n), np.float32, "C" if b_rows == "reversed" else b_rows)
+    if b_rows == "reversed":
+        b = b[::-1]
+    assert a.strides[1] % B.ALIAS_BYTES == 0 and b.strides[1] == b.itemsize
+    expected = B.run_blocked(a, M._aligned_rows(b), empty_aligned((m, n), np.float32))
+    out = empty_aligned((m, n), np.float32)
+    rows, panel_bounds = cuts
+    for r0, r1 in zip(rows, rows[1:]):
+        for p0, p1 in zip(panel_bounds, panel_bounds[1:]):
+            B.run_cell(a, b, out, (r0, r1), (p0, p1))
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_a_cell_packs_a_only_where_a_panel_reads_the_packed_tile_back(monkeypatch):
+    """An aliased dY.T is packed for the cell's second and later panels: a cell of one panel
+    (as many workers cut a 192-wide weight gradient) allocates and fills no packed tile; a
+    cell of two does. Both give the bits of the scheme before cells."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((300, 256)).astype(np.float32)[:, :40].T      # steps 1 KiB apart
+    b = rng.standard_normal((300, 64)).astype(np.float32)
+    expected = B.run_blocked(a, b, empty_aligned((40, 64), np.float32))
+    shapes = []
+    allocate = B.empty_aligned
+    monkeypatch.setattr(B, "empty_aligned", lambda shape, *args, **kw: (
+        shapes.append(shape), allocate(shape, *args, **kw))[1])
+    out = empty_aligned((40, 64), np.float32)
+    B.run_cell(a, b, out, (0, 40), (0, 1))
+    B.run_cell(a, b, out, (0, 40), (1, 2))
+    assert all(shape[-1] == B.BLOCK_COLS for shape in shapes)            # b's panels only
+    np.testing.assert_array_equal(out, expected)
+    B.run_cell(a, b, out, (0, 40), (0, 2))
+    assert any(shape[-1] == B.BLOCK_ROWS for shape in shapes)
+    np.testing.assert_array_equal(out, expected)
+
+
 @settings(deadline=None, max_examples=200)
 @given(m=st.integers(1, 5000), k=st.integers(1, 5000), n=st.integers(32, 5000),
        workers=st.integers(1, 64))

@@ -25,8 +25,10 @@ those of this process's affinity (use ``taskset``); the runtime's policy reads t
 through a (K, N) weight) in its three forms, forward ``x @ w.T``, input gradient ``dY @ w`` and
 weight gradient ``dY.T @ x``, on the operands' layouts in the step. npformer's ``matmul`` (the
 variant its deterministic rules choose, as in a run, on npformer's worker threads) and NumPy's
-``np.matmul`` (its BLAS on its own threads, the same cores) take turns on the same operands,
-``--rounds`` times each. Prints per product the medians in ms and GFLOP/s and npformer's share of
+``np.matmul`` (its BLAS on its own threads, the same cores) run on the same operands,
+``--rounds`` times each: npformer's rounds first, then NumPy's, each after a pause of
+``BLAS_SETTLE`` (after a call OpenBLAS's threads keep spinning on the cores for a while, and timed
+in turn they would take the core npformer's second worker needs). Prints per product the medians in ms and GFLOP/s and npformer's share of
 NumPy's rate, then the step's products together (each weighed by its count in the step: their
 FLOPs over their summed times) and the BLAS's kernel family (threadpoolctl): NumPy's rate is
 that of the machine's sgemm as this process loads it. Attention's per-head products are left out
@@ -132,9 +134,13 @@ def product_operands(m, k, n, np):
             (f"dY.T @ x ({n}x{m} @ {m}x{k})", dy.T, x)]
 
 
+BLAS_SETTLE = 0.5     # seconds: OpenBLAS's threads spin on their cores for a while after a call
+
+
 def time_products(c, name, rounds, nf, np):
     """``--products``: the step's linear products by npformer and by NumPy (see the module
-    docstring), taking turns; prints the table and the FLOP-weighted totals."""
+    docstring), each product's rounds by npformer and then by NumPy; prints the table and the
+    FLOP-weighted totals."""
     import threadpoolctl
 
     from npformer import runtime
@@ -148,10 +154,11 @@ def time_products(c, name, rounds, nf, np):
             times = {key: [] for key in runs}
             for run in runs.values():                       # warm-up: compiles, allocates
                 run()
-            for r in range(rounds):
-                for key in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            for key, run in runs.items():                   # npformer's rounds, then NumPy's
+                time.sleep(BLAS_SETTLE)                     # NumPy's BLAS threads go to sleep
+                for r in range(rounds):
                     t0 = time.perf_counter()
-                    runs[key]()
+                    run()
                     times[key].append(time.perf_counter() - t0)
             flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
             med = {key: float(np.median(t)) for key, t in times.items()}
@@ -163,7 +170,7 @@ def time_products(c, name, rounds, nf, np):
             if i.get("user_api") == "blas"]
     rt = runtime.describe()
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"config {name}: its step's linear products alone, {rounds} turns each; "
+    print(f"config {name}: its step's linear products alone, {rounds} rounds each, npformer's then NumPy's; "
           f"{rt['cores']} cores, {rt['workers']} npformer workers; NumPy's BLAS kernels: "
           f"{', '.join(map(str, blas))}; load average at the end {load}")
     print(f"{'product':34s} {'count':>5s} {'variant':>14s} {'npformer ms':>12s} {'GFLOP/s':>8s} "

@@ -14,6 +14,7 @@ is the reference's order unless its float64 keys round two different logits to o
 such a rounding.
 """
 import math
+import warnings
 
 import numpy as np
 from numba import njit
@@ -146,6 +147,42 @@ def _top_rows_bounded(x, offset, offset_err, top, ids, logp, err, sure):
         sure[r] = good
 
 
+_exp32_checked = []               # [True or False] once exp32_within_bound has run
+
+
+def exp32_worst_error():
+    """The largest relative error of ``exp32`` found through ``_tail_sum``'s vector loop as this
+    machine compiled it: rows of arguments in [-87, -86] (where its error is largest) and across
+    [-87, 0], each row's sum against NumPy's float64 ``exp`` (a row's relative error is at least
+    that of its worst entry's share)."""
+    rng = np.random.default_rng(0)
+    rows = np.concatenate([-86.0 - rng.random((32, 256)),
+                           -87.0 * rng.random((32, 256))]).astype(np.float32)
+    worst = 0.0
+    for row in rows:
+        exact = float(np.exp(row.astype(np.float64)).sum())
+        worst = max(worst, abs(_tail_sum(row, 0.0, 1.0)[0] - exact) / exact)
+    return worst
+
+
+def exp32_within_bound():
+    """Whether ``exp32`` as compiled here keeps within ``EXP32_REL_ERROR``
+    (:func:`exp32_worst_error`), so that a compilation that loosens it (reassociation on a CPU
+    without FMA, another LLVM) cannot make the bound a lie. Checked once per process; where it
+    fails, one warning, and the fast path ranks no row as sure: every decision is then taken
+    from the exact path (the same tokens, slower)."""
+    if not _exp32_checked:
+        worst = exp32_worst_error()
+        _exp32_checked.append(worst <= EXP32_REL_ERROR)
+        if not _exp32_checked[0]:
+            warnings.warn(f"decoding's fast top log-softmax is off on this machine: exp32 as "
+                          f"compiled here errs by {worst:.2e}, above its bound "
+                          f"{EXP32_REL_ERROR:.2e}; every step is taken from the exact float64 "
+                          f"path (the tokens are the same, only slower)",
+                          runtime.NpformerRuntimeWarning, stacklevel=3)
+    return _exp32_checked[0]
+
+
 def top_log_softmax_bounded(logits, n, offset=None, offset_err=None):
     """The fast path of ``top_log_softmax``: the ``n`` best next tokens of every row of logits
     (R, V) with float64 log-probabilities that differ from the reference's by at most a proven
@@ -178,6 +215,8 @@ def top_log_softmax_bounded(logits, n, offset=None, offset_err=None):
                           ids[rows], logp[rows], err[rows], sure[rows])
     if n:
         runtime.run_parts(part, range(0, n_rows, TOP_PART_ROWS))
+    if not exp32_within_bound():
+        sure[:] = False                                 # every row from the exact path
     return ids, logp, err, sure
 
 

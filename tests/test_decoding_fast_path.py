@@ -39,6 +39,32 @@ def test_the_tail_terms_keep_exp32s_bound_on_a_sample_of_arguments():
     assert (within | floor).all(), d[~(within | floor)][:5]
 
 
+
+def test_exp32_keeps_its_bound_through_the_vector_loop_here():
+    """The once-per-process check the fast path runs before trusting exp32 (whole rows through
+    ``_tail_sum``'s vector loop, as compiled on this machine) holds here: the fast path is on."""
+    assert B.exp32_worst_error() <= B.EXP32_REL_ERROR
+    assert B.exp32_within_bound()
+
+
+def test_where_exp32_exceeds_its_bound_every_decision_comes_from_the_exact_path(monkeypatch):
+    """A machine whose compiled exp32 errs beyond EXP32_REL_ERROR: one warning, no row is sure,
+    and greedy and beam search return the exact path's tokens and probabilities to the bit.
+    (The compiled kernels read EXP32_REL_ERROR when they compile, so it is never patched.)"""
+    monkeypatch.setattr(B, "exp32_worst_error", lambda: 1e-3)
+    monkeypatch.setattr(B, "_exp32_checked", [])
+    with pytest.warns(nf.runtime.NpformerRuntimeWarning, match="fast top log-softmax is off"):
+        assert not B.exp32_within_bound()
+    ids, logp, err, sure = K.top_log_softmax_bounded(
+        np.random.default_rng(0).standard_normal((5, 40)).astype(np.float32), 3)
+    assert not sure.any()
+    model, src = make_model(1), sources(1)
+    for beams in (1, 3):
+        fast, exact = search(model, src, beams, False), search(model, src, beams, True)
+        assert [(h.ids, h.probs, h.score) for h in fast] == \
+            [(h.ids, h.probs, h.score) for h in exact]
+
+
 def _adversarial_rows(data, dtype):
     """Rows a search could meet at its worst: near-ties down to one ulp, values near float32's
     largest and smallest, huge spreads, -inf entries (``<pad>``, ``<bos>``), rows all equal."""

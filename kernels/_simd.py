@@ -135,3 +135,68 @@ def vfma(typingctx, a, b, c):
                                              f"llvm.fma.v{LANES}{suffix}")
         return builder.call(fma, args)
     return a(a, b, c), codegen
+
+
+@intrinsic
+def vmax(typingctx, a, b):
+    """The larger of a and b lane by lane (b where a lane compares false: a NaN in a gives b)."""
+    if not (isinstance(a, VectorType) and a == b):
+        raise TypeError(f"vmax: expected two vectors of one dtype, got {a}, {b}")
+
+    def codegen(context, builder, signature, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+    return a(a, b), codegen
+
+
+
+@intrinsic
+def vmask_ge(typingctx, v, x):
+    """A bit mask of the lanes of v not below the float64 x: bit i set where v[i] >= x, compared
+    exactly (a float32 vector is widened to float64 first; a NaN lane is never set). One
+    comparison, no reduction: a loop passes over a vector none of whose lanes it needs on one
+    integer test."""
+    if not isinstance(v, VectorType) or x != types.float64:
+        raise TypeError(f"vmask_ge: expected a vector and a float64, got {v}, {x}")
+
+    def codegen(context, builder, signature, args):
+        wide = ir.VectorType(ir.DoubleType(), LANES)
+        lanes = args[0] if v.dtype == types.float64 else builder.fpext(args[0], wide)
+        splat = builder.insert_element(ir.Constant(wide, ir.Undefined), args[1],
+                                       ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(splat, ir.Constant(wide, ir.Undefined),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), LANES),
+                                                   [0] * LANES))
+        bits = builder.bitcast(builder.fcmp_ordered(">=", lanes, splat), ir.IntType(LANES))
+        return builder.zext(bits, ir.IntType(64))
+    return types.int64(v, x), codegen
+
+
+@intrinsic
+def lowest_bit(typingctx, mask):
+    """The index of the lowest set bit of the int64 ``mask`` (64 where none is set): with
+    ``mask &= mask - 1`` a loop visits exactly the lanes :func:`vmask_ge` set, in order."""
+    if mask != types.int64:
+        raise TypeError(f"lowest_bit: expected an int64, got {mask}")
+
+    def codegen(context, builder, signature, args):
+        cttz = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(1)]),
+            "llvm.cttz.i64")
+        return builder.call(cttz, [args[0], ir.Constant(ir.IntType(1), 0)])
+    return types.int64(mask), codegen
+
+
+@intrinsic
+def vmax_lanes(typingctx, v):
+    """The largest of v's lanes (LLVM's vector max reduction; NaN lanes are passed over)."""
+    if not isinstance(v, VectorType):
+        raise TypeError(f"vmax_lanes: expected a vector, got {v}")
+
+    def codegen(context, builder, signature, args):
+        vector_type = args[0].type
+        suffix = "f32" if v.dtype == types.float32 else "f64"
+        reduce = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vector_type.element, [vector_type]),
+            f"llvm.vector.reduce.fmax.v{LANES}{suffix}")
+        return builder.call(reduce, args)
+    return v.dtype(v), codegen

@@ -25,6 +25,7 @@ from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
 from .loss import TOP_PART_ROWS
 from ._rows import row_max as _row_max
+from ._simd import LANES, lowest_bit, vload, vmask_ge, vmax, vmax_lanes
 
 EXP32_REL_ERROR = 2.0 ** -20     # |exp32(x) / exp(x) - 1| on [-87, 0], with a margin of 2 over
                                  # the largest found by trying every float32 there through
@@ -53,7 +54,24 @@ def _tail_sum(row, m, thr):
     return total, nans
 
 
-BLOCK = 16                       # entries _head_and_top passes over on one block maximum
+BLOCK = LANES                    # entries _head_and_top passes over on one vector comparison
+
+
+@njit(cache=True, nogil=True)
+def _vector_max(row):
+    """The largest entry of ``row``: sixteen running maxima in one vector (one comparison and
+    select per 16 entries), reduced once at the end; the last ``len(row) % 16`` entries scalar.
+    A maximum is exact, so it is the one of any order (a NaN entry aside: it is passed over here,
+    and ``_tail_sum`` counts it, which makes the row not sure)."""
+    vocab = row.shape[0]
+    full = vocab // LANES * LANES
+    m = _row_max(row[full:], vocab - full, -np.inf)
+    if full:
+        acc = vload(row, 0)
+        for j in range(LANES, full, LANES):
+            acc = vmax(vload(row, j), acc)
+        m = max(m, vmax_lanes(acc))
+    return m
 
 
 @njit(cache=True, nogil=True)
@@ -61,8 +79,10 @@ def _head_and_top(row, m, thr, top):
     """One scalar pass over ``row``: the sum of math.exp(x - m) in float64 over the entries x not
     below ``thr`` (the few near the maximum, NaN aside), and in ``top`` (n + 1,) the ids of the
     n + 1 largest x, largest first, ties by the lower id. Kept apart from the vector loop (a
-    libm call keeps a whole function's loops scalar); a block of ``BLOCK`` entries whose
-    maximum is below both ``thr`` and the (n + 1)-th so far passes on one comparison."""
+    libm call keeps a whole function's loops scalar). Once n + 1 ids are held, an entry below
+    both ``thr`` and the (n + 1)-th so far adds nothing and takes no place, so of each block of
+    ``BLOCK`` entries only those one vector comparison finds not below them (:func:`vmask_ge`)
+    are visited, in order: most blocks pass on that one comparison."""
     vocab, n1 = row.shape[0], top.shape[0]
     total = 0.0
     held = 0
@@ -70,9 +90,17 @@ def _head_and_top(row, m, thr, top):
     low = -np.inf                                       # below both thr and floor: skipped
     for j in range(0, vocab, BLOCK):
         end = min(j + BLOCK, vocab)
-        if np.float64(_row_max(row[j:end], end - j, -np.inf)) < low:
-            continue
-        for c in range(j, end):
+        if end - j < BLOCK:                             # the row's last, shorter block
+            if np.float64(_row_max(row[j:end], end - j, -np.inf)) < low:
+                continue
+            lanes = (1 << (end - j)) - 1
+        elif held < n1:                                 # every entry counts until n + 1 are held
+            lanes = (1 << BLOCK) - 1
+        else:                                           # only those not below low can count
+            lanes = vmask_ge(vload(row, j), low)
+        while lanes:
+            c = j + lowest_bit(lanes)
+            lanes &= lanes - 1
             x = np.float64(row[c])
             if not x < thr and x == x:
                 total += math.exp(x - m)
@@ -115,7 +143,7 @@ def _top_rows_bounded(x, offset, offset_err, top, ids, logp, err, sure):
         row = x[r]
         s = offset[r] if with_offset else 0.0
         es = offset_err[r] if with_offset else 0.0
-        m = np.float64(_row_max(row, vocab, -np.inf))
+        m = np.float64(_vector_max(row))
         thr = m - HEAD_NATS
         tail, nans = _tail_sum(row, m, thr)
         head = _head_and_top(row, m, thr, top)

@@ -10,6 +10,7 @@ import pytest
 
 from npformer import backend, runtime
 from npformer.kernels import _jit
+from npformer.nn import DecoderLayer, EncoderLayer, FeedForward, GatedFeedForward, LayerNorm
 from thread_bits import assert_same_bits_on_threads
 
 K = backend.load("numba")
@@ -157,3 +158,89 @@ def test_add_layernorm_rejects_mismatched_terms_and_parameters():
         K.add_layernorm_forward(x, np.zeros((2, 5)), np.ones(5), np.zeros(5))
     with pytest.raises(ValueError, match="gamma, beta"):
         K.add_layernorm_forward(x, x, np.ones(4, np.float32), np.zeros(4, np.float32))
+
+
+# The modules: eval mode takes the fusions, training never does; the bits are those of the
+# same modules with the fusions switched off.
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How often the modules called each fused kernel (counted on the kernels namespace)."""
+    counts = {"add_layernorm_forward": 0, "linear_relu_forward": 0}
+    for name in counts:
+        inner = getattr(K, name)
+
+        def counted(*args, _name=name, _inner=inner):
+            counts[_name] += 1
+            return _inner(*args)
+        monkeypatch.setattr(K, name, counted)
+    before = backend.get_backend()
+    backend.set_backend("numba")
+    yield counts
+    backend.set_backend(before)
+
+
+def _unfused(monkeypatch):
+    monkeypatch.setattr(FeedForward, "_relu_in_product", lambda self: False)
+    monkeypatch.setattr(LayerNorm, "fuses_add", lambda self, x, y: False)
+
+
+def _layer_run(kind, dtype, norm_first=False, training=False):
+    """Forward then backward of a small layer (weights from a fixed seed): output, dx and
+    the parameters' gradients."""
+    rng = np.random.default_rng(0)
+    xr = np.random.default_rng(1)
+    if kind == "decoder":
+        layer = DecoderLayer(32, 4, 64, dropout=0.1, norm_first=norm_first, rng=rng, dtype=dtype)
+        x, memory = (xr.standard_normal((2, s, 32)).astype(dtype) for s in (3, 5))
+        forward = lambda: layer.forward(x, memory)                         # noqa: E731
+    else:
+        layer = EncoderLayer(32, 4, 64, dropout=0.1, norm_first=norm_first, rng=rng, dtype=dtype)
+        x = xr.standard_normal((2, 5, 32)).astype(dtype)
+        forward = lambda: layer.forward(x)                                 # noqa: E731
+    layer.train(training)
+    layer.zero_grad()
+    y = forward()
+    dx = layer.backward(np.cos(y))
+    dx = dx[0] if isinstance(dx, tuple) else dx
+    return [y, dx] + [p.grad.copy() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_post_norm_layers_in_eval_fuse_with_the_unfused_bits_and_a_backward_after(
+        monkeypatch, calls, kind, dtype):
+    fused = _layer_run(kind, dtype)
+    n_norms = 3 if kind == "decoder" else 2
+    assert calls == {"add_layernorm_forward": n_norms, "linear_relu_forward": 1}
+    _unfused(monkeypatch)
+    unfused = _layer_run(kind, dtype)
+    assert calls == {"add_layernorm_forward": n_norms, "linear_relu_forward": 1}
+    assert len(fused) == len(unfused)
+    for f, u in zip(fused, unfused):
+        assert_same_bytes(f, u)
+
+
+@pytest.mark.parametrize("norm_first,training", [(False, True), (True, False), (True, True)])
+def test_training_and_pre_norm_keep_the_unfused_calls(calls, norm_first, training):
+    """Training (dropout on) never fuses; pre-norm has no norm after its sum (only the ReLU
+    fuses there, in eval)."""
+    _layer_run("decoder", np.float32, norm_first=norm_first, training=training)
+    assert calls == {"add_layernorm_forward": 0, "linear_relu_forward": 0 if training else 1}
+
+
+def test_the_relu_stays_apart_with_adapters_another_activation_or_a_gated_block(calls):
+    rng = np.random.default_rng(0)
+    ffn = FeedForward(16, 32, rng=rng).eval()
+    ffn.forward(np.ones((2, 16), np.float32))
+    assert calls["linear_relu_forward"] == 1
+    ffn.linear1.adapters.append(object())                     # a LoRA update on linear1
+    ffn._ops = K
+    assert not ffn._relu_in_product()
+    with pytest.raises(ValueError, match="relu_forward: expected a layer without adapters"):
+        ffn.linear1.relu_forward(np.ones((2, 16), np.float32))
+    gelu = FeedForward(16, 32, activation="gelu", rng=rng).eval()
+    gelu.forward(np.ones((2, 16), np.float32))
+    reglu = GatedFeedForward(16, 32, activation="relu", rng=rng).eval()    # relu(gate) * up
+    reglu.forward(np.ones((2, 16), np.float32))
+    assert calls["linear_relu_forward"] == 1

@@ -4,8 +4,10 @@ Every name of :mod:`npformer.functional`, with the same signatures, so the modul
 either. Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
 cross-entropy, embedding scatter-add, dropout and the residual sum with it, the feed-forward
 block's activation + dropout, RMSNorm, SwiGLU, rotary positions, the decoding cache's row
-movers), and four
+movers), and some
 names have no reference of the same name (``EXTRAS``: the Adam update, ``matmul``,
+``add_layernorm_forward`` and ``linear_relu_forward``, eval mode's fused post-norm residual
+and feed-forward activation, which the modules use only where the backend offers them,
 ``reads_grouped_kv``, which tells the attention module that the kernels read grouped
 key/value heads without repeating them; a backend without it repeats them, and
 ``top_log_softmax_bounded``, decoding's fast path with error bounds; a backend without it
@@ -31,9 +33,9 @@ from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backwar
 from .embedding import (embedding_backward, embedding_backward_into, embedding_forward,
                         sinusoidal_positions)
 from .kv_cache import move_rows, take_rows
-from .layernorm import layernorm_backward, layernorm_forward
+from .layernorm import add_layernorm_forward, layernorm_backward, layernorm_forward
 from .linear import (linear_backward, linear_backward_accumulate, linear_forward,
-                     linear_input_backward)
+                     linear_input_backward, linear_relu_forward)
 from .lora import adapter_backward, adapter_forward
 from .loss import cross_entropy_backward, cross_entropy_forward, log_softmax, top_log_softmax
 from .matmul import matmul
@@ -46,11 +48,14 @@ runtime.ensure()
 # Kernels with no function of the same name in the functional core: their references are
 # NumPy's ``@`` (``matmul``), ``npformer.optim.adam`` (``adam_step``) and ``grad +=
 # embedding_backward(...)`` (``embedding_backward_into``); and one question the reference never
-# needs asking (``reads_grouped_kv``: it always takes repeated heads); and the fast path of
+# needs asking (``reads_grouped_kv``: it always takes repeated heads); two fusions of eval mode
+# whose references are two calls each (``add_layernorm_forward``: ``dropout_add_forward`` then
+# ``layernorm_forward``; ``linear_relu_forward``: ``linear_forward`` then
+# ``activation_dropout_forward`` with ReLU); and the fast path of
 # ``top_log_softmax`` (``top_log_softmax_bounded``: its results carry error bounds, so the
 # searches use it only where the backend offers it).
-EXTRAS = ("adam_step", "embedding_backward_into", "matmul", "reads_grouped_kv",
-          "top_log_softmax_bounded")
+EXTRAS = ("adam_step", "add_layernorm_forward", "embedding_backward_into", "linear_relu_forward",
+          "matmul", "reads_grouped_kv", "top_log_softmax_bounded")
 
 __all__ = sorted(set(_reference.__all__) | set(EXTRAS))
 

@@ -40,6 +40,39 @@ _EXP_MAX = np.float32(88.0)        # exp32's argument stays below float32's over
 
 
 @njit(inline="always", fastmath=FASTMATH, cache=True)
+def relu(x):
+    """ReLU as every kernel here computes it: x where x > 0, else x - x (a zero of x's dtype:
+    +0.0 for -0.0, NaN stays NaN, -inf gives NaN)."""
+    return x if x > 0 else x - x
+
+
+@kernel(fastmath=False)
+def bias_relu(x, bias, add):
+    """In place: x = relu(x + bias) where ``add``, else x = relu(x); x (M, N) any strides, bias
+    (N,) (read only where ``add``). Serial: it runs on a cell of a product
+    (kernels/matmul.py), on the worker that computed the cell, while the cell is in cache. The
+    sum is the one ``x += bias`` computes, so the result is the bits of the bias added by NumPy
+    and then :func:`activation_dropout_forward`'s ReLU without dropout. Without fastmath: with
+    reassociation allowed, LLVM folds (x + b) - (x + b) to 0, where a NaN sum must stay NaN."""
+    m, n = x.shape
+    for r in range(m):
+        if add:
+            for c in range(n):
+                x[r, c] = relu(x[r, c] + bias[c])
+        else:
+            for c in range(n):
+                x[r, c] = relu(x[r, c])
+
+
+def relu_cache(a):
+    """The cache :func:`activation_dropout_forward` gives for ReLU without dropout, made from
+    the activation's output ``a`` instead of its input h: the backward asks only whether
+    h > 0, and a > 0 exactly where h > 0 (a = h there, a zero or NaN elsewhere), so
+    :func:`activation_dropout_backward` gives the same bits from it."""
+    return _CODES["relu"], a, None, a.dtype.type(1.0)
+
+
+@njit(inline="always", fastmath=FASTMATH, cache=True)
 def _sigmoid32(z):
     """1 / (1 + exp(-z)) for a float32 z, vectorisable (exp(-z) -> inf gives 0, as it should)."""
     one = np.float32(1.0)
@@ -81,7 +114,7 @@ def _forward(h, code, keep, scale, use_dropout, consts, out):
             elif code == _GELU_TANH:
                 y = half * x * (one + math.tanh(s2pi * (x + c * x * x * x)))
             else:
-                y = x if x > 0 else x - x             # (x - x: a zero of x's dtype)
+                y = relu(x)
             if use_dropout:
                 y = y * scale if kb[i] else y - y
             ob[i] = y

@@ -4,33 +4,51 @@ Same names, shapes and cache as :mod:`npformer.functional.layernorm`; the statis
 normalisation of a row are computed together instead of in five NumPy passes.
 """
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from npformer.aligned import empty_aligned
 
-from ._jit import kernel
+from ._jit import FASTMATH, kernel
+
+
+@njit(inline="always", fastmath=FASTMATH, cache=True)
+def _normalize_row(x, r, gamma, beta, eps, y, xhat, rstd):
+    """Row r of x (N, D) -> row r of y and xhat, rstd[r]: the forward's work on one row."""
+    d = x.shape[1]
+    mean = 0.0
+    for c in range(d):
+        mean += x[r, c]
+    mean /= d
+    var = 0.0
+    for c in range(d):
+        xc = x[r, c] - mean
+        var += xc * xc
+    var /= d
+    rs = 1.0 / np.sqrt(var + eps)
+    rstd[r] = rs
+    for c in range(d):
+        xh = (x[r, c] - mean) * rs
+        xhat[r, c] = xh
+        y[r, c] = xh * gamma[c] + beta[c]
 
 
 @kernel(parallel=True)
 def _layernorm_fwd(x, gamma, beta, eps, y, xhat, rstd):
     """x (N, D) -> y, xhat (N, D) and rstd (N,), written in place."""
-    n, d = x.shape
-    for r in prange(n):
-        mean = 0.0
-        for c in range(d):
-            mean += x[r, c]
-        mean /= d
-        var = 0.0
-        for c in range(d):
-            xc = x[r, c] - mean
-            var += xc * xc
-        var /= d
-        rs = 1.0 / np.sqrt(var + eps)
-        rstd[r] = rs
-        for c in range(d):
-            xh = (x[r, c] - mean) * rs
-            xhat[r, c] = xh
-            y[r, c] = xh * gamma[c] + beta[c]
+    for r in prange(x.shape[0]):
+        _normalize_row(x, r, gamma, beta, eps, y, xhat, rstd)
+
+
+@kernel(parallel=True)
+def _add_layernorm_fwd(x, z, gamma, beta, eps, y, xhat, rstd):
+    """LN(x + z): x, z (N, D) -> y, xhat (N, D) and rstd (N,), written in place. Row by row,
+    the sum s = x + z (rounded to y's dtype, as the residual sum kernels/dropout.py's ``_add``
+    stores it) is written into xhat's row, then normalised by the forward's own row work:
+    the bits of the residual sum followed by :func:`layernorm_forward`."""
+    for r in prange(x.shape[0]):
+        for c in range(x.shape[1]):
+            xhat[r, c] = x[r, c] + z[r, c]
+        _normalize_row(xhat, r, gamma, beta, eps, y, xhat, rstd)
 
 
 # Rows per chunk of the backward's dgamma/dbeta partial sums. Fixed, so the order of the sums, and
@@ -74,15 +92,32 @@ def _layernorm_bwd(dy, xhat, rstd, gamma, dx, dgamma, dbeta):
 
 def layernorm_forward(x, gamma, beta, eps=1e-5):
     """y = gamma * (x - mean) / sqrt(var + eps) + beta over the last axis. x (..., D) -> y (..., D)."""
-    d = x.shape[-1]
+    return _rows_forward(_layernorm_fwd, (x,), gamma, beta, eps)
+
+
+def add_layernorm_forward(x, z, gamma, beta, eps=1e-5):
+    """LN(x + z) in one pass, for a post-norm residual connection with dropout off (eval): the
+    bits of ``dropout_add_forward(x, z, p, rng, training=False)`` then :func:`layernorm_forward`
+    on its sum, and the same cache, so :func:`layernorm_backward` follows it as it follows
+    :func:`layernorm_forward`. x, z (..., D) of one shape and dtype -> y (..., D)."""
+    if z.shape != x.shape or z.dtype != x.dtype:
+        raise ValueError(f"z: expected shape {x.shape} and dtype {x.dtype} (those of x), got "
+                         f"{z.shape} and {z.dtype}")
+    return _rows_forward(_add_layernorm_fwd, (x, z), gamma, beta, eps)
+
+
+def _rows_forward(forward, inputs, gamma, beta, eps):
+    """(y, cache) of ``forward(*rows, gamma, beta, eps, y, xhat, rstd)`` over ``inputs`` (each
+    (..., D), the first's shape) as rows (N, D)."""
+    shape, d = inputs[0].shape, inputs[0].shape[-1]
     if gamma.shape != (d,) or beta.shape != (d,):
         raise ValueError(f"gamma, beta: expected shape ({d},), got {gamma.shape}, {beta.shape}")
-    x2 = np.ascontiguousarray(x.reshape(-1, d))               # (N, D)
-    y = empty_aligned(x2.shape, x2.dtype)          # the next layer's input: rows on cache lines
-    xhat = np.empty_like(x2)
-    rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)        # (N, 1), the reference's layout
-    _layernorm_fwd(x2, gamma, beta, eps, y, xhat, rstd[:, 0])
-    return y.reshape(x.shape), (xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gamma)
+    rows = [np.ascontiguousarray(a.reshape(-1, d)) for a in inputs]      # (N, D) each
+    y = empty_aligned(rows[0].shape, rows[0].dtype)   # the next layer's input: rows on cache lines
+    xhat = np.empty_like(rows[0])
+    rstd = np.empty((rows[0].shape[0], 1), dtype=rows[0].dtype)    # (N, 1), the reference's layout
+    forward(*rows, gamma, beta, eps, y, xhat, rstd[:, 0])
+    return y.reshape(shape), (xhat.reshape(shape), rstd.reshape(*shape[:-1], 1), gamma)
 
 
 def layernorm_backward(dout, cache):

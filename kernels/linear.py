@@ -6,6 +6,7 @@ Same names, shapes and cache as :mod:`npformer.functional.linear` (docs/backprop
 """
 import numpy as np
 
+from .activation_dropout import relu_cache
 from .matmul import matmul, matmuls
 
 _scratch = {}                     # (shape, dtype) -> reusable buffer for dW before it is added
@@ -25,6 +26,20 @@ def linear_forward(x, w, b=None):
     x2 = x.reshape(-1, x.shape[-1])                  # (N, D_in)
     y = matmul(x2, w.T, bias=b)                      # (N, D_out), b added cell by cell
     return y.reshape(*x.shape[:-1], w.shape[0]), (x2, x.shape, w)
+
+
+def linear_relu_forward(x, w, b=None):
+    """a = relu(x @ w.T + b), the ReLU applied cell by cell where the bias is
+    (``matmul(..., relu=True)``): a feed-forward block's first layer and its activation in eval
+    mode, with no pass of its own for the activation; the bits of :func:`linear_forward` then
+    ``activation_dropout_forward(h, "relu", p, rng, training=False)``.
+    Shape: x (..., D_in), w (D_out, D_in), b (D_out,) or None -> a (..., D_out).
+
+    Returns (a, (linear cache, activation cache)): the caches :func:`linear_backward` and
+    ``activation_dropout_backward`` take, so a backward after it gives the unfused bits."""
+    x2 = x.reshape(-1, x.shape[-1])                  # (N, D_in)
+    a = matmul(x2, w.T, bias=b, relu=True).reshape(*x.shape[:-1], w.shape[0])
+    return a, ((x2, x.shape, w), relu_cache(a))
 
 
 def linear_backward(dout, cache):

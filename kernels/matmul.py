@@ -47,6 +47,7 @@ from npformer import runtime
 from npformer.aligned import empty_aligned, rows_aligned
 
 from ._jit import kernel
+from .activation_dropout import bias_relu
 from ._product_operands import FLOAT_DTYPES, check_operands
 from ._simd import LANES
 from .blocked_matmul import BLOCK_COLS, BLOCK_ROWS, panels, run_blocked, run_cell
@@ -237,14 +238,14 @@ def _numba_blocked(a, b, out):
     return run_blocked(a, b, out)
 
 
-def _numba_blocked_parts(a, b, out, bias=None):
+def _numba_blocked_parts(a, b, out, bias=None, relu=False):
     """The blocked kernel with a 2-D product's cells (:func:`blocked_grid`) shared by the
     runtime's worker threads. Each element of the result is computed the same way whichever
-    cell holds it, so the bits do not depend on the number of workers. ``bias`` as
-    :func:`matmul`'s."""
+    cell holds it, so the bits do not depend on the number of workers. ``bias`` and ``relu``
+    as :func:`matmul`'s."""
     if a.ndim != 2 or not _blocked_offered(a, b):
-        return _add_bias(_numba_blocked(a, b, out), bias)
-    return _blocked_cells(a, b, out, bias, runtime.workers())
+        return _add_bias(_numba_blocked(a, b, out), bias, relu)
+    return _blocked_cells(a, b, out, bias, runtime.workers(), relu)
 
 
 def blocked_grid(m, k, n, workers):
@@ -276,10 +277,11 @@ def blocked_grid(m, k, n, workers):
     return rows, cols
 
 
-def _blocked_cells(a, b, out, bias, workers):
+def _blocked_cells(a, b, out, bias, workers, relu=False):
     """a @ b (+ bias) of 2-D operands, cell by cell (:func:`blocked_grid` for ``workers``) over
-    the runtime's workers, each cell's columns of the bias added by the worker that computed
-    it; an ``out`` with strided rows (or None) receives the result through an aligned array."""
+    the runtime's workers, each cell's columns of the bias added, and with ``relu`` the ReLU
+    applied, by the worker that computed it; an ``out`` with strided rows (or None) receives the
+    result through an aligned array."""
     m, n = a.shape[0], b.shape[1]
     target = out
     if out is None or (n > 1 and out.strides[-1] != out.itemsize):
@@ -288,9 +290,8 @@ def _blocked_cells(a, b, out, bias, workers):
 
     def cell(r0, r1, p0, p1):
         run_cell(a, b, target, (r0, r1), (p0, p1))
-        if bias is not None:
-            c0, c1 = p0 * BLOCK_COLS, min(p1 * BLOCK_COLS, n)
-            target[r0:r1, c0:c1] += bias[c0:c1]
+        c0, c1 = p0 * BLOCK_COLS, min(p1 * BLOCK_COLS, n)
+        _add_bias(target[r0:r1, c0:c1], None if bias is None else bias[c0:c1], relu)
     cells = [functools.partial(cell, r0, r1, p0, p1)
              for r0, r1 in zip(rows, rows[1:]) for p0, p1 in zip(cols, cols[1:])]
     if len(cells) == 1:
@@ -461,11 +462,12 @@ def product_grid(m, k, n):
     return bounds(m, pr, _ROW_ALIGN), bounds(n, pc, _COL_ALIGN)
 
 
-def _cell_parts(product, a, b, out, bias=None, into=None):
+def _cell_parts(product, a, b, out, bias=None, into=None, relu=False):
     """The cells of a large 2-D product(a, b, out) (:func:`product_grid`) as parts for
     ``runtime.run_parts``, or None where the product is one cell. A part computes its cell by
-    single-threaded BLAS, adds the cell's columns of ``bias`` while the cell is in cache, and
-    then, with ``into``, adds the cell into the same block of ``into``."""
+    single-threaded BLAS, adds the cell's columns of ``bias`` (and with ``relu`` applies the
+    ReLU) while the cell is in cache, and then, with ``into``, adds the cell into the same block
+    of ``into``."""
     rows, cols = product_grid(a.shape[0], a.shape[1], b.shape[1])
     if len(rows) == 2 and len(cols) == 2:
         return None
@@ -473,8 +475,7 @@ def _cell_parts(product, a, b, out, bias=None, into=None):
     def cell(r0, r1, c0, c1):
         o = out[r0:r1, c0:c1]
         product(a[r0:r1], b[:, c0:c1], o)
-        if bias is not None:
-            o += bias[c0:c1]
+        _add_bias(o, None if bias is None else bias[c0:c1], relu)
         if into is not None:
             into[r0:r1, c0:c1] += o
     return [functools.partial(cell, r0, r1, c0, c1)
@@ -486,49 +487,56 @@ def _run_part(part):
     part()
 
 
-def _main_cells(name, a, b, out, bias=None, into=None):
+def _main_cells(name, a, b, out, bias=None, into=None, relu=False):
     """The cells (:func:`_cell_parts`) of a product that variant ``name`` computes cell by cell
     on the calling thread's behalf (a large 2-D product by BLAS), or None: one cell, or a
     variant that does not cut products into cells."""
     if a.ndim == 2 and name in ("blas", "blas-contiguous"):
-        return _cell_parts(VARIANTS[name], a, b, out, bias, into)
+        return _cell_parts(VARIANTS[name], a, b, out, bias, into, relu)
     return None
 
 
-def _add_bias(out, bias):
-    """out += bias (None: nothing); returns out."""
-    if bias is not None:
+def _add_bias(out, bias, relu=False):
+    """out += bias (None: nothing), then with ``relu`` (out 2-D) out = relu(out) in the same
+    pass (:func:`npformer.kernels.activation_dropout.bias_relu`: the same bits as the sum
+    NumPy computes and the activation kernels' ReLU after it); returns out."""
+    if relu:
+        bias_relu(out, out[0] if bias is None else bias, bias is not None)
+    elif bias is not None:
         out += bias
     return out
 
 
-def _run_main(name, a, b, out, bias=None):
+def _run_main(name, a, b, out, bias=None, relu=False):
     """A product on the calling thread's behalf: a large 2-D one in cells fixed by its shape
     (BLAS) or in cells sized to the workers (the blocked kernel) over the runtime's workers; BLAS on npformer's
-    thread count (one) in every case. ``bias`` as :func:`matmul`'s."""
-    cells = _main_cells(name, a, b, out, bias)
+    thread count (one) in every case. ``bias`` and ``relu`` as :func:`matmul`'s."""
+    cells = _main_cells(name, a, b, out, bias, relu=relu)
     if cells is not None:
         runtime.run_parts(_run_part, cells)
         return out
     with runtime.blas_scope():
         if name == "numba-blocked":
-            return _numba_blocked_parts(a, b, out, bias)
-        return _add_bias(VARIANTS[name](a, b, out), bias)
+            return _numba_blocked_parts(a, b, out, bias, relu)
+        return _add_bias(VARIANTS[name](a, b, out), bias, relu)
 
 
-def _run_safe(name, a, b, out, bias=None):
+def _run_safe(name, a, b, out, bias=None, relu=False):
     """A product inside a part of parallel work (the caller set BLAS to one thread)."""
-    return _add_bias(VARIANTS[name](a, b, out), bias)
+    return _add_bias(VARIANTS[name](a, b, out), bias, relu)
 
 
-def matmul(a, b, out=None, candidates=None, bias=None):
+def matmul(a, b, out=None, candidates=None, bias=None, relu=False):
     """a @ b (+ bias) by the variant the dispatch table holds for this product's key.
 
     Shape: a (..., M, K), b (..., K, N) with equal leading (batch) shapes -> (..., M, N); ``out``
     (optional) receives the result and may be a strided view. ``bias`` (N,) (optional) is added
     to every row, the same bits as adding it afterwards, but cell by cell where the product is
     cut into cells (each cell's columns while the cell is still in cache, on the worker that
-    computed it: a linear layer's bias costs no pass of its own). ``candidates`` limits the variants
+    computed it: a linear layer's bias costs no pass of its own). ``relu`` (2-D products only):
+    the ReLU of the kernels' activations (:func:`npformer.kernels.activation_dropout.relu`)
+    applied after the bias in the same way, cell by cell, a feed-forward block's activation in
+    eval mode with no pass of its own. ``candidates`` limits the variants
     to ``THREAD_SAFE`` ones, for code that already runs on several threads (attention's parts):
     such a call computes on the calling thread alone.
 
@@ -538,15 +546,18 @@ def matmul(a, b, out=None, candidates=None, bias=None):
 
     An ``out`` that overlaps a, b or the bias receives a copy of the product (no variant writes into memory
     it is still reading). Empty operands go to NumPy, which defines them (K = 0 gives zeros)."""
-    name, out, run = _prepare(a, b, out, candidates, bias)
-    return out if run is None else run(name, a, b, out, bias)
+    name, out, run = _prepare(a, b, out, candidates, bias, relu)
+    return out if run is None else run(name, a, b, out, bias, relu)
 
 
-def _prepare(a, b, out, candidates, bias):
-    """matmul's checks and choice: (variant, out, run) for ``run(variant, a, b, out, bias)``,
-    ``out`` allocated where None was given; or (None, result, None) where the result is already
-    computed (empty operands, an ``out`` that overlaps an operand)."""
+def _prepare(a, b, out, candidates, bias, relu=False):
+    """matmul's checks and choice: (variant, out, run) for ``run(variant, a, b, out, bias,
+    relu)``, ``out`` allocated where None was given; or (None, result, None) where the result
+    is already computed (empty operands, an ``out`` that overlaps an operand)."""
     check_operands(a, b, out, "matmul")
+    if relu and a.ndim != 2:
+        raise ValueError(f"matmul: relu: expected 2-D operands (a linear layer's product), got "
+                         f"a of shape {a.shape}")
     if candidates is not None and not set(candidates) <= set(THREAD_SAFE):
         raise ValueError(f"matmul: candidates: expected names from {THREAD_SAFE}, got "
                          f"{candidates!r}")
@@ -555,10 +566,11 @@ def _prepare(a, b, out, candidates, bias):
                          f"per column of the product), got "
                          f"{getattr(bias, 'shape', type(bias).__name__)}")
     if a.size == 0 or b.size == 0:
-        return None, _add_bias(np.matmul(a, b, out=out), bias), None
+        result = np.matmul(a, b, out=out)
+        return None, _add_bias(result, bias, relu and result.size > 0), None
     if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)
                             or (bias is not None and np.may_share_memory(out, bias))):
-        out[...] = matmul(a, b, candidates=candidates, bias=bias)
+        out[...] = matmul(a, b, candidates=candidates, bias=bias, relu=relu)
         return None, out, None
     key = product_key(a, b, out, candidates)
     name = runtime.dispatch_choice(key)

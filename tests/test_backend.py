@@ -174,6 +174,7 @@ def test_wide_heads_through_the_blocked_kernel_agree_and_gradcheck(restore_backe
 # twins where they pay and the reference's function for every other name.
 
 KERNEL_EXTRAS = {"adam_step", "embedding_backward_into", "matmul",   # no reference of the same name
+                 "add_layernorm_forward", "linear_relu_forward",
                  "reads_grouped_kv", "top_log_softmax_bounded"}
 
 

@@ -32,6 +32,18 @@ class Dropout(Module):
         out, self._cache = self._ops.dropout_add_forward(x, y, self.p, self.rng, self.training)
         return out
 
+    def add_norm_forward(self, x, y, norm):
+        """norm(x + dropout(y)), a post-norm residual connection's sum and norm: with dropout off
+        (eval mode), in one pass where ``norm`` can sum and normalise together
+        (``LayerNorm.add_forward`` on the kernels), the same bits and caches as
+        ``norm.forward(self.add_forward(x, y))``, which it is otherwise."""
+        fuses = getattr(norm, "fuses_add", None)
+        if self.training or fuses is None or not fuses(x, y):
+            return norm.forward(self.add_forward(x, y))
+        out = norm.add_forward(x, y)
+        self._ops, self._cache = ops(), None          # add_forward's in eval: dx = dy = dout
+        return out
+
     def add_backward(self, dout):
         """(dx, dy) of :meth:`add_forward`: dx is dout itself, dy its dropout'."""
         return self._ops.dropout_add_backward(dout, self._cache)

@@ -36,9 +36,20 @@ class FeedForward(Module):
 
     def forward(self, x):
         self._ops = ops()
-        h = self.linear1.forward(x)                     # (B, T, GATES d_ff)
-        a, self._cache = self._activate(h)              # (B, T, d_ff)
+        if self._relu_in_product():
+            a, self._cache = self.linear1.relu_forward(x)   # (B, T, d_ff), one pass less
+        else:
+            h = self.linear1.forward(x)                 # (B, T, GATES d_ff)
+            a, self._cache = self._activate(h)          # (B, T, d_ff)
         return self.linear2.forward(a)                  # (B, T, D)
+
+    def _relu_in_product(self):
+        """Whether the ReLU runs inside linear1's product, cell by cell (``Linear.relu_forward``,
+        the same bits): in eval mode (no dropout), with ReLU, no adapters on linear1 (they add
+        to the pre-activation), this class's activation, on a backend that offers it."""
+        return (not self.training and self.activation == "relu" and not self.linear1.adapters
+                and type(self)._activate is FeedForward._activate
+                and hasattr(self._ops, "linear_relu_forward"))
 
     def backward(self, dout):
         return self.linear1.backward(self._activate_backward(self.linear2.backward(dout)))

@@ -22,6 +22,20 @@ class LayerNorm(Module):
         y, self._cache = self._ops.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
         return y
 
+    def fuses_add(self, x, y):
+        """Whether :meth:`add_forward` takes x + y: operands of one shape and dtype, and a
+        backend that sums and normalises in one pass (the kernels' ``add_layernorm_forward``)."""
+        return (x.shape == y.shape and x.dtype == y.dtype
+                and hasattr(ops(), "add_layernorm_forward"))
+
+    def add_forward(self, x, y):
+        """LN(x + y) in one pass (see :meth:`fuses_add`), with the bits and the cache of
+        :meth:`forward` on the sum: :meth:`backward` follows either."""
+        self._ops = ops()
+        out, self._cache = self._ops.add_layernorm_forward(x, y, self.weight.data,
+                                                           self.bias.data, self.eps)
+        return out
+
     def backward(self, dy):
         dx, dgamma, dbeta = self._ops.layernorm_backward(dy, self._cache)
         if self.weight.grad is not None:             # None: frozen (npformer.lora)

@@ -31,6 +31,19 @@ class Linear(Module):
                                           None if self.bias is None else self.bias.data)
         return add_adapters(y, x, self.adapters) if self.adapters else y
 
+    def relu_forward(self, x):
+        """relu(x W^T + b) with the ReLU applied in the product's cells, on a backend that has
+        ``linear_relu_forward`` (the kernels; a feed-forward block in eval mode asks): the bits
+        of :meth:`forward` then the backend's ReLU. Returns (a, the activation's cache for
+        ``activation_dropout_backward``); :meth:`backward` works after it as after forward."""
+        if self.adapters:
+            raise ValueError("relu_forward: expected a layer without adapters (they add to the "
+                             f"pre-activation), got {len(self.adapters)}")
+        self._ops = ops()
+        a, (self._cache, act_cache) = self._ops.linear_relu_forward(
+            x, self.weight.data, None if self.bias is None else self.bias.data)
+        return a, act_cache
+
     def backward(self, dy):
         """Adds dW, db into .grad (in place, where trained) and returns dx."""
         return projection_backward(self._ops, dy, self._cache, self.weight.grad,

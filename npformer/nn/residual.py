@@ -9,10 +9,11 @@ Derivation: docs/backprop.md#residual-and-layer-order.
 
 def residual_forward(x, sublayer, norm, dropout, norm_first):
     """``sublayer`` maps (B, T, D) -> (B, T, D); ``norm``/``dropout`` are modules.
-    ``dropout.add_forward(x, y)`` is x + dropout(y)."""
+    ``dropout.add_forward(x, y)`` is x + dropout(y); ``dropout.add_norm_forward(x, y, norm)``
+    is norm(x + dropout(y)), one pass in eval mode where the backend offers it."""
     if norm_first:
         return dropout.add_forward(x, sublayer(norm.forward(x)))
-    return norm.forward(dropout.add_forward(x, sublayer(x)))
+    return dropout.add_norm_forward(x, sublayer(x), norm)      # one pass in eval (kernels)
 
 
 def residual_backward(dy, sublayer_backward, norm, dropout, norm_first):

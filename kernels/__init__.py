@@ -4,12 +4,13 @@ Every name of :mod:`npformer.functional`, with the same signatures, so the modul
 either. Compiled, fused kernels replace the functions where they pay (attention, LayerNorm,
 cross-entropy, embedding scatter-add, dropout and the residual sum with it, the feed-forward
 block's activation + dropout, RMSNorm, SwiGLU, rotary positions, the decoding cache's row
-movers), and four
+movers), and five
 names have no reference of the same name (``EXTRAS``: the Adam update, ``matmul``,
 ``reads_grouped_kv``, which tells the attention module that the kernels read grouped
 key/value heads without repeating them; a backend without it repeats them, and
 ``top_log_softmax_bounded``, decoding's fast path with error bounds; a backend without it
-decodes on the exact path). Every
+decodes on the exact path; and ``attention_step``, a cached decoding step's attention in one
+pass per row, which the attention module uses where the backend has it). Every
 other name falls back to the reference's own function (``__getattr__`` below): the masks, the
 head reshapes, learned positions (an addition and a sum over the batch). Every matrix product
 goes through ``matmul``, which computes each product shape by the variant ``npformer.runtime``'s
@@ -26,6 +27,7 @@ from .adam import adam_step
 from .bounded_top import top_log_softmax_bounded
 from .attention import (attention_backward, attention_backward_into, attention_forward,
                         reads_grouped_kv)
+from .attention_step import attention_step
 from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backward,
                       dropout_forward)
 from .embedding import (embedding_backward, embedding_backward_into, embedding_forward,
@@ -48,8 +50,9 @@ runtime.ensure()
 # embedding_backward(...)`` (``embedding_backward_into``); and one question the reference never
 # needs asking (``reads_grouped_kv``: it always takes repeated heads); and the fast path of
 # ``top_log_softmax`` (``top_log_softmax_bounded``: its results carry error bounds, so the
-# searches use it only where the backend offers it).
-EXTRAS = ("adam_step", "embedding_backward_into", "matmul", "reads_grouped_kv",
+# searches use it only where the backend offers it); and ``attention_step``, whose reference
+# is ``attention_forward(...)[0]`` in evaluation.
+EXTRAS = ("adam_step", "attention_step", "embedding_backward_into", "matmul", "reads_grouped_kv",
           "top_log_softmax_bounded")
 
 __all__ = sorted(set(_reference.__all__) | set(EXTRAS))

@@ -10,8 +10,10 @@ import numba
 import numpy as np
 import pytest
 
+import npformer as nf
 from npformer import backend
 from npformer import functional as F
+from npformer.nn import MultiHeadAttention
 from thread_bits import assert_same_bits_on_threads
 
 K = backend.load("numba")
@@ -131,3 +133,67 @@ def test_same_bits_on_any_thread_count(monkeypatch, tq):
     q, k, v, rng = case(40, 8, 2, tq, 23, 32, 32, np.float32, seed=2)
     mask = (np.arange(23) < rng.integers(0, 24, 40)[:, None])[:, None, None, :]
     assert_same_bits_on_threads(lambda: K.attention_step(q, k, v, mask))
+
+
+# -- the module: cached steps take the fused pass, nothing else does --------------------------
+
+def attention(dtype=np.float32, **options):
+    """Heads of 16 (the fused pass's smallest), 2 key/value heads for 4 query heads."""
+    return MultiHeadAttention(64, 4, rng=np.random.default_rng(0), dtype=dtype, n_kv_heads=2,
+                              **options)
+
+
+def steps(att, x, memory):
+    """A prompt, then single self-attention steps; a cross-attention step of 2 beams a source."""
+    cache = att.new_cache(x.shape[0], x.shape[1], x.dtype)
+    out = [att.step(x[:, :3], cache)] + [att.step(x[:, i:i + 1], cache) for i in range(3, 6)]
+    mask = (np.arange(memory.shape[1]) < np.array([[4], [7]]))[:, None, None, :]
+    beams = np.repeat(x[:, 6:7], 2, axis=0)                          # (2 sources x 2 beams)
+    out.append(att.cross_step(beams, att.memory_cache(memory), mask))
+    return out
+
+
+@pytest.fixture
+def numba_backend():
+    before = nf.get_backend()
+    nf.set_backend("numba")
+    yield
+    nf.set_backend(before)
+
+
+def spy(monkeypatch):
+    """Count the calls of the kernels' attention_step."""
+    calls, inner = [], K.attention_step
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return inner(*args, **kwargs)
+    monkeypatch.setattr(K, "attention_step", counted)
+    return calls
+
+
+def test_cached_steps_in_evaluation_take_the_fused_pass(monkeypatch, numba_backend):
+    rng = np.random.default_rng(3)
+    x, memory = rng.standard_normal((2, 8, 64)), rng.standard_normal((2, 7, 64))
+    att = attention(np.float64).eval()
+    calls = spy(monkeypatch)
+    got = steps(att, x, memory)
+    assert calls == [(2, 4, 3, 16)] + [(2, 4, 1, 16)] * 3 + [(2, 4, 2, 16)]
+    nf.set_backend("numpy")
+    ref = steps(attention(np.float64).eval(), x, memory)
+    for a, r in zip(got, ref):
+        np.testing.assert_allclose(a, r, rtol=0, atol=1e-12)
+
+
+def test_training_full_forwards_and_score_options_keep_their_path(monkeypatch, numba_backend):
+    """A module in training, any full forward, and a module with its own score options (Gemma
+    2's soft-cap, which only the reference computes) never reach the fused pass."""
+    rng = np.random.default_rng(4)
+    x, memory = rng.standard_normal((2, 8, 64)), rng.standard_normal((2, 7, 64))
+    calls = spy(monkeypatch)
+    steps(attention(np.float64), x, memory)                          # training mode
+    steps(attention(np.float64, softcap=20.0).eval(), x, memory)
+    att = attention(np.float64)
+    att.forward(x, mask=F.causal_mask(8))
+    att.eval().forward(x, memory)
+    assert calls == []

@@ -125,6 +125,14 @@ def test_bad_shapes_are_refused():
         K.attention_step(q, k, v, np.ones((3, 1, 1, 8), dtype=bool))
 
 
+def test_grouped_heads_give_the_bits_of_repeated_heads():
+    q, k, v, rng = case(4, 8, 4, 5, 21, 32, 32, np.float32, seed=3)
+    mask = rng.random((4, 1, 5, 21)) < 0.7
+    np.testing.assert_array_equal(K.attention_step(q, k, v, mask),
+                                  K.attention_step(q, np.repeat(k, 4, axis=1),
+                                                   np.repeat(v, 4, axis=1), mask))
+
+
 @pytest.mark.parametrize("tq", [1, 5])
 def test_same_bits_on_any_thread_count(monkeypatch, tq):
     """Rows in parts of a few rows each (so that both threads work): the bits do not move."""

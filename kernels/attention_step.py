@@ -7,7 +7,8 @@ the query is tiny: self-attention has one new query per row against the t cached
 (q (R, H, 1, dk), k, v (R, Hkv, t, d)); cross-attention has a source's beams as Tq query
 positions against its memory (q (n, H, beams, dk), k, v (n, Hkv, S, d), a padding mask). A
 product per head would be (1 x 32) @ (32 x t): the matrix-product path
-(:mod:`npformer.kernels.attention`) then spends its time on the calls, not the arithmetic.
+(:mod:`npformer.kernels.attention`) then spends its time on the calls and on its score and
+probability arrays, not on the arithmetic.
 
 Here one pass computes, for each row b, head h and query i:
 

@@ -11,7 +11,8 @@ and feed-forward activation, which the modules use only where the backend offers
 ``reads_grouped_kv``, which tells the attention module that the kernels read grouped
 key/value heads without repeating them; a backend without it repeats them, and
 ``top_log_softmax_bounded``, decoding's fast path with error bounds; a backend without it
-decodes on the exact path). Every
+decodes on the exact path; and ``attention_step``, a cached decoding step's attention in one
+pass per row, which the attention module uses where the backend has it). Every
 other name falls back to the reference's own function (``__getattr__`` below): the masks, the
 head reshapes, learned positions (an addition and a sum over the batch). Every matrix product
 goes through ``matmul``, which computes each product shape by the variant ``npformer.runtime``'s
@@ -28,6 +29,7 @@ from .adam import adam_step
 from .bounded_top import top_log_softmax_bounded
 from .attention import (attention_backward, attention_backward_into, attention_forward,
                         reads_grouped_kv)
+from .attention_step import attention_step
 from .dropout import (dropout_add_backward, dropout_add_forward, dropout_backward,
                       dropout_forward)
 from .embedding import (embedding_backward, embedding_backward_into, embedding_forward,
@@ -53,9 +55,10 @@ runtime.ensure()
 # ``layernorm_forward``; ``linear_relu_forward``: ``linear_forward`` then
 # ``activation_dropout_forward`` with ReLU); and the fast path of
 # ``top_log_softmax`` (``top_log_softmax_bounded``: its results carry error bounds, so the
-# searches use it only where the backend offers it).
-EXTRAS = ("adam_step", "add_layernorm_forward", "embedding_backward_into", "linear_relu_forward",
-          "matmul", "reads_grouped_kv", "top_log_softmax_bounded")
+# searches use it only where the backend offers it); and ``attention_step``, whose reference
+# is ``attention_forward(...)[0]`` in evaluation.
+EXTRAS = ("adam_step", "add_layernorm_forward", "attention_step", "embedding_backward_into",
+          "linear_relu_forward", "matmul", "reads_grouped_kv", "top_log_softmax_bounded")
 
 __all__ = sorted(set(_reference.__all__) | set(EXTRAS))
 

@@ -23,6 +23,16 @@ AVX-512 CPU. LLVM splits it into two or four registers where they are narrower, 
 float64, so the kernels are correct on every x86-64 CPU and fastest where the registers
 are widest.
 
+Sums across lanes: ``vfold8``, ``vfold4``, ``vfold2``, ``vfold1`` halve the blocks of two
+vectors and pack them into one (see :func:`_fold`); four rounds turn 16 vectors into one vector
+of their 16 lane sums, each added in a tree whose order is fixed by the code (no ``reassoc``
+can change it), so every machine gets the same bits.
+
+Passing over what a loop does not need: ``vmax`` and ``vmax_lanes`` (sixteen running maxima,
+reduced once), ``vmask_ge`` (a bit mask of the lanes not below a float64 threshold, compared
+exactly) and ``lowest_bit`` (to visit those lanes in order): decoding's top log-softmax
+(``bounded_top``) visits only the entries of a row that can still count.
+
 A vector load is fastest from an address that starts a cache line: see
 :mod:`npformer.aligned`, which allocates such arrays.
 """
@@ -200,3 +210,54 @@ def vmax_lanes(typingctx, v):
             f"llvm.vector.reduce.fmax.v{LANES}{suffix}")
         return builder.call(reduce, args)
     return v.dtype(v), codegen
+
+
+def _fold(h):
+    """The intrinsic ``vfold<h>(a, b)``, h in 8, 4, 2, 1: the lanes in blocks of 2h; in each
+    block, the result's first h lanes are a's block halved (a[s + i] + a[s + h + i]) and its last
+    h lanes b's (b[s + h + i] + b[s + i]). From 16 vectors x_0 .. x_15: ``vfold8`` on the pairs,
+    then ``vfold4``, ``vfold2``, ``vfold1`` on the results' pairs leave one vector whose lane l
+    holds the sum of the 16 lanes of x_r, r = l's four bits reversed (0, 8, 4, 12, 2, ...): feed
+    the vectors in that order and lane l holds the sum of the l-th."""
+    lo, hi = [], []
+    for lane in range(LANES):
+        start, i = lane - lane % (2 * h), lane % (2 * h)
+        if i < h:                                     # a's block: its halves (b's lanes: +16)
+            lo.append(start + i)
+            hi.append(start + h + i)
+        else:
+            lo.append(LANES + start + i)
+            hi.append(LANES + start + i - h)
+
+    def vfold(typingctx, a, b):
+        if not (isinstance(a, VectorType) and a == b):
+            raise TypeError(f"vfold{h}: expected two vectors of one dtype, got {a}, {b}")
+
+        def codegen(context, builder, signature, args):
+            def pick(lanes):
+                mask = ir.Constant(ir.VectorType(ir.IntType(32), LANES), lanes)
+                return builder.shuffle_vector(args[0], args[1], mask)
+            return builder.fadd(pick(lo), pick(hi))
+        return a(a, b), codegen
+    vfold.__name__ = vfold.__qualname__ = f"vfold{h}"
+    return intrinsic(vfold)
+
+
+vfold8, vfold4, vfold2, vfold1 = _fold(8), _fold(4), _fold(2), _fold(1)
+
+
+@intrinsic
+def prefetch(typingctx, array, offset):
+    """Ask the CPU to bring the cache line holding array's element ``offset`` (in memory order,
+    as :func:`vload`) into its caches, without waiting for it: a hint (LLVM's ``prefetch``, for
+    reading, kept in every level), which never faults, whatever the address."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        pointer = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        hint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [pointer.type] + [ir.IntType(32)] * 3),
+            "llvm.prefetch.p0i8")
+        i32 = ir.IntType(32)
+        builder.call(hint, [pointer, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.none(array, offset), codegen

@@ -173,8 +173,8 @@ def test_wide_heads_through_the_blocked_kernel_agree_and_gradcheck(restore_backe
 # The backend contract: the kernels namespace has every name of the functional core, its own
 # twins where they pay and the reference's function for every other name.
 
-KERNEL_EXTRAS = {"adam_step", "embedding_backward_into", "matmul",   # no reference of the same name
-                 "add_layernorm_forward", "linear_relu_forward",
+KERNEL_EXTRAS = {"adam_step", "attention_step", "embedding_backward_into",   # no reference
+                 "matmul", "add_layernorm_forward", "linear_relu_forward",  # of the same name
                  "reads_grouped_kv", "top_log_softmax_bounded"}
 
 

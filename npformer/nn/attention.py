@@ -184,6 +184,16 @@ class MultiHeadAttention(Module):
                                               **self.score_options)   # (B, H, T, dv)
         return self.out_proj.forward(F.merge_heads(ctx)), attn_cache
 
+    def _attend_step(self, q, k, v, mask):
+        """A cached step's attention, as :meth:`_attend` (-> (B, T, D)): the backend's fused
+        ``attention_step`` where it has one (the Numba kernels: one pass per row, keys and
+        values read in place, no probabilities kept) and nothing needs more (in evaluation,
+        without the attention's own options); else :meth:`_attend`'s path."""
+        fused = getattr(self._ops, "attention_step", None)
+        if fused is None or self.score_options or self.training:
+            return self._attend(q, k, v, mask)[0]
+        return self.out_proj.forward(F.merge_heads(fused(q, k, v, mask)))
+
     # -- training: all positions at once ---------------------------------------------------------
     def forward(self, x, memory=None, mask=None):
         self._ops = ops()                 # NumPy reference or Numba kernels (npformer.backend)
@@ -229,7 +239,7 @@ class MultiHeadAttention(Module):
         cache.append(k, v)
         sliding = self.window is not None and start + t > self.window
         mask = F.causal_mask(t, start, self.window) if t > 1 or sliding else None
-        return self._attend(q, cache.keys(), cache.values(), mask)[0]
+        return self._attend_step(q, cache.keys(), cache.values(), mask)
 
     def cross_step(self, x, cache, mask=None):
         """Cross-attention of the newest position x (R, 1, D) -> (R, 1, D) over ``cache`` (from
@@ -239,7 +249,7 @@ class MultiHeadAttention(Module):
         self._ops = ops()
         n = cache.batch_size
         q, _ = self._project_query(x.reshape(n, -1, self.d_model))   # (n, H, group, dk)
-        out, _ = self._attend(q, cache.keys(), cache.values(), mask)    # (n, group, D)
+        out = self._attend_step(q, cache.keys(), cache.values(), mask)  # (n, group, D)
         return out.reshape(x.shape)
 
     def backward(self, dout):

@@ -2,6 +2,7 @@
 ``TranslationState`` the searches run over. T steps equal one forward over T positions on both
 backends; the encoder and the cross-attention keys run once per source; bad use is a clear
 ``ValueError``."""
+import importlib
 import numpy as np
 import pytest
 
@@ -202,9 +203,15 @@ LAYOUTS = {                                     # (B, H, T, d) buffer -> a 4-D v
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("rows", [12, 256])         # 256: enough work for the parallel kernels
-def test_the_row_movers_equal_the_reference_on_every_layout(layout, rows):
+@pytest.mark.parametrize("rows", [12, 256])
+@pytest.mark.parametrize("in_parts", [False, True])
+def test_the_row_movers_equal_the_reference_on_every_layout(layout, rows, in_parts, monkeypatch):
+    """The Numba movers copy what the reference copies, in one pass and cut into parts for the
+    runtime's workers (``in_parts``: a part's size made small enough that even 12 rows are cut)."""
     kernels, reference = nf.backend.load("numba"), nf.backend.load("numpy")
+    if in_parts:
+        monkeypatch.setattr(importlib.import_module("npformer.kernels.kv_cache"),
+                            "PART_ELEMENTS", 512)
     rng = np.random.default_rng(rows)
     buf = rng.standard_normal((rows, 4, 16, 32)).astype(np.float32)
     src, dst = np.arange(0, rows, 2), np.arange(1, rows, 2)[::-1].copy()

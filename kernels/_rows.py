@@ -1,7 +1,23 @@
 """Helpers the softmax passes share (attention, blocked attention, cross-entropy)."""
+import math
+
 from numba import njit
 
+from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
+
+
+@njit(inline="always", fastmath=FASTMATH, cache=True)
+def exp_in_place(s, n, fast_exp, neg_inf, zero):
+    """s[:n] = exp(s[:n]), one long loop LLVM vectorises: float32's ``exp32`` (which stops at
+    exp(-87) > 0, so -inf entries are set to exactly 0), else ``math.exp``."""
+    if fast_exp:
+        for idx in range(n):
+            y = s[idx]
+            s[idx] = exp32(y) if y != neg_inf else zero
+    else:
+        for idx in range(n):
+            s[idx] = math.exp(s[idx])
 
 
 @njit(inline="always", fastmath=FASTMATH, cache=True)

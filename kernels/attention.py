@@ -92,6 +92,7 @@ from npformer.aligned import empty_aligned
 from . import blocked_attention
 from ._fastexp import exp32
 from ._jit import kernel
+from ._rows import exp_in_place as _exp_in_place
 from ._rows import flush_subnormal as _flush_subnormal
 from ._rows import row_max as _row_max
 from .dropout import keep_mask
@@ -162,13 +163,7 @@ def _softmax_rows(s, bias, n_h, scale, neg_inf, fast_exp, keep, drop_scale, use_
             for j in range(tk):
                 head[row + j] = x[j] * inv
         if short:
-            if fast_exp:                                     # one long loop: vectorised
-                for idx in range(tq_tk):
-                    y = head[idx]
-                    head[idx] = exp32(y) if y != neg_inf else zero
-            else:
-                for idx in range(tq_tk):
-                    head[idx] = math.exp(head[idx])
+            _exp_in_place(head, tq_tk, fast_exp, neg_inf, zero)   # one long loop: vectorised
             for i in range(tq):                              # normalise
                 total = zero
                 for j in range(tk):

@@ -54,9 +54,8 @@ from numba import njit
 from npformer import runtime
 from npformer.aligned import empty_aligned
 
-from ._fastexp import exp32
 from ._jit import FASTMATH, kernel
-from ._rows import row_max
+from ._rows import exp_in_place, row_max
 from ._simd import (LANES, prefetch, vadd, vfma, vfold1, vfold2, vfold4, vfold8, vload, vsplat,
                     vstore)
 from .attention import _check_qkv, _mask4, attention_forward
@@ -172,13 +171,7 @@ def _attend_rows(q, k, v, bias, scale, neg_inf, fast_exp, out, b0, b1):
                 for j in range(0, tkp, LANES):
                     vstore(s, u + j, vadd(vload(s, u + j), minus_top))
         n = n_h * tq * tkp                                   # exp, over the whole row at once
-        if fast_exp:                                         # (exp32 stops at exp(-87) > 0)
-            for idx in range(n):
-                y = s[idx]
-                s[idx] = exp32(y) if y != neg_inf else zero
-        else:
-            for idx in range(n):
-                s[idx] = math.exp(s[idx])
+        exp_in_place(s, n, fast_exp, neg_inf, zero)
         for h in range(n_h):                                 # 3. out = P v
             v_row = b * vsb + (h // group) * vsh
             for i in range(tq):

@@ -33,15 +33,32 @@ def _runtime_restored():
         runtime.restore(before)
 
 
+def _on_backend(name):
+    """Set the backend ``name`` for a test, then restore the one before (a fixture's body)."""
+    import npformer as nf
+    before = nf.get_backend()
+    nf.set_backend(name)
+    yield name
+    nf.set_backend(before)
+
+
 @pytest.fixture(params=["numba", "numpy"])
 def backend(request):
     """A test that takes ``backend`` runs on both: the Numba kernels and the NumPy reference
     (restored afterwards)."""
-    import npformer as nf
-    before = nf.get_backend()
-    nf.set_backend(request.param)
-    yield request.param
-    nf.set_backend(before)
+    yield from _on_backend(request.param)
+
+
+@pytest.fixture
+def numba_backend():
+    """The test runs on the Numba kernels (restored afterwards)."""
+    yield from _on_backend("numba")
+
+
+@pytest.fixture
+def numpy_backend():
+    """The test runs on the NumPy reference (restored afterwards)."""
+    yield from _on_backend("numpy")
 
 
 @pytest.fixture

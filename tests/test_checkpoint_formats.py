@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import npformer as nf
-from npformer import backend
 from npformer.data.tokenize import tokenize
 from npformer.decoding.translator import Translator
 from npformer.training.checkpointing import load_model_checkpoint
@@ -24,12 +23,6 @@ DATA = Path(__file__).resolve().parent / "data"
 SHARED_M30K = Path(__file__).resolve().parents[1].parent / "shared" / "checkpoints" / "m30k-de-en"
 
 
-@pytest.fixture
-def numpy_backend():
-    previous = backend.get_backend()
-    backend.set_backend("numpy")                 # the backend the expected outputs came from
-    yield
-    backend.set_backend(previous)
 
 
 def expected(name):

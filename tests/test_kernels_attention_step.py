@@ -161,12 +161,6 @@ def steps(att, x, memory):
     return out
 
 
-@pytest.fixture
-def numba_backend():
-    before = nf.get_backend()
-    nf.set_backend("numba")
-    yield
-    nf.set_backend(before)
 
 
 def spy(monkeypatch):

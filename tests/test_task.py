@@ -32,12 +32,6 @@ from npformer.training.translation import translation_trainer
 DATA = Path(__file__).parent / "data"
 
 
-@pytest.fixture
-def numpy_backend():
-    before = nf.get_backend()
-    nf.set_backend("numpy")
-    yield
-    nf.set_backend(before)
 
 
 # ---- a model and a task with no vocabulary: regression of random vectors ---------------------

@@ -291,6 +291,19 @@ def _executor():
     return _state["pool"][0]
 
 
+def _forget_threads_in_child():
+    """After ``fork`` the child has none of the parent's threads: its copy of the pool would take
+    jobs no thread runs (the first parallel call hung), and a lock another thread held at the fork
+    stays held. The child starts afresh: a new lock, and a pool of its own on its first call."""
+    global _lock
+    _lock = threading.RLock()
+    _state["pool"] = None
+
+
+if hasattr(os, "register_at_fork"):                    # POSIX
+    os.register_at_fork(after_in_child=_forget_threads_in_child)
+
+
 def workers():
     """How many Python threads (this one included) :func:`run_parts` uses."""
     return policy().workers if managed() else 1

@@ -465,3 +465,35 @@ def test_toy_training_gives_the_same_bits_on_1_and_2_threads_and_through_a_resum
                                             resume_from=tmp_path / "ckpt")
     assert steps_resumed == "80"
     np.testing.assert_array_equal(resumed, one)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX's")
+def test_a_forked_child_runs_parallel_parts_on_helpers_of_its_own():
+    """A child forked after a parallel call has none of the parent's helper threads: its first
+    call used to hand a part to the copied pool, which no thread runs, and hang."""
+    import signal
+    import threading
+    import time
+    nf.configure_runtime(threads=2)
+    try:
+        if runtime.workers() < 2:
+            pytest.skip("needs 2 cores: on one, no helper thread is ever made")
+        names = set()
+        runtime.run_parts(lambda i: (time.sleep(0.01), names.add(threading.current_thread().name)),
+                          range(2))
+        assert runtime._state["pool"] is not None            # the parent's helper exists
+        pid = os.fork()
+        if pid == 0:                                        # the child
+            code = 2
+            try:
+                signal.alarm(20)                            # a hang kills the child
+                done = [0] * 4
+                runtime.run_parts(lambda i: (time.sleep(0.005), done.__setitem__(i, 1)),
+                                  range(4))
+                code = 0 if done == [1] * 4 else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        nf.configure_runtime()

@@ -566,9 +566,12 @@ class GPTConfig(ModelConfig):
             one = {name: math.prod(shape)
                    for name, shape in self.replace(n_layers=1).parameter_shapes().items()}
         except ValueError:        # shapes past NumPy's reach ("array is too big": over 2**63
-            # bytes) cannot be listed; every block has at least its two feed-forward matrices
-            # and the model its embedding, which is already more than any machine holds
-            return self.n_layers * 2 * self.d_model * self.d_ff + self.vocab_size * self.d_model
+            # bytes) cannot be listed; every block has at least its query, key and value
+            # projections and its two feed-forward matrices, and the model its embedding: one
+            # of them is the size past that reach, already more than any machine holds
+            heads = self.n_heads + 2 * (self.n_kv_heads or self.n_heads)
+            block = heads * self.head_size * self.d_model + 2 * self.d_model * self.d_ff
+            return self.n_layers * block + self.vocab_size * self.d_model
         block = sum(size for name, size in one.items() if name.startswith("blocks.0."))
         return sum(one.values()) - block + self.n_layers * block
 

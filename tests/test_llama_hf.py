@@ -777,6 +777,17 @@ def test_a_bad_config_is_one_error_naming_file_and_field(folders, tmp_path, chan
         nf.from_pretrained(path)
 
 
+@pytest.mark.parametrize("key", ["num_attention_heads", "head_dim", "intermediate_size",
+                                 "vocab_size"])
+def test_a_size_past_what_numpy_can_describe_is_refused_naming_the_file(folders, tmp_path, key):
+    """2**63 heads of 8 (a hypothesis example): the weights' shapes cannot even be described
+    (NumPy: "Maximum allowed dimension exceeded"), so the size check must refuse the file
+    before any shape is listed, in one line naming config.json."""
+    path = edited(folders["llama-gqa-llama3"][0], tmp_path, **{key: 2**63})
+    with pytest.raises(ValueError, match=rf"^{path / 'config.json'}: .*a model this size"):
+        nf.from_pretrained(path)
+
+
 def refused(folder, tmp_path, changes, match):
     """A copy of ``folder`` whose config.json has ``changes`` (as :func:`edited` takes them):
     ``from_pretrained`` refuses it with one ValueError naming the file and ``match``."""
